@@ -1,0 +1,36 @@
+# Two entry points, each bootstraps .venv on a fresh machine:
+#   make demo   the embedded default: Temporal dev server + controlplane, pools reconciling
+#   make test   ruff (lint + format), mypy, pytest
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest down clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/levers9 dev demo
+
+down: $(STAMP)
+	$(BIN)/levers9 dev down
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy .
+
+pytest: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Activities: all I/O, one class per external system, clients injected in `__init__`."""

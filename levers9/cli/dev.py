@@ -1,0 +1,141 @@
+"""`levers9 dev`: run the embedded default on this machine (all on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from typing import Annotated
+
+import typer
+from rich.status import Status
+
+from levers9.cli import config_cmd, pool
+from levers9.cli.output import Output, console, fail, render
+from levers9.devstack import (
+    DEFAULT_TEMPORAL_PORT,
+    DEFAULT_UI_PORT,
+    DevError,
+    DevStack,
+    is_running,
+    temporal_binary,
+)
+from levers9.temporal import list_reconcile_schedules
+
+app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
+
+TemporalPort = Annotated[
+    int, typer.Option("--temporal-port", help="gRPC port of the Temporal dev server")
+]
+UiPort = Annotated[int, typer.Option("--ui-port", help="port of the Temporal UI")]
+DEMO_PASSES = 2
+DEMO_TIMEOUT_S = 90.0
+
+
+def _up(stack: DevStack) -> None:
+    with Status("starting", console=console) as status:
+
+        def progress(message: str) -> None:
+            status.update(message)
+            console.print(f"  {message}", highlight=False)
+
+        try:
+            stack.up(progress)
+        except DevError as exc:
+            fail([str(exc)])
+            raise typer.Exit(1) from None
+
+
+@app.command()
+def up(
+    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT, ui_port: UiPort = DEFAULT_UI_PORT
+) -> None:
+    """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
+    stack = DevStack(temporal_port=temporal_port, ui_port=ui_port)
+    _up(stack)
+    _print_status(stack, Output.table)
+    console.print(f"\nsource [bold]{stack.env_file}[/bold] to point temporal/kubectl at it")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly what `levers9 dev up` started."""
+    stack = DevStack()
+    stopped = stack.down(lambda message: console.print(f"  {message}", highlight=False))
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+def _print_status(stack: DevStack, output: Output) -> None:
+    rows = [
+        {
+            "component": record.name,
+            "pid": record.pid,
+            "state": "running" if is_running(record) else "stopped",
+            "address": record.address,
+            "log": record.log,
+        }
+        for record in stack.records().values()
+    ]
+    render(
+        rows,
+        [
+            ("component", "COMPONENT"),
+            ("pid", "PID"),
+            ("state", "STATE"),
+            ("address", "ADDRESS"),
+            ("log", "LOG"),
+        ],
+        output,
+        title="levers9 dev",
+    )
+
+
+@app.command()
+def status(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
+    """Say what runs where."""
+    stack = DevStack()
+    if not stack.records():
+        console.print("nothing is running; start it with `levers9 dev up`")
+        raise typer.Exit(0)
+    _print_status(stack, output)
+
+
+@app.command()
+def demo(
+    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT, ui_port: UiPort = DEFAULT_UI_PORT
+) -> None:
+    """`make demo`: bring the stack up and watch the pools' reconcile schedules fire."""
+    stack = DevStack(temporal_port=temporal_port, ui_port=ui_port)
+    _up(stack)
+    os.environ.update(stack.env())
+    console.rule("the pools in the dev values")
+    config_cmd.show_pools(stack.values_files, Output.table)
+    console.rule(f"waiting for {DEMO_PASSES} reconcile passes per pool")
+    settings = stack.settings()
+    deadline = time.monotonic() + DEMO_TIMEOUT_S
+    with Status("waiting for the schedules to fire", console=console) as spinner:
+        while time.monotonic() < deadline:
+            rows = asyncio.run(list_reconcile_schedules(settings))
+            done = min((row.passes for row in rows), default=0)
+            spinner.update(f"reconcile passes so far: {done}/{DEMO_PASSES}")
+            if rows and done >= DEMO_PASSES:
+                break
+            time.sleep(1)
+        else:
+            logs_dir = stack.dir / "logs"
+            fail([f"no {DEMO_PASSES} reconcile passes in {DEMO_TIMEOUT_S:.0f}s; see {logs_dir}"])
+            raise typer.Exit(1)
+    console.rule("temporal schedule list")
+    subprocess.run([str(temporal_binary()), "schedule", "list"], check=False)
+    console.rule("levers9 pool list")
+    pool.show_pools(settings, Output.table)
+    env = stack.env()
+    console.print(
+        f"\nThe stack keeps running.\n"
+        f"  Temporal UI:   {env['LEVERS9_TEMPORAL_UI']}\n"
+        f"  status:        levers9 dev status\n"
+        f"  use it:        . {stack.env_file} && temporal workflow list\n"
+        f"  stop it:       levers9 dev down",
+        highlight=False,
+    )

@@ -1,0 +1,26 @@
+"""`levers9`: the controlplane's Kubernetes provider pool, from the command line."""
+
+from __future__ import annotations
+
+import typer
+
+from levers9 import logs
+from levers9.cli import config_cmd, dev, pool
+from levers9.cli.runtime import honour_dev_env
+
+app = typer.Typer(
+    help="levers9: GPU nodes of a Kubernetes cluster you already run, as a worker pool.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(config_cmd.app, name="config")
+app.add_typer(dev.app, name="dev")
+app.add_typer(pool.app, name="pool")
+
+
+@app.callback()
+def _main(
+    log_level: str = typer.Option("WARNING", "--log-level", help="log level of this command"),
+) -> None:
+    honour_dev_env()
+    logs.setup(log_level)

@@ -1,0 +1,41 @@
+"""What every `levers9` command shares: the dev env file, settings, logging."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import typer
+
+from levers9.cli.output import fail
+from levers9.config import ConfigError, ControlplaneSettings, parse_settings
+from levers9.devstack import state_home
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parses the `export KEY=value` lines `levers9 dev up` writes."""
+    exported = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            exported[key] = value
+    return exported
+
+
+def honour_dev_env() -> None:
+    """Takes `.levers9/dev/env` as defaults: variables already set in the shell win."""
+    env_file = state_home() / "dev" / "env"
+    if env_file.is_file():
+        for key, value in read_env_file(env_file).items():
+            os.environ.setdefault(key, value)
+
+
+def settings_from_env() -> ControlplaneSettings:
+    """Controlplane settings from the environment (and the dev env file)."""
+    try:
+        return parse_settings({})
+    except ConfigError as exc:
+        fail(exc.errors)
+        raise typer.Exit(1) from None

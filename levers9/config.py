@@ -1,0 +1,487 @@
+"""The values block: `config.worker.pools.<name>` as pydantic models, loaded like `helm -f`.
+
+Values files (YAML or JSON) merge in order, maps deeply, later wins, `null` deletes a key, so
+the spec's private credentials file merges into the pool block it completes. A pool that does
+not validate is not loaded; the others are (a controlplane with one broken pool still serves
+the rest). Every error names its field path, e.g.
+`config.worker.pools.gke-rtx6000.kubernetes.caCertificate: not a base64 PEM certificate`.
+
+Secrets (`credentials`, the worker token secret) are `SecretStr`: they never appear in a repr,
+a dump, a log line or an error message (`hide_input_in_errors`).
+
+No I/O at import time; `load_values` and `credentialsFile` read files when called.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from cryptography import x509
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+POOLS_PATH = ("config", "worker", "pools")
+CONTROLPLANE_PATH = ("config", "controlplane")
+PROVIDER = "kubernetes"
+INVALID_PROVIDER = "invalid provider name"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+_SA_KEY_FIELDS = ("client_email", "private_key", "token_uri")
+
+
+class ConfigError(Exception):
+    """Values that cannot be used; `errors` are `<field path>: <what is wrong>` lines."""
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        hide_input_in_errors=True,
+        str_strip_whitespace=True,
+    )
+
+
+class CacheConfig(_Model):
+    enabled: bool = False
+
+
+def _check_service_account_key(text: str) -> None:
+    try:
+        key = json.loads(text)
+    except ValueError:
+        key = None
+    missing = [] if isinstance(key, dict) else list(_SA_KEY_FIELDS)
+    if isinstance(key, dict):
+        if key.get("type") != "service_account":
+            missing.append("type=service_account")
+        missing += [f for f in _SA_KEY_FIELDS if not isinstance(key.get(f), str) or not key[f]]
+        private_key = key.get("private_key")
+        if isinstance(private_key, str) and "PRIVATE KEY-----" not in private_key:
+            missing.append("a PEM private_key")
+    if missing:
+        raise ValueError(
+            "not a service-account key: expected the JSON key file of a Google service account"
+            f" (missing {', '.join(missing)}); attach-gke-pool.sh writes it to"
+            " ~/.levers9/gke-sa.json"
+        )
+
+
+def _check_generic_credentials(text: str) -> None:
+    if text.lstrip().startswith("{") or "\n" in text.strip():
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:
+            doc = None
+        if not (isinstance(doc, dict) and doc.get("kind") == "Config"):
+            raise ValueError(
+                "for flavor generic, credentials is a bearer token (one line) or a kubeconfig"
+                " (kind: Config)"
+            )
+
+
+class KubernetesConfig(_Model):
+    """How the controlplane reaches the cluster, and what the worker Job looks like there."""
+
+    flavor: Literal["gke", "generic"] = "gke"
+    endpoint: str
+    ca_certificate: str | None = Field(default=None, alias="caCertificate")
+    namespace: str = "levers9"
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    worker_image: str = Field(alias="workerImage", min_length=1)
+    credentials: SecretStr | None = None
+    credentials_file: Path | None = Field(default=None, alias="credentialsFile")
+    tunnel: bool = False
+
+    _credentials: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _https_endpoint(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ValueError(
+                "must be an https:// URL with a host (the cluster endpoint, e.g."
+                " https://34.118.0.10 from `gcloud container clusters describe`)"
+            )
+        return value.rstrip("/")
+
+    @field_validator("ca_certificate")
+    @classmethod
+    def _pem_certificate(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            x509.load_pem_x509_certificate(base64.b64decode(value, validate=True))
+        except (binascii.Error, ValueError):
+            raise ValueError(
+                "not a base64 PEM certificate (use masterAuth.clusterCaCertificate from"
+                " `gcloud container clusters describe`)"
+            ) from None
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} is not a valid namespace name (a DNS-1123 label)")
+        return value
+
+    @field_validator("worker_image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        if any(ch.isspace() for ch in value):
+            raise ValueError("an image reference has no whitespace")
+        return value
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> KubernetesConfig:
+        if self.credentials is not None and self.credentials_file is not None:
+            raise ValueError(
+                "set either credentials or credentialsFile, not both"
+                " (credentials: the key inline, from your private values file)"
+            )
+        if self.flavor == "gke":
+            if self.credentials is None and self.credentials_file is None:
+                raise ValueError(
+                    "flavor gke needs credentials (the service-account key, from a private"
+                    " values file) or credentialsFile"
+                )
+            if self.ca_certificate is None:
+                raise ValueError("flavor gke needs caCertificate (the cluster's CA, base64 PEM)")
+        secret = self.credentials
+        if self.credentials_file is not None:
+            secret = SecretStr(_read_credentials_file(self.credentials_file))
+        if secret is not None:
+            check = (
+                _check_service_account_key if self.flavor == "gke" else _check_generic_credentials
+            )
+            check(secret.get_secret_value())
+        self._credentials = secret
+        return self
+
+    def resolved_credentials(self) -> SecretStr | None:
+        """The key (or token/kubeconfig for generic), inline or read from credentialsFile."""
+        return self._credentials
+
+
+def _read_credentials_file(path: Path) -> str:
+    full = path.expanduser()
+    try:
+        return full.read_text()
+    except OSError as exc:
+        raise ValueError(
+            f"credentialsFile: cannot read {full}: {exc.strerror or type(exc).__name__}"
+        ) from None
+
+
+class PoolConfig(_Model):
+    """One block under `config.worker.pools` with `provider: kubernetes`."""
+
+    mode: Literal["external"]
+    provider: Literal["kubernetes"]
+    gpu_type: str = Field(alias="gpuType", min_length=1)
+    images_path: str = Field(default="/var/lib/levers9/images", alias="imagesPath")
+    durable_disks_path: str = Field(default="/var/lib/levers9/disks", alias="durableDisksPath")
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    host_network: bool = Field(default=True, alias="hostNetwork")
+    kubernetes: KubernetesConfig
+
+    @field_validator("images_path", "durable_disks_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError("must be an absolute path on the node (COS keeps / read-only)")
+        return value
+
+    @model_validator(mode="after")
+    def _host_network_needs_tunnel(self) -> PoolConfig:
+        if not self.host_network and not self.kubernetes.tunnel:
+            raise ValueError(
+                "hostNetwork: false needs kubernetes.tunnel: true: nothing outside the cluster"
+                " can dial a pod address, so without the tunnel the controlplane cannot reach"
+                " the worker"
+            )
+        return self
+
+
+class ControlplaneSettings(BaseSettings):
+    """Controlplane settings: `config.controlplane` in values, overridden by the environment.
+
+    Environment names are `LEVERS9_<FIELD>` (e.g. `LEVERS9_RECONCILE_INTERVAL_SECONDS`), and the
+    Temporal CLI's own `TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, so one
+    sourced env file serves both `temporal` and `levers9`.
+    """
+
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        populate_by_name=True,
+        hide_input_in_errors=True,
+        case_sensitive=False,
+    )
+
+    temporal_address: str = Field(
+        default="127.0.0.1:7233",
+        validation_alias=AliasChoices(
+            "temporalAddress", "LEVERS9_TEMPORAL_ADDRESS", "TEMPORAL_ADDRESS"
+        ),
+    )
+    temporal_namespace: str = Field(
+        default="default",
+        validation_alias=AliasChoices(
+            "temporalNamespace", "LEVERS9_TEMPORAL_NAMESPACE", "TEMPORAL_NAMESPACE"
+        ),
+    )
+    temporal_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "temporalApiKey", "LEVERS9_TEMPORAL_API_KEY", "TEMPORAL_API_KEY"
+        ),
+    )
+    temporal_tls: bool = Field(
+        default=False, validation_alias=AliasChoices("temporalTls", "LEVERS9_TEMPORAL_TLS")
+    )
+    temporal_tls_cert_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("temporalTlsCertFile", "LEVERS9_TEMPORAL_TLS_CERT_FILE"),
+    )
+    temporal_tls_key_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("temporalTlsKeyFile", "LEVERS9_TEMPORAL_TLS_KEY_FILE"),
+    )
+    temporal_tls_server_ca_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "temporalTlsServerCaFile", "LEVERS9_TEMPORAL_TLS_SERVER_CA_FILE"
+        ),
+    )
+    task_queue: str = Field(
+        default="levers9-controlplane",
+        min_length=1,
+        validation_alias=AliasChoices("taskQueue", "LEVERS9_TASK_QUEUE"),
+    )
+    reconcile_interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "reconcileIntervalSeconds", "LEVERS9_RECONCILE_INTERVAL_SECONDS"
+        ),
+    )
+    worker_idle_minutes: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=AliasChoices("workerIdleMinutes", "LEVERS9_WORKER_IDLE_MINUTES"),
+    )
+    worker_record_ttl_minutes: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "workerRecordTtlMinutes", "LEVERS9_WORKER_RECORD_TTL_MINUTES"
+        ),
+    )
+    gateway_listen: str = Field(
+        default="127.0.0.1:7443",
+        validation_alias=AliasChoices("gatewayListen", "LEVERS9_GATEWAY_LISTEN"),
+    )
+    gateway_advertised_address: str = Field(
+        default="127.0.0.1:7443",
+        validation_alias=AliasChoices(
+            "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
+        ),
+    )
+    worker_token_secret: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("workerTokenSecret", "LEVERS9_WORKER_TOKEN_SECRET"),
+    )
+    worker_token_secret_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("workerTokenSecretFile", "LEVERS9_WORKER_TOKEN_SECRET_FILE"),
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment beats the values file (twelve-factor).
+        return env_settings, init_settings
+
+    @model_validator(mode="after")
+    def _one_token_secret(self) -> ControlplaneSettings:
+        if self.worker_token_secret is not None and self.worker_token_secret_file is not None:
+            raise ValueError("set either workerTokenSecret or workerTokenSecretFile, not both")
+        if self.temporal_tls_key_file is not None and self.temporal_tls_cert_file is None:
+            raise ValueError("temporalTlsKeyFile needs temporalTlsCertFile (mTLS uses both)")
+        return self
+
+    def token_secret(self) -> SecretStr | None:
+        """The secret that signs worker tokens, inline or read from its file."""
+        if self.worker_token_secret_file is not None:
+            return SecretStr(self.worker_token_secret_file.expanduser().read_text().strip())
+        return self.worker_token_secret
+
+
+@dataclass(frozen=True)
+class PoolProblem:
+    """A pool that did not load: `error` is the spec's `error=` value."""
+
+    pool_name: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Values:
+    """Everything the values files say, validated."""
+
+    pools: Mapping[str, PoolConfig]
+    problems: Sequence[PoolProblem]
+    settings: ControlplaneSettings
+
+
+def merge_values(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Merges like helm: maps deeply, anything else replaced, `null` deletes the key."""
+    merged = dict(base)
+    for key, value in override.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_values(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_values_file(path: Path) -> dict[str, Any]:
+    """One values file (YAML, which JSON is a subset of) as a map."""
+    try:
+        text = path.expanduser().read_text()
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or type(exc).__name__}"]) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError([f"{path}: not valid YAML or JSON{where}"]) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError([f"{path}: the top level must be a map (config: ...)"])
+    return doc
+
+
+def load_values(paths: Iterable[Path]) -> dict[str, Any]:
+    """Reads and merges values files in order, like `helm -f a -f b`."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged = merge_values(merged, read_values_file(path))
+    return merged
+
+
+def _dig(doc: Mapping[str, Any], path: Sequence[str]) -> tuple[Any, str | None]:
+    node: Any = doc
+    for depth, key in enumerate(path):
+        if node is None:
+            return None, None
+        if not isinstance(node, Mapping):
+            return None, f"{'.'.join(path[:depth])}: must be a map"
+        node = node.get(key)
+    if node is not None and not isinstance(node, Mapping):
+        return None, f"{'.'.join(path)}: must be a map"
+    return node, None
+
+
+def describe_validation_error(prefix: str, error: ValidationError) -> list[str]:
+    """`<prefix>.<field path>: <message>` for each error, without the offending input."""
+    lines = []
+    for item in error.errors(include_input=False, include_url=False):
+        loc = ".".join(str(part) for part in item["loc"])
+        path = f"{prefix}.{loc}" if loc else prefix
+        message = item["msg"]
+        if item["type"] == "value_error":
+            message = str(item.get("ctx", {}).get("error", message))
+        elif item["type"] == "missing":
+            message = "required"
+        elif item["type"] == "extra_forbidden":
+            message = "unknown field (check its spelling against docs/configuration.md)"
+        lines.append(f"{path}: {message}")
+    return lines
+
+
+def parse_pool(name: str, block: Any) -> PoolConfig:
+    """Validates one pool block; raises ConfigError naming the field on bad input."""
+    prefix = ".".join((*POOLS_PATH, name))
+    if not _POOL_NAME.match(name):
+        raise ConfigError(
+            [f"{prefix}: a pool name is lowercase letters, digits and '-', at most 40 long"]
+        )
+    if not isinstance(block, Mapping):
+        raise ConfigError([f"{prefix}: must be a map"])
+    if block.get("provider") != PROVIDER:
+        raise ConfigError([INVALID_PROVIDER])
+    try:
+        return PoolConfig.model_validate(block)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(prefix, exc)) from None
+
+
+def parse_settings(doc: Mapping[str, Any]) -> ControlplaneSettings:
+    """Controlplane settings from `config.controlplane`, overridden by the environment."""
+    block, problem = _dig(doc, CONTROLPLANE_PATH)
+    if problem:
+        raise ConfigError([problem])
+    try:
+        return ControlplaneSettings(**dict(block or {}))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(".".join(CONTROLPLANE_PATH), exc)) from None
+
+
+def parse_values(doc: Mapping[str, Any]) -> Values:
+    """Validates merged values: pools that load, pools that do not, controlplane settings."""
+    settings = parse_settings(doc)
+    block, problem = _dig(doc, POOLS_PATH)
+    if problem:
+        raise ConfigError([problem])
+    pools: dict[str, PoolConfig] = {}
+    problems: list[PoolProblem] = []
+    for name, pool_block in (block or {}).items():
+        try:
+            pools[str(name)] = parse_pool(str(name), pool_block)
+        except ConfigError as exc:
+            problems += [PoolProblem(str(name), line) for line in exc.errors]
+    return Values(pools=pools, problems=problems, settings=settings)
+
+
+def load(paths: Sequence[Path]) -> Values:
+    """Loads values files (merged in order) into validated pools and settings."""
+    return parse_values(load_values(paths))

@@ -1,0 +1,73 @@
+"""The dev values: the spec's pool block, named `gke-rtx6000`, pointing at the sandbox.
+
+`levers9 dev up` writes `values.yaml` (the block as a user pastes it) and `private.json` (the
+service-account key, mode 0600, as the spec's `umask 077` recipe makes it) once, and reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from levers9.sandbox import pki
+
+POOL_NAME = "gke-rtx6000"
+PROJECT = "demo"
+REGION = "us-central1"
+SANDBOX_API_PORT = 6443
+"""Where the sandbox's Kubernetes API listens (the sandbox issue starts it there)."""
+
+
+def pool_block(ca_base64: str, endpoint: str) -> dict[str, Any]:
+    """The spec's values block, with the sandbox's endpoint and CA filled in."""
+    return {
+        "mode": "external",
+        "provider": "kubernetes",
+        "gpuType": "RTXPro6000",
+        "imagesPath": "/var/lib/levers9/images",
+        "durableDisksPath": "/var/lib/levers9/disks",
+        "cache": {"enabled": False},
+        "kubernetes": {
+            "flavor": "gke",
+            "endpoint": endpoint,
+            "caCertificate": ca_base64,
+            "namespace": "levers9",
+            "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
+            "workerImage": f"{REGION}-docker.pkg.dev/{PROJECT}/levers9/worker:latest",
+        },
+    }
+
+
+def private_block(key_json: str) -> dict[str, Any]:
+    """The private values file of the spec's recipe: only the key, under the pool."""
+    return {"config": {"worker": {"pools": {POOL_NAME: {"kubernetes": {"credentials": key_json}}}}}}
+
+
+def write(directory: Path) -> list[Path]:
+    """Mints the sandbox's CA and key, and writes the two values files."""
+    endpoint = f"https://127.0.0.1:{SANDBOX_API_PORT}"
+    authority = pki.mint_certificate_authority()
+    key = pki.mint_service_account_key(
+        project=PROJECT, account="levers9-controlplane", token_uri=f"{endpoint}/token"
+    )
+    (directory / "ca.crt").write_bytes(authority.ca_pem)
+    values = directory / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "config": {
+                    "worker": {"pools": {POOL_NAME: pool_block(authority.ca_base64, endpoint)}}
+                }
+            },
+            sort_keys=False,
+        )
+    )
+    private = directory / "private.json"
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(private_block(pki.service_account_key_json(key)), out)
+    return [values, private]

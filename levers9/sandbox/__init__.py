@@ -1,0 +1,1 @@
+"""The sandbox: a local, simulated GKE cluster and cloud for `levers9 dev`, tests and benchmarks."""

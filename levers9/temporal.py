@@ -1,0 +1,246 @@
+"""Talking to the Temporal server: connect, search attributes, the reconcile schedules.
+
+Not imported by workflows (it does I/O when called).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel
+from temporalio.api.enums.v1 import IndexedValueType, TaskQueueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSystemInfoRequest
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+    TLSConfig,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
+
+from levers9.config import ControlplaneSettings
+from levers9.logs import get_logger
+from levers9.models import (
+    POOL_NAME,
+    RECONCILE_POOL_WORKFLOW,
+    SEARCH_ATTRIBUTES,
+    ReconcilePoolInput,
+    reconcile_schedule_id,
+)
+
+RECONCILE_PREFIX = "reconcile:"
+MEMO_TASK_QUEUE = "levers9.taskQueue"
+RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
+
+log = get_logger(__name__)
+
+
+def _tls(settings: ControlplaneSettings) -> bool | TLSConfig:
+    files = (
+        settings.temporal_tls_cert_file,
+        settings.temporal_tls_key_file,
+        settings.temporal_tls_server_ca_file,
+    )
+    if not any(files):
+        # Temporal Cloud with an API key needs TLS; a local dev server does not.
+        return settings.temporal_tls or settings.temporal_api_key is not None
+    cert, key, ca = (path.expanduser().read_bytes() if path else None for path in files)
+    return TLSConfig(client_cert=cert, client_private_key=key, server_root_ca_cert=ca)
+
+
+async def connect(settings: ControlplaneSettings) -> Client:
+    """A client with the pydantic data converter, as every levers9 process uses."""
+    api_key = settings.temporal_api_key
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        api_key=api_key.get_secret_value() if api_key else None,
+        tls=_tls(settings),
+        data_converter=pydantic_data_converter,
+    )
+
+
+async def server_ready(settings: ControlplaneSettings) -> bool:
+    """True once the server answers (used while a dev server starts)."""
+    client = await connect(settings)
+    await client.workflow_service.get_system_info(GetSystemInfoRequest())
+    return True
+
+
+async def has_worker_poller(settings: ControlplaneSettings) -> bool:
+    """True once a Temporal worker polls the controlplane's workflow task queue."""
+    client = await connect(settings)
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=settings.temporal_namespace,
+            task_queue=TaskQueue(name=settings.task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    return len(described.pollers) > 0
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Adds the search attributes of DESIGN.md that the namespace lacks; returns those added."""
+    existing = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    missing = [key for key in SEARCH_ATTRIBUTES if key.name not in existing.custom_attributes]
+    if not missing:
+        return []
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={
+                    key.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for key in missing
+                },
+            )
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.PERMISSION_DENIED:
+            raise
+        names = ", ".join(key.name for key in missing)
+        raise RuntimeError(
+            f"cannot add search attributes {names} to namespace {namespace}: permission denied."
+            " On Temporal Cloud add them once with"
+            f" `tcld namespace search-attributes add --namespace {namespace}"
+            " --search-attribute PoolName=Keyword ...` (see docs/operations.md)"
+        ) from None
+    return [key.name for key in missing]
+
+
+def reconcile_schedule(pool_name: str, settings: ControlplaneSettings) -> Schedule:
+    """The `reconcile:<pool>` schedule: every interval, overlap SKIP."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            RECONCILE_POOL_WORKFLOW,
+            ReconcilePoolInput(pool_name=pool_name),
+            id=reconcile_schedule_id(pool_name),
+            task_queue=settings.task_queue,
+            run_timeout=RECONCILE_RUN_TIMEOUT,
+            typed_search_attributes=TypedSearchAttributes(
+                [SearchAttributePair(POOL_NAME, pool_name)]
+            ),
+        ),
+        spec=ScheduleSpec(
+            intervals=[
+                ScheduleIntervalSpec(every=timedelta(seconds=settings.reconcile_interval_seconds))
+            ]
+        ),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSync:
+    created: list[str]
+    updated: list[str]
+    deleted: list[str]
+
+
+async def _managed_schedule_ids(client: Client, task_queue: str) -> set[str]:
+    ids = set()
+    async for listed in await client.list_schedules():
+        if not listed.id.startswith(RECONCILE_PREFIX):
+            continue
+        memo = await listed.memo()
+        if memo.get(MEMO_TASK_QUEUE) == task_queue:
+            ids.add(listed.id)
+    return ids
+
+
+async def sync_reconcile_schedules(
+    client: Client,
+    pool_names: Iterable[str],
+    settings: ControlplaneSettings,
+    keep: Iterable[str] = (),
+) -> ScheduleSync:
+    """Creates or updates `reconcile:<pool>` per pool; deletes those of pools no longer here.
+
+    Pools in `keep` (in the values but not loadable, say a typo) keep their schedule as it is:
+    a bad edit must not read as "pool removed". Only schedules that this controlplane's task
+    queue owns (a memo) are deleted, so two controlplanes sharing a namespace leave each other
+    alone. An operator's pause survives an update.
+    """
+    wanted = {reconcile_schedule_id(name): name for name in pool_names}
+    kept = {reconcile_schedule_id(name) for name in keep}
+    created, updated = [], []
+    for schedule_id, pool_name in wanted.items():
+        schedule = reconcile_schedule(pool_name, settings)
+        try:
+            await client.create_schedule(
+                schedule_id, schedule, memo={MEMO_TASK_QUEUE: settings.task_queue}
+            )
+            created.append(schedule_id)
+        except ScheduleAlreadyRunningError:
+
+            def _update(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
+                return ScheduleUpdate(
+                    dataclasses.replace(new, state=current.description.schedule.state)
+                )
+
+            await client.get_schedule_handle(schedule_id).update(_update)
+            updated.append(schedule_id)
+    deleted = []
+    for schedule_id in sorted(await _managed_schedule_ids(client, settings.task_queue)):
+        if schedule_id not in wanted and schedule_id not in kept:
+            try:
+                await client.get_schedule_handle(schedule_id).delete()
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+            deleted.append(schedule_id)
+    for schedule_id in deleted:
+        log.info("deleted schedule of removed pool", schedule_id=schedule_id)
+    return ScheduleSync(created=created, updated=updated, deleted=deleted)
+
+
+class PoolScheduleRow(BaseModel):
+    """One `reconcile:<pool>` schedule as `levers9 pool list` shows it."""
+
+    pool: str
+    schedule: str
+    every: str
+    paused: bool
+    passes: int
+    last_pass: datetime | None
+    next_pass: datetime | None
+
+
+async def list_reconcile_schedules(settings: ControlplaneSettings) -> list[PoolScheduleRow]:
+    """Describes every reconcile schedule this controlplane's task queue owns."""
+    client = await connect(settings)
+    rows = []
+    for schedule_id in sorted(await _managed_schedule_ids(client, settings.task_queue)):
+        described = await client.get_schedule_handle(schedule_id).describe()
+        info, schedule = described.info, described.schedule
+        every = ", ".join(f"{i.every.total_seconds():g}s" for i in schedule.spec.intervals)
+        rows.append(
+            PoolScheduleRow(
+                pool=schedule_id.removeprefix(RECONCILE_PREFIX),
+                schedule=schedule_id,
+                every=every,
+                paused=schedule.state.paused,
+                passes=info.num_actions,
+                last_pass=info.recent_actions[-1].started_at if info.recent_actions else None,
+                next_pass=info.next_action_times[0] if info.next_action_times else None,
+            )
+        )
+    return rows

@@ -1,0 +1,77 @@
+"""Factories shared by the tests: the spec's values block, keys, values files, free ports."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from levers9 import devvalues
+from levers9.sandbox import pki
+
+MARKER = "MARKER-5f3c9e-never-log-me"
+"""Put inside secrets; no log, dump or error may ever contain it."""
+
+
+@functools.cache
+def authority() -> pki.CertificateAuthority:
+    return pki.mint_certificate_authority()
+
+
+@functools.cache
+def _key() -> dict[str, str]:
+    key = pki.mint_service_account_key(
+        project="demo", account="levers9-controlplane", token_uri="https://127.0.0.1:6443/token"
+    )
+    key["marker"] = MARKER
+    return key
+
+
+def service_account_key() -> dict[str, str]:
+    """A real service-account key that carries MARKER."""
+    return dict(_key())
+
+
+def key_json() -> str:
+    return pki.service_account_key_json(service_account_key())
+
+
+def spec_pool(**kubernetes: Any) -> dict[str, Any]:
+    """The spec's `gke-rtx6000` block, with a real CA, overrides under `kubernetes:`."""
+    block = devvalues.pool_block(authority().ca_base64, "https://34.118.0.10")
+    block["kubernetes"].update(kubernetes)
+    return block
+
+
+def values_doc(pools: dict[str, Any], controlplane: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"config": {"worker": {"pools": copy.deepcopy(pools)}}}
+    if controlplane is not None:
+        doc["config"]["controlplane"] = controlplane
+    return doc
+
+
+def write_yaml(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def private_values(pool_name: str = "gke-rtx6000") -> dict[str, Any]:
+    """The spec's private values file: only the key, under the pool."""
+    return values_doc({pool_name: {"kubernetes": {"credentials": key_json()}}})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -1,0 +1,181 @@
+"""Reconcile schedules on the Temporal dev server: one per pool (interval, overlap SKIP), updated
+in place (an operator's pause survives), deleted when the pool leaves the values; and the
+ReconcilePoolWorkflow each fires, which reads the pool from the Temporal worker and counts passes.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from temporalio.client import (
+    Client,
+    ScheduleActionStartWorkflow,
+    ScheduleOverlapPolicy,
+    WorkflowFailureError,
+)
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.pools import PoolActivities
+from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.models import POOL_NAME, ReconcilePoolInput, ReconcilePoolResult
+from levers9.temporal import (
+    MEMO_TASK_QUEUE,
+    ensure_search_attributes,
+    list_reconcile_schedules,
+    sync_reconcile_schedules,
+)
+from tests.factories import key_json, spec_pool
+from tests.waiting import eventually
+from workflows import WORKFLOWS
+from workflows.reconcile_pool import ReconcilePoolWorkflow
+
+pytestmark = pytest.mark.integration
+
+
+def _settings(env: WorkflowEnvironment, task_queue: str, every: float = 15) -> ControlplaneSettings:
+    return ControlplaneSettings.model_validate(
+        {
+            "temporalAddress": env.client.service_client.config.target_host,
+            "taskQueue": task_queue,
+            "reconcileIntervalSeconds": every,
+        }
+    )
+
+
+def _pool() -> PoolConfig:
+    return parse_pool("gke-rtx6000", spec_pool(credentials=key_json()))
+
+
+@pytest.fixture
+async def client(dev_env: WorkflowEnvironment) -> Client:
+    await ensure_search_attributes(dev_env.client, "default")
+    return dev_env.client
+
+
+async def _schedule_ids(client: Client, task_queue: str) -> set[str]:
+    ids = set()
+    async for listed in await client.list_schedules():
+        if (await listed.memo()).get(MEMO_TASK_QUEUE) == task_queue:
+            ids.add(listed.id)
+    return ids
+
+
+def _names(prefix: str, *pools: str) -> list[str]:
+    return [f"{prefix}-{pool}" for pool in pools]
+
+
+async def test_search_attributes_are_ensured_once(client: Client) -> None:
+    assert await ensure_search_attributes(client, "default") == []
+
+
+async def test_one_schedule_per_pool_then_removed_pool_deleted(
+    dev_env: WorkflowEnvironment, client: Client, task_queue: str
+) -> None:
+    prefix = uuid.uuid4().hex[:8]
+    settings = _settings(dev_env, task_queue)
+    first = await sync_reconcile_schedules(client, _names(prefix, "a", "b"), settings)
+    assert first.created == [f"reconcile:{prefix}-a", f"reconcile:{prefix}-b"]
+    described = await client.get_schedule_handle(f"reconcile:{prefix}-a").describe()
+    assert described.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+    assert [i.every.total_seconds() for i in described.schedule.spec.intervals] == [15]
+    action = described.schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    assert action.workflow == "ReconcilePoolWorkflow"
+
+    wanted = {f"reconcile:{prefix}-a", f"reconcile:{prefix}-b"}
+
+    async def both_listed() -> bool:
+        return await _schedule_ids(client, task_queue) == wanted
+
+    await eventually(both_listed)
+    await client.get_schedule_handle(f"reconcile:{prefix}-a").pause(note="operator")
+    second = await sync_reconcile_schedules(client, _names(prefix, "a"), settings)
+    assert second.created == []
+    assert second.updated == [f"reconcile:{prefix}-a"]
+    assert second.deleted == [f"reconcile:{prefix}-b"]
+    kept = await client.get_schedule_handle(f"reconcile:{prefix}-a").describe()
+    assert kept.schedule.state.paused, "an operator's pause survives an update"
+
+    async def only_a_listed() -> bool:
+        return await _schedule_ids(client, task_queue) == {f"reconcile:{prefix}-a"}
+
+    await eventually(only_a_listed)
+    untouched = await sync_reconcile_schedules(client, [], settings, keep=_names(prefix, "a"))
+    assert untouched.deleted == [], "a pool whose block does not load keeps its schedule"
+    await sync_reconcile_schedules(client, [], settings)
+
+
+async def test_other_task_queues_schedules_are_left_alone(
+    dev_env: WorkflowEnvironment, client: Client, task_queue: str
+) -> None:
+    prefix = uuid.uuid4().hex[:8]
+    other_queue = f"{task_queue}-other"
+    await sync_reconcile_schedules(client, _names(prefix, "x"), _settings(dev_env, other_queue))
+
+    async def listed() -> bool:
+        return await _schedule_ids(client, other_queue) == {f"reconcile:{prefix}-x"}
+
+    await eventually(listed)
+    result = await sync_reconcile_schedules(client, [], _settings(dev_env, task_queue))
+    assert f"reconcile:{prefix}-x" not in result.deleted
+    await sync_reconcile_schedules(client, [], _settings(dev_env, other_queue))
+
+
+async def test_schedule_fires_reconcile_passes(
+    dev_env: WorkflowEnvironment, client: Client, task_queue: str
+) -> None:
+    settings = _settings(dev_env, task_queue, every=1)
+    pool = _pool()
+    pool_name = f"p-{uuid.uuid4().hex[:8]}"
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=[PoolActivities({pool_name: pool}).describe_pool],
+    ):
+        await sync_reconcile_schedules(client, [pool_name], settings)
+
+        async def two_passes() -> bool:
+            rows = [r for r in await list_reconcile_schedules(settings) if r.pool == pool_name]
+            return bool(rows) and rows[0].passes >= 2
+
+        await eventually(two_passes, within=30)
+        described = await client.get_schedule_handle(f"reconcile:{pool_name}").describe()
+        runs = [a.action.workflow_id for a in described.info.recent_actions]  # type: ignore[attr-defined]
+        results = [
+            await client.get_workflow_handle(run, result_type=ReconcilePoolResult).result()
+            for run in runs[:2]
+        ]
+        assert [r.pass_number for r in results] == [1, 2], "a pass reads the last result"
+        assert results[0].pool.gpu_type == "RTXPro6000"
+        assert results[0].pool.flavor == "gke"
+        desc = await client.get_workflow_handle(runs[0]).describe()
+        assert desc.typed_search_attributes.get(POOL_NAME) == pool_name
+        await sync_reconcile_schedules(client, [], settings)
+
+
+async def test_reconcile_of_unloaded_pool_fails_with_the_fix(
+    client: Client, task_queue: str
+) -> None:
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=WORKFLOWS,
+        activities=[PoolActivities({}).describe_pool],
+    ):
+        with pytest.raises(WorkflowFailureError) as caught:
+            await client.execute_workflow(
+                ReconcilePoolWorkflow.run,
+                ReconcilePoolInput(pool_name="gone"),
+                id=f"reconcile:gone-{uuid.uuid4()}",
+                task_queue=task_queue,
+            )
+    activity_error = caught.value.cause
+    assert isinstance(activity_error, ActivityError)
+    assert isinstance(activity_error.cause, ApplicationError)
+    assert activity_error.cause.type == "PoolNotLoaded"
+    assert activity_error.cause.non_retryable
+    assert "pool gone is not loaded on this Temporal worker" in str(activity_error.cause)

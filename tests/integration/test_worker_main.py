@@ -1,0 +1,97 @@
+"""worker_main.py against the dev server: the spec's `loaded controller` line per pool, the
+`unable to load controller` line for a pool of another provider (the others still load), a
+schedule per loaded pool, no secret in its output, and a clean exit on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.client import ScheduleActionStartWorkflow
+from temporalio.testing import WorkflowEnvironment
+
+from tests.factories import MARKER, private_values, spec_pool, values_doc, write_json, write_yaml
+
+pytestmark = pytest.mark.integration
+
+STARTED = "temporal worker started"
+READ_TIMEOUT_S = 30
+
+
+async def _read_until(stream: asyncio.StreamReader, needle: str) -> str:
+    seen: list[str] = []
+    async with asyncio.timeout(READ_TIMEOUT_S):
+        while True:
+            line = (await stream.readline()).decode()
+            if not line:
+                raise AssertionError("worker_main exited early:\n" + "".join(seen))
+            seen.append(line)
+            if needle in line:
+                return "".join(seen)
+
+
+async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
+    dev_env: WorkflowEnvironment, tmp_path: Path, task_queue: str
+) -> None:
+    values = write_yaml(
+        tmp_path / "values.yaml",
+        values_doc(
+            {"gke-rtx6000": spec_pool(), "old-aws": {"mode": "external", "provider": "aws"}}
+        ),
+    )
+    private = write_json(tmp_path / "private.json", private_values())
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "LEVERS9_TASK_QUEUE": task_queue,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker_main",
+        "--values",
+        str(values),
+        "--values",
+        str(private),
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    try:
+        output = await _read_until(proc.stderr, STARTED)
+        assert (
+            " loaded controller gpu_type=RTXPro6000 mode=external pool_name=gke-rtx6000\n" in output
+        )
+        assert ' unable to load controller error="invalid provider name" pool_name=old-aws\n' in (
+            output
+        )
+        described = await dev_env.client.get_schedule_handle("reconcile:gke-rtx6000").describe()
+        action = described.schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert action.task_queue == task_queue
+        proc.send_signal(signal.SIGTERM)
+        rest = (await asyncio.wait_for(proc.stderr.read(), 20)).decode()
+        assert await asyncio.wait_for(proc.wait(), 5) == 0
+        assert "shutting down" in rest
+        assert MARKER not in output + rest
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await dev_env.client.get_schedule_handle("reconcile:gke-rtx6000").delete()
+
+
+async def test_bad_values_file_exits_with_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "values.yaml"
+    bad.write_text("config:\n  worker:\n    pools: [1]\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker_main", "--values", str(bad), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert 'invalid values error="config.worker.pools: must be a map"' in err.decode()

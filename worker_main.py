@@ -1,0 +1,99 @@
+"""The Temporal worker: loads the values, keeps the schedules, hosts workflows and activities.
+
+Wiring only: every piece it starts lives in `levers9/`, `workflows/` or `activities/`.
+
+    python -m worker_main --values values.yaml --values private.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.worker import Worker
+
+from activities.pools import PoolActivities
+from levers9 import logs
+from levers9.config import ConfigError, Values, load
+from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
+from workflows import WORKFLOWS
+
+GRACEFUL_SHUTDOWN = timedelta(seconds=10)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="worker_main", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--values", "-f", action="append", type=Path, default=[], help="values file (repeatable)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def _log_pools(values: Values) -> None:
+    log = logs.get_logger("levers9.controlplane")
+    for problem in values.problems:
+        log.error("unable to load controller", error=problem.error, pool_name=problem.pool_name)
+    for name, pool in values.pools.items():
+        log.info("loaded controller", gpu_type=pool.gpu_type, mode=pool.mode, pool_name=name)
+
+
+async def run(values: Values, stop: asyncio.Event) -> None:
+    """Serves until `stop` is set, then finishes in-flight tasks and returns."""
+    log = logs.get_logger("levers9.controlplane")
+    settings = values.settings
+    client = await connect(settings)
+    added = await ensure_search_attributes(client, settings.temporal_namespace)
+    if added:
+        log.info("added search attributes", names=added)
+    sync = await sync_reconcile_schedules(
+        client, values.pools, settings, keep=[p.pool_name for p in values.problems]
+    )
+    log.info(
+        "reconcile schedules in place",
+        created=sync.created,
+        updated=sync.updated,
+        deleted=sync.deleted,
+    )
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=[PoolActivities(values.pools).describe_pool],
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+    )
+    async with worker:
+        log.info("temporal worker started", task_queue=settings.task_queue)
+        await stop.wait()
+        log.info("shutting down")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logs.setup(args.log_level)
+    try:
+        values = load(args.values)
+    except ConfigError as exc:
+        for line in exc.errors:
+            logs.get_logger("levers9.controlplane").error("invalid values", error=line)
+        return 2
+    _log_pools(values)
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(values, stop)
+
+    asyncio.run(_main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
