@@ -239,8 +239,14 @@ async def list_reconcile_schedules(settings: ControlplaneSettings) -> list[PoolS
                 every=every,
                 paused=schedule.state.paused,
                 passes=info.num_actions,
-                last_pass=info.recent_actions[-1].started_at if info.recent_actions else None,
-                next_pass=info.next_action_times[0] if info.next_action_times else None,
+                last_pass=_seconds(info.recent_actions[-1].started_at)
+                if info.recent_actions
+                else None,
+                next_pass=_seconds(info.next_action_times[0]) if info.next_action_times else None,
             )
         )
     return rows
+
+
+def _seconds(moment: datetime) -> datetime:
+    return moment.replace(microsecond=0)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -131,11 +134,19 @@ def demo(
     console.rule("levers9 pool list")
     pool.show_pools(settings, Output.table)
     env = stack.env()
+    levers9, temporal = _command("levers9"), _command("temporal")
     console.print(
         f"\nThe stack keeps running.\n"
         f"  Temporal UI:   {env['LEVERS9_TEMPORAL_UI']}\n"
-        f"  status:        levers9 dev status\n"
-        f"  use it:        . {stack.env_file} && temporal workflow list\n"
-        f"  stop it:       levers9 dev down",
+        f"  status:        {levers9} dev status\n"
+        f"  pools:         {levers9} pool list\n"
+        f"  use it:        . {stack.env_file} && {temporal} workflow list\n"
+        f"  stop it:       {levers9} dev down",
         highlight=False,
     )
+
+
+def _command(name: str) -> str:
+    """`name` when the shell finds this environment's copy, else its path."""
+    ours = Path(sys.executable).parent / name
+    return name if shutil.which(name) == str(ours) else str(ours)
