@@ -1,0 +1,375 @@
+"""What a node offers as a machine, from the node, the pods on it and our worker Jobs (pure).
+
+The spec's "Sharing nodes with other workloads": GPUs free are what the node has allocatable
+minus the GPU limits of every neighbour pod bound to it that has not finished (a terminating
+pod still holds its cards), minus the cards our own workers hold, pending or running, counted
+from our Jobs (so a Job whose pod is not visible yet still holds its cards). CPU and memory
+likewise, from requests. Never negative.
+
+Everything here takes Kubernetes objects as the JSON dicts the API returns: the pool observes
+100,000 pods in one pass, and model objects would cost seconds of CPU.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from levers9.quantity import millicores, whole
+
+GPU = "nvidia.com/gpu"
+ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_US = "levers9"
+POOL_LABEL = "levers9.dev/pool"
+NODE_LABEL = "levers9.dev/node"
+WORKER_ID_LABEL = "levers9.dev/worker-id"
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+Obj = Mapping[str, Any]
+
+# GKE's accelerator label values (cloud.google.com/gke-accelerator) -> levers9 GPU types.
+GKE_ACCELERATORS = {
+    "nvidia-rtx-pro-6000": "RTXPro6000",
+    "nvidia-b200": "B200",
+    "nvidia-gb200": "GB200",
+    "nvidia-h200-141gb": "H200",
+    "nvidia-h100-80gb": "H100",
+    "nvidia-h100-mega-80gb": "H100Mega",
+    "nvidia-a100-80gb": "A100-80GB",
+    "nvidia-tesla-a100": "A100",
+    "nvidia-l4": "L4",
+    "nvidia-tesla-t4": "T4",
+    "nvidia-tesla-v100": "V100",
+    "nvidia-tesla-p100": "P100",
+    "nvidia-tesla-p4": "P4",
+    "nvidia-tesla-k80": "K80",
+}
+# GPU feature discovery's product names (nvidia.com/gpu.product), matched in order.
+GFD_PRODUCTS = (
+    (re.compile(r"RTX-PRO-6000", re.I), "RTXPro6000"),
+    (re.compile(r"GB200", re.I), "GB200"),
+    (re.compile(r"B200", re.I), "B200"),
+    (re.compile(r"H200", re.I), "H200"),
+    (re.compile(r"H100", re.I), "H100"),
+    (re.compile(r"A100.*80GB", re.I), "A100-80GB"),
+    (re.compile(r"A100", re.I), "A100"),
+    (re.compile(r"L40S", re.I), "L40S"),
+    (re.compile(r"L4\b", re.I), "L4"),
+    (re.compile(r"T4\b", re.I), "T4"),
+    (re.compile(r"V100", re.I), "V100"),
+)
+
+
+class MachineStatus(enum.StrEnum):
+    HEALTHY = "Healthy"
+    NOT_READY = "NotReady"
+    CORDONED = "Cordoned"
+    TAINTED = "Tainted"
+    FULL = "Full"
+
+
+class Resources(BaseModel):
+    """An amount of GPUs, CPU (millicores) and memory (bytes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpus: int = 0
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(
+            gpus=self.gpus + other.gpus,
+            cpu_millis=self.cpu_millis + other.cpu_millis,
+            memory_bytes=self.memory_bytes + other.memory_bytes,
+        )
+
+    def minus(self, other: Resources) -> Resources:
+        """Never negative: a node overcommitted by its neighbours offers nothing."""
+        return Resources(
+            gpus=max(0, self.gpus - other.gpus),
+            cpu_millis=max(0, self.cpu_millis - other.cpu_millis),
+            memory_bytes=max(0, self.memory_bytes - other.memory_bytes),
+        )
+
+    def most(self, other: Resources) -> Resources:
+        return Resources(
+            gpus=max(self.gpus, other.gpus),
+            cpu_millis=max(self.cpu_millis, other.cpu_millis),
+            memory_bytes=max(self.memory_bytes, other.memory_bytes),
+        )
+
+
+class NodeCapacity(BaseModel):
+    """One node as the pool sees it: compact, so a pass over 5,000 nodes stays small."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    machine: bool
+    status: MachineStatus
+    gpu_type: str | None
+    total_gpus: int
+    free: Resources
+    worker_gpus: int
+    workers: tuple[str, ...]
+    external_ip: str | None
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str | None
+    operator: str = "Equal"
+    value: str | None = None
+    effect: str | None = None
+
+    def tolerates(self, taint: Obj) -> bool:
+        if self.effect and self.effect != taint.get("effect"):
+            return False
+        if self.key is None:  # an empty key with Exists tolerates everything
+            return self.operator == "Exists"
+        if self.key != taint.get("key"):
+            return False
+        return self.operator == "Exists" or (self.value or "") == (taint.get("value") or "")
+
+
+GKE_GPU_TOLERATION = Toleration(key=GPU, operator="Exists")
+
+
+def gpu_type_of(labels: Mapping[str, str]) -> str | None:
+    """The levers9 GPU type of a node, from GKE's accelerator label or GFD's product label."""
+    accelerator = labels.get(ACCELERATOR_LABEL)
+    if accelerator:
+        return GKE_ACCELERATORS.get(accelerator, accelerator)
+    product = labels.get(GFD_PRODUCT_LABEL)
+    if product:
+        for pattern, gpu_type in GFD_PRODUCTS:
+            if pattern.search(product):
+                return gpu_type
+        return product
+    return None
+
+
+Amounts = tuple[int, int, int]
+"""(gpus, cpu millicores, memory bytes): plain ints in the per-pod loop, which runs 100,000 times
+a pass; `Resources` is what leaves this module."""
+
+_NONE: Amounts = (0, 0, 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _millicores(text: str | int | float) -> int:
+    # Pods of one cluster repeat a handful of quantity strings; parse each once.
+    return millicores(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole(text: str | int | float) -> int:
+    return whole(text)
+
+
+def _container_amounts(spec: Obj | None) -> Amounts:
+    """Requests of one container: GPUs from limits (extended resources), CPU/memory requests.
+
+    Kubernetes defaults a missing request to the limit, so the limit stands in for it.
+    """
+    if not spec:
+        return _NONE
+    limits = spec.get("limits") or {}
+    requests = spec.get("requests") or {}
+    gpus = limits.get(GPU, requests.get(GPU, 0))
+    cpu = requests.get("cpu", limits.get("cpu", 0))
+    memory = requests.get("memory", limits.get("memory", 0))
+    return (
+        _whole(gpus) if gpus else 0,
+        _millicores(cpu) if cpu else 0,
+        _whole(memory) if memory else 0,
+    )
+
+
+def _pod_amounts(pod_spec: Obj) -> Amounts:
+    gpus = cpu = memory = 0
+    for container in pod_spec.get("containers") or ():
+        g, c, m = _container_amounts(container.get("resources"))
+        gpus, cpu, memory = gpus + g, cpu + c, memory + m
+    for container in pod_spec.get("initContainers") or ():
+        g, c, m = _container_amounts(container.get("resources"))
+        gpus, cpu, memory = max(gpus, g), max(cpu, c), max(memory, m)
+    overhead = pod_spec.get("overhead")
+    if overhead:
+        g, c, m = _container_amounts({"requests": overhead})
+        gpus, cpu, memory = gpus + g, cpu + c, memory + m
+    return gpus, cpu, memory
+
+
+def pod_requests(pod_spec: Obj) -> Resources:
+    """What a pod holds on its node, as the scheduler counts it.
+
+    Init containers run one at a time before the others, so the pod needs the larger of the
+    biggest init container and the sum of the containers (plus its overhead).
+    """
+    gpus, cpu, memory = _pod_amounts(pod_spec)
+    return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)
+
+
+def _sum_amounts(specs: Iterable[Obj]) -> Resources:
+    gpus = cpu = memory = 0
+    for spec in specs:
+        g, c, m = _pod_amounts(spec)
+        gpus, cpu, memory = gpus + g, cpu + c, memory + m
+    return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)
+
+
+def node_resources(node_status: Obj, field: str) -> Resources:
+    amounts = node_status.get(field) or {}
+    return Resources(
+        gpus=whole(amounts.get(GPU, 0)),
+        cpu_millis=millicores(amounts.get("cpu", 0)),
+        memory_bytes=whole(amounts.get("memory", 0)),
+    )
+
+
+def is_ready(node: Obj) -> bool:
+    for condition in node.get("status", {}).get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False
+
+
+def external_ip(node: Obj) -> str | None:
+    """The node's ExternalIP: what a worker advertises (never the node name)."""
+    addresses = node.get("status", {}).get("addresses") or ()
+    for kind in ("ExternalIP", "InternalIP"):
+        for address in addresses:
+            if address.get("type") == kind:
+                return str(address.get("address"))
+    return None
+
+
+def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def untolerated_taints(node: Obj, tolerations: Sequence[Toleration]) -> list[Obj]:
+    return [
+        taint
+        for taint in node.get("spec", {}).get("taints") or ()
+        if taint.get("effect") in BLOCKING_EFFECTS
+        and taint.get("key") != "node.kubernetes.io/unschedulable"  # that is cordon
+        and not any(t.tolerates(taint) for t in tolerations)
+    ]
+
+
+def is_neighbour(pod: Obj, pool_name: str) -> bool:
+    """Not finished, and not one of this pool's workers (those are counted from their Jobs).
+
+    Another pool's worker on the same node is a neighbour like any other pod.
+    """
+    if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+        return False
+    labels = pod.get("metadata", {}).get("labels") or {}
+    ours = labels.get(MANAGED_BY) == MANAGED_BY_US and labels.get(POOL_LABEL) == pool_name
+    return not (ours and WORKER_ID_LABEL in labels)
+
+
+def job_is_active(job: Obj) -> bool:
+    for condition in job.get("status", {}).get("conditions") or ():
+        if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What decides whether a node is a machine of the pool."""
+
+    pool_name: str
+    node_selector: Mapping[str, str]
+    tolerations: Sequence[Toleration]
+
+
+def node_capacity(
+    node: Obj, neighbours: Iterable[Obj], jobs: Iterable[Obj], pool: PoolView
+) -> NodeCapacity:
+    """What one node offers the pool; `neighbours` are pods bound to it, `jobs` our Jobs there."""
+    metadata, status, spec = node.get("metadata", {}), node.get("status", {}), node.get("spec", {})
+    allocatable = node_resources(status, "allocatable")
+    capacity = node_resources(status, "capacity")
+    held = _sum_amounts(
+        pod.get("spec") or {} for pod in neighbours if is_neighbour(pod, pool.pool_name)
+    )
+    active_jobs = [job for job in jobs if job_is_active(job)]
+    worker_held = _sum_amounts(
+        job.get("spec", {}).get("template", {}).get("spec") or {} for job in active_jobs
+    )
+    free = allocatable.minus(held).minus(worker_held)
+    workers = tuple(
+        sorted(job["metadata"].get("labels", {}).get(WORKER_ID_LABEL, "") for job in active_jobs)
+    )
+    if not is_ready(node):
+        state = MachineStatus.NOT_READY
+    elif spec.get("unschedulable"):
+        state = MachineStatus.CORDONED
+    elif untolerated_taints(node, pool.tolerations):
+        state = MachineStatus.TAINTED
+    elif free.gpus == 0 and worker_held.gpus == 0:
+        state = MachineStatus.FULL
+    else:
+        state = MachineStatus.HEALTHY
+    return NodeCapacity(
+        name=metadata["name"],
+        machine=state is MachineStatus.HEALTHY,
+        status=state,
+        gpu_type=gpu_type_of(metadata.get("labels") or {}),
+        total_gpus=max(capacity.gpus, allocatable.gpus),
+        free=free,
+        worker_gpus=worker_held.gpus,
+        workers=workers,
+        external_ip=external_ip(node),
+    )
+
+
+def pool_capacity(
+    nodes: Iterable[Obj], pods: Iterable[Obj], jobs: Iterable[Obj], pool: PoolView
+) -> dict[str, NodeCapacity]:
+    """Every node that matches the pool's selector, keyed by name.
+
+    `pods` may be every bound pod of the cluster: they are grouped by `spec.nodeName` once, so
+    the cost is linear in pods plus nodes. `jobs` are our worker Jobs (their `levers9.dev/node`
+    label says where they run).
+    """
+    selected = [
+        node
+        for node in nodes
+        if selector_matches(node.get("metadata", {}).get("labels") or {}, pool.node_selector)
+    ]
+    names = {node["metadata"]["name"] for node in selected}
+    pods_by_node: dict[str, list[Obj]] = defaultdict(list)
+    for pod in pods:
+        node_name = pod.get("spec", {}).get("nodeName")
+        if node_name in names:
+            pods_by_node[node_name].append(pod)
+    jobs_by_node: dict[str, list[Obj]] = defaultdict(list)
+    for job in jobs:
+        labels = job.get("metadata", {}).get("labels") or {}
+        if labels.get(POOL_LABEL) == pool.pool_name and labels.get(NODE_LABEL) in names:
+            jobs_by_node[labels[NODE_LABEL]].append(job)
+    return {
+        node["metadata"]["name"]: node_capacity(
+            node,
+            pods_by_node.get(node["metadata"]["name"], ()),
+            jobs_by_node.get(node["metadata"]["name"], ()),
+            pool,
+        )
+        for node in selected
+    }
