@@ -1,0 +1,201 @@
+"""The worker Job and its token Secret, as Kubernetes manifests (pure).
+
+One privileged worker per machine, pinned to its node by required node affinity on
+`kubernetes.io/hostname` (not `spec.nodeName`, which skips the scheduler and makes the kubelet
+fail the pod as `OutOf...` when a neighbour got there first), taking every free card of the node
+as an `nvidia.com/gpu` limit. The worker token comes from a per-worker Secret owned by the Job,
+never inline in the manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from levers9.capacity import GPU, MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
+
+WORKER_COMMAND = ("levers9-worker",)
+TOKEN_KEY = "token"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+TERMINATION_GRACE_S = 30
+
+# Downward-API fields the agent needs: which pod it is (to find its cards in the kubelet
+# checkpoint), where it runs, and the address to advertise.
+_FIELD_ENV = (
+    ("LEVERS9_POD_NAME", "metadata.name"),
+    ("LEVERS9_POD_NAMESPACE", "metadata.namespace"),
+    ("LEVERS9_POD_UID", "metadata.uid"),
+    ("LEVERS9_NODE_NAME", "spec.nodeName"),
+    ("LEVERS9_HOST_IP", "status.hostIP"),
+    ("LEVERS9_POD_IP", "status.podIP"),
+)
+
+
+@dataclass(frozen=True)
+class WorkerJobSpec:
+    """Everything the worker Job depends on; no secret among it."""
+
+    pool_name: str
+    worker_id: str
+    node_name: str
+    gpus: int
+    image: str
+    namespace: str
+    flavor: Literal["gke", "generic"]
+    host_network: bool
+    tunnel: bool
+    images_path: str
+    durable_disks_path: str
+    gateway_address: str
+
+    @property
+    def job_name(self) -> str:
+        return worker_job_name(self.pool_name, self.worker_id)
+
+    @property
+    def secret_name(self) -> str:
+        return f"{self.job_name}-token"
+
+
+def worker_job_name(pool_name: str, worker_id: str) -> str:
+    """`worker-<pool>-<short id>`: deterministic, so a retried create gets 409 and is done."""
+    return f"worker-{pool_name}-{worker_id}"
+
+
+def worker_labels(spec: WorkerJobSpec) -> dict[str, str]:
+    return {
+        MANAGED_BY: MANAGED_BY_US,
+        POOL_LABEL: spec.pool_name,
+        WORKER_ID_LABEL: spec.worker_id,
+        NODE_LABEL: spec.node_name,
+    }
+
+
+def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
+    plain = [
+        ("LEVERS9_GATEWAY_ADDRESS", spec.gateway_address),
+        ("LEVERS9_POOL_NAME", spec.pool_name),
+        ("LEVERS9_WORKER_ID", spec.worker_id),
+        ("LEVERS9_TUNNEL", "true" if spec.tunnel else "false"),
+        ("LEVERS9_IMAGES_PATH", spec.images_path),
+        ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
+    ]
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain]
+    env += [
+        {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+        for name, path in _FIELD_ENV
+    ]
+    env.append(
+        {
+            "name": "LEVERS9_WORKER_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": TOKEN_KEY}},
+        }
+    )
+    return env
+
+
+def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    mounts = [
+        ("images", spec.images_path, "DirectoryOrCreate", False),
+        ("durable-disks", spec.durable_disks_path, "DirectoryOrCreate", False),
+        ("device-plugins", DEVICE_PLUGIN_DIR, "Directory", True),
+    ]
+    volumes = [
+        {"name": name, "hostPath": {"path": path, "type": kind}} for name, path, kind, _ in mounts
+    ]
+    volume_mounts = [
+        {"name": name, "mountPath": path, "readOnly": read_only}
+        for name, path, _, read_only in mounts
+    ]
+    return volumes, volume_mounts
+
+
+def worker_job(spec: WorkerJobSpec) -> dict[str, Any]:
+    """The batch/v1 Job that runs one worker on `spec.node_name` with `spec.gpus` cards."""
+    labels = worker_labels(spec)
+    volumes, volume_mounts = _volumes(spec)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostNetwork": spec.host_network,
+        "dnsPolicy": "ClusterFirstWithHostNet" if spec.host_network else "ClusterFirst",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": [spec.node_name],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "containers": [
+            {
+                "name": "worker",
+                "image": spec.image,
+                "imagePullPolicy": "Always",
+                "command": list(WORKER_COMMAND),
+                "env": _env(spec),
+                "resources": {"limits": {GPU: str(spec.gpus)}},
+                "securityContext": {"privileged": True},
+                "volumeMounts": volume_mounts,
+            }
+        ],
+        "volumes": volumes,
+    }
+    if spec.flavor == "gke":
+        # GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule.
+        pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.job_name, "namespace": spec.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def worker_token_secret(
+    spec: WorkerJobSpec, token: str, job_uid: str | None = None
+) -> dict[str, Any]:
+    """The Secret the worker reads its token from; owned by the Job once it exists."""
+    metadata: dict[str, Any] = {
+        "name": spec.secret_name,
+        "namespace": spec.namespace,
+        "labels": worker_labels(spec),
+    }
+    if job_uid:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": spec.job_name,
+                "uid": job_uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata,
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_US}},
+    }

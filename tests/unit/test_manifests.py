@@ -1,0 +1,135 @@
+"""The worker Job and token Secret: valid against the real Kubernetes OpenAPI schemas (strict),
+pinned by node affinity (never spec.nodeName), every free card as the GPU limit, privileged,
+GKE's toleration only for flavor gke, host network per pool, the token only by reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from levers9.manifests import (
+    WorkerJobSpec,
+    namespace,
+    worker_job,
+    worker_job_name,
+    worker_token_secret,
+)
+from tests.factories import MARKER
+
+K8S_VERSION = "1.33.0"
+
+SPEC = WorkerJobSpec(
+    pool_name="gke-rtx6000",
+    worker_id="a1b2c3d4",
+    node_name="gke-gpu-4x-1",
+    gpus=2,
+    image="us-central1-docker.pkg.dev/demo/levers9/worker:latest",
+    namespace="levers9",
+    flavor="gke",
+    host_network=True,
+    tunnel=False,
+    images_path="/var/lib/levers9/images",
+    durable_disks_path="/var/lib/levers9/disks",
+    gateway_address="203.0.113.10:7443",
+)
+
+
+def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = job["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        worker_job(SPEC),
+        worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True)),
+        worker_token_secret(SPEC, "t0k3n", job_uid="5e0c5b6e-0000-4000-8000-000000000001"),
+        namespace("levers9"),
+    ],
+    ids=["job-gke", "job-generic-tunnel", "secret", "namespace"],
+)
+def test_valid_against_kubernetes_schema(manifest: dict[str, Any]) -> None:
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_name_and_labels() -> None:
+    job = worker_job(SPEC)
+    assert job["metadata"]["name"] == worker_job_name("gke-rtx6000", "a1b2c3d4")
+    assert job["metadata"]["name"] == "worker-gke-rtx6000-a1b2c3d4"
+    labels = {
+        "app.kubernetes.io/managed-by": "levers9",
+        "levers9.dev/pool": "gke-rtx6000",
+        "levers9.dev/worker-id": "a1b2c3d4",
+        "levers9.dev/node": "gke-gpu-4x-1",
+    }
+    assert job["metadata"]["labels"] == labels
+    assert job["spec"]["template"]["metadata"]["labels"] == labels
+    assert job["spec"]["backoffLimit"] == 0
+
+
+def test_pinned_by_affinity_not_node_name() -> None:
+    pod = _pod_spec(worker_job(SPEC))
+    assert "nodeName" not in pod
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gke-gpu-4x-1"]}
+            ]
+        }
+    ]
+
+
+def test_every_free_card_privileged_and_paths() -> None:
+    pod = _pod_spec(worker_job(SPEC))
+    [container] = pod["containers"]
+    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    assert container["securityContext"] == {"privileged": True}
+    assert container["command"] == ["levers9-worker"]
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths["images"] == "/var/lib/levers9/images"
+    assert paths["durable-disks"] == "/var/lib/levers9/disks"
+    assert paths["device-plugins"] == "/var/lib/kubelet/device-plugins"
+
+
+def test_flavor_and_network() -> None:
+    gke = _pod_spec(worker_job(SPEC))
+    assert gke["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert gke["hostNetwork"] is True
+    generic = _pod_spec(
+        worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True))
+    )
+    assert "tolerations" not in generic
+    assert generic["hostNetwork"] is False
+
+
+def test_env_downward_api_and_token_by_reference() -> None:
+    [container] = _pod_spec(worker_job(SPEC))["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["LEVERS9_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert env["LEVERS9_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert env["LEVERS9_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["LEVERS9_GATEWAY_ADDRESS"]["value"] == "203.0.113.10:7443"
+    assert env["LEVERS9_WORKER_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "worker-gke-rtx6000-a1b2c3d4-token", "key": "token"}
+    }
+
+
+def test_token_only_in_the_secret() -> None:
+    assert MARKER not in json.dumps(worker_job(SPEC))
+    secret = worker_token_secret(SPEC, MARKER, job_uid="uid-1")
+    assert secret["stringData"] == {"token": MARKER}
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "Job",
+        "worker-gke-rtx6000-a1b2c3d4",
+        "uid-1",
+    )
