@@ -1,0 +1,223 @@
+"""Authentication and authorization as GKE does them: google-auth's service-account flow against
+the emulator's token endpoint, 401 for unknown tokens, IAM-role 403s with GKE's wording, and the
+master-authorized-networks check on the controlplane's egress IP (403 or a dropped
+connection), from which the admin user is exempt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import google.auth.transport.urllib3
+import pytest
+import urllib3
+from google.auth.exceptions import RefreshError
+from google.oauth2 import service_account
+from kubernetes import client
+
+from levers9.sandbox import pki
+from levers9.sandbox.access import DEVELOPER
+from levers9.sandbox.server import Sandbox
+from tests.sandbox.factories import Api, api_client, status_of, unique
+
+Call = Callable[..., Any]
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+EMAIL = "https://www.googleapis.com/auth/userinfo.email"
+
+
+@pytest.fixture
+def mint_key(sandbox: Sandbox, sandbox_call: Call) -> Callable[..., dict[str, str]]:
+    def mint(*roles: str) -> dict[str, str]:
+        key: dict[str, str] = sandbox_call(
+            sandbox.mint_service_account_key, project="demo", account=unique("sa"), roles=roles
+        )
+        return key
+
+    return mint
+
+
+@pytest.fixture
+def token_for(ca_file: Path) -> Callable[..., str]:
+    """Exchanges a key for an access token exactly as the product will: google-auth."""
+    pool = urllib3.PoolManager(ca_certs=str(ca_file))
+    transport = google.auth.transport.urllib3.Request(pool)  # type: ignore[no-untyped-call]
+
+    def exchange(key: dict[str, str], *scopes: str) -> str:
+        credentials = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]
+            key, scopes=list(scopes) or [CLOUD_PLATFORM]
+        )
+        credentials.refresh(transport)
+        token: str = credentials.token
+        return token
+
+    return exchange
+
+
+@pytest.fixture
+def core_as(sandbox: Sandbox, ca_file: Path) -> Callable[[str], Api]:
+    return lambda token: client.CoreV1Api(api_client(sandbox.url, ca_file, token))
+
+
+def forbidden_body(error: client.ApiException) -> dict[str, Any]:
+    assert error.status == 403
+    body = status_of(error)
+    assert (body["kind"], body["reason"], body["code"]) == ("Status", "Forbidden", 403)
+    return body
+
+
+def test_service_account_key_end_to_end(
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+    namespace: str,
+) -> None:
+    key = mint_key(DEVELOPER)
+    token = token_for(key)
+    assert token.startswith("ya29.")
+    pods = core_as(token).list_namespaced_pod(namespace)
+    assert pods.items == []
+
+
+def test_token_endpoint_refuses_keys_it_did_not_mint(
+    sandbox: Sandbox, token_for: Callable[..., str]
+) -> None:
+    stranger = pki.mint_service_account_key(
+        project="demo", account="stranger", token_uri=sandbox.token_uri
+    )
+    with pytest.raises(RefreshError, match="invalid_grant"):
+        token_for(stranger)
+
+
+def test_revoked_key_cannot_get_tokens(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+) -> None:
+    key = mint_key(DEVELOPER)
+    sandbox_call(sandbox.parts.authenticator.revoke_key, key["private_key_id"])
+    with pytest.raises(RefreshError, match="account not found"):
+        token_for(key)
+
+
+def test_unknown_bearer_token_is_unauthorized(core_as: Callable[[str], Api]) -> None:
+    with pytest.raises(client.ApiException) as caught:
+        core_as("not-a-token").list_namespace()
+    assert caught.value.status == 401
+    assert status_of(caught.value) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Unauthorized",
+        "reason": "Unauthorized",
+        "code": 401,
+    }
+
+
+def test_account_without_the_role_is_forbidden(
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+) -> None:
+    key = mint_key()
+    with pytest.raises(client.ApiException) as caught:
+        core_as(token_for(key)).list_pod_for_all_namespaces()
+    assert forbidden_body(caught.value)["message"] == (
+        f'pods is forbidden: User "{key["client_id"]}" cannot list resource "pods" in API '
+        'group "" at the cluster scope: requires one of ["container.pods.list"] permission(s).'
+    )
+
+
+def test_forbidden_names_the_email_when_the_token_carries_it(
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    sandbox: Sandbox,
+    ca_file: Path,
+    namespace: str,
+) -> None:
+    key = mint_key("roles/container.viewer")
+    token = token_for(key, CLOUD_PLATFORM, EMAIL)
+    batch: Api = client.BatchV1Api(api_client(sandbox.url, ca_file, token))
+    assert batch.list_namespaced_job(namespace).items == []
+    with pytest.raises(client.ApiException) as caught:
+        batch.create_namespaced_job(namespace, {"metadata": {"name": "j"}})
+    body = forbidden_body(caught.value)
+    assert body["message"] == (
+        f'jobs.batch is forbidden: User "{key["client_email"]}" cannot create resource "jobs" '
+        f'in API group "batch" in the namespace "{namespace}": requires one of '
+        '["container.jobs.create"] permission(s).'
+    )
+    assert body["details"] == {"group": "batch", "kind": "jobs"}
+
+
+def test_egress_ip_outside_authorized_networks_is_forbidden(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+    core: Api,
+) -> None:
+    token = token_for(mint_key(DEVELOPER))
+    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24"]})
+    with pytest.raises(client.ApiException) as caught:
+        core_as(token).list_namespace()
+    message = forbidden_body(caught.value)["message"]
+    assert "203.0.113.10" in message
+    assert "master authorized networks (198.51.100.0/24)" in message
+    assert core.list_namespace().items, "the admin at the laptop is not the controlplane"
+    sandbox_call(
+        sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24", "203.0.113.10/32"]}
+    )
+    assert core_as(token).list_namespace().items
+
+
+def test_egress_ip_outside_authorized_networks_times_out_in_timeout_mode(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+) -> None:
+    token = token_for(mint_key(DEVELOPER))
+    sandbox_call(
+        sandbox.policy.update,
+        {
+            "authorizedNetworks": ["10.0.0.0/8"],
+            "networkDenial": "timeout",
+            "timeoutHoldSeconds": 30,
+        },
+    )
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        core_as(token).list_namespace(_request_timeout=0.5)
+
+
+def test_static_tokens_are_subject_to_authorized_networks(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    core_as: Callable[[str], Api],
+) -> None:
+    sandbox_call(sandbox.parts.authenticator.add_static_token, "generic-token", "generic-user")
+    assert core_as("generic-token").list_namespace().items
+    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["10.0.0.0/8"]})
+    with pytest.raises(client.ApiException) as caught:
+        core_as("generic-token").list_namespace()
+    assert caught.value.status == 403
+
+
+def test_admin_endpoints_need_the_admin_token(
+    http: Callable[..., urllib3.BaseHTTPResponse],
+) -> None:
+    assert http("GET", "/_sandbox/access", token="nope").status == 401
+    changed = http("PATCH", "/_sandbox/access", body={"egressIp": "192.0.2.7"})
+    assert changed.status == 200
+    assert json.loads(changed.data)["egressIp"] == "192.0.2.7"
+    minted = http(
+        "POST",
+        "/_sandbox/service-account-keys",
+        body={"project": "demo", "account": "via-http", "roles": [DEVELOPER]},
+    )
+    assert json.loads(minted.data)["client_email"] == "via-http@demo.iam.gserviceaccount.com"

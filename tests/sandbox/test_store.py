@@ -1,0 +1,181 @@
+"""The store on its own: resourceVersions, key-ordered pages with continue tokens, indexed
+field lookups, watch fan-out with selector transitions, history replay and 410 Expired."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from levers9.sandbox import errors
+from levers9.sandbox.resources import NODES, PODS
+from levers9.sandbox.selectors import FieldSelector, LabelSelector
+from levers9.sandbox.store import Store, StoredEvent
+from levers9.sandbox.watches import Watch
+
+
+def pod(name: str, ns: str = "a", node: str = "", **labels: str) -> dict[str, Any]:
+    spec = {"nodeName": node} if node else {}
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels}, "spec": spec}
+
+
+@pytest.fixture
+def store() -> Store:
+    return Store(history_limit=50)
+
+
+async def drain(watch: Watch) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    while (event := watch.next_nowait()) is not None:
+        out.append((event.type, event.name))
+    return out
+
+
+def test_every_write_takes_the_next_resource_version(store: Store) -> None:
+    first = store.create(PODS, pod("p1"))
+    second = store.update(PODS, {**first, "spec": {"x": 1}})
+    final = store.delete(PODS, "a", "p1")
+    versions = [int(o["metadata"]["resourceVersion"]) for o in (first, second, final)]
+    assert versions == sorted(versions)
+    assert len(set(versions)) == 3
+    assert second["metadata"]["uid"] == first["metadata"]["uid"]
+    assert store.resource_version == versions[-1]
+
+
+def test_conflicts_and_missing_objects(store: Store) -> None:
+    created = store.create(PODS, pod("p1"))
+    with pytest.raises(errors.ApiError) as exists:
+        store.create(PODS, pod("p1"))
+    assert exists.value.code == 409
+    store.update(PODS, created)
+    with pytest.raises(errors.ApiError) as stale:
+        store.update(PODS, created, expected_rv=int(created["metadata"]["resourceVersion"]))
+    assert stale.value.reason == "Conflict"
+    with pytest.raises(errors.ApiError) as missing:
+        store.get(PODS, "a", "nope")
+    assert missing.value.code == 404
+
+
+def test_reads_return_private_copies(store: Store) -> None:
+    store.create(PODS, pod("p1", app="x"))
+    copy = store.get(PODS, "a", "p1")
+    copy["metadata"]["labels"]["app"] = "changed"
+    assert store.get(PODS, "a", "p1")["metadata"]["labels"]["app"] == "x"
+
+
+def test_pages_cover_every_object_once_in_key_order(store: Store) -> None:
+    for ns in ("b", "a"):
+        for i in range(7):
+            store.create(PODS, pod(f"p{i}", ns))
+    seen, token, pages = [], None, 0
+    while True:
+        page = store.list(PODS, limit=4, continue_token=token)
+        pages += 1
+        seen += [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in page.items()]
+        token = page.continue_token
+        if token is None:
+            break
+        assert page.remaining == 14 - len(seen)
+    assert pages == 4
+    assert seen == sorted(seen)
+    assert len(set(seen)) == 14
+    assert [n for _, n in seen[:7]] == [f"p{i}" for i in range(7)]
+
+
+def test_namespace_and_selector_lists(store: Store) -> None:
+    store.create(PODS, pod("p1", "a", node="n1", app="x"))
+    store.create(PODS, pod("p2", "a", node="n2", app="y"))
+    store.create(PODS, pod("p3", "b", node="n1", app="x"))
+    names = [o["metadata"]["name"] for o in store.list(PODS, "a").items()]
+    assert names == ["p1", "p2"]
+    by_node = store.list(PODS, fields=FieldSelector.parse("spec.nodeName=n1"))
+    assert [o["metadata"]["name"] for o in by_node.items()] == ["p1", "p3"]
+    unscheduled = store.list(PODS, fields=FieldSelector.parse("spec.nodeName="))
+    assert unscheduled.items() == []
+    by_label = store.list(PODS, "b", labels=LabelSelector.parse("app in (x)"))
+    assert [o["metadata"]["name"] for o in by_label.items()] == ["p3"]
+
+
+def test_index_follows_updates(store: Store) -> None:
+    created = store.create(PODS, pod("p1"))
+    created["spec"]["nodeName"] = "n9"
+    store.update(PODS, created)
+    assert store.list(PODS, fields=FieldSelector.parse("spec.nodeName=n9")).raw_items
+    assert not store.list(PODS, fields=FieldSelector.parse("spec.nodeName=")).raw_items
+
+
+async def test_watch_sees_changes_and_selector_transitions(store: Store) -> None:
+    watch = store.watch(
+        PODS, "a", since=str(store.resource_version), labels=LabelSelector.parse("app=x")
+    )
+    created = store.create(PODS, pod("p1", app="x"))
+    store.create(PODS, pod("p2", app="y"))
+    created["metadata"]["labels"]["app"] = "y"
+    moved = store.update(PODS, created)
+    moved["metadata"]["labels"]["app"] = "x"
+    store.update(PODS, moved)
+    store.delete(PODS, "a", "p1")
+    assert await drain(watch) == [
+        ("ADDED", "p1"),
+        ("DELETED", "p1"),
+        ("ADDED", "p1"),
+        ("DELETED", "p1"),
+    ]
+    watch.close()
+
+
+async def test_watch_without_version_starts_with_current_state(store: Store) -> None:
+    store.create(PODS, pod("p1"))
+    async with store.watch(PODS) as watch:
+        event = await watch.next(timeout=1)
+        assert event is not None
+        assert (event.type, event.name) == ("ADDED", "p1")
+        store.create(PODS, pod("p2"))
+        event = await watch.next(timeout=1)
+        assert event is not None
+        assert event.name == "p2"
+
+
+async def test_watch_replays_history_until_compacted(store: Store) -> None:
+    start = store.resource_version
+    store.create(NODES, {"metadata": {"name": "n1"}})
+    replay = store.watch(NODES, since=str(start))
+    assert await drain(replay) == [("ADDED", "n1")]
+    replay.close()
+    for i in range(60):  # history_limit is 50
+        store.create(NODES, {"metadata": {"name": f"m{i}"}})
+    with pytest.raises(errors.ApiError) as caught:
+        store.watch(NODES, since=str(start))
+    assert caught.value.code == 410
+    assert caught.value.reason == "Expired"
+
+
+async def test_a_watch_that_falls_behind_is_ended(store: Store) -> None:
+    watch = store.watch(PODS, since=str(store.resource_version), queue_limit=3)
+    for i in range(5):
+        store.create(PODS, pod(f"p{i}"))
+    assert len(await drain(watch)) == 3
+    assert await watch.next(timeout=0.1) is None
+    assert watch.closed
+
+
+def test_listeners_run_after_each_commit(store: Store) -> None:
+    seen: list[StoredEvent] = []
+    unsubscribe = store.add_listener(seen.append)
+    store.create(PODS, pod("p1"))
+    store.delete(PODS, "a", "p1")
+    unsubscribe()
+    store.create(PODS, pod("p2"))
+    assert [(e.type, e.name) for e in seen] == [("ADDED", "p1"), ("DELETED", "p1")]
+
+
+def test_owner_index(store: Store) -> None:
+    owner = store.create(NODES, {"metadata": {"name": "owner"}})
+    uid = owner["metadata"]["uid"]
+    child = pod("c1")
+    child["metadata"]["ownerReferences"] = [{"uid": uid, "kind": "Node", "name": "owner"}]
+    store.create(PODS, child)
+    assert store.dependents(uid) == [(PODS, "a", "c1")]
+    assert store.locate_uid(uid) == (NODES, "", "owner")
+    store.delete(PODS, "a", "c1")
+    assert store.dependents(uid) == []
