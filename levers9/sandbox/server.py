@@ -61,6 +61,8 @@ class SandboxOptions:
         server_version: what /version reports (kubectl's dispatcher picks its version by it).
         bookmark_interval: seconds between BOOKMARK events on an idle watch.
         history_limit: watch events kept per resource for resuming watches.
+        ca: the CA and serving certificate; minted when None (a restart that keeps its
+            clients' trust passes the one it had).
     """
 
     port: int = 0
@@ -73,6 +75,7 @@ class SandboxOptions:
     server_version: ServerVersion = field(default_factory=ServerVersion)
     bookmark_interval: float = 60.0
     history_limit: int = DEFAULT_HISTORY
+    ca: CertificateAuthority | None = None
 
 
 @dataclass
@@ -159,7 +162,7 @@ async def start_sandbox(
     sock = _bind(options.port)
     port = sock.getsockname()[1]
     url = f"https://{LOOPBACK}:{port}"
-    ca = mint_certificate_authority()
+    ca = options.ca or mint_certificate_authority()
     admin_token = options.admin_token or secrets.token_urlsafe(32)
     authenticator = Authenticator(f"{url}/token")
     authenticator.add_static_token(admin_token, ADMIN_USER, network_exempt=True)
