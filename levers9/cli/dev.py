@@ -17,6 +17,7 @@ from rich.status import Status
 from levers9.cli import config_cmd, pool
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack import (
+    DEFAULT_SANDBOX_PORT,
     DEFAULT_TEMPORAL_PORT,
     DEFAULT_UI_PORT,
     DevError,
@@ -32,6 +33,12 @@ TemporalPort = Annotated[
     int, typer.Option("--temporal-port", help="gRPC port of the Temporal dev server")
 ]
 UiPort = Annotated[int, typer.Option("--ui-port", help="port of the Temporal UI")]
+SandboxPort = Annotated[
+    int, typer.Option("--sandbox-port", help="port of the sandbox's Kubernetes API")
+]
+ScenarioFile = Annotated[
+    Path | None, typer.Option("--scenario", help="sandbox scenario YAML (default: built-in)")
+]
 DEMO_PASSES = 2
 DEMO_TIMEOUT_S = 90.0
 
@@ -52,13 +59,22 @@ def _up(stack: DevStack) -> None:
 
 @app.command()
 def up(
-    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT, ui_port: UiPort = DEFAULT_UI_PORT
+    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
+    ui_port: UiPort = DEFAULT_UI_PORT,
+    sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
+    scenario: ScenarioFile = None,
 ) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
-    stack = DevStack(temporal_port=temporal_port, ui_port=ui_port)
+    stack = DevStack(
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        sandbox_port=sandbox_port,
+        scenario=scenario,
+    )
     _up(stack)
     _print_status(stack, Output.table)
     console.print(f"\nsource [bold]{stack.env_file}[/bold] to point temporal/kubectl at it")
+    console.print(f"kubectl: KUBECONFIG={stack.env()['KUBECONFIG']} kubectl get nodes")
 
 
 @app.command()
@@ -106,10 +122,18 @@ def status(output: Annotated[Output, typer.Option("-o", "--output")] = Output.ta
 
 @app.command()
 def demo(
-    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT, ui_port: UiPort = DEFAULT_UI_PORT
+    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
+    ui_port: UiPort = DEFAULT_UI_PORT,
+    sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
+    scenario: ScenarioFile = None,
 ) -> None:
     """`make demo`: bring the stack up and watch the pools' reconcile schedules fire."""
-    stack = DevStack(temporal_port=temporal_port, ui_port=ui_port)
+    stack = DevStack(
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        sandbox_port=sandbox_port,
+        scenario=scenario,
+    )
     _up(stack)
     os.environ.update(stack.env())
     console.rule("the pools in the dev values")
@@ -129,6 +153,9 @@ def demo(
             logs_dir = stack.dir / "logs"
             fail([f"no {DEMO_PASSES} reconcile passes in {DEMO_TIMEOUT_S:.0f}s; see {logs_dir}"])
             raise typer.Exit(1)
+    for args in (["get", "nodes", "-o", "wide"], ["get", "pods", "-A", "-o", "wide"]):
+        console.rule(f"kubectl {' '.join(args)}")
+        subprocess.run(["kubectl", *args], check=False)
     console.rule("temporal schedule list")
     subprocess.run([str(temporal_binary()), "schedule", "list"], check=False)
     console.rule("levers9 pool list")
@@ -140,6 +167,8 @@ def demo(
         f"  Temporal UI:   {env['LEVERS9_TEMPORAL_UI']}\n"
         f"  status:        {levers9} dev status\n"
         f"  pools:         {levers9} pool list\n"
+        f"  the cluster:   KUBECONFIG={env['KUBECONFIG']} kubectl get nodes\n"
+        f"  change it:     {levers9} sandbox node add|remove|not-ready|ready, sandbox egress-ip\n"
         f"  use it:        . {stack.env_file} && {temporal} workflow list\n"
         f"  stop it:       {levers9} dev down",
         highlight=False,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -53,7 +54,7 @@ class AdminApi:
             ("POST", "/_sandbox/service-account-keys", self._mint_key),
             ("POST", "/_sandbox/logs/{namespace}/{pod}/{container}", self._write_log),
         ):
-            app.router.add_route(method, path, self._guarded(handler))
+            app.router.add_route(method, path, admin_only(self._token, handler))
 
     async def _token_endpoint(self, request: web.Request) -> web.Response:
         form = {k: str(v) for k, v in (await request.post()).items()}
@@ -62,19 +63,6 @@ class AdminApi:
         except TokenError as error:
             return web.json_response(error.body(), status=400)
         return web.json_response(body, headers={"Cache-Control": "no-store"})
-
-    def _guarded(self, handler: Any) -> Any:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(supplied.encode(), self._token.encode()):
-                return error_response(errors.unauthorized())
-            try:
-                response: web.StreamResponse = await handler(request)
-            except (ValueError, KeyError, TypeError) as error:
-                return error_response(errors.bad_request(str(error)))
-            return response
-
-        return guarded
 
     async def _list_faults(self, request: web.Request) -> web.Response:
         return json_response({"rules": [r.describe() for r in self._parts.faults.rules()]})
@@ -122,6 +110,31 @@ class AdminApi:
         if request.query.get("finish", "").lower() == "true":
             logs.finish(info["namespace"], info["pod"], info["container"])
         return json_response({})
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def admin_only(token: str, handler: Handler) -> Handler:
+    """Wraps an admin handler: the admin bearer token or 401; bad input is a 400 Status."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        supplied = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(supplied.encode(), token.encode()):
+            return error_response(errors.unauthorized())
+        try:
+            return await handler(request)
+        except errors.ApiError as error:
+            return error_response(error)
+        except (ValueError, KeyError, TypeError) as error:
+            return error_response(errors.bad_request(str(error)))
+
+    return guarded
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object (empty body: `{}`)."""
+    return await _json(request)
 
 
 async def _json(request: web.Request) -> dict[str, Any]:

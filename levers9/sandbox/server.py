@@ -24,7 +24,7 @@ import signal
 import socket
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,9 +155,16 @@ def _bind(port: int) -> socket.socket:
 
 
 async def start_sandbox(
-    options: SandboxOptions | None = None, *, registry: Registry | None = None
+    options: SandboxOptions | None = None,
+    *,
+    registry: Registry | None = None,
+    extra_routes: Callable[[web.Application, str], None] | None = None,
 ) -> Sandbox:
-    """Starts the emulator on 127.0.0.1 and returns once it accepts connections."""
+    """Starts the emulator on 127.0.0.1 and returns once it accepts connections.
+
+    `extra_routes(app, admin_token)` adds routes beside the API (the cluster's scenario
+    commands) before the app is frozen.
+    """
     options = options or SandboxOptions()
     sock = _bind(options.port)
     port = sock.getsockname()[1]
@@ -182,6 +189,8 @@ async def start_sandbox(
     )
     app = web.Application(client_max_size=MAX_BODY)
     AdminApi(parts, admin_token).add_routes(app)
+    if extra_routes is not None:
+        extra_routes(app, admin_token)
     ApiServer(parts, f"{LOOPBACK}:{port}").add_routes(app)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

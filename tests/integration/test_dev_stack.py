@@ -1,7 +1,9 @@
-"""`levers9 dev up/status/down` as a user drives them: up starts the Temporal dev server and the
-Temporal worker on the dev values and writes a sourceable env file; a second up changes nothing;
-a taken port is named with who holds it; down leaves no process behind; the dev key never
-reaches a log.
+"""`levers9 dev up/status/down` as a user drives them: up starts the sandbox cluster, the
+Temporal dev server and the Temporal worker on the dev values and writes a sourceable env file
+that kubectl and temporal both use; the dev pool's key authenticates to the sandbox as GKE's
+would; scenario commands change the cluster; a second up changes nothing; a taken port is named
+with who holds it; down leaves no process behind and a restart keeps the sandbox's trust; the
+dev key never reaches a log.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s
 
+from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
+from levers9.config import load
 from tests.factories import free_port
 
 pytestmark = pytest.mark.integration
@@ -28,7 +33,29 @@ class Dev:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.ports = ["--temporal-port", str(free_port()), "--ui-port", str(free_port())]
+        self.ports = [
+            "--temporal-port",
+            str(free_port()),
+            "--ui-port",
+            str(free_port()),
+            "--sandbox-port",
+            str(free_port()),
+        ]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return read_env_file(self.home / ".levers9" / "dev" / "env")
+
+    def kubectl(self, *args: str) -> str:
+        result = subprocess.run(
+            ["kubectl", *args],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
 
     def run(
         self, *args: str, env: dict[str, str] | None = None
@@ -83,6 +110,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
 def test_up_starts_both_and_writes_env(dev: Dev) -> None:
     rows = dev.processes()
     assert {(row["component"], row["state"]) for row in rows} == {
+        ("sandbox", "running"),
         ("temporal", "running"),
         ("worker", "running"),
     }
@@ -121,10 +149,22 @@ def test_second_up_changes_nothing(dev: Dev) -> None:
 
 def test_taken_port_is_named(dev: Dev, tmp_path: Path) -> None:
     other = Dev(tmp_path)
-    result = other.run("dev", "up", "--temporal-port", dev.ports[1], "--ui-port", dev.ports[3])
+    result = other.run(
+        "dev", "up", "--temporal-port", dev.ports[1], "--ui-port", dev.ports[3], *other.ports[4:]
+    )
     assert result.returncode == 1
     assert f"port {dev.ports[1]} on 127.0.0.1 is taken by pid" in result.stderr
     assert "--temporal-port" in result.stderr
+    assert not _pids_mentioning(str(tmp_path)), "nothing started before the check"
+
+
+def test_failed_start_stops_what_it_started(dev: Dev, tmp_path: Path) -> None:
+    other = Dev(tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes: [{name: a}]\n")
+    result = other.run("dev", "up", "--scenario", str(broken), *other.ports)
+    assert result.returncode == 1
+    assert "sandbox exited while starting" in result.stderr
     assert not _pids_mentioning(str(tmp_path))
 
 
@@ -144,13 +184,80 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     stack = Dev(tmp_path)
     assert stack.run("dev", "up", *stack.ports).returncode == 0
     pids = [int(str(row["pid"])) for row in stack.processes()]
-    assert len(pids) == 2
+    assert len(pids) == 3
+    key_before = _dev_key(tmp_path)
+    assert stack.run("dev", "down").returncode == 0
+    again = stack.run("dev", "up", *stack.ports)
+    assert again.returncode == 0, again.stderr
+    assert _dev_key(tmp_path) == key_before, "a restarted sandbox keeps its key and CA"
+    assert "gke-sandbox-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
     down = stack.run("dev", "down")
     assert down.returncode == 0, down.stderr
-    assert "stopped: worker, temporal" in down.stdout
+    assert "stopped: worker, temporal, sandbox" in down.stdout
     assert not _pids_mentioning(str(tmp_path))
     assert "nothing is running" in stack.run("dev", "status").stdout
     logs = "".join(p.read_text() for p in (tmp_path / ".levers9" / "dev" / "logs").iterdir())
     secret_line = _dev_key(tmp_path)["private_key"].splitlines()[1]
     assert secret_line not in logs
     assert "loaded controller gpu_type=RTXPro6000 mode=external pool_name=gke-rtx6000" in logs
+
+
+def test_kubectl_sees_the_default_scenario(dev: Dev) -> None:
+    names = dev.kubectl(
+        "get", "nodes", "-l", "cloud.google.com/gke-accelerator=nvidia-rtx-pro-6000", "-o", "name"
+    ).split()
+    assert len(names) == 3
+    assert "node/gke-sandbox-default-pool-9b1d4e7f-w2c6" in dev.kubectl(
+        "get", "nodes", "-o", "name"
+    )
+    deploy = dev.kubectl("get", "deploy", "model-server", "-o", "jsonpath={.spec.replicas}")
+    assert deploy == "1"
+
+
+def test_dev_pool_key_authenticates_like_gke(dev: Dev, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev_dir = dev.home / ".levers9" / "dev"
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(dev_dir / "ca-bundle.pem"))
+    pool = load([dev_dir / "values.yaml", dev_dir / "private.json"]).pools["gke-rtx6000"]
+    clients = KubeClients({"gke-rtx6000": pool})
+    try:
+        core = k8s.CoreV1Api(clients.api("gke-rtx6000"))
+        selector = "cloud.google.com/gke-accelerator=nvidia-rtx-pro-6000"
+        assert len(core.list_node(label_selector=selector).items) == 3
+        moved = dev.run("sandbox", "egress-ip", "127.0.0.9")
+        assert moved.returncode == 0, moved.stderr
+        with pytest.raises(k8s.ApiException) as caught:
+            core.list_node(label_selector=selector)
+        assert caught.value.status == 403
+        assert "127.0.0.9" in str(caught.value.body)
+        assert dev.run("sandbox", "egress-ip", "127.0.0.1").returncode == 0
+        assert len(core.list_node(label_selector=selector).items) == 3, "allowed again"
+    finally:
+        dev.run("sandbox", "egress-ip", "127.0.0.1")
+        clients.close()
+
+
+def test_scenario_commands(dev: Dev) -> None:
+    added = dev.run("sandbox", "node", "add", "gke-sandbox-gpu-extra-1", "--gpus", "2")
+    assert added.returncode == 0, added.stderr
+    gpus = dev.kubectl(
+        "get",
+        "node",
+        "gke-sandbox-gpu-extra-1",
+        "-o",
+        "jsonpath={.status.allocatable.nvidia\\.com/gpu}",
+    )
+    assert gpus == "2"
+    assert dev.run("sandbox", "node", "not-ready", "gke-sandbox-gpu-extra-1").returncode == 0
+    ready = dev.kubectl(
+        "get",
+        "node",
+        "gke-sandbox-gpu-extra-1",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+    )
+    assert ready == "False"
+    assert dev.run("sandbox", "node", "remove", "gke-sandbox-gpu-extra-1").returncode == 0
+    assert "gpu-extra" not in dev.kubectl("get", "nodes", "-o", "name")
+    missing = dev.run("sandbox", "node", "remove", "no-such-node")
+    assert missing.returncode == 1
+    assert 'nodes "no-such-node" not found' in missing.stderr

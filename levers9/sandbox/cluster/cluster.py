@@ -168,6 +168,10 @@ class Cluster:
             raise KeyError(f"no kubelet runs for node {name}")
         entry[0].set_ready(ready)
 
+    def node_specs(self) -> list[NodeSpec]:
+        """The nodes as the scenario (and its commands since) describe them."""
+        return list(self._specs.values())
+
     def add_image(self, reference: str) -> None:
         """The registries now hold `reference`: pulls of it succeed from their next retry."""
         self.images.add(reference)

@@ -1,0 +1,114 @@
+"""Kubernetes API clients built from the pool config loaded in this Temporal worker.
+
+Flavor gke: the service-account key goes through google-auth (a signed JWT exchanged at the
+key's `token_uri`), and the bearer token is refreshed before it expires; endpoint and CA from the
+pool block. Flavor generic: a bearer token, or a kubeconfig. Nothing here passes through Temporal:
+activities receive a pool *name* and look the client up.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+from google.auth.transport.requests import Request
+from google.oauth2 import service_account
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from levers9.config import PoolConfig
+
+GKE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+REQUEST_TIMEOUT_S = (5.0, 30.0)
+"""(connect, read) for every API call: a dropped packet must not hang a reconcile."""
+
+
+class UnknownPool(KeyError):
+    """The pool is not in this Temporal worker's values."""
+
+
+class _GkeToken:
+    """A bearer token from a service-account key, refreshed when google-auth says so."""
+
+    def __init__(self, key_info: Mapping[str, str]) -> None:
+        self._credentials = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]
+            dict(key_info), scopes=list(GKE_SCOPES)
+        )
+        self._lock = threading.Lock()
+
+    def header(self) -> str:
+        with self._lock:
+            if not self._credentials.valid:
+                self._credentials.refresh(Request())
+            return f"Bearer {self._credentials.token}"
+
+
+def _write_ca(ca_base64: str, directory: Path) -> str:
+    # The client wants a file path; the CA is public, the directory is private to this process.
+    path = directory / "ca.crt"
+    path.write_bytes(base64.b64decode(ca_base64))
+    return str(path)
+
+
+def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
+    """An ApiClient for the pool's cluster; raises ValueError naming what is missing."""
+    kube = pool.kubernetes
+    secret = kube.resolved_credentials()
+    text = secret.get_secret_value() if secret else None
+    if kube.flavor == "generic" and text and "\n" in text.strip():
+        configuration = k8s.Configuration()
+        k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+            yaml.safe_load(text), client_configuration=configuration
+        )
+        return k8s.ApiClient(configuration)
+    configuration = k8s.Configuration()
+    configuration.host = kube.endpoint
+    if kube.ca_certificate:
+        configuration.ssl_ca_cert = _write_ca(kube.ca_certificate, scratch)
+    if kube.flavor == "gke":
+        if not text:
+            raise ValueError("flavor gke needs credentials")
+        token = _GkeToken(json.loads(text))
+        configuration.api_key = {"authorization": ""}
+
+        def refresh(config: k8s.Configuration) -> None:
+            config.api_key["authorization"] = token.header()
+
+        configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    elif text:
+        configuration.api_key = {"authorization": f"Bearer {text.strip()}"}
+    return k8s.ApiClient(configuration)
+
+
+class KubeClients:
+    """One ApiClient per pool, built on first use from the pool config."""
+
+    def __init__(self, pools: Mapping[str, PoolConfig]) -> None:
+        self._pools = pools
+        self._clients: dict[str, k8s.ApiClient] = {}
+        self._lock = threading.Lock()
+        self._scratch = tempfile.TemporaryDirectory(prefix="levers9-kube-")
+
+    def pool(self, name: str) -> PoolConfig:
+        try:
+            return self._pools[name]
+        except KeyError:
+            raise UnknownPool(name) from None
+
+    def api(self, name: str) -> k8s.ApiClient:
+        with self._lock:
+            if name not in self._clients:
+                directory = Path(self._scratch.name) / name
+                directory.mkdir(exist_ok=True)
+                self._clients[name] = build_api_client(self.pool(name), directory)
+            return self._clients[name]
+
+    def close(self) -> None:
+        for api in self._clients.values():
+            api.close()  # type: ignore[no-untyped-call]
+        self._scratch.cleanup()

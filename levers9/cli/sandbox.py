@@ -1,0 +1,164 @@
+"""`levers9 sandbox`: the local GKE-like cluster, in the foreground or as `dev up` runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from levers9.cli.output import Output, console, fail, render
+from levers9.devstack import state_home
+from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from levers9.sandbox.scenario import Scenario
+
+app = typer.Typer(help="The sandbox: a local GKE-like cluster kubectl and the client drive.")
+node_app = typer.Typer(help="Scenario commands for nodes of a running sandbox.")
+app.add_typer(node_app, name="node")
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="the sandbox's state directory (default: the dev stack's)"),
+]
+GKE_GPU_LABELS = {
+    "cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000",
+    "cloud.google.com/gke-os-distribution": "cos",
+}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+def _state_dir(given: Path | None) -> Path:
+    """--state-dir, else $LEVERS9_SANDBOX_STATE (the dev env file sets it), else the dev one."""
+    from_env = os.environ.get("LEVERS9_SANDBOX_STATE")
+    return given or (Path(from_env) if from_env else state_home() / "dev" / "sandbox")
+
+
+def _admin(state_dir: Path | None) -> SandboxAdmin:
+    try:
+        return SandboxAdmin(_state_dir(state_dir))
+    except SandboxUnavailable as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+
+
+def _run(action: Any) -> Any:
+    try:
+        return action()
+    except (SandboxUnavailable, SandboxAdminError) as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def serve(
+    scenario: Annotated[
+        Path | None, typer.Option("--scenario", help="scenario YAML (default: the built-in one)")
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="API port on 127.0.0.1")] = 6443,
+    state_dir: StateDir = None,
+    controlplane_key: Annotated[
+        Path | None,
+        typer.Option("--controlplane-key", help="write (once) the controlplane's key here"),
+    ] = None,
+) -> None:
+    """Run the sandbox in the foreground until Ctrl-C."""
+    from levers9.sandbox.serve import serve as run
+
+    try:
+        loaded = Scenario.load(scenario)
+    except (OSError, ValueError) as exc:
+        fail([f"scenario {scenario}: {exc}"])
+        raise typer.Exit(1) from None
+    directory = _state_dir(state_dir)
+    console.print(f"sandbox state in {directory}; kubectl --kubeconfig {directory / 'kubeconfig'}")
+    asyncio.run(run(loaded, directory, port, controlplane_key))
+
+
+@node_app.command("list")
+def node_list(
+    state_dir: StateDir = None, output: Annotated[Output, typer.Option("-o")] = Output.table
+) -> None:
+    """The scenario's nodes as the sandbox runs them."""
+    nodes = _run(_admin(state_dir).nodes)
+    rows = [
+        {
+            "name": n["name"],
+            "gpus": n["gpus"]["count"],
+            "ready": n["ready"],
+            "external_ip": n["externalIp"],
+            "pool": n["labels"].get("cloud.google.com/gke-nodepool", ""),
+        }
+        for n in nodes
+    ]
+    columns = [("name", "NAME"), ("gpus", "GPUS"), ("ready", "READY"), ("pool", "NODE POOL")]
+    render(rows, [*columns, ("external_ip", "EXTERNAL IP")], output, title="sandbox nodes")
+
+
+def _next_ip(taken: set[str], network: str) -> str:
+    for host in ipaddress.IPv4Network(network).hosts():
+        if str(host) not in taken:
+            return str(host)
+    raise typer.BadParameter(f"no free address left in {network}")
+
+
+@node_app.command("add")
+def node_add(
+    name: str,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="RTX PRO 6000 cards")] = 1,
+    node_pool: Annotated[str, typer.Option("--node-pool")] = "gpu-extra",
+    state_dir: StateDir = None,
+) -> None:
+    """A node joins the cluster (a GKE node pool scaled up)."""
+    admin = _admin(state_dir)
+    nodes = _run(admin.nodes)
+    labels = {"cloud.google.com/gke-nodepool": node_pool}
+    spec: dict[str, Any] = {"name": name, "labels": labels, "cpu": "48", "memory": "180Gi"}
+    spec["internalIp"] = _next_ip({n["internalIp"] for n in nodes}, "127.0.11.0/24")
+    spec["externalIp"] = _next_ip({n["externalIp"] for n in nodes}, "127.0.21.0/24")
+    if gpus:
+        labels.update(GKE_GPU_LABELS)
+        spec["taints"] = [GPU_TAINT]
+        spec["gpus"] = {"count": gpus}
+    _run(lambda: admin.add_node(spec))
+    console.print(f"node {name} added ({gpus} GPUs, external IP {spec['externalIp']})")
+
+
+@node_app.command("remove")
+def node_remove(name: str, state_dir: StateDir = None) -> None:
+    """A node leaves the cluster (deleted, or its VM gone)."""
+    admin = _admin(state_dir)
+    _run(lambda: admin.remove_node(name))
+    console.print(f"node {name} removed")
+
+
+@node_app.command("not-ready")
+def node_not_ready(name: str, state_dir: StateDir = None) -> None:
+    """The node's kubelet reports NotReady."""
+    admin = _admin(state_dir)
+    _run(lambda: admin.set_node_ready(name, False))
+    console.print(f"node {name} is NotReady")
+
+
+@node_app.command("ready")
+def node_ready(name: str, state_dir: StateDir = None) -> None:
+    """The node's kubelet reports Ready again."""
+    admin = _admin(state_dir)
+    _run(lambda: admin.set_node_ready(name, True))
+    console.print(f"node {name} is Ready")
+
+
+@app.command("egress-ip")
+def egress_ip(
+    ip: Annotated[str | None, typer.Argument(help="the new egress IP; omit to show it")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Show or change the controlplane's egress IP (EKS nodes replaced)."""
+    admin = _admin(state_dir)
+    access = (
+        _run(admin.access) if ip is None else _run(lambda: admin.update_access({"egressIp": ip}))
+    )
+    networks = ", ".join(access["authorizedNetworks"] or ["(check off)"])
+    console.print(f"egress IP {access['egressIp']}; authorized networks {networks}")
