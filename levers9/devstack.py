@@ -9,7 +9,6 @@ the processes `up` recorded (a PID is only ours while its start time still match
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import errno
@@ -21,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,7 +29,6 @@ import certifi
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings
 from levers9.sandbox.admin_client import SandboxAdmin, SandboxUnavailable
-from levers9.temporal import has_worker_poller, server_ready
 
 HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
@@ -347,11 +345,36 @@ class DevStack:
             {"temporalAddress": self.env()["TEMPORAL_ADDRESS"]}
         )
 
+    def _temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # Readiness goes through the Temporal CLI rather than an in-process client: a client
+        # whose connect is abandoned part-way, while the server is still starting, is what
+        # the SDK's runtime does not survive at interpreter exit.
+        address = ["--address", self.settings().temporal_address]
+        return subprocess.run(
+            [str(temporal_binary()), *args, *address],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+
     def _temporal_ready(self) -> bool:
-        return _probe(server_ready(self.settings()))
+        return self._temporal("operator", "cluster", "health").stdout.strip() == "SERVING"
 
     def _worker_ready(self) -> bool:
-        return _probe(has_worker_poller(self.settings()))
+        """True once the worker we started (its pid in the poller identity) polls."""
+        worker = self.records().get("worker")
+        described = self._temporal(
+            "task-queue", "describe", "--task-queue", self.settings().task_queue, "-o", "json"
+        )
+        if worker is None or described.returncode != 0:
+            return False
+        pollers = json.loads(described.stdout).get("pollers") or []
+        return any(
+            p.get("taskQueueType") == "workflow"
+            and str(p.get("identity", "")).startswith(f"{worker.pid}@")
+            for p in pollers
+        )
 
     def down(self, progress: Progress) -> list[str]:
         """Stops the recorded processes, the Temporal worker first; returns their names."""
@@ -368,14 +391,6 @@ class DevStack:
         with contextlib.suppress(FileNotFoundError):
             self.env_file.unlink()
         return stopped
-
-
-def _probe(check: Coroutine[None, None, bool]) -> bool:
-    """Runs one readiness check; any failure (refused, timeout) means not ready yet."""
-    try:
-        return asyncio.run(asyncio.wait_for(check, PROBE_TIMEOUT_S))
-    except Exception:
-        return False
 
 
 def _terminate(record: ProcessRecord) -> None:

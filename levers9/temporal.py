@@ -5,18 +5,17 @@ Not imported by workflows (it does I/O when called).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel
-from temporalio.api.enums.v1 import IndexedValueType, TaskQueueType
+from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSystemInfoRequest
 from temporalio.client import (
     Client,
     Schedule,
@@ -47,6 +46,7 @@ from levers9.models import (
 RECONCILE_PREFIX = "reconcile:"
 MEMO_TASK_QUEUE = "levers9.taskQueue"
 RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
+PASS_POLL_S = 1.0
 
 log = get_logger(__name__)
 
@@ -74,26 +74,6 @@ async def connect(settings: ControlplaneSettings) -> Client:
         tls=_tls(settings),
         data_converter=pydantic_data_converter,
     )
-
-
-async def server_ready(settings: ControlplaneSettings) -> bool:
-    """True once the server answers (used while a dev server starts)."""
-    client = await connect(settings)
-    await client.workflow_service.get_system_info(GetSystemInfoRequest())
-    return True
-
-
-async def has_worker_poller(settings: ControlplaneSettings) -> bool:
-    """True once a Temporal worker polls the controlplane's workflow task queue."""
-    client = await connect(settings)
-    described = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=settings.temporal_namespace,
-            task_queue=TaskQueue(name=settings.task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
-    )
-    return len(described.pollers) > 0
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
@@ -226,9 +206,30 @@ class PoolScheduleRow(BaseModel):
 
 async def list_reconcile_schedules(settings: ControlplaneSettings) -> list[PoolScheduleRow]:
     """Describes every reconcile schedule this controlplane's task queue owns."""
+    return await _describe_reconcile_schedules(await connect(settings), settings.task_queue)
+
+
+async def wait_for_passes(
+    settings: ControlplaneSettings,
+    passes: int,
+    within: float,
+    progress: Callable[[int], None],
+) -> list[PoolScheduleRow]:
+    """Waits (one client, bounded) until every reconcile schedule has run `passes` times."""
     client = await connect(settings)
+    async with asyncio.timeout(within):
+        while True:
+            rows = await _describe_reconcile_schedules(client, settings.task_queue)
+            done = min((row.passes for row in rows), default=0)
+            progress(done)
+            if rows and done >= passes:
+                return rows
+            await asyncio.sleep(PASS_POLL_S)
+
+
+async def _describe_reconcile_schedules(client: Client, task_queue: str) -> list[PoolScheduleRow]:
     rows = []
-    for schedule_id in sorted(await _managed_schedule_ids(client, settings.task_queue)):
+    for schedule_id in sorted(await _managed_schedule_ids(client, task_queue)):
         described = await client.get_schedule_handle(schedule_id).describe()
         info, schedule = described.info, described.schedule
         every = ", ".join(f"{i.every.total_seconds():g}s" for i in schedule.spec.intervals)

@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -25,7 +24,7 @@ from levers9.devstack import (
     is_running,
     temporal_binary,
 )
-from levers9.temporal import list_reconcile_schedules
+from levers9.temporal import wait_for_passes
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
 
@@ -140,19 +139,17 @@ def demo(
     config_cmd.show_pools(stack.values_files, Output.table)
     console.rule(f"waiting for {DEMO_PASSES} reconcile passes per pool")
     settings = stack.settings()
-    deadline = time.monotonic() + DEMO_TIMEOUT_S
     with Status("waiting for the schedules to fire", console=console) as spinner:
-        while time.monotonic() < deadline:
-            rows = asyncio.run(list_reconcile_schedules(settings))
-            done = min((row.passes for row in rows), default=0)
+
+        def progress(done: int) -> None:
             spinner.update(f"reconcile passes so far: {done}/{DEMO_PASSES}")
-            if rows and done >= DEMO_PASSES:
-                break
-            time.sleep(1)
-        else:
+
+        try:
+            asyncio.run(wait_for_passes(settings, DEMO_PASSES, DEMO_TIMEOUT_S, progress))
+        except TimeoutError:
             logs_dir = stack.dir / "logs"
             fail([f"no {DEMO_PASSES} reconcile passes in {DEMO_TIMEOUT_S:.0f}s; see {logs_dir}"])
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
     for args in (["get", "nodes", "-o", "wide"], ["get", "pods", "-A", "-o", "wide"]):
         console.rule(f"kubectl {' '.join(args)}")
         subprocess.run(["kubectl", *args], check=False)

@@ -20,7 +20,7 @@ from tests.factories import MARKER, private_values, spec_pool, values_doc, write
 pytestmark = pytest.mark.integration
 
 STARTED = "temporal worker started"
-READ_TIMEOUT_S = 30
+READ_TIMEOUT_S = 60
 
 
 async def _read_until(stream: asyncio.StreamReader, needle: str) -> str:
