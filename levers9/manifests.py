@@ -47,6 +47,8 @@ class WorkerJobSpec:
     images_path: str
     durable_disks_path: str
     gateway_address: str
+    advertised_host: str | None = None
+    """The node's external IP, which the worker advertises (never the node name)."""
 
     @property
     def job_name(self) -> str:
@@ -80,6 +82,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         ("LEVERS9_IMAGES_PATH", spec.images_path),
         ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
     ]
+    if spec.advertised_host:
+        plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain]
     env += [
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

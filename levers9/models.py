@@ -11,6 +11,9 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 from temporalio.common import SearchAttributeKey
 
+from levers9.capacity import NodeCapacity
+from levers9.observation import Fingerprints
+
 POOL_NAME = SearchAttributeKey.for_keyword("PoolName")
 NODE_NAME = SearchAttributeKey.for_keyword("NodeName")
 WORKER_STATE = SearchAttributeKey.for_keyword("WorkerState")
@@ -18,6 +21,8 @@ GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
 SEARCH_ATTRIBUTES = (POOL_NAME, NODE_NAME, WORKER_STATE, GPU_TYPE)
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
+MACHINE_WORKFLOW = "MachineWorkflow"
+WORKER_WORKFLOW = "WorkerWorkflow"
 
 
 class _Record(BaseModel):
@@ -28,22 +33,30 @@ class ReconcilePoolInput(_Record):
     pool_name: str
 
 
-class DescribePoolInput(_Record):
+class RunRef(_Record):
+    """One workflow run, by id."""
+
+    workflow_id: str
+    run_id: str
+
+
+class ObservePoolInput(_Record):
     pool_name: str
+    previous: RunRef | None = None
+    """The last successful pass, whose observe result holds the fingerprints to diff against."""
+    full_resync: bool = False
+    """Tell every machine, changed or not (level-triggered repair of a missed signal)."""
 
 
-class PoolSummary(_Record):
-    """What the Temporal worker has loaded for a pool: no credentials, only their kind."""
+class ObservePoolResult(_Record):
+    """What one observation found and told; `fingerprints` is what the next pass diffs with."""
 
-    pool_name: str
-    gpu_type: str
-    flavor: str
-    endpoint: str
-    namespace: str
-    node_selector: dict[str, str]
-    worker_image: str
-    tunnel: bool
-    host_network: bool
+    fingerprints: Fingerprints
+    nodes: int
+    machines: int
+    told: int
+    gone: int
+    api_calls: int
 
 
 class ReconcilePoolResult(_Record):
@@ -52,8 +65,102 @@ class ReconcilePoolResult(_Record):
     pool_name: str
     pass_number: int
     observed_at: datetime
-    pool: PoolSummary
+    run: RunRef
+    nodes: int
+    machines: int
+    told: int
+
+
+class MachineInput(_Record):
+    pool_name: str
+    node_name: str
+    machine_id: str | None = None
+    worker_id: str | None = None
+    """A worker this machine started that may not be in an observation yet."""
+    capacity: NodeCapacity | None = None
+
+
+class MachineRecord(_Record):
+    """The machine record: what `levers9 machine list` shows (the workflow's memo)."""
+
+    pool_name: str
+    node_name: str
+    machine_id: str
+    status: str
+    machine: bool
+    gpu_type: str | None
+    total_gpus: int
+    free_gpus: int
+    free_cpu_millis: int
+    free_memory_bytes: int
+    workers: tuple[str, ...]
+    observed_at: datetime
+
+
+class WorkerInput(_Record):
+    pool_name: str
+    node_name: str
+    worker_id: str
+    machine_id: str
+    gpus: int
+    gpu_type: str | None = None
+    external_ip: str | None = None
+
+
+class WorkerRecord(_Record):
+    pool_name: str
+    node_name: str
+    worker_id: str
+    job_name: str
+    gpus: int
+    state: str
+    created_at: datetime
+    reason: str | None = None
+
+
+class WorkerJobInput(_Record):
+    """Create or delete one worker's Job; the credentials come from the pool config."""
+
+    pool_name: str
+    worker_id: str
+    node_name: str = ""
+    gpus: int = 0
+    external_ip: str | None = None
+
+
+class ReconcileFailure(_Record):
+    pool_name: str
+    error: str
 
 
 def reconcile_schedule_id(pool_name: str) -> str:
     return f"reconcile:{pool_name}"
+
+
+def machine_workflow_id(pool_name: str, node_name: str) -> str:
+    return f"machine:{pool_name}:{node_name}"
+
+
+def worker_workflow_id(pool_name: str, worker_id: str) -> str:
+    return f"worker:{pool_name}:{worker_id}"
+
+
+class WorkerRegistration(_Record):
+    """Signal `register` to WorkerWorkflow: the agent is up (from the gateway's Register)."""
+
+    worker_id: str
+    pod_uid: str
+    address: str
+    """host:port of the agent's WorkerService: the node's external IP, never its name."""
+    gpus: int
+    visible_devices: tuple[int, ...]
+    gpu_product: str = ""
+    agent_version: str = ""
+
+
+class WorkerHeartbeat(_Record):
+    """Signal `heartbeat` to WorkerWorkflow (from the gateway's Heartbeat)."""
+
+    worker_id: str
+    running_tasks: int
+    idle_since: datetime | None = None

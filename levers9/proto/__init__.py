@@ -1,0 +1,1 @@
+"""gRPC contracts: WorkerService (the agent) and Gateway (the controlplane)."""
