@@ -17,13 +17,18 @@ from pathlib import Path
 
 from temporalio.worker import Worker
 
-from activities.pools import PoolActivities
+from activities.kube import KubeActivities, KubeObserver
+from activities.kube_clients import KubeClients
+from activities.reconcile import ReconcileActivities
 from levers9 import logs
 from levers9.config import ConfigError, Values, load
+from levers9.gateway.records import TemporalWorkerRecords
+from levers9.gateway.server import Gateway
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
 from workflows import WORKFLOWS
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=10)
+GATEWAY_GRACE_S = 5.0
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -60,17 +65,28 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         updated=sync.updated,
         deleted=sync.deleted,
     )
+    clients = KubeClients(values.pools)
+    reconcile = ReconcileActivities(KubeObserver(clients), client, settings.task_queue)
+    kube = KubeActivities(clients, settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=[PoolActivities(values.pools).describe_pool],
+        activities=[reconcile.observe_pool, kube.create_worker_job, kube.delete_worker_job],
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
-    async with worker:
-        log.info("temporal worker started", task_queue=settings.task_queue)
-        await stop.wait()
-        log.info("shutting down")
+    secret = settings.token_secret()
+    assert secret is not None  # main() refuses to start without one
+    gateway = Gateway(TemporalWorkerRecords(client), secret)
+    await gateway.start(settings.gateway_listen)
+    try:
+        async with worker:
+            log.info("temporal worker started", task_queue=settings.task_queue)
+            await stop.wait()
+            log.info("shutting down")
+    finally:
+        await gateway.stop(grace=GATEWAY_GRACE_S)
+        clients.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,6 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             logs.get_logger("levers9.controlplane").error("invalid values", error=line)
         return 2
     _log_pools(values)
+    if values.settings.token_secret() is None:
+        logs.get_logger("levers9.controlplane").error(
+            "invalid values",
+            error="config.controlplane.workerTokenSecret: required to start workers"
+            " (or workerTokenSecretFile; LEVERS9_WORKER_TOKEN_SECRET[_FILE])",
+        )
+        return 2
 
     async def _main() -> None:
         stop = asyncio.Event()

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import shlex
 import signal
 import socket
@@ -28,12 +29,14 @@ import certifi
 
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings
+from levers9.files import write_private
 from levers9.sandbox.admin_client import SandboxAdmin, SandboxUnavailable
 
 HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 DEFAULT_SANDBOX_PORT = 6443
+DEFAULT_GATEWAY_PORT = 7443
 STOP_ORDER = ("worker", "temporal", "sandbox")
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -133,12 +136,14 @@ class DevStack:
         ui_port: int = DEFAULT_UI_PORT,
         sandbox_port: int = DEFAULT_SANDBOX_PORT,
         scenario: Path | None = None,
+        gateway_port: int = DEFAULT_GATEWAY_PORT,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
         self.temporal_port = temporal_port
         self.ui_port = ui_port
         self.sandbox_port = sandbox_port
         self.scenario = scenario
+        self.gateway_port = gateway_port
 
     @property
     def sandbox_dir(self) -> Path:
@@ -189,11 +194,24 @@ class DevStack:
             "LEVERS9_SANDBOX_STATE": str(self.sandbox_dir),
         }
 
+    @property
+    def token_secret_file(self) -> Path:
+        return self.dir / "worker-token-secret"
+
     def worker_env(self) -> dict[str, str]:
-        """The Temporal worker's environment: google-auth must trust the sandbox's token
-        endpoint, which serves with the sandbox's CA (a real GKE key's endpoint has a public
-        certificate, so production needs nothing of the kind)."""
-        return {**self.env(), "REQUESTS_CA_BUNDLE": str(self.ca_bundle)}
+        """The Temporal worker's environment: the worker token secret, and a CA bundle with
+        which google-auth trusts the sandbox's token endpoint (a real key's endpoint has a
+        public certificate, so production needs nothing of the kind)."""
+        if not self.token_secret_file.exists():
+            write_private(self.token_secret_file, secrets.token_urlsafe(32))
+        return {
+            **self.env(),
+            "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
+            "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
+            "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
+            # The sandbox's nodes are on loopback too, so workers dial the gateway there.
+            "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"{HOST}:{self.gateway_port}",
+        }
 
     def _write_env(self) -> None:
         lines = [f"export {key}={shlex.quote(value)}" for key, value in self.env().items()]
@@ -281,6 +299,7 @@ class DevStack:
         ports = {
             "sandbox": [(self.sandbox_port, "--sandbox-port")],
             "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
+            "worker": [(self.gateway_port, "--gateway-port")],
         }
         for name, wanted in ports.items():
             if name not in records:

@@ -8,11 +8,12 @@ and CA) and `private.json` (the service-account key the sandbox trusts, mode 060
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from levers9.files import write_private
 
 POOL_NAME = "gke-rtx6000"
 PROJECT = "demo"
@@ -50,7 +51,5 @@ def write(directory: Path, *, ca_base64: str, endpoint: str, key_json: str) -> l
     pools = {POOL_NAME: pool_block(ca_base64, endpoint)}
     values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))
     private = directory / "private.json"
-    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(private_block(key_json), out)
+    write_private(private, json.dumps(private_block(key_json)))
     return [values, private]

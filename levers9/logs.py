@@ -26,6 +26,8 @@ KV_EXTRA = "kv"
 """The `extra` key under which stdlib callers (workflows) pass their fields."""
 
 _MASK = "**********"
+# Loggers whose lines are ours (the workflows' go through the SDK's workflow logger).
+_OWN_LOGGERS = ("levers9", "root", "temporalio.workflow", "temporalio.activity")
 _NEEDS_QUOTES = frozenset(' "=\t\n\\')
 
 
@@ -70,7 +72,7 @@ class LineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, object] = dict(getattr(record, KV_EXTRA, None) or {})
-        if record.name not in ("levers9", "root") and not record.name.startswith("levers9."):
+        if not record.name.startswith(_OWN_LOGGERS):
             fields.setdefault("logger", record.name)
         line = f"{_prefix(record.levelname)} {format_line(record.getMessage(), fields)}"
         if record.exc_info:

@@ -36,9 +36,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from levers9.config import ControlplaneSettings
 from levers9.logs import get_logger
 from levers9.models import (
+    MACHINE_WORKFLOW,
     POOL_NAME,
     RECONCILE_POOL_WORKFLOW,
     SEARCH_ATTRIBUTES,
+    MachineRecord,
     ReconcilePoolInput,
     reconcile_schedule_id,
 )
@@ -251,3 +253,19 @@ async def _describe_reconcile_schedules(client: Client, task_queue: str) -> list
 
 def _seconds(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
+
+
+async def list_machine_records(
+    settings: ControlplaneSettings, pool_name: str | None
+) -> list[MachineRecord]:
+    """The machine records (running MachineWorkflows' memos), from one visibility list."""
+    client = await connect(settings)
+    query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
+    if pool_name:
+        query += f" AND PoolName='{pool_name}'"
+    records = []
+    async for listed in client.list_workflows(query):
+        memo = await listed.memo()
+        if "record" in memo:
+            records.append(MachineRecord.model_validate(memo["record"]))
+    return sorted(records, key=lambda r: (r.pool_name, r.node_name))

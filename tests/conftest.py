@@ -15,6 +15,8 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.temporal import ensure_search_attributes
+
 BIN = Path(sys.executable).parent
 
 
@@ -27,6 +29,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_extra_args=["--headless"],
     )
     async with env:
+        await ensure_search_attributes(env.client, "default")
         yield env
 
 

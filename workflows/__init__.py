@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from workflows.machine import MachineWorkflow
 from workflows.reconcile_pool import ReconcilePoolWorkflow
+from workflows.worker import WorkerWorkflow
 
-WORKFLOWS = [ReconcilePoolWorkflow]
+WORKFLOWS = [ReconcilePoolWorkflow, MachineWorkflow, WorkerWorkflow]
 
-__all__ = ["WORKFLOWS", "ReconcilePoolWorkflow"]
+__all__ = ["WORKFLOWS", "MachineWorkflow", "ReconcilePoolWorkflow", "WorkerWorkflow"]

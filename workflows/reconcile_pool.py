@@ -1,4 +1,11 @@
-"""ReconcilePoolWorkflow: one scheduled pass over a pool (`reconcile:<pool>`, every ~15 s)."""
+"""ReconcilePoolWorkflow: one scheduled pass over a pool (`reconcile:<pool>`, every ~15 s).
+
+One activity observes the pool (a constant number of Kubernetes list calls), diffs against the
+previous pass and tells only the machines that changed; the workflow records that one activity
+and a small result, so an idle pass writes a few events whatever the cluster's size. Every
+`FULL_RESYNC_EVERY` passes it tells every machine anyway: a signal lost in between is repaired
+within minutes (level-triggered).
+"""
 
 from __future__ import annotations
 
@@ -8,44 +15,51 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.pools import PoolActivities
-    from levers9.logs import KV_EXTRA
+    from activities.reconcile import ReconcileActivities
     from levers9.models import (
         RECONCILE_POOL_WORKFLOW,
-        DescribePoolInput,
+        ObservePoolInput,
         ReconcilePoolInput,
         ReconcilePoolResult,
+        RunRef,
     )
 
-DESCRIBE_TIMEOUT = timedelta(seconds=10)
-DESCRIBE_RETRY = RetryPolicy(maximum_attempts=3)
+OBSERVE_TIMEOUT = timedelta(minutes=2)
+OBSERVE_HEARTBEAT = timedelta(seconds=30)
+OBSERVE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=4,
+)
+FULL_RESYNC_EVERY = 40
+"""Passes between full resyncs: 10 minutes at the default 15 s interval."""
 
 
 @workflow.defn(name=RECONCILE_POOL_WORKFLOW)
 class ReconcilePoolWorkflow:
-    """Reads what the Temporal worker holds for the pool and records the pass.
-
-    The previous pass's result comes back as the schedule's last completion result, which is
-    what later passes diff against.
-    """
-
     @workflow.run
     async def run(self, input: ReconcilePoolInput) -> ReconcilePoolResult:
         previous = workflow.get_last_completion_result(ReconcilePoolResult)
-        pool = await workflow.execute_activity_method(
-            PoolActivities.describe_pool,
-            DescribePoolInput(pool_name=input.pool_name),
-            start_to_close_timeout=DESCRIBE_TIMEOUT,
-            retry_policy=DESCRIBE_RETRY,
-        )
         pass_number = previous.pass_number + 1 if previous else 1
-        workflow.logger.debug(
-            "reconciled pool",
-            extra={KV_EXTRA: {"pass": pass_number, "pool_name": input.pool_name}},
+        observed = await workflow.execute_activity_method(
+            ReconcileActivities.observe_pool,
+            ObservePoolInput(
+                pool_name=input.pool_name,
+                previous=previous.run if previous else None,
+                full_resync=pass_number % FULL_RESYNC_EVERY == 0,
+            ),
+            start_to_close_timeout=OBSERVE_TIMEOUT,
+            heartbeat_timeout=OBSERVE_HEARTBEAT,
+            retry_policy=OBSERVE_RETRY,
         )
+        info = workflow.info()
         return ReconcilePoolResult(
             pool_name=input.pool_name,
             pass_number=pass_number,
             observed_at=workflow.now(),
-            pool=pool,
+            run=RunRef(workflow_id=info.workflow_id, run_id=info.run_id),
+            nodes=observed.nodes,
+            machines=observed.machines,
+            told=observed.told,
         )

@@ -16,6 +16,7 @@ from rich.status import Status
 from levers9.cli import config_cmd, pool
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack import (
+    DEFAULT_GATEWAY_PORT,
     DEFAULT_SANDBOX_PORT,
     DEFAULT_TEMPORAL_PORT,
     DEFAULT_UI_PORT,
@@ -34,6 +35,9 @@ TemporalPort = Annotated[
 UiPort = Annotated[int, typer.Option("--ui-port", help="port of the Temporal UI")]
 SandboxPort = Annotated[
     int, typer.Option("--sandbox-port", help="port of the sandbox's Kubernetes API")
+]
+GatewayPort = Annotated[
+    int, typer.Option("--gateway-port", help="port of the gateway the workers dial")
 ]
 ScenarioFile = Annotated[
     Path | None, typer.Option("--scenario", help="sandbox scenario YAML (default: built-in)")
@@ -61,6 +65,7 @@ def up(
     temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
     ui_port: UiPort = DEFAULT_UI_PORT,
     sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
+    gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
     scenario: ScenarioFile = None,
 ) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
@@ -68,6 +73,7 @@ def up(
         temporal_port=temporal_port,
         ui_port=ui_port,
         sandbox_port=sandbox_port,
+        gateway_port=gateway_port,
         scenario=scenario,
     )
     _up(stack)
@@ -124,6 +130,7 @@ def demo(
     temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
     ui_port: UiPort = DEFAULT_UI_PORT,
     sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
+    gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
     scenario: ScenarioFile = None,
 ) -> None:
     """`make demo`: bring the stack up and watch the pools' reconcile schedules fire."""
@@ -131,6 +138,7 @@ def demo(
         temporal_port=temporal_port,
         ui_port=ui_port,
         sandbox_port=sandbox_port,
+        gateway_port=gateway_port,
         scenario=scenario,
     )
     _up(stack)

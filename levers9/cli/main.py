@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from levers9 import logs
-from levers9.cli import config_cmd, dev, pool, sandbox
+from levers9.cli import config_cmd, dev, machine, pool, sandbox
 from levers9.cli.runtime import honour_dev_env
 
 app = typer.Typer(
@@ -16,6 +16,7 @@ app = typer.Typer(
 app.add_typer(config_cmd.app, name="config")
 app.add_typer(dev.app, name="dev")
 app.add_typer(pool.app, name="pool")
+app.add_typer(machine.app, name="machine")
 app.add_typer(sandbox.app, name="sandbox")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
 import signal
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from levers9.files import write_private
 from levers9.logs import get_logger
 from levers9.sandbox.access import DEVELOPER
 from levers9.sandbox.cluster.cluster import Cluster
@@ -38,16 +38,6 @@ from levers9.sandbox.server import LOOPBACK, Sandbox, SandboxOptions, start_sand
 CONTROLPLANE_ACCOUNT = "levers9-controlplane"
 
 log = get_logger("levers9.sandbox")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Writes a file only its owner can read, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    tmp.replace(path)
 
 
 class SandboxState:

@@ -40,6 +40,8 @@ class Dev:
             str(free_port()),
             "--sandbox-port",
             str(free_port()),
+            "--gateway-port",
+            str(free_port()),
         ]
 
     @property

@@ -1,5 +1,6 @@
-"""ReconcilePoolWorkflow on the time-skipping server, its activity mocked by name: a pass
-returns what the Temporal worker holds for the pool, and carries no credentials.
+"""ReconcilePoolWorkflow on the time-skipping server, its activity mocked by name: the first pass
+diffs against nothing and is not a full resync; the result carries the run that holds the
+fingerprints and no credentials.
 """
 
 from __future__ import annotations
@@ -11,40 +12,41 @@ from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.models import DescribePoolInput, PoolSummary, ReconcilePoolInput
+from levers9.models import ObservePoolInput, ObservePoolResult, ReconcilePoolInput
+from levers9.observation import fingerprints
 from workflows.reconcile_pool import ReconcilePoolWorkflow
 
 pytestmark = pytest.mark.integration
 
+SEEN: list[ObservePoolInput] = []
 
-@activity.defn(name="describe_pool")
-async def describe_pool_mock(input: DescribePoolInput) -> PoolSummary:
-    return PoolSummary(
-        pool_name=input.pool_name,
-        gpu_type="RTXPro6000",
-        flavor="gke",
-        endpoint="https://34.118.0.10",
-        namespace="levers9",
-        node_selector={"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
-        worker_image="us-central1-docker.pkg.dev/demo/levers9/worker:latest",
-        tunnel=False,
-        host_network=True,
+
+@activity.defn(name="observe_pool")
+async def observe_pool_mock(input: ObservePoolInput) -> ObservePoolResult:
+    SEEN.append(input)
+    return ObservePoolResult(
+        fingerprints=fingerprints({}), nodes=4, machines=3, told=3, gone=0, api_calls=3
     )
 
 
 async def test_first_pass(time_env: WorkflowEnvironment, task_queue: str) -> None:
+    workflow_id = f"reconcile:gke-rtx6000-{uuid.uuid4()}"
     async with Worker(
         time_env.client,
         task_queue=task_queue,
         workflows=[ReconcilePoolWorkflow],
-        activities=[describe_pool_mock],
+        activities=[observe_pool_mock],
     ):
         result = await time_env.client.execute_workflow(
             ReconcilePoolWorkflow.run,
             ReconcilePoolInput(pool_name="gke-rtx6000"),
-            id=f"reconcile:gke-rtx6000-{uuid.uuid4()}",
+            id=workflow_id,
             task_queue=task_queue,
         )
     assert result.pass_number == 1
-    assert result.pool.pool_name == "gke-rtx6000"
-    assert "credentials" not in result.pool.model_dump()
+    assert (result.nodes, result.machines, result.told) == (4, 3, 3)
+    assert result.run.workflow_id == workflow_id
+    [seen] = [s for s in SEEN if s.pool_name == "gke-rtx6000"]
+    assert seen.previous is None
+    assert seen.full_resync is False
+    assert "credentials" not in result.model_dump_json()

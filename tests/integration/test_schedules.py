@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from temporalio import activity
 from temporalio.client import (
     Client,
     ScheduleActionStartWorkflow,
@@ -18,16 +19,24 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.pools import PoolActivities
-from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
-from levers9.models import POOL_NAME, ReconcilePoolInput, ReconcilePoolResult
+from activities.kube import KubeObserver
+from activities.kube_clients import KubeClients
+from activities.reconcile import ReconcileActivities
+from levers9.config import ControlplaneSettings
+from levers9.models import (
+    POOL_NAME,
+    ObservePoolInput,
+    ObservePoolResult,
+    ReconcilePoolInput,
+    ReconcilePoolResult,
+)
+from levers9.observation import fingerprints
 from levers9.temporal import (
     MEMO_TASK_QUEUE,
     ensure_search_attributes,
     list_reconcile_schedules,
     sync_reconcile_schedules,
 )
-from tests.factories import key_json, spec_pool
 from tests.waiting import eventually
 from workflows import WORKFLOWS
 from workflows.reconcile_pool import ReconcilePoolWorkflow
@@ -43,10 +52,6 @@ def _settings(env: WorkflowEnvironment, task_queue: str, every: float = 15) -> C
             "reconcileIntervalSeconds": every,
         }
     )
-
-
-def _pool() -> PoolConfig:
-    return parse_pool("gke-rtx6000", spec_pool(credentials=key_json()))
 
 
 @pytest.fixture
@@ -124,34 +129,45 @@ async def test_other_task_queues_schedules_are_left_alone(
     await sync_reconcile_schedules(client, [], _settings(dev_env, other_queue))
 
 
+class ObserveRecorder:
+    """`observe_pool` mocked by name: records what each pass asked, answers an empty pool."""
+
+    def __init__(self) -> None:
+        self.inputs: list[ObservePoolInput] = []
+
+    @activity.defn(name="observe_pool")
+    async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
+        self.inputs.append(input)
+        return ObservePoolResult(
+            fingerprints=fingerprints({}), nodes=0, machines=0, told=0, gone=0, api_calls=3
+        )
+
+
 async def test_schedule_fires_reconcile_passes(
     dev_env: WorkflowEnvironment, client: Client, task_queue: str
 ) -> None:
     settings = _settings(dev_env, task_queue, every=1)
-    pool = _pool()
     pool_name = f"p-{uuid.uuid4().hex[:8]}"
+    recorder = ObserveRecorder()
     async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=WORKFLOWS,
-        activities=[PoolActivities({pool_name: pool}).describe_pool],
+        client, task_queue=task_queue, workflows=WORKFLOWS, activities=[recorder.observe_pool]
     ):
         await sync_reconcile_schedules(client, [pool_name], settings)
 
         async def two_passes() -> bool:
             rows = [r for r in await list_reconcile_schedules(settings) if r.pool == pool_name]
-            return bool(rows) and rows[0].passes >= 2
+            return bool(rows) and rows[0].passes >= 2 and len(recorder.inputs) >= 2
 
         await eventually(two_passes, within=30)
         described = await client.get_schedule_handle(f"reconcile:{pool_name}").describe()
         runs = [a.action.workflow_id for a in described.info.recent_actions]  # type: ignore[attr-defined]
-        results = [
+        first, second = [
             await client.get_workflow_handle(run, result_type=ReconcilePoolResult).result()
             for run in runs[:2]
         ]
-        assert [r.pass_number for r in results] == [1, 2], "a pass reads the last result"
-        assert results[0].pool.gpu_type == "RTXPro6000"
-        assert results[0].pool.flavor == "gke"
+        assert (first.pass_number, second.pass_number) == (1, 2), "a pass reads the last result"
+        assert recorder.inputs[0].previous is None
+        assert recorder.inputs[1].previous == first.run, "pass 2 diffs against pass 1"
         desc = await client.get_workflow_handle(runs[0]).describe()
         assert desc.typed_search_attributes.get(POOL_NAME) == pool_name
         await sync_reconcile_schedules(client, [], settings)
@@ -160,11 +176,9 @@ async def test_schedule_fires_reconcile_passes(
 async def test_reconcile_of_unloaded_pool_fails_with_the_fix(
     client: Client, task_queue: str
 ) -> None:
+    reconcile = ReconcileActivities(KubeObserver(KubeClients({})), client, task_queue)
     async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=WORKFLOWS,
-        activities=[PoolActivities({}).describe_pool],
+        client, task_queue=task_queue, workflows=WORKFLOWS, activities=[reconcile.observe_pool]
     ):
         with pytest.raises(WorkflowFailureError) as caught:
             await client.execute_workflow(

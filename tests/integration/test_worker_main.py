@@ -15,7 +15,15 @@ import pytest
 from temporalio.client import ScheduleActionStartWorkflow
 from temporalio.testing import WorkflowEnvironment
 
-from tests.factories import MARKER, private_values, spec_pool, values_doc, write_json, write_yaml
+from tests.factories import (
+    MARKER,
+    free_port,
+    private_values,
+    spec_pool,
+    values_doc,
+    write_json,
+    write_yaml,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +57,8 @@ async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
         **os.environ,
         "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
         "LEVERS9_TASK_QUEUE": task_queue,
+        "LEVERS9_WORKER_TOKEN_SECRET": MARKER,
+        "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
     }
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -95,3 +105,23 @@ async def test_bad_values_file_exits_with_the_field(tmp_path: Path) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert 'invalid values error="config.worker.pools: must be a map"' in err.decode()
+
+
+async def test_pools_without_a_token_secret_exit_naming_the_setting(tmp_path: Path) -> None:
+    values = write_yaml(tmp_path / "values.yaml", values_doc({"gke-rtx6000": spec_pool()}))
+    private = write_json(tmp_path / "private.json", private_values())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_WORKER_TOKEN")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker_main",
+        "--values",
+        str(values),
+        "--values",
+        str(private),
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert "config.controlplane.workerTokenSecret: required to start workers" in err.decode()

@@ -1,0 +1,225 @@
+"""The Kubernetes side of a pool: observe it, keep the namespace, create and delete worker Jobs.
+
+Every create has a deterministic name (409 means done) and every delete treats 404 as done, so a
+retried activity changes nothing twice. API errors are mapped by HTTP meaning: 401/403/404/422
+are permanent and say what to do (the spec's troubleshooting rows), 429/5xx/timeouts retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube_clients import KubeClients, UnknownPool
+from levers9 import manifests
+from levers9.capacity import GKE_GPU_TOLERATION, MANAGED_BY, MANAGED_BY_US, POOL_LABEL, PoolView
+from levers9.capacity import pool_capacity as compute_capacity
+from levers9.config import ControlplaneSettings, PoolConfig
+from levers9.logs import get_logger
+from levers9.models import WorkerJobInput
+from levers9.tokens import worker_token
+
+PAGE = 500
+BOUND_AND_RUNNING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+FIX_403 = (
+    "the controlplane's egress IP is not on the cluster's authorized networks, or the key lacks"
+    " roles/container.developer: rerun deploy/gke/attach-gke-pool.sh"
+)
+FIX_401 = (
+    "the service-account key was deleted or is not this cluster's project's:"
+    " rerun deploy/gke/attach-gke-pool.sh and deploy its key"
+)
+PERMANENT = {401, 403, 404, 422}
+
+log = get_logger("levers9.kube")
+T = TypeVar("T")
+
+
+def kube_error(exc: Exception, doing: str, pool_name: str) -> Exception:
+    """An ApplicationError for a permanent API error (with its fix); the error itself otherwise."""
+    if isinstance(exc, UnknownPool):
+        return ApplicationError(
+            f"pool {pool_name} is not loaded on this Temporal worker: add its block under"
+            " config.worker.pools (levers9 config check -f ... says what is wrong with it)",
+            type="PoolNotLoaded",
+            non_retryable=True,
+        )
+    if not isinstance(exc, k8s.ApiException) or exc.status not in PERMANENT:
+        return exc
+    message = _status_message(exc)
+    fix = {403: FIX_403, 401: FIX_401}.get(exc.status)
+    text = f"{exc.status} {exc.reason}: {message}" + (f" ({fix})" if fix else "")
+    return ApplicationError(f"{doing}: {text}", type=f"Kubernetes{exc.status}", non_retryable=True)
+
+
+def _status_message(exc: k8s.ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.reason)
+    return str(body.get("message") or exc.reason)
+
+
+def _list_all(
+    call: Callable[..., Any], **kwargs: Any
+) -> Iterator[tuple[list[dict[str, Any]], int]]:
+    """Pages of a list call as raw JSON (model objects would cost seconds at 100,000 pods)."""
+    token = None
+    while True:
+        response = call(limit=PAGE, _continue=token, _preload_content=False, **kwargs)
+        page = json.loads(response.data)
+        yield page.get("items") or [], 1
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return
+
+
+def pool_view(pool_name: str, pool: PoolConfig) -> PoolView:
+    tolerations = (GKE_GPU_TOLERATION,) if pool.kubernetes.flavor == "gke" else ()
+    return PoolView(pool_name, pool.kubernetes.node_selector, tolerations)
+
+
+def job_selector(pool_name: str) -> str:
+    return f"{MANAGED_BY}={MANAGED_BY_US},{POOL_LABEL}={pool_name}"
+
+
+class KubeObserver:
+    """Lists what a pass needs, in a constant number of calls (plus pagination)."""
+
+    def __init__(self, clients: KubeClients) -> None:
+        self._clients = clients
+
+    def observe(self, pool_name: str) -> tuple[dict[str, Any], int]:
+        """Per-node capacity of the pool, and how many API calls it took."""
+        pool = self._clients.pool(pool_name)
+        api = self._clients.api(pool_name)
+        core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
+        selector = ",".join(f"{k}={v}" for k, v in pool.kubernetes.node_selector.items())
+        calls = 0
+        nodes: list[dict[str, Any]] = []
+        for items, n in _list_all(core.list_node, label_selector=selector or None):
+            nodes += items
+            calls += n
+        pods: list[dict[str, Any]] = []
+        for items, n in _list_all(
+            core.list_pod_for_all_namespaces, field_selector=BOUND_AND_RUNNING
+        ):
+            pods += items
+            calls += n
+        jobs: list[dict[str, Any]] = []
+        for items, n in _list_all(
+            batch.list_namespaced_job,
+            namespace=pool.kubernetes.namespace,
+            label_selector=job_selector(pool_name),
+        ):
+            jobs += items
+            calls += n
+        return compute_capacity(nodes, pods, jobs, pool_view(pool_name, pool)), calls
+
+
+class KubeActivities:
+    """Worker Jobs and the namespace; clients injected."""
+
+    def __init__(self, clients: KubeClients, settings: ControlplaneSettings) -> None:
+        self._clients = clients
+        self._settings = settings
+
+    async def _call(self, pool_name: str, doing: str, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(fn)
+        except (k8s.ApiException, UnknownPool) as exc:
+            raise kube_error(exc, doing, pool_name) from None
+        except urllib3.exceptions.HTTPError as exc:
+            # Timeouts and refused or dropped connections: retried by Temporal with backoff.
+            raise ApplicationError(
+                f"{doing}: {type(exc).__name__}", type="KubernetesUnavailable"
+            ) from None
+
+    @activity.defn
+    async def create_worker_job(self, input: WorkerJobInput) -> str:
+        """Namespace, Job, then its token Secret owned by the Job; returns the Job's name."""
+        return await self._call(input.pool_name, "create worker Job", lambda: self._create(input))
+
+    def _create(self, input: WorkerJobInput) -> str:
+        secret_value = self._settings.token_secret()
+        if secret_value is None:
+            raise ApplicationError(
+                "no worker token secret: set workerTokenSecret or workerTokenSecretFile"
+                " (LEVERS9_WORKER_TOKEN_SECRET[_FILE]) for the controlplane",
+                type="ConfigMissing",
+                non_retryable=True,
+            )
+        pool = self._clients.pool(input.pool_name)
+        api = self._clients.api(input.pool_name)
+        core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
+        spec = worker_spec(input, pool, self._settings.gateway_advertised_address)
+        _create_or_exists(lambda: core.create_namespace(_body(manifests.namespace(spec.namespace))))
+        _create_or_exists(
+            lambda: batch.create_namespaced_job(spec.namespace, _body(manifests.worker_job(spec)))
+        )
+        raw: Any = batch.read_namespaced_job(spec.job_name, spec.namespace, _preload_content=False)
+        job = json.loads(raw.data)
+        token = worker_token(secret_value.get_secret_value(), spec.worker_id)
+        secret = manifests.worker_token_secret(spec, token, job_uid=job["metadata"]["uid"])
+        _create_or_exists(lambda: core.create_namespaced_secret(spec.namespace, _body(secret)))
+        return spec.job_name
+
+    @activity.defn
+    async def delete_worker_job(self, input: WorkerJobInput) -> bool:
+        """Deletes the Job and, through ownership, its pod and token Secret; False if gone."""
+        return await self._call(input.pool_name, "delete worker Job", lambda: self._delete(input))
+
+    def _delete(self, input: WorkerJobInput) -> bool:
+        pool = self._clients.pool(input.pool_name)
+        batch = k8s.BatchV1Api(self._clients.api(input.pool_name))
+        name = manifests.worker_job_name(input.pool_name, input.worker_id)
+        try:
+            batch.delete_namespaced_job(
+                name, pool.kubernetes.namespace, propagation_policy="Background"
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def worker_spec(
+    input: WorkerJobInput, pool: PoolConfig, gateway_address: str
+) -> manifests.WorkerJobSpec:
+    kube = pool.kubernetes
+    return manifests.WorkerJobSpec(
+        pool_name=input.pool_name,
+        worker_id=input.worker_id,
+        node_name=input.node_name,
+        gpus=input.gpus,
+        image=kube.worker_image,
+        namespace=kube.namespace,
+        flavor=kube.flavor,
+        host_network=pool.host_network,
+        tunnel=kube.tunnel,
+        images_path=pool.images_path,
+        durable_disks_path=pool.durable_disks_path,
+        gateway_address=gateway_address,
+        advertised_host=input.external_ip,
+    )
+
+
+def _body(manifest: dict[str, Any]) -> Any:
+    """The client serializes plain dicts as they are; its signatures ask for model objects."""
+    return manifest
+
+
+def _create_or_exists(create: Callable[[], object]) -> None:
+    try:
+        create()
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise

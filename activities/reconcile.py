@@ -1,0 +1,147 @@
+"""One reconcile pass's I/O: observe the pool, diff against the previous pass, tell the machines.
+
+Signal-with-start of `MachineWorkflow` happens here, through the Temporal client, so that a pass
+writes history only in proportion to the nodes that changed: the ReconcilePoolWorkflow itself
+records one activity, whatever the cluster's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import urllib3
+from kubernetes import client as k8s
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube import KubeObserver, kube_error
+from activities.kube_clients import UnknownPool
+from levers9.capacity import NodeCapacity
+from levers9.logs import get_logger
+from levers9.models import (
+    GPU_TYPE,
+    MACHINE_WORKFLOW,
+    NODE_NAME,
+    POOL_NAME,
+    MachineInput,
+    ObservePoolInput,
+    ObservePoolResult,
+    RunRef,
+    machine_workflow_id,
+)
+from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
+
+SIGNAL_CONCURRENCY = 32
+UNABLE = "unable to reconcile cluster nodes"
+
+log = get_logger("levers9.reconcile")
+
+
+class ReconcileActivities:
+    """Observes a pool and tells its machines; Kubernetes and Temporal clients injected."""
+
+    def __init__(self, observer: KubeObserver, client: Client, task_queue: str) -> None:
+        self._observer = observer
+        self._client = client
+        self._task_queue = task_queue
+
+    @activity.defn
+    async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
+        previous = await self._previous_fingerprints(input.previous)
+        nodes, calls = await self._observe(input.pool_name)
+        changes = diff(None if input.full_resync else previous, nodes)
+        await self._tell(input.pool_name, [nodes[name] for name in changes.changed])
+        gone = await self._gone(input.pool_name, changes.gone) if changes.gone else []
+        return ObservePoolResult(
+            fingerprints=fingerprints(nodes),
+            nodes=len(nodes),
+            machines=sum(1 for node in nodes.values() if node.machine),
+            told=len(changes.changed),
+            gone=len(gone),
+            api_calls=calls,
+        )
+
+    async def _observe(self, pool_name: str) -> tuple[dict[str, NodeCapacity], int]:
+        try:
+            return await asyncio.to_thread(self._observer.observe, pool_name)
+        except (k8s.ApiException, UnknownPool) as exc:
+            error = kube_error(exc, UNABLE, pool_name)
+            text = error.message if isinstance(error, ApplicationError) else str(error)
+            log.error(UNABLE, pool_name=pool_name, error=text.removeprefix(f"{UNABLE}: "))
+            raise error from None
+        except urllib3.exceptions.HTTPError as exc:
+            log.error(UNABLE, pool_name=pool_name, error=f"timeout: {type(exc).__name__}")
+            raise ApplicationError(
+                f"{UNABLE}: {type(exc).__name__} (retrying)", type="KubernetesUnavailable"
+            ) from None
+
+    async def _previous_fingerprints(self, ref: RunRef | None) -> Fingerprints | None:
+        """The previous pass's fingerprints, read from its observe result in its history."""
+        if ref is None:
+            return None
+        handle = self._client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id)
+        try:
+            async for event in handle.fetch_history_events():
+                if event.HasField("activity_task_completed_event_attributes"):
+                    payloads = event.activity_task_completed_event_attributes.result.payloads
+                    [result] = await self._client.data_converter.decode(
+                        payloads, [ObservePoolResult]
+                    )
+                    assert isinstance(result, ObservePoolResult)
+                    return result.fingerprints
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+        return None  # past retention: this pass tells every machine once
+
+    async def _tell(self, pool_name: str, nodes: Sequence[NodeCapacity]) -> None:
+        limit = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def tell(node: NodeCapacity) -> None:
+            async with limit:
+                await self._client.start_workflow(
+                    MACHINE_WORKFLOW,
+                    MachineInput(pool_name=pool_name, node_name=node.name),
+                    id=machine_workflow_id(pool_name, node.name),
+                    task_queue=self._task_queue,
+                    start_signal="observe",
+                    start_signal_args=[node],
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(POOL_NAME, pool_name),
+                            SearchAttributePair(NODE_NAME, node.name),
+                            SearchAttributePair(GPU_TYPE, node.gpu_type or ""),
+                        ]
+                    ),
+                )
+            activity.heartbeat()
+
+        await asyncio.gather(*(tell(node) for node in nodes))
+
+    async def _gone(self, pool_name: str, hashes: set[bytes]) -> list[str]:
+        """Tells the machine records of vanished nodes that their node is gone."""
+        prefix = machine_workflow_id(pool_name, "")
+        query = (
+            f"WorkflowType='{MACHINE_WORKFLOW}' AND PoolName='{pool_name}'"
+            " AND ExecutionStatus='Running'"
+        )
+        names = [
+            listed.id.removeprefix(prefix)
+            async for listed in self._client.list_workflows(query)
+            if listed.id.startswith(prefix)
+        ]
+        gone = names_with_hashes(names, hashes)
+        for name in gone:
+            try:
+                await self._client.get_workflow_handle(machine_workflow_id(pool_name, name)).signal(
+                    "gone"
+                )
+            except RPCError as exc:
+                if exc.status != RPCStatusCode.NOT_FOUND:
+                    raise
+        return gone

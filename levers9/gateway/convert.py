@@ -1,0 +1,178 @@
+"""Worker requests checked and turned into the records the workflows get (pure).
+
+Every check names the proto field it rejects (`advertised_address: ...`), and bounds what a
+worker may send: the records travel as Temporal signals, whose payloads must stay well under
+the server's blob limit, and a worker that sends absurd values has a bug worth surfacing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from levers9.gateway.errors import InvalidRequest, shown
+from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
+from levers9.models import WorkerHeartbeat, WorkerRegistration
+from levers9.proto import gateway_pb2, worker_pb2
+
+MAX_GPUS = 64
+MAX_DEVICE_INDEX = 255
+MAX_RUNNING_TASKS = 4096
+MAX_LABEL_CHARS = 256
+MAX_RESULT_JSON_BYTES = 128 * 1024
+MAX_REASON_BYTES = 16 * 1024
+MAX_LOG_TAIL_BYTES = 64 * 1024
+MAX_PHASES = 64
+MAX_PHASE_ERROR_BYTES = 2 * 1024
+# datetime cannot hold later instants; a worker's clock is never there.
+_MAX_UNIX_MS = 253_402_300_799_999
+
+# Pool names and worker ids end up in Job names and labels: DNS labels.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NODE_NAME = re.compile(r"[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
+_POD_UID = re.compile(r"[A-Za-z0-9-]{1,128}")
+_TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_STATE_NAMES: dict[worker_pb2.TaskState.ValueType, TaskState] = {
+    worker_pb2.TASK_STATE_RUNNING: "running",
+    worker_pb2.TASK_STATE_SUCCEEDED: "succeeded",
+    worker_pb2.TASK_STATE_FAILED: "failed",
+    worker_pb2.TASK_STATE_CANCELLED: "cancelled",
+    worker_pb2.TASK_STATE_LOST: "lost",
+}
+
+
+def check_worker(pool_name: str, worker_id: str) -> None:
+    """The ids every call carries; they name the worker record `worker:<pool>:<worker-id>`."""
+    _match("pool_name", pool_name, _DNS_LABEL, "a pool name (lowercase DNS label)")
+    _match("worker_id", worker_id, _DNS_LABEL, "a worker id (lowercase DNS label)")
+
+
+def registration(request: gateway_pb2.RegisterRequest) -> WorkerRegistration:
+    check_worker(request.pool_name, request.worker_id)
+    _match("node_name", request.node_name, _NODE_NAME, "a Kubernetes node name")
+    _match("pod_uid", request.pod_uid, _POD_UID, "a pod uid")
+    check_address("advertised_address", request.advertised_address)
+    if not 0 <= request.gpus <= MAX_GPUS:
+        raise InvalidRequest("gpus", f"{request.gpus} is not between 0 and {MAX_GPUS}")
+    _check_devices(request.visible_devices)
+    _check_size("gpu_product", request.gpu_product, MAX_LABEL_CHARS)
+    _check_size("agent_version", request.agent_version, MAX_LABEL_CHARS)
+    return WorkerRegistration(
+        worker_id=request.worker_id,
+        pod_uid=request.pod_uid,
+        address=request.advertised_address,
+        gpus=request.gpus,
+        visible_devices=tuple(request.visible_devices),
+        gpu_product=request.gpu_product,
+        agent_version=request.agent_version,
+    )
+
+
+def heartbeat(request: gateway_pb2.HeartbeatRequest) -> WorkerHeartbeat:
+    check_worker(request.pool_name, request.worker_id)
+    if not 0 <= request.running_tasks <= MAX_RUNNING_TASKS:
+        raise InvalidRequest(
+            "running_tasks", f"{request.running_tasks} is not between 0 and {MAX_RUNNING_TASKS}"
+        )
+    return WorkerHeartbeat(
+        worker_id=request.worker_id,
+        running_tasks=request.running_tasks,
+        idle_since=_instant("idle_since_unix_ms", request.idle_since_unix_ms),
+    )
+
+
+def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
+    check_worker(request.pool_name, request.worker_id)
+    if not request.HasField("status"):
+        raise InvalidRequest("status", "missing")
+    status = request.status
+    _match("status.task_id", status.task_id, _TASK_ID, "a task id")
+    state = _STATE_NAMES.get(status.state)
+    if state is None:
+        raise InvalidRequest("status.state", f"{status.state} is not a final or running state")
+    _check_size("status.result_json", status.result_json, MAX_RESULT_JSON_BYTES)
+    _check_size("status.reason", status.reason, MAX_REASON_BYTES)
+    _check_size("status.log_tail", status.log_tail, MAX_LOG_TAIL_BYTES)
+    _check_size("status.host", status.host, MAX_LABEL_CHARS)
+    if len(status.phases) > MAX_PHASES:
+        raise InvalidRequest("status.phases", f"{len(status.phases)} phases, at most {MAX_PHASES}")
+    return TaskReport(
+        pool_name=request.pool_name,
+        worker_id=request.worker_id,
+        task_id=status.task_id,
+        state=state,
+        exit_code=status.exit_code,
+        result_json=status.result_json,
+        reason=status.reason,
+        phases=tuple(_phase(f"status.phases[{i}]", p) for i, p in enumerate(status.phases)),
+        log_tail=status.log_tail,
+        host=status.host,
+    )
+
+
+def check_address(field: str, value: str) -> None:
+    """`ip:port` or `[ipv6]:port`. A host name is refused: the controlplane dials what the worker
+    advertises, and a node name does not resolve from outside the cluster."""
+    host, colon, port = value.rpartition(":")
+    if not colon or not host or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise InvalidRequest(field, f"{shown(value)} is not host:port with a port in 1-65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    try:
+        ip = ipaddress.ip_address(host[1:-1] if bracketed else host)
+    except ValueError:
+        raise InvalidRequest(
+            field,
+            f"{shown(value)}: the host is not an IP address; advertise the node's external IP,"
+            " never its name (dialing a name fails with `dial tcp: lookup <node>`)",
+        ) from None
+    if (ip.version == 6) != bracketed:
+        raise InvalidRequest(field, f"{shown(value)}: an IPv6 host goes in brackets, IPv4 not")
+    if ip.is_unspecified:
+        raise InvalidRequest(field, f"{shown(value)}: the unspecified address cannot be dialed")
+
+
+def _phase(field: str, phase: worker_pb2.Phase) -> TaskPhase:
+    if not 0 < len(phase.name) <= MAX_LABEL_CHARS:
+        raise InvalidRequest(f"{field}.name", f"must be 1 to {MAX_LABEL_CHARS} characters")
+    _check_size(f"{field}.error", phase.error, MAX_PHASE_ERROR_BYTES)
+    return TaskPhase(
+        name=phase.name,
+        at=_instant(f"{field}.at_unix_ms", phase.at_unix_ms),
+        error=phase.error,
+    )
+
+
+def _instant(field: str, unix_ms: int) -> datetime | None:
+    """0 means "not set" (proto3's default); negative or beyond year 9999 is a bug."""
+    if unix_ms == 0:
+        return None
+    if not 0 < unix_ms <= _MAX_UNIX_MS:
+        raise InvalidRequest(field, f"{unix_ms} is not milliseconds since the Unix epoch")
+    return datetime.fromtimestamp(unix_ms / 1000, tz=UTC)
+
+
+def _check_devices(devices: Sequence[int]) -> None:
+    if len(devices) > MAX_GPUS:
+        raise InvalidRequest("visible_devices", f"{len(devices)} devices, at most {MAX_GPUS}")
+    if len(set(devices)) != len(devices):
+        raise InvalidRequest("visible_devices", f"{list(devices)} repeats a device")
+    if any(not 0 <= d <= MAX_DEVICE_INDEX for d in devices):
+        raise InvalidRequest(
+            "visible_devices", f"{list(devices)}: indices are between 0 and {MAX_DEVICE_INDEX}"
+        )
+
+
+def _check_size(field: str, value: str, limit: int) -> None:
+    size = len(value.encode())
+    if size > limit:
+        raise InvalidRequest(field, f"{size} bytes, at most {limit}")
+
+
+def _match(field: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+    if not value:
+        raise InvalidRequest(field, "missing")
+    if not pattern.fullmatch(value):
+        raise InvalidRequest(field, f"{shown(value)} is not {what}")

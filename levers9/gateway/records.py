@@ -1,0 +1,90 @@
+"""The records the gateway feeds: signals to the worker's and the task's workflows.
+
+`WorkerRecords` is what the gRPC layer needs; `TemporalWorkerRecords` is the one the controlplane
+runs. Temporal's errors become two outcomes the agent acts on: the record is gone (stop, or drop
+the report) or Temporal cannot be reached now (retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Protocol
+
+from pydantic import BaseModel
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from levers9.gateway.reports import TaskReport
+from levers9.models import WorkerHeartbeat, WorkerRegistration, worker_workflow_id
+
+REGISTER_SIGNAL = "register"
+HEARTBEAT_SIGNAL = "heartbeat"
+REPORT_SIGNAL = "report"
+# The client retries an unavailable server for about ten seconds, each attempt under its own
+# timeout; this bounds the whole signal below the agent's call deadline, so the agent hears
+# UNAVAILABLE and retries rather than timing out blind.
+SIGNAL_DEADLINE = timedelta(seconds=5)
+
+
+def task_workflow_id(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+class RecordNotFound(Exception):
+    """No running workflow with this id: the record expired, ended or never existed."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"no running workflow {workflow_id}")
+        self.workflow_id = workflow_id
+
+
+class RecordsUnavailable(Exception):
+    """Temporal did not take the signal now; the same call may succeed later."""
+
+
+class WorkerRecords(Protocol):
+    async def register(self, pool_name: str, registration: WorkerRegistration) -> None: ...
+
+    async def heartbeat(self, pool_name: str, heartbeat: WorkerHeartbeat) -> None: ...
+
+    async def report(self, report: TaskReport) -> None: ...
+
+
+class TemporalWorkerRecords:
+    """Signals `worker:<pool>:<worker-id>` and `task:<task-id>` through a Temporal client."""
+
+    def __init__(self, client: Client, signal_deadline: timedelta = SIGNAL_DEADLINE) -> None:
+        self._client = client
+        self._signal_deadline = signal_deadline
+
+    async def register(self, pool_name: str, registration: WorkerRegistration) -> None:
+        workflow_id = worker_workflow_id(pool_name, registration.worker_id)
+        await self._signal(workflow_id, REGISTER_SIGNAL, registration)
+
+    async def heartbeat(self, pool_name: str, heartbeat: WorkerHeartbeat) -> None:
+        workflow_id = worker_workflow_id(pool_name, heartbeat.worker_id)
+        await self._signal(workflow_id, HEARTBEAT_SIGNAL, heartbeat)
+
+    async def report(self, report: TaskReport) -> None:
+        await self._signal(task_workflow_id(report.task_id), REPORT_SIGNAL, report)
+
+    async def _signal(self, workflow_id: str, signal: str, arg: BaseModel) -> None:
+        handle = self._client.get_workflow_handle(workflow_id)
+        try:
+            async with asyncio.timeout(self._signal_deadline.total_seconds()):
+                await handle.signal(signal, arg)
+        except TimeoutError:
+            # The signal may still land; every signal here is safe to repeat.
+            raise RecordsUnavailable(
+                f"Temporal did not take signal {signal} to {workflow_id}"
+                f" within {self._signal_deadline.total_seconds():g}s"
+            ) from None
+        except RPCError as exc:
+            # A completed workflow answers NOT_FOUND too: its record is over either way.
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise RecordNotFound(workflow_id) from None
+            raise RecordsUnavailable(
+                f"Temporal did not take signal {signal} to {workflow_id}:"
+                f" {exc.status.name} {exc.message}"
+            ) from exc

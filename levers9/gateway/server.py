@@ -1,0 +1,107 @@
+"""`Gateway`: the gRPC server workers dial, with the standard health service beside it.
+
+The controlplane process starts one (`worker_main.py`, `levers9 dev up`):
+
+    gateway = Gateway(TemporalWorkerRecords(client), secret)
+    port = await gateway.start(settings.gateway_listen)
+    try:
+        ...
+    finally:
+        await gateway.stop(grace=5)
+"""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pydantic import SecretStr
+
+from levers9.gateway.records import WorkerRecords
+from levers9.gateway.service import GatewayService
+from levers9.logs import get_logger
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+HEARTBEAT_SECONDS = 10
+# Far above any honest request (a task report is bounded at a few hundred KiB); a bigger one is
+# refused by gRPC with RESOURCE_EXHAUSTED before it is buffered whole.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Every worker holds one channel; this bounds what a flood of calls can make us hold at once.
+MAX_CONCURRENT_RPCS = 1000
+STOP_GRACE_S = 5.0
+
+log = get_logger(__name__)
+
+
+class GatewayError(Exception):
+    """The gateway cannot serve (e.g. its address is taken); the message says what to change."""
+
+
+class Gateway:
+    """The `levers9.v1.Gateway` service and health, on one address; start once, stop once."""
+
+    def __init__(
+        self,
+        records: WorkerRecords,
+        secret: SecretStr,
+        *,
+        heartbeat_seconds: int = HEARTBEAT_SECONDS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        if not secret.get_secret_value():
+            raise GatewayError(
+                "the worker token secret is empty: set workerTokenSecret or workerTokenSecretFile"
+            )
+        if heartbeat_seconds < 1:
+            raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
+        self._service = GatewayService(records, secret, heartbeat_seconds)
+        self._max_message_bytes = max_message_bytes
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+
+    async def start(self, listen: str) -> int:
+        """Serves on `listen` (`host:port`, port 0 for any); returns the bound port."""
+        if self._server is not None:
+            raise GatewayError("the gateway is already started")
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                # Without this a second controlplane on the same port would silently share it.
+                ("grpc.so_reuseport", 0),
+                # Agents may ping to keep NAT paths open; do not answer that with GOAWAY.
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+            ],
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        )
+        checker = health.aio.HealthServicer()
+        gateway_pb2_grpc.add_GatewayServicer_to_server(self._service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+        port = _bind(server, listen)
+        await server.start()
+        await checker.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._server, self._health = server, checker
+        log.info("gateway listening", address=listen, port=port)
+        return port
+
+    async def stop(self, grace: float | None = STOP_GRACE_S) -> None:
+        """Reports NOT_SERVING, lets calls in flight finish for `grace` seconds, then closes."""
+        server, checker = self._server, self._health
+        if server is None or checker is None:
+            return
+        await checker.enter_graceful_shutdown()
+        await server.stop(grace)
+        log.info("gateway stopped")
+
+
+def _bind(server: grpc.aio.Server, listen: str) -> int:
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise GatewayError(
+            f"the gateway cannot listen on {listen}: the address is taken or not local"
+            " (set gatewayListen / LEVERS9_GATEWAY_LISTEN)"
+        )
+    return port

@@ -1,0 +1,115 @@
+"""The `levers9.v1.Gateway` servicer: authenticate, validate, signal, answer in gRPC terms.
+
+Every call is checked in that order: a caller without this worker's token learns nothing about
+what a valid request looks like. What the agent gets back tells it what to do:
+
+| status | meaning | the agent |
+| - | - | - |
+| UNAUTHENTICATED | no token, or not this worker's | has a bug or is not ours |
+| INVALID_ARGUMENT | the field the message starts with | has a bug |
+| NOT_FOUND | its record expired or ended | stops (the controlplane starts a new worker) |
+| UNAVAILABLE | Temporal cannot be reached now | retries |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Never, TypeVar
+
+import grpc
+from pydantic import SecretStr
+
+from levers9.gateway import convert
+from levers9.gateway.auth import authenticate
+from levers9.gateway.errors import Rejection, clipped
+from levers9.gateway.records import RecordNotFound, RecordsUnavailable, WorkerRecords
+from levers9.logs import get_logger
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+UNKNOWN_WORKER = "unknown worker; its record expired"
+UNKNOWN_TASK = "unknown task; its record is gone"
+TEMPORAL_UNAVAILABLE = "the controlplane cannot record this now (Temporal unavailable); retry"
+
+log = get_logger(__name__)
+
+
+class GatewayService(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, records: WorkerRecords, secret: SecretStr, heartbeat_seconds: int) -> None:
+        self._records = records
+        self._secret = secret
+        self._heartbeat_seconds = heartbeat_seconds
+
+    async def Register(
+        self, request: gateway_pb2.RegisterRequest, context: Context
+    ) -> gateway_pb2.RegisterResponse:
+        async def register() -> gateway_pb2.RegisterResponse:
+            registration = convert.registration(request)
+            await self._records.register(request.pool_name, registration)
+            log.info(
+                "worker registered",
+                pool_name=request.pool_name,
+                worker_id=request.worker_id,
+                address=registration.address,
+            )
+            return gateway_pb2.RegisterResponse(heartbeat_seconds=self._heartbeat_seconds)
+
+        return await self._admit(context, "Register", request.worker_id, register)
+
+    async def Heartbeat(
+        self, request: gateway_pb2.HeartbeatRequest, context: Context
+    ) -> gateway_pb2.HeartbeatResponse:
+        async def beat() -> gateway_pb2.HeartbeatResponse:
+            await self._records.heartbeat(request.pool_name, convert.heartbeat(request))
+            return gateway_pb2.HeartbeatResponse()
+
+        return await self._admit(context, "Heartbeat", request.worker_id, beat)
+
+    async def ReportTask(
+        self, request: gateway_pb2.ReportTaskRequest, context: Context
+    ) -> gateway_pb2.ReportTaskResponse:
+        async def report() -> gateway_pb2.ReportTaskResponse:
+            task_report = convert.task_report(request)
+            await self._records.report(task_report)
+            log.info(
+                "task reported",
+                task_id=task_report.task_id,
+                state=task_report.state,
+                pool_name=request.pool_name,
+                worker_id=request.worker_id,
+            )
+            return gateway_pb2.ReportTaskResponse()
+
+        return await self._admit(context, "ReportTask", request.worker_id, report)
+
+    async def _admit(
+        self, context: Context, method: str, worker_id: str, serve: Callable[[], Awaitable[T]]
+    ) -> T:
+        try:
+            authenticate(self._secret, worker_id, context.invocation_metadata() or ())
+            return await serve()
+        except Rejection as exc:
+            await self._reject(context, method, worker_id, exc)
+        except RecordNotFound as exc:
+            gone = UNKNOWN_TASK if method == "ReportTask" else UNKNOWN_WORKER
+            message = f"{gone} ({exc.workflow_id})"
+            await self._reject(
+                context, method, worker_id, Rejection(grpc.StatusCode.NOT_FOUND, message)
+            )
+        except RecordsUnavailable as exc:
+            log.error(
+                "cannot record worker call", error=str(exc), method=method, worker_id=worker_id
+            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, TEMPORAL_UNAVAILABLE)
+
+    @staticmethod
+    async def _reject(context: Context, method: str, worker_id: str, rejection: Rejection) -> Never:
+        log.warning(
+            "rejected worker call",
+            reason=rejection.message,
+            worker_id=clipped(worker_id),
+            method=method,
+        )
+        await context.abort(rejection.code, rejection.message)

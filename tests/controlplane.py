@@ -1,0 +1,131 @@
+"""A controlplane against the sandbox, in-process: the sandbox cluster (HTTPS API + kubelets),
+the dev pool's values pointing at it, and a Temporal worker hosting the real workflows and
+activities on the dev server. What `levers9 dev up` runs as processes, here as parts a test
+holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import certifi
+from kubernetes import client as k8s
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.kube import KubeActivities, KubeObserver, job_selector
+from activities.kube_clients import KubeClients
+from activities.reconcile import ReconcileActivities
+from levers9 import devvalues
+from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.sandbox.scenario import Images, Scenario
+from levers9.sandbox.serve import RunningSandbox, start
+from workflows import WORKFLOWS
+
+POOL = devvalues.POOL_NAME
+TOKEN_SECRET = "test-token-secret-0123456789"
+
+
+def quick_scenario() -> Scenario:
+    """The default scenario with image pulls that take a moment, not seconds."""
+    base = Scenario.load()
+    images = Images(pull_seconds=0.2, present=base.images.present, process=base.images.process)
+    return base.model_copy(update={"images": images})
+
+
+@contextmanager
+def trusting(ca_pem: bytes, directory: Path) -> Iterator[None]:
+    """google-auth trusts the sandbox's token endpoint while the block runs."""
+    bundle = directory / "ca-bundle.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + ca_pem)
+    before = os.environ.get("REQUESTS_CA_BUNDLE")
+    os.environ["REQUESTS_CA_BUNDLE"] = str(bundle)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("REQUESTS_CA_BUNDLE", None)
+        else:
+            os.environ["REQUESTS_CA_BUNDLE"] = before
+
+
+@dataclass
+class Controlplane:
+    sandbox: RunningSandbox
+    pool: PoolConfig
+    clients: KubeClients
+    settings: ControlplaneSettings
+
+    def admin_api(self) -> k8s.ApiClient:
+        """The kubeconfig's admin identity (the person at the laptop), not the pool's key."""
+        configuration = k8s.Configuration()
+        configuration.host = self.sandbox.sandbox.url
+        configuration.ssl_ca_cert = str(self.sandbox.state.dir / "ca.crt")
+        configuration.api_key = {"authorization": f"Bearer {self.sandbox.sandbox.admin_token}"}
+        return k8s.ApiClient(configuration)
+
+    async def worker_jobs(self) -> list[dict[str, Any]]:
+        """Our worker Jobs, as the admin lists them (off the event loop: the sandbox is on it)."""
+        return await asyncio.to_thread(self._worker_jobs)
+
+    async def admin(self, call: Callable[[k8s.ApiClient], object]) -> None:
+        """Runs a synchronous client call as the admin, off the event loop the sandbox serves on."""
+        await asyncio.to_thread(call, self.admin_api())
+
+    def _worker_jobs(self) -> list[dict[str, Any]]:
+        batch = k8s.BatchV1Api(self.admin_api())
+        raw: Any = batch.list_namespaced_job(
+            "levers9", label_selector=job_selector(POOL), _preload_content=False
+        )
+        jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
+        return jobs
+
+    def worker(self, client: Client) -> Worker:
+        reconcile = ReconcileActivities(
+            KubeObserver(self.clients), client, self.settings.task_queue
+        )
+        kube = KubeActivities(self.clients, self.settings)
+        return Worker(
+            client,
+            task_queue=self.settings.task_queue,
+            workflows=WORKFLOWS,
+            activities=[reconcile.observe_pool, kube.create_worker_job, kube.delete_worker_job],
+        )
+
+
+@asynccontextmanager
+async def controlplane(
+    directory: Path, temporal_address: str, task_queue: str, scenario: Scenario | None = None
+) -> AsyncIterator[Controlplane]:
+    """The sandbox (default scenario) and the pool, clients and settings that reach it."""
+    key_file = directory / "gke-sa.json"
+    running = await start(
+        scenario or quick_scenario(), directory / "sandbox", controlplane_key=key_file
+    )
+    ca_pem = running.sandbox.ca.ca_pem
+    block = devvalues.pool_block(base64.b64encode(ca_pem).decode(), running.sandbox.url)
+    block["kubernetes"]["credentials"] = key_file.read_text()
+    pool = parse_pool(POOL, block)
+    settings = ControlplaneSettings.model_validate(
+        {
+            "temporalAddress": temporal_address,
+            "taskQueue": task_queue,
+            "reconcileIntervalSeconds": 1,
+            "workerTokenSecret": TOKEN_SECRET,
+        }
+    )
+    clients = KubeClients({POOL: pool})
+    try:
+        with trusting(ca_pem, directory):
+            yield Controlplane(running, pool, clients, settings)
+    finally:
+        clients.close()
+        await running.close()

@@ -1,0 +1,273 @@
+"""The gateway over real gRPC on 127.0.0.1 in front of the Temporal dev server: Register,
+Heartbeat and ReportTask arrive as signals with the right payloads; bad tokens and bad requests
+are refused before anything is signalled; a record that is gone is NOT_FOUND; oversized messages
+and garbage bytes do not take the server down; health answers; logs never hold a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import SecretStr
+
+from levers9.gateway.records import TemporalWorkerRecords, task_workflow_id
+from levers9.gateway.reports import TaskPhase, TaskReport
+from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
+from levers9.models import WorkerHeartbeat, WorkerRegistration
+from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
+from tests.gateway.conftest import LOOPBACK, Recorders, Serving
+
+pytestmark = pytest.mark.integration
+
+if TYPE_CHECKING:
+    from levers9.proto.gateway_pb2_grpc import GatewayAsyncStub as Stub
+
+
+async def _status(call: Awaitable[object]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+def _task_id() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+async def test_calls_arrive_as_signals(stub: Stub, agent: Agent, recorders: Recorders) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    task_id = _task_id()
+    task = await recorders.start(task_workflow_id(task_id))
+
+    response = await stub.Register(agent.register(), metadata=agent.metadata())
+    await stub.Heartbeat(agent.heartbeat(running_tasks=1), metadata=agent.metadata())
+    await stub.ReportTask(agent.report(task_id), metadata=agent.metadata())
+
+    assert response.heartbeat_seconds == 10
+    seen = await recorders.seen(worker, count=2)
+    assert seen.registrations == [
+        WorkerRegistration(
+            worker_id=agent.worker_id,
+            pod_uid="6b1f0a52-3c1e-4d8e-9a51-2f0c8e7d1a10",
+            address=NODE_IP_ADDRESS,
+            gpus=2,
+            visible_devices=(0, 1),
+            gpu_product="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            agent_version="0.1.0",
+        )
+    ]
+    assert seen.heartbeats == [
+        WorkerHeartbeat(
+            worker_id=agent.worker_id,
+            running_tasks=1,
+            idle_since=datetime(2026, 9, 10, 0, 26, 40, tzinfo=UTC),
+        )
+    ]
+    assert (await recorders.seen(task, count=1)).reports == [
+        TaskReport(
+            pool_name=agent.pool_name,
+            worker_id=agent.worker_id,
+            task_id=task_id,
+            state="succeeded",
+            result_json='{"cuda": true, "matmul_ok": true}',
+            phases=(
+                TaskPhase(name="container.start", at=datetime(2026, 9, 10, 0, 26, 41, tzinfo=UTC)),
+                TaskPhase(
+                    name="worker.gpu_assignment",
+                    at=datetime(2026, 9, 10, 0, 26, 41, 500_000, tzinfo=UTC),
+                ),
+            ),
+            log_tail="matmul ok\n",
+            host="runc",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        pytest.param(lambda agent, other: agent.metadata("l9w1.forged-marker-token"), id="forged"),
+        pytest.param(lambda agent, other: agent.metadata(other.token), id="other-workers"),
+        pytest.param(lambda agent, other: (), id="missing"),
+        pytest.param(
+            lambda agent, other: (("authorization", f"Basic {agent.token}"),), id="not-bearer"
+        ),
+    ],
+)
+async def test_bad_token_is_unauthenticated_and_nothing_is_signalled(
+    stub: Stub,
+    agent: Agent,
+    secret: SecretStr,
+    recorders: Recorders,
+    metadata: Callable[[Agent, Agent], Metadata],
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    task = await recorders.start(task_workflow_id(task_id := _task_id()))
+    other = Agent.new(secret)
+    bad = metadata(agent, other)
+
+    for call in (
+        stub.Register(agent.register(), metadata=bad),
+        stub.Heartbeat(agent.heartbeat(), metadata=bad),
+        stub.ReportTask(agent.report(task_id), metadata=bad),
+    ):
+        error = await _status(call)
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert agent.token not in (error.details() or "")
+        assert other.token not in (error.details() or "")
+
+    await stub.Heartbeat(agent.heartbeat(running_tasks=3), metadata=agent.metadata())
+    await stub.ReportTask(agent.report(task_id, reason="marker"), metadata=agent.metadata())
+    seen = await recorders.seen(worker, 1)
+    assert [h.running_tasks for h in seen.heartbeats] == [3]
+    assert seen.registrations == []
+    assert [r.reason for r in (await recorders.seen(task, 1)).reports] == ["marker"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"advertised_address": "gke-rtx6000-pool-4f2a-node-1:50051"}, "advertised_address"),
+        ({"advertised_address": "203.0.113.7"}, "advertised_address"),
+        ({"gpus": -1}, "gpus"),
+        ({"gpus": 65}, "gpus"),
+        ({"node_name": ""}, "node_name"),
+        ({"pool_name": ""}, "pool_name"),
+    ],
+)
+async def test_invalid_register_names_the_field_and_signals_nothing(
+    stub: Stub, agent: Agent, recorders: Recorders, fields: dict[str, object], field: str
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+
+    error = await _status(stub.Register(agent.register(**fields), metadata=agent.metadata()))
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.details() or "").startswith(f"{field}: ")
+    await stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata())
+    assert (await recorders.seen(worker, 1)).registrations == []
+
+
+async def test_node_name_says_to_advertise_the_external_ip(stub: Stub, agent: Agent) -> None:
+    request = agent.register(advertised_address="gke-rtx6000-pool-4f2a-node-1:50051")
+
+    error = await _status(stub.Register(request, metadata=agent.metadata()))
+
+    assert "external IP" in (error.details() or "")
+    assert "dial tcp: lookup" in (error.details() or "")
+
+
+async def test_unknown_worker_is_not_found(stub: Stub, agent: Agent) -> None:
+    for call in (
+        stub.Register(agent.register(), metadata=agent.metadata()),
+        stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata()),
+    ):
+        error = await _status(call)
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "unknown worker; its record expired" in (error.details() or "")
+
+
+async def test_ended_worker_record_is_not_found(
+    stub: Stub, agent: Agent, recorders: Recorders
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    await worker.terminate("record expired")
+
+    error = await _status(stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata()))
+
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_report_for_unknown_task_is_not_found(stub: Stub, agent: Agent) -> None:
+    error = await _status(stub.ReportTask(agent.report(_task_id()), metadata=agent.metadata()))
+
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "unknown task" in (error.details() or "")
+
+
+async def test_huge_message_is_refused_and_the_server_stays_up(
+    stub: Stub, agent: Agent, recorders: Recorders
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    huge = agent.register(agent_version="x" * (10 * 1024 * 1024))
+
+    error = await _status(stub.Register(huge, metadata=agent.metadata()))
+
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await stub.Register(agent.register(), metadata=agent.metadata())
+    assert len((await recorders.seen(worker, 1)).registrations) == 1
+
+
+async def test_garbage_bytes_do_not_take_the_server_down(
+    serving: Serving, agent: Agent, recorders: Recorders
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    reader, writer = await asyncio.open_connection("127.0.0.1", serving.port)
+    writer.write(b"GET / HTTP/1.1\r\n\r\n" + bytes(range(256)) * 64)
+    await writer.drain()
+    async with asyncio.timeout(5):
+        await reader.read()  # the server hangs up on a connection that is not HTTP/2
+    writer.close()
+
+    await serving.stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata())
+    assert len((await recorders.seen(worker, 1)).heartbeats) == 1
+
+
+@pytest.mark.parametrize("service", ["", SERVICE_NAME])
+async def test_health_is_serving(serving: Serving, service: str) -> None:
+    health = health_pb2_grpc.HealthStub(serving.channel)
+
+    response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+
+    assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_stop_reports_not_serving(records: TemporalWorkerRecords, secret: SecretStr) -> None:
+    gateway = Gateway(records, secret)
+    port = await gateway.start(LOOPBACK)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        )
+        statuses = watch.__aiter__()
+        assert (await anext(statuses)).status == health_pb2.HealthCheckResponse.SERVING
+        stopping = asyncio.create_task(gateway.stop(grace=2))
+        assert (await anext(statuses)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()
+        await stopping
+
+
+async def test_a_taken_port_is_an_error(
+    serving: Serving, records: TemporalWorkerRecords, secret: SecretStr
+) -> None:
+    taken = f"127.0.0.1:{serving.port}"
+    with pytest.raises(GatewayError, match=f"cannot listen on {taken}"):
+        await Gateway(records, secret).start(taken)
+
+
+async def test_logs_name_the_worker_never_a_token_or_the_secret(
+    log_stream: io.StringIO, stub: Stub, agent: Agent, secret: SecretStr, recorders: Recorders
+) -> None:
+    worker = await recorders.start(agent.workflow_id)
+    forged = "l9w1.forged-marker-token"
+
+    await stub.Register(agent.register(), metadata=agent.metadata())
+    await _status(stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata(forged)))
+    await recorders.seen(worker, 1)
+
+    text = log_stream.getvalue()
+    assert (
+        f"worker registered pool_name={agent.pool_name} worker_id={agent.worker_id}"
+        f" address={NODE_IP_ADDRESS}"
+    ) in text
+    assert "rejected worker call reason=" in text
+    assert f"worker_id={agent.worker_id}" in text.split("rejected worker call", 1)[1]
+    for hidden in (secret.get_secret_value(), agent.token, forged):
+        assert hidden not in text

@@ -1,0 +1,217 @@
+"""Reconcile end to end on the sandbox, as the spec's "Sharing nodes with other workloads" says:
+within two passes each GPU node has exactly one worker Job taking every free card (1, 2 and 2:
+the model server holds two of the 4-GPU node's cards), the CPU-only node is not a machine; the
+model server scaled to 0 shows its freed cards within a pass and no second worker is added while
+the first is pending; cordon makes a node not a machine, uncordon brings it back; a node added
+becomes a machine with a worker; a 403 stops reconcile with the actionable line and leaves the
+records alone, and the next pass repairs once cleared; two passes at once never add two workers.
+
+The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.testing import WorkflowEnvironment
+
+from levers9 import logs
+from levers9.capacity import GPU, NODE_LABEL
+from levers9.models import MachineRecord, ReconcilePoolInput
+from levers9.sandbox.scenario import NodeSpec
+from levers9.temporal import list_machine_records, sync_reconcile_schedules
+from tests.controlplane import POOL, Controlplane, controlplane
+from tests.waiting import eventually
+from workflows.reconcile_pool import ReconcilePoolWorkflow
+
+pytestmark = pytest.mark.integration
+
+NODE_1X = "gke-sandbox-gpu-1x-5d3a1f2b-x7k9"
+NODE_2X = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
+NODE_4X = "gke-sandbox-gpu-4x-2f7c9e1a-m5p2"
+CPU_NODE = "gke-sandbox-default-pool-9b1d4e7f-w2c6"
+WITHIN = 30
+
+
+@pytest.fixture(scope="module")
+async def cp(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Controlplane]:
+    directory: Path = tmp_path_factory.mktemp("reconcile")
+    task_queue = f"tq-{uuid.uuid4()}"
+    address = dev_env.client.service_client.config.target_host
+    async with controlplane(directory, address, task_queue) as plane, plane.worker(dev_env.client):
+        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
+        try:
+            yield plane
+        finally:
+            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+
+
+@pytest.fixture
+def log_lines() -> io.StringIO:
+    stream = io.StringIO()
+    logs.setup("INFO", stream)
+    return stream
+
+
+def _cards_by_node(jobs: list[dict[str, Any]]) -> dict[str, list[int]]:
+    cards: dict[str, list[int]] = {}
+    for job in jobs:
+        node = job["metadata"]["labels"][NODE_LABEL]
+        limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        cards.setdefault(node, []).append(int(limits[GPU]))
+    return cards
+
+
+async def _cordon(cp: Controlplane, node: str, patch: dict[str, Any]) -> None:
+    """`kubectl cordon|uncordon`, as the admin (the pool's key may not change nodes)."""
+    await cp.admin(lambda api: k8s.CoreV1Api(api).patch_node(node, patch))
+
+
+async def _records(cp: Controlplane) -> dict[str, MachineRecord]:
+    return {r.node_name: r for r in await list_machine_records(cp.settings, POOL)}
+
+
+async def test_one_worker_per_machine_taking_every_free_card(cp: Controlplane) -> None:
+    async def three_jobs() -> bool:
+        return len(await cp.worker_jobs()) == 3
+
+    await eventually(three_jobs, within=WITHIN)
+    assert _cards_by_node(await cp.worker_jobs()) == {NODE_1X: [1], NODE_2X: [2], NODE_4X: [2]}
+
+    async def three_records() -> bool:
+        return len(await _records(cp)) == 3
+
+    await eventually(three_records, within=WITHIN)
+    records = await _records(cp)
+    assert CPU_NODE not in records, "the CPU-only node does not match the pool's selector"
+    assert all(record.machine for record in records.values())
+    assert records[NODE_4X].total_gpus == 4
+
+
+async def test_scaled_down_neighbour_frees_cards_without_a_second_worker(
+    cp: Controlplane,
+) -> None:
+    await cp.admin(
+        lambda api: k8s.AppsV1Api(api).patch_namespaced_deployment_scale(
+            "model-server", "default", {"spec": {"replicas": 0}}
+        )
+    )
+
+    async def freed() -> bool:
+        record = (await _records(cp)).get(NODE_4X)
+        return record is not None and record.free_gpus == 2 and record.free_cpu_millis > 180_000
+
+    await eventually(freed, within=WITHIN)
+    await asyncio.sleep(3)  # a few more passes
+    assert _cards_by_node(await cp.worker_jobs())[NODE_4X] == [2], (
+        "the 2-card worker keeps its cards"
+    )
+
+
+async def test_cordon_and_uncordon(cp: Controlplane) -> None:
+    await _cordon(cp, NODE_2X, {"spec": {"unschedulable": True}})
+
+    async def cordoned() -> bool:
+        record = (await _records(cp)).get(NODE_2X)
+        return record is not None and record.status == "Cordoned" and not record.machine
+
+    await eventually(cordoned, within=WITHIN)
+    await _cordon(cp, NODE_2X, {"spec": {"unschedulable": False}})
+
+    async def healthy() -> bool:
+        record = (await _records(cp)).get(NODE_2X)
+        return record is not None and record.status == "Healthy"
+
+    await eventually(healthy, within=WITHIN)
+
+
+async def test_added_node_becomes_a_machine(cp: Controlplane) -> None:
+    base = cp.sandbox.cluster.node_specs()[0]
+    await cp.sandbox.cluster.add_node(
+        NodeSpec.model_validate(
+            {
+                **base.model_dump(),
+                "name": "gke-sandbox-gpu-extra-1",
+                "internal_ip": "127.0.11.1",
+                "external_ip": "127.0.21.1",
+                "gpus": {"count": 2},
+            }
+        )
+    )
+
+    async def worker_added() -> bool:
+        return _cards_by_node(await cp.worker_jobs()).get("gke-sandbox-gpu-extra-1") == [2]
+
+    await eventually(worker_added, within=WITHIN)
+
+
+async def test_403_stops_reconcile_with_the_fix_and_repairs(
+    cp: Controlplane, log_lines: io.StringIO
+) -> None:
+    before = await _records(cp)
+    cp.sandbox.sandbox.policy.update({"egressIp": "127.0.0.9"})
+    try:
+
+        async def reported() -> bool:
+            return "unable to reconcile cluster nodes pool_name=gke-rtx6000" in log_lines.getvalue()
+
+        await eventually(reported, within=WITHIN)
+        line = next(ln for ln in log_lines.getvalue().splitlines() if "unable to reconcile" in ln)
+        assert 'error="403 Forbidden' in line
+        assert "rerun deploy/gke/attach-gke-pool.sh" in line
+        # A change the controlplane cannot see while it gets 403s.
+        await _cordon(cp, NODE_1X, {"spec": {"unschedulable": True}})
+        await asyncio.sleep(2)
+        assert (await _records(cp))[NODE_1X].status == before[NODE_1X].status
+    finally:
+        cp.sandbox.sandbox.policy.update({"egressIp": "127.0.0.1"})
+
+    async def repaired() -> bool:
+        return (await _records(cp))[NODE_1X].status == "Cordoned"
+
+    await eventually(repaired, within=WITHIN)
+    await _cordon(cp, NODE_1X, {"spec": {"unschedulable": False}})
+
+
+async def test_two_passes_at_once_add_one_worker(
+    dev_env: WorkflowEnvironment, cp: Controlplane
+) -> None:
+    base = cp.sandbox.cluster.node_specs()[0]
+    await cp.sandbox.cluster.add_node(
+        NodeSpec.model_validate(
+            {
+                **base.model_dump(),
+                "name": "gke-sandbox-gpu-race-1",
+                "internal_ip": "127.0.11.2",
+                "external_ip": "127.0.21.2",
+                "gpus": {"count": 1},
+            }
+        )
+    )
+    await asyncio.gather(
+        *(
+            dev_env.client.execute_workflow(
+                ReconcilePoolWorkflow.run,
+                ReconcilePoolInput(pool_name=POOL),
+                id=f"reconcile:{POOL}-race-{i}-{uuid.uuid4()}",
+                task_queue=cp.settings.task_queue,
+            )
+            for i in range(2)
+        )
+    )
+
+    async def worker_added() -> bool:
+        return "gke-sandbox-gpu-race-1" in _cards_by_node(await cp.worker_jobs())
+
+    await eventually(worker_added, within=WITHIN)
+    await asyncio.sleep(2)
+    assert _cards_by_node(await cp.worker_jobs())["gke-sandbox-gpu-race-1"] == [1]

@@ -1,0 +1,183 @@
+"""MachineWorkflow (`machine:<pool>:<node>`): one node of the pool and its machine record.
+
+Told by each reconcile pass whose observation of the node changed (signal `observe`), it decides
+when to add a worker: the node is a machine, it has a free card, and no worker of ours is pending
+or running there, counting both what the observation saw (our Jobs) and the worker this machine
+started itself that an observation may not show yet. Signals are handled one at a time, so two
+passes at once can never add two workers. It lives while the node matches the pool's selector
+(so `levers9 machine list` can say NotReady, Cordoned or Full), and ends when the node is gone.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+with workflow.unsafe.imports_passed_through():
+    from levers9.capacity import NodeCapacity
+    from levers9.logs import KV_EXTRA
+    from levers9.models import (
+        GPU_TYPE,
+        MACHINE_WORKFLOW,
+        NODE_NAME,
+        POOL_NAME,
+        WORKER_STATE,
+        MachineInput,
+        MachineRecord,
+        WorkerInput,
+        worker_workflow_id,
+    )
+    from workflows.worker import WorkerWorkflow
+
+MAX_HISTORY_EVENTS = 2_000
+"""Continue-as-new past this, so a machine that lives for months keeps a short history."""
+WORKER_ID_CHARS = 8
+
+
+@workflow.defn(name=MACHINE_WORKFLOW)
+class MachineWorkflow:
+    def __init__(self) -> None:
+        self._observations: list[NodeCapacity] = []
+        self._gone = False
+        self._ended_workers: list[str] = []
+        self._capacity: NodeCapacity | None = None
+        self._worker_id: str | None = None
+        self._machine_id = ""
+        self._pool = ""
+
+    @workflow.signal
+    def observe(self, capacity: NodeCapacity) -> None:
+        self._observations.append(capacity)
+
+    @workflow.signal
+    def gone(self) -> None:
+        self._gone = True
+
+    @workflow.signal
+    def worker_ended(self, worker_id: str) -> None:
+        self._ended_workers.append(worker_id)
+
+    @workflow.query
+    def record(self) -> MachineRecord | None:
+        return self._record()
+
+    @workflow.run
+    async def run(self, input: MachineInput) -> None:
+        self._machine_id = input.machine_id or str(workflow.uuid4())
+        self._pool = input.pool_name
+        self._worker_id = input.worker_id
+        self._capacity = input.capacity
+        while True:
+            await workflow.wait_condition(
+                lambda: bool(self._observations or self._ended_workers) or self._gone
+            )
+            if self._gone:
+                workflow.logger.info(
+                    "machine gone",
+                    extra={KV_EXTRA: {"hostname": input.node_name, "pool_name": input.pool_name}},
+                )
+                return
+            for worker_id in self._ended_workers:
+                if worker_id == self._worker_id:
+                    self._worker_id = None
+            self._ended_workers.clear()
+            if self._observations:
+                self._capacity = self._observations[-1]
+                self._observations.clear()
+            await self._reconcile(input)
+            if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(
+                    MachineInput(
+                        pool_name=input.pool_name,
+                        node_name=input.node_name,
+                        machine_id=self._machine_id,
+                        worker_id=self._worker_id,
+                        capacity=self._capacity,
+                    )
+                )
+
+    async def _reconcile(self, input: MachineInput) -> None:
+        capacity = self._capacity
+        if capacity is None:
+            return
+        self._publish(input)
+        if not capacity.machine:
+            return
+        workflow.logger.info(
+            "using existing machine",
+            extra={KV_EXTRA: {"hostname": capacity.name, "machine_id": self._machine_id}},
+        )
+        if capacity.workers or self._worker_id is not None or capacity.free.gpus < 1:
+            return
+        await self._add_worker(input, capacity)
+
+    async def _add_worker(self, input: MachineInput, capacity: NodeCapacity) -> None:
+        worker_id = str(workflow.uuid4()).replace("-", "")[:WORKER_ID_CHARS]
+        gpus = capacity.free.gpus
+        await workflow.start_child_workflow(
+            WorkerWorkflow.run,
+            WorkerInput(
+                pool_name=input.pool_name,
+                node_name=input.node_name,
+                worker_id=worker_id,
+                machine_id=self._machine_id,
+                gpus=gpus,
+                gpu_type=capacity.gpu_type,
+                external_ip=capacity.external_ip,
+            ),
+            id=worker_workflow_id(input.pool_name, worker_id),
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            run_timeout=None,
+            task_timeout=timedelta(seconds=10),
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(POOL_NAME, input.pool_name),
+                    SearchAttributePair(NODE_NAME, input.node_name),
+                    SearchAttributePair(GPU_TYPE, capacity.gpu_type or ""),
+                    SearchAttributePair(WORKER_STATE, "pending"),
+                ]
+            ),
+        )
+        self._worker_id = worker_id
+        workflow.logger.info(
+            "added new worker to occupy existing machine",
+            extra={
+                KV_EXTRA: {
+                    "machine_id": self._machine_id,
+                    "worker_id": worker_id,
+                    "gpus": gpus,
+                    "pool_name": input.pool_name,
+                }
+            },
+        )
+        self._publish(input)
+
+    def _record(self) -> MachineRecord | None:
+        capacity = self._capacity
+        if capacity is None:
+            return None
+        workers = set(capacity.workers)
+        if self._worker_id is not None:
+            workers.add(self._worker_id)
+        return MachineRecord(
+            pool_name=self._pool,
+            node_name=capacity.name,
+            machine_id=self._machine_id,
+            status=str(capacity.status),
+            machine=capacity.machine,
+            gpu_type=capacity.gpu_type,
+            total_gpus=capacity.total_gpus,
+            free_gpus=capacity.free.gpus,
+            free_cpu_millis=capacity.free.cpu_millis,
+            free_memory_bytes=capacity.free.memory_bytes,
+            workers=tuple(sorted(workers)),
+            observed_at=workflow.now(),
+        )
+
+    def _publish(self, input: MachineInput) -> None:
+        record = self._record()
+        if record is not None:
+            workflow.upsert_memo({"record": record.model_dump(mode="json")})
