@@ -1,0 +1,126 @@
+"""The Kubernetes activities against the sandbox's real HTTPS API with the pool's GKE key:
+creating a worker Job twice makes one Job and one token Secret owned by it (409 is done);
+deleting twice is fine (404 is done); the observation lists in a constant number of calls;
+errors are typed by HTTP meaning: 401/403/404/422 permanent with the fix, 429/5xx retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.kube import KubeActivities, KubeObserver, kube_error
+from levers9.models import WorkerJobInput
+from levers9.tokens import token_matches
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
+
+pytestmark = pytest.mark.integration
+
+NODE_2X = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
+JOB = WorkerJobInput(
+    pool_name=POOL, worker_id="abcd1234", node_name=NODE_2X, gpus=2, external_ip="127.0.20.2"
+)
+
+
+@pytest.fixture(scope="module")
+async def cp(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Controlplane]:
+    directory: Path = tmp_path_factory.mktemp("kube")
+    async with controlplane(directory, "127.0.0.1:1", "unused") as plane:
+        yield plane
+
+
+def _secret(cp: Controlplane, name: str) -> dict[str, Any]:
+    raw: Any = k8s.CoreV1Api(cp.admin_api()).read_namespaced_secret(
+        name, "levers9", _preload_content=False
+    )
+    secret: dict[str, Any] = json.loads(raw.data)
+    return secret
+
+
+async def test_create_twice_is_one_job_and_one_owned_secret(cp: Controlplane) -> None:
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    assert await env.run(activities.create_worker_job, JOB) == "worker-gke-rtx6000-abcd1234"
+    assert await env.run(activities.create_worker_job, JOB) == "worker-gke-rtx6000-abcd1234"
+    jobs = await cp.worker_jobs()
+    assert [j["metadata"]["name"] for j in jobs] == ["worker-gke-rtx6000-abcd1234"]
+    env_vars = {e["name"]: e for e in jobs[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env_vars["LEVERS9_ADVERTISED_HOST"]["value"] == "127.0.20.2"
+    secret = await asyncio.to_thread(_secret, cp, "worker-gke-rtx6000-abcd1234-token")
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert owner["uid"] == jobs[0]["metadata"]["uid"]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert token_matches(TOKEN_SECRET, "abcd1234", token)
+    assert TOKEN_SECRET not in json.dumps(jobs)
+
+
+async def test_delete_twice(cp: Controlplane) -> None:
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    await env.run(activities.create_worker_job, JOB)
+    assert await env.run(activities.delete_worker_job, JOB) is True
+    assert await env.run(activities.delete_worker_job, JOB) is False
+    assert await cp.worker_jobs() == []
+
+
+async def test_observation_is_a_constant_number_of_lists(cp: Controlplane) -> None:
+    counter = cp.sandbox.sandbox.parts.counter
+    counter.reset()
+    nodes, calls = await asyncio.to_thread(KubeObserver(cp.clients).observe, POOL)
+    assert calls == 3
+    lists = [c for c in counter.describe()["counts"] if c["verb"] == "list"]
+    assert sum(c["count"] for c in lists) == 3
+    assert sorted(nodes) == [
+        "gke-sandbox-gpu-1x-5d3a1f2b-x7k9",
+        "gke-sandbox-gpu-2x-8e4b2c6d-q3n8",
+        "gke-sandbox-gpu-4x-2f7c9e1a-m5p2",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "permanent", "fix"),
+    [
+        (401, True, "rerun deploy/gke/attach-gke-pool.sh and deploy its key"),
+        (403, True, "rerun deploy/gke/attach-gke-pool.sh"),
+        (404, True, None),
+        (422, True, None),
+        (409, False, None),
+        (429, False, None),
+        (500, False, None),
+        (503, False, None),
+    ],
+)
+def test_errors_typed_by_http_meaning(status: int, permanent: bool, fix: str | None) -> None:
+    exc = k8s.ApiException(status=status, reason="Reason")
+    exc.body = json.dumps({"kind": "Status", "message": f"message {status}"})
+    mapped = kube_error(exc, "doing", POOL)
+    if not permanent:
+        assert mapped is exc, "retried by Temporal with backoff"
+        return
+    assert isinstance(mapped, ApplicationError)
+    assert mapped.non_retryable
+    assert mapped.message.startswith(f"doing: {status} Reason: message {status}")
+    if fix:
+        assert fix in mapped.message
+
+
+async def test_server_errors_are_retried_then_succeed(cp: Controlplane) -> None:
+    faults = cp.sandbox.sandbox.parts.faults
+    faults.add({"verb": "create", "resource": "jobs", "status": 500, "times": 1})
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    job = JOB.model_copy(update={"worker_id": "fault500"})
+    with pytest.raises(k8s.ApiException) as caught:
+        await env.run(activities.create_worker_job, job)
+    assert caught.value.status == 500
+    assert await env.run(activities.create_worker_job, job) == "worker-gke-rtx6000-fault500"
+    await env.run(activities.delete_worker_job, job)
