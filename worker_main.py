@@ -66,13 +66,18 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         deleted=sync.deleted,
     )
     clients = KubeClients(values.pools)
-    reconcile = ReconcileActivities(KubeObserver(clients), client, settings.task_queue)
+    reconcile = ReconcileActivities(KubeObserver(clients), client, settings)
     kube = KubeActivities(clients, settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=[reconcile.observe_pool, kube.create_worker_job, kube.delete_worker_job],
+        activities=[
+            reconcile.observe_pool,
+            kube.create_worker_job,
+            kube.delete_worker_job,
+            kube.describe_worker_pod,
+        ],
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
     secret = settings.token_secret()

@@ -19,11 +19,18 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube_clients import KubeClients, UnknownPool
 from levers9 import manifests
-from levers9.capacity import GKE_GPU_TOLERATION, MANAGED_BY, MANAGED_BY_US, POOL_LABEL, PoolView
+from levers9.capacity import (
+    GKE_GPU_TOLERATION,
+    MANAGED_BY,
+    MANAGED_BY_US,
+    POOL_LABEL,
+    WORKER_ID_LABEL,
+    PoolView,
+)
 from levers9.capacity import pool_capacity as compute_capacity
 from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
-from levers9.models import WorkerJobInput
+from levers9.models import PodState, WorkerJobInput
 from levers9.tokens import worker_token
 
 PAGE = 500
@@ -189,6 +196,69 @@ class KubeActivities:
                 return False
             raise
         return True
+
+    @activity.defn
+    async def describe_worker_pod(self, input: WorkerJobInput) -> PodState:
+        """The worker's Job and pod, as a pending worker's record follows them."""
+        return await self._call(input.pool_name, "describe worker pod", lambda: self._pod(input))
+
+    def _pod(self, input: WorkerJobInput) -> PodState:
+        pool = self._clients.pool(input.pool_name)
+        api = self._clients.api(input.pool_name)
+        namespace = pool.kubernetes.namespace
+        name = manifests.worker_job_name(input.pool_name, input.worker_id)
+        try:
+            raw: Any = k8s.BatchV1Api(api).read_namespaced_job(
+                name, namespace, _preload_content=False
+            )
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return PodState(exists=False, job_exists=False)
+            raise
+        job = json.loads(raw.data)
+        pods, _ = next(
+            _list_all(
+                k8s.CoreV1Api(api).list_namespaced_pod,
+                namespace=namespace,
+                label_selector=f"{WORKER_ID_LABEL}={input.worker_id}",
+            )
+        )
+        return pod_state(job, pods)
+
+
+def pod_state(job: dict[str, Any], pods: list[dict[str, Any]]) -> PodState:
+    """Condenses a Job and its pods into what the worker record needs."""
+    failed = any(
+        c.get("type") == "Failed" and c.get("status") == "True"
+        for c in job.get("status", {}).get("conditions") or ()
+    )
+    failure = next(
+        (
+            c.get("message") or c.get("reason")
+            for c in job.get("status", {}).get("conditions") or ()
+            if c.get("type") == "Failed"
+        ),
+        None,
+    )
+    if not pods:
+        return PodState(exists=False, job_failed=failed, message=failure)
+    status = pods[-1].get("status", {})
+    waiting = reason = None
+    for container in status.get("containerStatuses") or ():
+        state = container.get("state") or {}
+        if "waiting" in state:
+            waiting = state["waiting"].get("reason")
+            reason = state["waiting"].get("message")
+        elif "terminated" in state:
+            terminated = state["terminated"]
+            reason = terminated.get("message") or terminated.get("reason")
+    return PodState(
+        exists=True,
+        phase=status.get("phase"),
+        waiting_reason=waiting,
+        message=reason or failure,
+        job_failed=failed,
+    )
 
 
 def worker_spec(

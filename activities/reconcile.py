@@ -21,6 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube import KubeObserver, kube_error
 from activities.kube_clients import UnknownPool
 from levers9.capacity import NodeCapacity
+from levers9.config import ControlplaneSettings
 from levers9.logs import get_logger
 from levers9.models import (
     GPU_TYPE,
@@ -31,6 +32,7 @@ from levers9.models import (
     ObservePoolInput,
     ObservePoolResult,
     RunRef,
+    WorkerTimings,
     machine_workflow_id,
 )
 from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
@@ -44,10 +46,16 @@ log = get_logger("levers9.reconcile")
 class ReconcileActivities:
     """Observes a pool and tells its machines; Kubernetes and Temporal clients injected."""
 
-    def __init__(self, observer: KubeObserver, client: Client, task_queue: str) -> None:
+    def __init__(
+        self, observer: KubeObserver, client: Client, settings: ControlplaneSettings
+    ) -> None:
         self._observer = observer
         self._client = client
-        self._task_queue = task_queue
+        self._task_queue = settings.task_queue
+        self._timings = WorkerTimings(
+            idle_seconds=settings.worker_idle_minutes * 60,
+            record_ttl_seconds=settings.worker_record_ttl_minutes * 60,
+        )
 
     @activity.defn
     async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
@@ -105,7 +113,7 @@ class ReconcileActivities:
             async with limit:
                 await self._client.start_workflow(
                     MACHINE_WORKFLOW,
-                    MachineInput(pool_name=pool_name, node_name=node.name),
+                    MachineInput(pool_name=pool_name, node_name=node.name, timings=self._timings),
                     id=machine_workflow_id(pool_name, node.name),
                     task_queue=self._task_queue,
                     start_signal="observe",

@@ -144,7 +144,7 @@ async def measure(nodes: int, pods_per_node: int, temporal: Path) -> dict[str, A
             clients = KubeClients({POOL: pool})
             observer = TimedObserver(clients)
             observer.cpu_seconds = []
-            reconcile = ReconcileActivities(observer, env.client, settings.task_queue)
+            reconcile = ReconcileActivities(observer, env.client, settings)
             async with Worker(
                 env.client,
                 task_queue=settings.task_queue,

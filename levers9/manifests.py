@@ -79,6 +79,9 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         ("LEVERS9_POOL_NAME", spec.pool_name),
         ("LEVERS9_WORKER_ID", spec.worker_id),
         ("LEVERS9_TUNNEL", "true" if spec.tunnel else "false"),
+        # The downward API cannot expose an extended resource's limit; the agent checks the
+        # cards it finds in the kubelet checkpoint against this.
+        ("LEVERS9_GPUS", str(spec.gpus)),
         ("LEVERS9_IMAGES_PATH", spec.images_path),
         ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
     ]

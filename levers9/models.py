@@ -71,9 +71,18 @@ class ReconcilePoolResult(_Record):
     told: int
 
 
+class WorkerTimings(_Record):
+    """How long a worker may idle, and how long its record lives without a heartbeat."""
+
+    idle_seconds: float = 300.0
+    record_ttl_seconds: float = 600.0
+    pod_check_seconds: float = 10.0
+
+
 class MachineInput(_Record):
     pool_name: str
     node_name: str
+    timings: WorkerTimings = WorkerTimings()
     machine_id: str | None = None
     worker_id: str | None = None
     """A worker this machine started that may not be in an observation yet."""
@@ -97,6 +106,27 @@ class MachineRecord(_Record):
     observed_at: datetime
 
 
+class WorkerRegistration(_Record):
+    """Signal `register` to WorkerWorkflow: the agent is up (from the gateway's Register)."""
+
+    worker_id: str
+    pod_uid: str
+    address: str
+    """host:port of the agent's WorkerService: the node's external IP, never its name."""
+    gpus: int
+    visible_devices: tuple[int, ...]
+    gpu_product: str = ""
+    agent_version: str = ""
+
+
+class WorkerHeartbeat(_Record):
+    """Signal `heartbeat` to WorkerWorkflow (from the gateway's Heartbeat)."""
+
+    worker_id: str
+    running_tasks: int
+    idle_since: datetime | None = None
+
+
 class WorkerInput(_Record):
     pool_name: str
     node_name: str
@@ -105,9 +135,14 @@ class WorkerInput(_Record):
     gpus: int
     gpu_type: str | None = None
     external_ip: str | None = None
+    timings: WorkerTimings = WorkerTimings()
+    resume: WorkerRegistration | None = None
+    """Set when the record continues as new while available."""
 
 
 class WorkerRecord(_Record):
+    """The worker record: `levers9 worker list` (the workflow's memo) and its query."""
+
     pool_name: str
     node_name: str
     worker_id: str
@@ -116,6 +151,24 @@ class WorkerRecord(_Record):
     state: str
     created_at: datetime
     reason: str | None = None
+    condition: str | None = None
+    """What holds a pending worker back, e.g. ImagePullBackOff, with the fix."""
+    address: str | None = None
+    visible_devices: tuple[int, ...] = ()
+    last_heartbeat: datetime | None = None
+    idle_since: datetime | None = None
+    running_tasks: int = 0
+
+
+class PodState(_Record):
+    """What the worker's pod says while the worker is pending (`describe_worker_pod`)."""
+
+    exists: bool
+    phase: str | None = None
+    waiting_reason: str | None = None
+    message: str | None = None
+    job_failed: bool = False
+    job_exists: bool = True
 
 
 class WorkerJobInput(_Record):
@@ -143,24 +196,3 @@ def machine_workflow_id(pool_name: str, node_name: str) -> str:
 
 def worker_workflow_id(pool_name: str, worker_id: str) -> str:
     return f"worker:{pool_name}:{worker_id}"
-
-
-class WorkerRegistration(_Record):
-    """Signal `register` to WorkerWorkflow: the agent is up (from the gateway's Register)."""
-
-    worker_id: str
-    pod_uid: str
-    address: str
-    """host:port of the agent's WorkerService: the node's external IP, never its name."""
-    gpus: int
-    visible_devices: tuple[int, ...]
-    gpu_product: str = ""
-    agent_version: str = ""
-
-
-class WorkerHeartbeat(_Record):
-    """Signal `heartbeat` to WorkerWorkflow (from the gateway's Heartbeat)."""
-
-    worker_id: str
-    running_tasks: int
-    idle_since: datetime | None = None

@@ -40,8 +40,10 @@ from levers9.models import (
     POOL_NAME,
     RECONCILE_POOL_WORKFLOW,
     SEARCH_ATTRIBUTES,
+    WORKER_WORKFLOW,
     MachineRecord,
     ReconcilePoolInput,
+    WorkerRecord,
     reconcile_schedule_id,
 )
 
@@ -269,3 +271,21 @@ async def list_machine_records(
         if "record" in memo:
             records.append(MachineRecord.model_validate(memo["record"]))
     return sorted(records, key=lambda r: (r.pool_name, r.node_name))
+
+
+async def list_worker_records(
+    settings: ControlplaneSettings, pool_name: str | None, include_ended: bool
+) -> list[WorkerRecord]:
+    """The worker records (WorkerWorkflows' memos), from one visibility list."""
+    client = await connect(settings)
+    query = f"WorkflowType='{WORKER_WORKFLOW}'"
+    if not include_ended:
+        query += " AND ExecutionStatus='Running'"
+    if pool_name:
+        query += f" AND PoolName='{pool_name}'"
+    records = []
+    async for listed in client.list_workflows(query):
+        memo = await listed.memo()
+        if "record" in memo:
+            records.append(WorkerRecord.model_validate(memo["record"]))
+    return sorted(records, key=lambda r: (r.pool_name, r.node_name, r.created_at))

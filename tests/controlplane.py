@@ -18,6 +18,7 @@ from typing import Any
 
 import certifi
 from kubernetes import client as k8s
+from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -26,8 +27,11 @@ from activities.kube_clients import KubeClients
 from activities.reconcile import ReconcileActivities
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.gateway.records import TemporalWorkerRecords
+from levers9.gateway.server import Gateway
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
+from tests.factories import free_port
 from workflows import WORKFLOWS
 
 POOL = devvalues.POOL_NAME
@@ -88,17 +92,29 @@ class Controlplane:
         jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
         return jobs
 
-    def worker(self, client: Client) -> Worker:
-        reconcile = ReconcileActivities(
-            KubeObserver(self.clients), client, self.settings.task_queue
-        )
+    @asynccontextmanager
+    async def worker(self, client: Client) -> AsyncIterator[Worker]:
+        """The Temporal worker and the gateway, as worker_main runs them."""
+        reconcile = ReconcileActivities(KubeObserver(self.clients), client, self.settings)
         kube = KubeActivities(self.clients, self.settings)
-        return Worker(
+        worker = Worker(
             client,
             task_queue=self.settings.task_queue,
             workflows=WORKFLOWS,
-            activities=[reconcile.observe_pool, kube.create_worker_job, kube.delete_worker_job],
+            activities=[
+                reconcile.observe_pool,
+                kube.create_worker_job,
+                kube.delete_worker_job,
+                kube.describe_worker_pod,
+            ],
         )
+        gateway = Gateway(TemporalWorkerRecords(client), SecretStr(TOKEN_SECRET))
+        await gateway.start(self.settings.gateway_listen)
+        try:
+            async with worker:
+                yield worker
+        finally:
+            await gateway.stop(grace=1)
 
 
 @asynccontextmanager
@@ -114,12 +130,15 @@ async def controlplane(
     block = devvalues.pool_block(base64.b64encode(ca_pem).decode(), running.sandbox.url)
     block["kubernetes"]["credentials"] = key_file.read_text()
     pool = parse_pool(POOL, block)
+    gateway_port = free_port()
     settings = ControlplaneSettings.model_validate(
         {
             "temporalAddress": temporal_address,
             "taskQueue": task_queue,
             "reconcileIntervalSeconds": 1,
             "workerTokenSecret": TOKEN_SECRET,
+            "gatewayListen": f"127.0.0.1:{gateway_port}",
+            "gatewayAdvertisedAddress": f"127.0.0.1:{gateway_port}",
         }
     )
     clients = KubeClients({POOL: pool})

@@ -93,6 +93,7 @@ class MachineWorkflow:
                     MachineInput(
                         pool_name=input.pool_name,
                         node_name=input.node_name,
+                        timings=input.timings,
                         machine_id=self._machine_id,
                         worker_id=self._worker_id,
                         capacity=self._capacity,
@@ -127,6 +128,7 @@ class MachineWorkflow:
                 gpus=gpus,
                 gpu_type=capacity.gpu_type,
                 external_ip=capacity.external_ip,
+                timings=input.timings,
             ),
             id=worker_workflow_id(input.pool_name, worker_id),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,

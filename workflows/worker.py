@@ -1,14 +1,20 @@
 """WorkerWorkflow (`worker:<pool>:<worker-id>`): one worker Job and the worker record.
 
-This issue's part of the lifecycle: create the Job (namespace, Job, token Secret, all
-idempotent) and hold the record in state `pending`. A Job that cannot be created ends the record
-as `failed` and tells the machine, which may then add another worker.
+    creating -> pending -> available -> stopped (idle wind-down, or stopped by the controlplane)
+                   |            '-----> expired (no heartbeat for the record TTL)
+                   '-> failed (the Job failed) / expired (never registered within the TTL)
+
+While pending it follows the pod (ImagePullBackOff becomes a condition on the record with the
+spec's fix). Registration (signal `register`, from the gateway) makes it available; heartbeats
+keep it; an idle worker past the pool's idle minutes is wound down (Job deleted); a silent one
+expires and its Job is deleted if still there. Whenever the record ends, the machine is told,
+so its next reconcile can add a fresh worker.
 """
 
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -16,13 +22,17 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import KubeActivities
+    from levers9.logs import KV_EXTRA
     from levers9.manifests import worker_job_name
     from levers9.models import (
         WORKER_STATE,
         WORKER_WORKFLOW,
+        PodState,
+        WorkerHeartbeat,
         WorkerInput,
         WorkerJobInput,
         WorkerRecord,
+        WorkerRegistration,
         machine_workflow_id,
     )
 
@@ -33,6 +43,13 @@ KUBE_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=20,
 )
+IMAGE_PULL_FIX = (
+    "image not in the project's registry: rerun deploy/gke/attach-gke-pool.sh (it copies latest)"
+)
+PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
+MAX_HISTORY_EVENTS = 5_000
+PUBLISH = timedelta(minutes=1)
+"""How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
 
 @workflow.defn(name=WORKER_WORKFLOW)
@@ -40,6 +57,11 @@ class WorkerWorkflow:
     def __init__(self) -> None:
         self._record: WorkerRecord | None = None
         self._stop = False
+        self._registration: WorkerRegistration | None = None
+        self._beat: WorkerHeartbeat | None = None
+        self._beat_at: datetime | None = None
+        self._beats = 0
+        self._published_state: str | None = None
 
     @workflow.query
     def record(self) -> WorkerRecord | None:
@@ -49,9 +71,20 @@ class WorkerWorkflow:
     def stop(self) -> None:
         self._stop = True
 
+    @workflow.signal
+    def register(self, registration: WorkerRegistration) -> None:
+        self._registration = registration
+        self._beat_at = workflow.now()
+        self._beats += 1
+
+    @workflow.signal
+    def heartbeat(self, beat: WorkerHeartbeat) -> None:
+        self._beat = beat
+        self._beat_at = workflow.now()
+        self._beats += 1
+
     @workflow.run
     async def run(self, input: WorkerInput) -> WorkerRecord:
-        self._set(input, "creating")
         job = WorkerJobInput(
             pool_name=input.pool_name,
             worker_id=input.worker_id,
@@ -59,6 +92,11 @@ class WorkerWorkflow:
             gpus=input.gpus,
             external_ip=input.external_ip,
         )
+        if input.resume is not None:  # continued as new while available
+            self._registration = input.resume
+            self._beat_at = workflow.now()
+            return await self._serve(input, job)
+        self._set(input, "creating")
         try:
             await workflow.execute_activity_method(
                 KubeActivities.create_worker_job,
@@ -67,19 +105,122 @@ class WorkerWorkflow:
                 retry_policy=KUBE_RETRY,
             )
         except ActivityError as exc:
-            reason = str(exc.cause) if isinstance(exc.cause, ApplicationError) else str(exc)
-            return await self._end(input, "failed", reason)
+            return await self._end(input, "failed", _reason(exc), None)
         self._set(input, "pending")
-        await workflow.wait_condition(lambda: self._stop)
-        await workflow.execute_activity_method(
-            KubeActivities.delete_worker_job,
-            job,
-            start_to_close_timeout=KUBE_TIMEOUT,
-            retry_policy=KUBE_RETRY,
-        )
-        return await self._end(input, "stopped", "stopped by the controlplane")
+        ended = await self._follow_pending(input, job)
+        if ended is not None:
+            return ended
+        return await self._serve(input, job)
 
-    def _set(self, input: WorkerInput, state: str, reason: str | None = None) -> None:
+    async def _follow_pending(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord | None:
+        """Until registration: the pod's conditions on the record, or the record's end."""
+        timings = input.timings
+        deadline = workflow.now() + timedelta(seconds=timings.record_ttl_seconds)
+        while self._registration is None:
+            if self._stop:
+                return await self._end(input, "stopped", "stopped by the controlplane", job)
+            if workflow.now() >= deadline:
+                return await self._end(
+                    input, "expired", "never registered within the record TTL", job
+                )
+            pod: PodState = await workflow.execute_activity_method(
+                KubeActivities.describe_worker_pod,
+                job,
+                start_to_close_timeout=KUBE_TIMEOUT,
+                retry_policy=KUBE_RETRY,
+            )
+            if not pod.job_exists:
+                return await self._end(input, "expired", "its Job was deleted", None)
+            if pod.job_failed or pod.phase == "Failed":
+                return await self._end(input, "failed", pod.message or "the worker pod failed", job)
+            self._pending_condition(input, pod)
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._registration is not None or self._stop,
+                    timeout=timedelta(seconds=timings.pod_check_seconds),
+                )
+        return None
+
+    def _pending_condition(self, input: WorkerInput, pod: PodState) -> None:
+        condition = None
+        if pod.waiting_reason in PULL_FAILURES:
+            condition = f"{pod.waiting_reason}: {IMAGE_PULL_FIX}"
+        elif pod.waiting_reason:
+            condition = pod.waiting_reason + (f": {pod.message}" if pod.message else "")
+        current = self._record.condition if self._record else None
+        if condition != current:
+            if condition and pod.waiting_reason in PULL_FAILURES:
+                workflow.logger.warning(
+                    "worker image cannot be pulled",
+                    extra={
+                        KV_EXTRA: {
+                            "worker_id": input.worker_id,
+                            "pool_name": input.pool_name,
+                            "reason": pod.waiting_reason,
+                            "fix": IMAGE_PULL_FIX,
+                        }
+                    },
+                )
+            self._set(input, "pending", condition=condition)
+
+    async def _serve(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
+        """Available: heartbeats keep it; idle past the pool's minutes winds it down."""
+        timings = input.timings
+        ttl = timedelta(seconds=timings.record_ttl_seconds)
+        idle = timedelta(seconds=timings.idle_seconds)
+        self._set(input, "available")
+        workflow.logger.info(
+            "worker available",
+            extra={
+                KV_EXTRA: {
+                    "worker_id": input.worker_id,
+                    "address": self._registration.address if self._registration else None,
+                    "pool_name": input.pool_name,
+                }
+            },
+        )
+        while True:
+            seen = self._beats
+            wake = ttl
+            idle_since = self._idle_since()
+            if idle_since is not None:
+                wake = min(wake, max(idle_since + idle - workflow.now(), timedelta(0)))
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda seen=seen: self._beats != seen or self._stop,  # type: ignore[misc]
+                    timeout=wake,
+                )
+            if self._stop:
+                return await self._end(input, "stopped", "stopped by the controlplane", job)
+            now = workflow.now()
+            if self._beat_at is not None and now - self._beat_at >= ttl:
+                return await self._end(input, "expired", "no heartbeat within the record TTL", job)
+            idle_since = self._idle_since()
+            if idle_since is not None and now - idle_since >= idle:
+                return await self._end(input, "stopped", "idle wind-down", job)
+            published = self._record.last_heartbeat if self._record else None
+            if self._beat_at and (published is None or self._beat_at - published >= PUBLISH):
+                self._set(input, "available")  # the memo's heartbeat, at most once a minute
+            if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
+
+    def _idle_since(self) -> datetime | None:
+        if self._beat is not None:
+            if self._beat.running_tasks:
+                return None
+            return self._beat.idle_since or self._beat_at
+        return self._beat_at  # registered, no task yet
+
+    def _set(
+        self,
+        input: WorkerInput,
+        state: str,
+        reason: str | None = None,
+        condition: str | None = None,
+    ) -> None:
+        registration = self._registration
+        beat = self._beat
         self._record = WorkerRecord(
             pool_name=input.pool_name,
             node_name=input.node_name,
@@ -89,12 +230,43 @@ class WorkerWorkflow:
             state=state,
             created_at=self._record.created_at if self._record else workflow.now(),
             reason=reason,
+            condition=condition,
+            address=registration.address if registration else None,
+            visible_devices=registration.visible_devices if registration else (),
+            last_heartbeat=self._beat_at,
+            idle_since=self._idle_since() if registration else None,
+            running_tasks=beat.running_tasks if beat else 0,
         )
-        workflow.upsert_search_attributes([WORKER_STATE.value_set(state)])
+        # The controlplane starts every record with WorkerState set; one started without it
+        # (a namespace without the attribute, the time-skipping test server) keeps the memo only.
+        started_with_state = workflow.info().typed_search_attributes.get(WORKER_STATE) is not None
+        if state != self._published_state and started_with_state:
+            workflow.upsert_search_attributes([WORKER_STATE.value_set(state)])
+            self._published_state = state
         workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
 
-    async def _end(self, input: WorkerInput, state: str, reason: str) -> WorkerRecord:
+    async def _end(
+        self, input: WorkerInput, state: str, reason: str, job: WorkerJobInput | None
+    ) -> WorkerRecord:
+        if job is not None:
+            await workflow.execute_activity_method(
+                KubeActivities.delete_worker_job,
+                job,
+                start_to_close_timeout=KUBE_TIMEOUT,
+                retry_policy=KUBE_RETRY,
+            )
         self._set(input, state, reason)
+        workflow.logger.info(
+            "worker record ended",
+            extra={
+                KV_EXTRA: {
+                    "worker_id": input.worker_id,
+                    "state": state,
+                    "reason": reason,
+                    "pool_name": input.pool_name,
+                }
+            },
+        )
         machine = workflow.get_external_workflow_handle(
             machine_workflow_id(input.pool_name, input.node_name)
         )
@@ -103,3 +275,7 @@ class WorkerWorkflow:
             await machine.signal("worker_ended", input.worker_id)
         assert self._record is not None
         return self._record
+
+
+def _reason(exc: ActivityError) -> str:
+    return exc.cause.message if isinstance(exc.cause, ApplicationError) else str(exc)

@@ -3,8 +3,10 @@ within two passes each GPU node has exactly one worker Job taking every free car
 the model server holds two of the 4-GPU node's cards), the CPU-only node is not a machine; the
 model server scaled to 0 shows its freed cards within a pass and no second worker is added while
 the first is pending; cordon makes a node not a machine, uncordon brings it back; a node added
-becomes a machine with a worker; a 403 stops reconcile with the actionable line and leaves the
-records alone, and the next pass repairs once cleared; two passes at once never add two workers.
+becomes a machine with a worker; workers go pending -> available as their agents register
+through the gateway (with the cards the kubelet assigned and the node's external IP); a 403
+stops reconcile with the actionable line and leaves the records alone, and the next pass
+repairs once cleared; two passes at once never add two workers.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -26,7 +28,11 @@ from levers9 import logs
 from levers9.capacity import GPU, NODE_LABEL
 from levers9.models import MachineRecord, ReconcilePoolInput
 from levers9.sandbox.scenario import NodeSpec
-from levers9.temporal import list_machine_records, sync_reconcile_schedules
+from levers9.temporal import (
+    list_machine_records,
+    list_worker_records,
+    sync_reconcile_schedules,
+)
 from tests.controlplane import POOL, Controlplane, controlplane
 from tests.waiting import eventually
 from workflows.reconcile_pool import ReconcilePoolWorkflow
@@ -95,6 +101,26 @@ async def test_one_worker_per_machine_taking_every_free_card(cp: Controlplane) -
     assert CPU_NODE not in records, "the CPU-only node does not match the pool's selector"
     assert all(record.machine for record in records.values())
     assert records[NODE_4X].total_gpus == 4
+
+
+async def test_workers_go_pending_to_available(
+    dev_env: WorkflowEnvironment, cp: Controlplane
+) -> None:
+    async def three_available() -> bool:
+        records = await list_worker_records(cp.settings, POOL, include_ended=False)
+        return [r.state for r in records] == ["available"] * 3
+
+    await eventually(three_available, within=WITHIN)
+    records = await list_worker_records(cp.settings, POOL, include_ended=False)
+    by_node = {r.node_name: r for r in records}
+    assert by_node[NODE_4X].visible_devices == (2, 3), "the model server holds cards 0 and 1"
+    assert (by_node[NODE_2X].address or "").startswith("127.0.20.2:"), "the node's external IP"
+    query = f"WorkflowType='WorkerWorkflow' AND PoolName='{POOL}' AND WorkerState='available'"
+
+    async def searchable() -> bool:
+        return len([w async for w in dev_env.client.list_workflows(query)]) == 3
+
+    await eventually(searchable, within=WITHIN)
 
 
 async def test_scaled_down_neighbour_frees_cards_without_a_second_worker(

@@ -176,7 +176,11 @@ async def test_schedule_fires_reconcile_passes(
 async def test_reconcile_of_unloaded_pool_fails_with_the_fix(
     client: Client, task_queue: str
 ) -> None:
-    reconcile = ReconcileActivities(KubeObserver(KubeClients({})), client, task_queue)
+    reconcile = ReconcileActivities(
+        KubeObserver(KubeClients({})),
+        client,
+        ControlplaneSettings.model_validate({"taskQueue": task_queue}),
+    )
     async with Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=[reconcile.observe_pool]
     ):

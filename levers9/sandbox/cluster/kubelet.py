@@ -56,6 +56,7 @@ from levers9.sandbox.store import StoredEvent, rfc3339
 if TYPE_CHECKING:
     from levers9.sandbox.registry import Registry
 
+DRIVER_DIRS = ("usr/local/nvidia/lib64", "usr/local/nvidia/bin")
 log = get_logger("levers9.sandbox.kubelet")
 
 LEASE_NAMESPACE = "kube-node-lease"
@@ -168,6 +169,10 @@ class Kubelet:
             self.devices.path.parent.mkdir(parents=True, exist_ok=True)
             if self.devices.registered():
                 self.devices.write()
+                # GKE's driver installer puts the NVIDIA driver under /usr/local/nvidia on GPU
+                # nodes; here the directories exist and hold no driver (there is no GPU).
+                for driver_dir in DRIVER_DIRS:
+                    (self.root / driver_dir).mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(errors.ApiError):
                 self._post_status()  # admission reads the node's labels
             async with asyncio.TaskGroup() as group:

@@ -1,0 +1,15 @@
+"""The levers9 worker agent: the `levers9-worker` command of the worker Job.
+
+It runs on one GPU node (privileged, usually on the host network), takes the cards the kubelet
+gave its pod, serves `WorkerService` to the controlplane and dials the gateway to register,
+heartbeat and report tasks. Modules, one responsibility each:
+
+- `settings`: the environment contract (what the worker Job sets);
+- `paths`: node paths → where they really are (itself on a node; mapped in the sandbox);
+- `driver`: registers the host driver libraries with the loader;
+- `smi`: the few `nvidia-smi` queries the agent needs;
+- `checkpoint`: the kubelet's device-plugin checkpoint; `devices`: this worker's cards;
+- `output`: a task's captured output; `runtime` (+ `process_runtime`): what runs a task;
+- `tasks`: task records, card assignment, phases; `auth`, `service`, `server`: WorkerService;
+- `backoff`, `gateway`: the gateway client; `agent`: the wiring; `main`: the command.
+"""

@@ -1,0 +1,146 @@
+"""The agent: discovery at start, then WorkerService and the gateway until told to stop.
+
+At start, in this order (each a line in the worker's log): the host driver is registered with
+the loader, the pod's cards are resolved from the kubelet checkpoint, WorkerService starts on
+the advertised host, and the worker registers with the gateway. Anything that stops discovery
+(no checkpoint entry for this pod, UUIDs without nvidia-smi) is raised as `StartupError`, so
+the Job fails visibly instead of serving with the wrong cards. On stop (SIGTERM from the
+kubelet), running tasks are killed and reported LOST, within the pod's termination grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import grpc
+
+from levers9.logs import get_logger
+from levers9.worker.devices import DeviceError, resolve_visible_devices
+from levers9.worker.driver import register_driver_libraries
+from levers9.worker.gateway import GatewayClient, Registration, gateway_channel
+from levers9.worker.paths import HostPaths
+from levers9.worker.process_runtime import ProcessRuntime
+from levers9.worker.server import ServeError, WorkerServer
+from levers9.worker.service import WorkerService
+from levers9.worker.settings import SettingsError, WorkerSettings
+from levers9.worker.smi import NvidiaSmi, NvidiaSmiError
+from levers9.worker.tasks import TaskManager
+
+log = get_logger("levers9.worker")
+
+DISTRIBUTION = "levers9-pools"
+# The pod gets 30 s between SIGTERM and SIGKILL: tasks get 10 to stop, reports 10 to land.
+TASK_STOP_GRACE_S = 10.0
+REPORT_DRAIN_S = 10.0
+SERVER_STOP_GRACE_S = 2.0
+
+StartupError = (SettingsError, DeviceError, ServeError)
+"""What stops the worker before it serves; the message says why."""
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        paths: HostPaths,
+        env: Mapping[str, str],
+        *,
+        gateway_credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self._settings = settings
+        self._paths = paths
+        self._env = env
+        self._credentials = gateway_credentials
+        self.gateway: GatewayClient | None = None
+        self.server: WorkerServer | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serves until `stop` is set; raises a `StartupError` when the worker cannot start."""
+        settings = self._settings
+        host = settings.address_to_advertise()
+        if settings.tunnel:
+            log.warning("the tunnel is not served by this agent; the controlplane must dial it")
+        # ldconfig blocks for a moment; the loop may already serve others (tests, sandbox).
+        driver = await asyncio.to_thread(register_driver_libraries, self._paths)
+        smi = NvidiaSmi.find(driver.bin_dirs)
+        visible = await resolve_visible_devices(self._paths, settings.pod_uid, settings.gpus, smi)
+        log.info(
+            "resolved NVIDIA_VISIBLE_DEVICES for GPU filtering",
+            resolved_visible_devices=",".join(str(i) for i in visible),
+        )
+        product = await self._gpu_product(smi, visible)
+        with contextlib.ExitStack() as cleanup:
+            work_dir = self._work_dir(cleanup)
+            channel = gateway_channel(settings.gateway_address, self._credentials)
+            token = settings.worker_token.get_secret_value()
+            gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
+            tasks = TaskManager(
+                ProcessRuntime(driver, self._env), visible, work_dir, gateway.report
+            )
+            server = await WorkerServer.start(
+                WorkerService(tasks), token, host, settings.worker_port
+            )
+            self.gateway, self.server = gateway, server
+            log.info("serving WorkerService", address=server.advertised_address)
+            registration = Registration(
+                node_name=settings.node_name,
+                pod_uid=settings.pod_uid,
+                advertised_address=server.advertised_address,
+                visible_devices=visible,
+                gpu_product=product,
+                agent_version=_version(),
+            )
+            registering = asyncio.create_task(gateway.run(registration, tasks))
+            try:
+                await _until(stop, registering)
+                log.info("worker shutting down", running_tasks=tasks.running)
+            finally:
+                # On every way out: tasks run in sessions of their own and would outlive us.
+                await server.health.enter_graceful_shutdown()
+                await tasks.shutdown(TASK_STOP_GRACE_S)
+                await gateway.drain(REPORT_DRAIN_S)
+                registering.cancel()
+                await asyncio.gather(registering, return_exceptions=True)
+                await server.stop(SERVER_STOP_GRACE_S)
+                await channel.close()
+
+    def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:
+        if self._settings.work_dir is not None:
+            self._settings.work_dir.mkdir(parents=True, exist_ok=True)
+            return self._settings.work_dir
+        return Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="levers9-worker-")))
+
+    async def _gpu_product(self, smi: NvidiaSmi | None, visible: Sequence[int]) -> str:
+        """The cards' name from nvidia-smi, else what the environment says, else ""."""
+        if smi is not None and visible:
+            try:
+                names = await smi.names()
+            except NvidiaSmiError as error:
+                log.warning("nvidia-smi did not name the cards", error=str(error))
+            else:
+                if visible[0] in names:
+                    return names[visible[0]]
+        return self._settings.gpu_product
+
+
+async def _until(stop: asyncio.Event, registering: asyncio.Task[None]) -> None:
+    """Waits for `stop`; a registration loop that dies (a bug) is raised, not ignored."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({stopped, registering}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if registering.done() and not stop.is_set():
+        registering.result()
+
+
+def _version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return ""

@@ -1,0 +1,51 @@
+"""`levers9-worker`: the worker Job's command. Configured by the environment only (see
+`settings`); exits 0 after a clean shutdown (SIGTERM), 1 when it cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from levers9 import logs
+from levers9.worker.agent import Agent, StartupError
+from levers9.worker.paths import HostPaths, HostPathsError
+from levers9.worker.settings import SettingsError, WorkerSettings
+
+log = logs.get_logger("levers9.worker")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def main() -> None:
+    sys.exit(run(os.environ))
+
+
+def run(env: Mapping[str, str]) -> int:
+    level = (env.get("LEVERS9_LOG_LEVEL") or "INFO").upper()
+    logs.setup(level if level in LEVELS else "INFO")
+    try:
+        settings = WorkerSettings.from_env(env)
+        paths = HostPaths.from_env(env)
+    except (SettingsError, HostPathsError) as error:
+        log.error("worker cannot start", error=str(error))
+        return 1
+    return asyncio.run(_serve(Agent(settings, paths, env)))
+
+
+async def _serve(agent: Agent) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.run(stop)
+    except StartupError as error:
+        log.error("worker cannot start", error=str(error))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    main()

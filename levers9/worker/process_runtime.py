@@ -1,0 +1,149 @@
+"""The process runtime: a task's command runs as a child process of the agent.
+
+Each task runs in its own session, so its whole process group can be signalled (CancelTask and
+shutdown: SIGTERM, then SIGKILL); like a container, it ends when its main process ends, and what
+it left behind in its group is killed then. stdin is closed; stdout and stderr are merged in the
+order they were written.
+
+The environment is built from scratch, not inherited: the agent's own holds the worker token,
+which a task must never see. A task gets a few neutral variables of the agent's (PATH, HOME,
+locale), its own env, then what the worker decides: its cards, the driver on PATH and
+LD_LIBRARY_PATH, and `LEVERS9_RESULT_PATH`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from levers9.worker.driver import DriverSetup
+from levers9.worker.runtime import (
+    Container,
+    ContainerSpec,
+    StartError,
+    prepend_path,
+    visible_devices,
+)
+
+HOST = "process"
+INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL")
+_CHUNK = 64 * 1024
+_DRAIN_S = 2.0  # how long output may keep flowing once the group is gone
+
+
+class ProcessContainer:
+    """One running task process."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        pump: asyncio.Task[None],
+        env: Mapping[str, str],
+        cwd: Path,
+    ) -> None:
+        self._process = process
+        self._pump = pump
+        self.env = dict(env)
+        self.cwd = cwd
+
+    async def wait(self) -> int:
+        code = await self._process.wait()
+        _kill_group(self._process.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._pump), _DRAIN_S)
+        if not self._pump.done():
+            self._pump.cancel()
+        return 128 - code if code < 0 else code
+
+    async def stop(self, grace_s: float) -> int:
+        if self._process.returncode is None:
+            _kill_group(self._process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._process.wait()), max(grace_s, 0))
+            except TimeoutError:
+                _kill_group(self._process.pid, signal.SIGKILL)
+        return await self.wait()
+
+
+class ProcessRuntime:
+    """Runs tasks as local processes (see module doc)."""
+
+    def __init__(self, driver: DriverSetup, agent_env: Mapping[str, str]) -> None:
+        self._driver = driver
+        self._base = {k: agent_env[k] for k in INHERITED if k in agent_env}
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    def environment(self, spec: ContainerSpec) -> dict[str, str]:
+        env = {**self._base, **spec.env}
+        env["PATH"] = prepend_path(env.get("PATH"), self._driver.bin_dirs)
+        if self._driver.library_path:
+            env["LD_LIBRARY_PATH"] = prepend_path(
+                env.get("LD_LIBRARY_PATH"), self._driver.library_path
+            )
+        cards = ",".join(str(i) for i in spec.gpu_indices)
+        env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(spec.gpu_indices)
+        # A process sees every card of the node, so CUDA is told which; in PCI bus order,
+        # the order of nvidia-smi's indices that the assignment speaks in.
+        env["CUDA_VISIBLE_DEVICES"] = cards
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["LEVERS9_RESULT_PATH"] = str(spec.result_path)
+        env["LEVERS9_TASK_ID"] = spec.task_id
+        return env
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        if not spec.command:
+            raise StartError("the task has no command")
+        env = self.environment(spec)
+        spec.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *spec.command,
+                env=env,
+                cwd=spec.work_dir,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise StartError(str(error)) from None
+        assert process.stdout is not None
+        pump = asyncio.create_task(_pump(process.stdout, output))
+        return ProcessContainer(process, pump, env, spec.work_dir)
+
+    async def exec(
+        self, container: Container, command: Sequence[str]
+    ) -> asyncio.subprocess.Process:
+        if not isinstance(container, ProcessContainer):
+            raise StartError("not a container of the process runtime")
+        if not command:
+            raise StartError("exec needs a command")
+        try:
+            return await asyncio.create_subprocess_exec(
+                *command,
+                env=container.env,
+                cwd=container.cwd,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise StartError(str(error)) from None
+
+
+def _kill_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _pump(stream: asyncio.StreamReader, output: Callable[[bytes], None]) -> None:
+    while chunk := await stream.read(_CHUNK):
+        output(chunk)

@@ -1,0 +1,81 @@
+"""What runs a task's container: the interface, and what every runtime gives a task.
+
+`tasks.TaskManager` decides what runs (command, env, cards) and keeps the record; a `Runtime`
+makes it run. `process_runtime.ProcessRuntime` runs the command as a child process of the agent
+(`host: "process"`); a runc runtime (`host: "runc"`) implements the same interface with the
+image's filesystem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+NO_CARDS = "void"
+"""`NVIDIA_VISIBLE_DEVICES` for a task without cards: the NVIDIA runtime exposes none."""
+
+
+class StartError(RuntimeError):
+    """The container could not be started; the message says why, verbatim."""
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One task's container, as the runtime needs it."""
+
+    task_id: str
+    image: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    """The task's own environment; the runtime adds what every task gets
+    (`NVIDIA_VISIBLE_DEVICES`, PATH, `LEVERS9_RESULT_PATH`)."""
+    gpu_indices: tuple[int, ...]
+    result_path: Path
+    """Where (on this machine) the task may write its result JSON."""
+    work_dir: Path
+    """A directory of this task's own on this machine."""
+
+
+class Container(Protocol):
+    """A started container."""
+
+    async def wait(self) -> int:
+        """Its exit code once it has exited (128 + signal when killed)."""
+        ...
+
+    async def stop(self, grace_s: float) -> int:
+        """SIGTERM, SIGKILL after `grace_s`; its exit code."""
+        ...
+
+
+class Runtime(Protocol):
+    @property
+    def host(self) -> str:
+        """What TaskStatus.host reports: "process", "runc"."""
+        ...
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        """Starts the container; its stdout and stderr go to `output`. Raises StartError."""
+        ...
+
+    async def exec(
+        self, container: Container, command: Sequence[str]
+    ) -> asyncio.subprocess.Process:
+        """Runs `command` in the running container's context, with stdin, stdout and stderr
+        piped. Raises StartError."""
+        ...
+
+
+def visible_devices(indices: Sequence[int]) -> str:
+    """`NVIDIA_VISIBLE_DEVICES` for a task holding the cards `indices` (node indices)."""
+    return ",".join(str(i) for i in indices) or NO_CARDS
+
+
+def prepend_path(value: str | None, directories: Sequence[Path]) -> str:
+    """`directories` first on a PATH-like value, without repeating what is already there."""
+    parts = [str(d) for d in directories]
+    parts += [p for p in (value or "").split(":") if p and p not in parts]
+    return ":".join(parts)

@@ -1,0 +1,148 @@
+"""WorkerService: what the controlplane calls on this worker (RunTask, GetTask, CancelTask,
+StreamLogs, Exec), over `tasks.TaskManager`. Errors map to gRPC codes the caller can act on:
+an unknown task is NOT_FOUND, a malformed one INVALID_ARGUMENT, Exec on an ended task
+FAILED_PRECONDITION, a task while the worker shuts down UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.worker.runtime import StartError
+from levers9.worker.tasks import (
+    InvalidTask,
+    ShuttingDown,
+    TaskManager,
+    TaskNotFound,
+    TaskNotRunning,
+)
+
+T = TypeVar("T")
+Context = aio.ServicerContext[Any, Any]
+_CHUNK = 64 * 1024
+
+_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (TaskNotFound, grpc.StatusCode.NOT_FOUND),
+    (InvalidTask, grpc.StatusCode.INVALID_ARGUMENT),
+    (TaskNotRunning, grpc.StatusCode.FAILED_PRECONDITION),
+    (StartError, grpc.StatusCode.FAILED_PRECONDITION),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+async def _answer(context: Context, call: Callable[[], Awaitable[T]]) -> T:
+    """Runs `call`, turning the task errors into the status codes above."""
+    try:
+        return await call()
+    except tuple(kind for kind, _ in _CODES) as error:
+        code = next(c for kind, c in _CODES if isinstance(error, kind))
+        await context.abort(code, str(error))
+        raise  # abort raises; this keeps type checkers honest
+
+
+class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, tasks: TaskManager) -> None:
+        self._tasks = tasks
+
+    async def RunTask(
+        self, request: worker_pb2.RunTaskRequest, context: Context
+    ) -> worker_pb2.RunTaskResponse:
+        already = await _answer(context, lambda: self._tasks.run(request.task))
+        return worker_pb2.RunTaskResponse(task_id=request.task.task_id, already_running=already)
+
+    async def GetTask(
+        self, request: worker_pb2.GetTaskRequest, context: Context
+    ) -> worker_pb2.TaskStatus:
+        async def get() -> worker_pb2.TaskStatus:
+            return self._tasks.status(request.task_id)
+
+        return await _answer(context, get)
+
+    async def CancelTask(
+        self, request: worker_pb2.CancelTaskRequest, context: Context
+    ) -> worker_pb2.CancelTaskResponse:
+        cancelled = await _answer(context, lambda: self._tasks.cancel(request.task_id))
+        return worker_pb2.CancelTaskResponse(cancelled=cancelled)
+
+    async def StreamLogs(
+        self, request: worker_pb2.StreamLogsRequest, context: Context
+    ) -> AsyncIterator[worker_pb2.LogChunk]:
+        async def find() -> Any:
+            return self._tasks.output(request.task_id)
+
+        output = await _answer(context, find)
+        async for offset, data in output.chunks(request.offset, request.follow):
+            yield worker_pb2.LogChunk(data=data, offset=offset)
+
+    async def Exec(
+        self, request_iterator: AsyncIterator[worker_pb2.ExecRequest], context: Context
+    ) -> AsyncIterator[worker_pb2.ExecResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("start"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Exec starts with an ExecStart message"
+            )
+            return
+        start = first.start
+        process = await _answer(context, lambda: self._tasks.exec(start.task_id, start.command))
+        try:
+            async for response in _exec_stream(process, request_iterator):
+                yield response
+        finally:
+            if process.returncode is None:  # the caller went away: so does the command
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+
+
+async def _exec_stream(
+    process: asyncio.subprocess.Process, requests: AsyncIterator[worker_pb2.ExecRequest]
+) -> AsyncIterator[worker_pb2.ExecResponse]:
+    """stdin from `requests` to the process; its stdout, stderr, then its exit code back."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    queue: asyncio.Queue[worker_pb2.ExecResponse | None] = asyncio.Queue()
+    stdin = process.stdin
+
+    async def feed() -> None:
+        with contextlib.suppress(ConnectionError, BrokenPipeError):
+            async for request in requests:
+                if request.HasField("stdin"):
+                    stdin.write(request.stdin)
+                    await stdin.drain()
+            stdin.close()  # the caller half-closed: EOF for the command
+
+    async def pump(stream: asyncio.StreamReader, wrap: Callable[[bytes], Any]) -> None:
+        while chunk := await stream.read(_CHUNK):
+            await queue.put(wrap(chunk))
+        await queue.put(None)
+
+    tasks = [
+        asyncio.create_task(feed()),
+        asyncio.create_task(pump(process.stdout, lambda b: worker_pb2.ExecResponse(stdout=b))),
+        asyncio.create_task(pump(process.stderr, lambda b: worker_pb2.ExecResponse(stderr=b))),
+    ]
+    try:
+        open_streams = 2
+        while open_streams:
+            item = await queue.get()
+            if item is None:
+                open_streams -= 1
+            else:
+                yield item
+        code = await process.wait()
+        yield worker_pb2.ExecResponse(exit_code=128 - code if code < 0 else code)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,93 @@
+"""The worker's environment contract: what the worker Job (`levers9.manifests.worker_job`) and
+its token Secret put in the container's environment, read once at start.
+
+| variable | meaning |
+| - | - |
+| `LEVERS9_GATEWAY_ADDRESS` | host:port of the gateway the worker dials (required) |
+| `LEVERS9_POOL_NAME`, `LEVERS9_WORKER_ID` | who this worker is (required) |
+| `LEVERS9_WORKER_TOKEN` | the worker's token, from its Secret (required) |
+| `LEVERS9_POD_UID` | finds this pod's cards in the kubelet checkpoint |
+| `LEVERS9_NODE_NAME` | reported to the gateway; never advertised as an address |
+| `LEVERS9_ADVERTISED_HOST` | the node's external IP, advertised for WorkerService |
+| `LEVERS9_HOST_IP` | the node's address (downward API), when no external IP was given |
+| `LEVERS9_WORKER_PORT` | WorkerService's port; ephemeral when unset (workers share nodes) |
+| `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
+| `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
+| `LEVERS9_WORK_DIR` | task output and results; a fresh temporary directory when unset |
+| `LEVERS9_TUNNEL` | the pool's `tunnel` setting (not served by this agent yet) |
+| `LEVERS9_LOG_LEVEL` | `INFO` unless set (read by `main`, before anything can fail) |
+
+Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+PREFIX = "LEVERS9_"
+
+
+class SettingsError(ValueError):
+    """The environment does not describe a worker; the message names the variable."""
+
+
+class WorkerSettings(BaseModel):
+    """See module doc; field `x` is variable `LEVERS9_X`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", hide_input_in_errors=True)
+
+    gateway_address: str = Field(min_length=1)
+    pool_name: str = Field(min_length=1)
+    worker_id: str = Field(min_length=1)
+    worker_token: SecretStr
+    pod_uid: str = ""
+    node_name: str = ""
+    advertised_host: str = ""
+    host_ip: str = ""
+    worker_port: int = Field(default=0, ge=0, le=65535)
+    gpus: int | None = Field(default=None, ge=0)
+    gpu_product: str = ""
+    work_dir: Path | None = None
+    tunnel: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
+        """Reads `LEVERS9_*`; empty values count as unset. Raises SettingsError."""
+        values = {
+            name.lower(): env[PREFIX + name.upper()]
+            for name in cls.model_fields
+            if env.get(PREFIX + name.upper())
+        }
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in error.errors()
+            )
+            raise SettingsError(f"the worker's environment is incomplete: {problems}") from None
+
+    def address_to_advertise(self) -> str:
+        """The IP the controlplane dials: the node's external IP, else the node's address.
+
+        A name would have the controlplane resolve it (`dial tcp: lookup <node>`), so only an IP
+        literal is accepted.
+        """
+        host = self.advertised_host or self.host_ip
+        if not host:
+            raise SettingsError(
+                "neither LEVERS9_ADVERTISED_HOST nor LEVERS9_HOST_IP is set: the worker has no "
+                "address the controlplane can dial"
+            )
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            source = "LEVERS9_ADVERTISED_HOST" if self.advertised_host else "LEVERS9_HOST_IP"
+            raise SettingsError(
+                f"{source}={host} is not an IP address; the controlplane would have to resolve "
+                "it (dial tcp: lookup ...): advertise the node's external IP"
+            ) from None
+        return host

@@ -1,0 +1,249 @@
+"""The agent against a real gateway on 127.0.0.1 (a recording one written for the tests).
+
+Covers registration (retried until the gateway is up; the worker's token as
+`authorization: Bearer`; the advertised host:port on the node's external IP, never the node
+name; the cards as indices; the product), heartbeats with the running count and idle-since,
+ReportTask when a task ends, registering again after the gateway restarts and forgets the
+worker, a worker that cannot find its cards refusing to start, and the `levers9-worker`
+command itself: the spec's start lines, SIGTERM reporting the running task LOST
+(`worker shut down`) and exiting 0, and exit 1 when it cannot start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from grpc import aio
+
+from levers9.manifests import DEVICE_PLUGIN_DIR
+from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.worker.agent import Agent
+from levers9.worker.checkpoint import CHECKPOINT_PATH
+from levers9.worker.devices import DeviceError
+from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV, HostPaths
+from levers9.worker.settings import WorkerSettings
+from tests.worker.kit import AUTH, NEIGHBOUR_UID, POD_UID, TOKEN, write_checkpoint
+from tests.worker.recording_gateway import Calls, RecordingGateway
+
+NODE = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
+EXTERNAL_IP = "127.0.20.2"
+PRODUCT = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
+WORKER_COMMAND = Path(sys.executable).parent / "levers9-worker"
+PY = sys.executable
+
+
+@pytest.fixture
+def worker_env(gateway: RecordingGateway, node_root: Path) -> dict[str, str]:
+    """A 2-card worker's environment as the sandbox kubelet builds it."""
+    write_checkpoint(node_root, ["nvidia0", "nvidia1"], {POD_UID: ["nvidia0", "nvidia1"]})
+    (node_root / "usr/local/nvidia/lib64").mkdir(parents=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LEVERS9_GATEWAY_ADDRESS": gateway.address,
+        "LEVERS9_POOL_NAME": "gke-rtx6000",
+        "LEVERS9_WORKER_ID": "w1",
+        "LEVERS9_WORKER_TOKEN": TOKEN,
+        "LEVERS9_NODE_NAME": NODE,
+        "LEVERS9_POD_UID": POD_UID,
+        "LEVERS9_ADVERTISED_HOST": EXTERNAL_IP,
+        "LEVERS9_HOST_IP": "127.0.10.2",
+        "LEVERS9_GPU_PRODUCT": PRODUCT,
+        ROOT_ENV: str(node_root),
+        MOUNTS_ENV: json.dumps({DEVICE_PLUGIN_DIR: str(node_root / DEVICE_PLUGIN_DIR[1:])}),
+    }
+
+
+@dataclass
+class RunningAgent:
+    agent: Agent
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    @property
+    def address(self) -> str:
+        assert self.agent.server is not None
+        return self.agent.server.advertised_address
+
+
+StartAgent = Callable[[Mapping[str, str]], Awaitable[RunningAgent]]
+
+
+@pytest.fixture
+async def start_agent(gateway: RecordingGateway) -> AsyncIterator[StartAgent]:
+    """Starts agents in-process until they have registered; stops them after the test."""
+    started: list[RunningAgent] = []
+
+    async def start(env: Mapping[str, str]) -> RunningAgent:
+        agent = Agent(WorkerSettings.from_env(env), HostPaths.from_env(env), env)
+        stop = asyncio.Event()
+        running = RunningAgent(agent, stop, asyncio.create_task(agent.run(stop)))
+        started.append(running)
+        registered = len(gateway.calls.registers) + 1
+        await gateway.wait_for(lambda calls: len(calls.registers) >= registered)
+        return running
+
+    yield start
+    for running in started:
+        running.stop.set()
+    await asyncio.gather(*(r.task for r in started))
+
+
+@pytest.fixture
+async def worker_stub(
+    start_agent: StartAgent, worker_env: dict[str, str]
+) -> AsyncIterator[worker_pb2_grpc.WorkerServiceAsyncStub]:
+    """WorkerService of a registered in-process agent, dialled at the address it advertised."""
+    running = await start_agent(worker_env)
+    async with aio.insecure_channel(running.address) as channel:
+        yield worker_pb2_grpc.WorkerServiceStub(channel)
+
+
+def _run_request(task_id: str, code: str) -> worker_pb2.RunTaskRequest:
+    return worker_pb2.RunTaskRequest(
+        task=worker_pb2.TaskSpec(task_id=task_id, command=[PY, "-c", code], gpu_indices=[1])
+    )
+
+
+def _reported(task_id: str, state: int) -> Callable[[Calls], bool]:
+    return lambda calls: any(
+        r.status.task_id == task_id and r.status.state == state for r in calls.reports
+    )
+
+
+async def test_registers_with_its_token_and_external_address(
+    gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
+) -> None:
+    running = await start_agent(worker_env)
+    [(request, token)] = gateway.calls.registers
+
+    assert token == TOKEN
+    assert request.advertised_address == running.address
+    host, port = request.advertised_address.rsplit(":", 1)
+    assert (host, int(port) > 0) == (EXTERNAL_IP, True)
+    assert NODE not in request.advertised_address
+    assert (request.pool_name, request.worker_id, request.node_name) == ("gke-rtx6000", "w1", NODE)
+    assert request.pod_uid == POD_UID
+    assert (request.gpus, list(request.visible_devices)) == (2, [0, 1])
+    assert request.gpu_product == PRODUCT
+
+
+async def test_heartbeats_carry_the_running_count_and_idle_since(
+    gateway: RecordingGateway, worker_stub: worker_pb2_grpc.WorkerServiceAsyncStub
+) -> None:
+    await gateway.wait_for(lambda calls: len(calls.heartbeats) >= 1)
+    idle = gateway.calls.heartbeats[-1]
+    assert (idle.running_tasks, idle.idle_since_unix_ms > 0) == (0, True)
+
+    await worker_stub.RunTask(_run_request("t-busy", "import time; time.sleep(30)"), metadata=AUTH)
+    await gateway.wait_for(lambda calls: calls.heartbeats[-1].running_tasks == 1)
+    assert gateway.calls.heartbeats[-1].idle_since_unix_ms == 0
+
+
+async def test_a_finished_task_is_reported(
+    gateway: RecordingGateway, worker_stub: worker_pb2_grpc.WorkerServiceAsyncStub
+) -> None:
+    await worker_stub.RunTask(_run_request("t-done", "print('done')"), metadata=AUTH)
+
+    await gateway.wait_for(_reported("t-done", worker_pb2.TASK_STATE_SUCCEEDED))
+    [report] = gateway.calls.reports
+    assert (report.pool_name, report.worker_id) == ("gke-rtx6000", "w1")
+    assert report.status.log_tail == "done\n"
+
+
+async def test_registers_again_after_the_gateway_restarts(
+    gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
+) -> None:
+    running = await start_agent(worker_env)
+    await gateway.restart()
+
+    await gateway.wait_for(lambda calls: len(calls.registers) == 2)
+    assert [r.advertised_address for r, _ in gateway.calls.registers] == [running.address] * 2
+    await gateway.wait_for(lambda calls: len(calls.heartbeats) >= 1)
+
+
+async def test_registration_is_retried_until_the_gateway_is_up(
+    gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
+) -> None:
+    await gateway.stop()
+
+    async def start_later() -> None:
+        await asyncio.sleep(0.5)
+        await gateway.start()
+
+    later = asyncio.create_task(start_later())
+    await start_agent(worker_env)
+    await later
+    assert len(gateway.calls.registers) == 1
+
+
+async def test_a_worker_without_its_cards_does_not_start(
+    node_root: Path, worker_env: dict[str, str]
+) -> None:
+    write_checkpoint(node_root, ["nvidia0", "nvidia1"], {NEIGHBOUR_UID: ["nvidia0"]})
+    agent = Agent(WorkerSettings.from_env(worker_env), HostPaths.from_env(worker_env), worker_env)
+
+    with pytest.raises(DeviceError) as raised:
+        await agent.run(asyncio.Event())
+    assert CHECKPOINT_PATH in str(raised.value)
+    assert POD_UID in str(raised.value)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+async def _command(env: Mapping[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("wb") as sink:
+        return await asyncio.create_subprocess_exec(
+            str(WORKER_COMMAND), env=dict(env), stdout=sink, stderr=sink
+        )
+
+
+async def test_sigterm_reports_running_tasks_lost_and_exits_0(
+    gateway: RecordingGateway, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    process = await _command(worker_env, log)
+    try:
+        await gateway.wait_for(lambda calls: len(calls.registers) == 1)
+        address = gateway.calls.registers[0][0].advertised_address
+        async with aio.insecure_channel(address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            code = "import time; print('up', flush=True); time.sleep(60)"
+            await stub.RunTask(_run_request("t-long", code), metadata=AUTH)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    [report] = gateway.calls.reports
+    assert report.status.state == worker_pb2.TASK_STATE_LOST
+    assert report.status.reason == "worker shut down"
+    lines = [line.split(maxsplit=2)[2] for line in log.read_text().splitlines() if line.strip()]
+    assert lines[:2] == [
+        'host driver libraries registered with the loader dirs=["/usr/local/nvidia/lib64"]',
+        "resolved NVIDIA_VISIBLE_DEVICES for GPU filtering resolved_visible_devices=0,1",
+    ]
+
+
+async def test_the_command_exits_1_when_it_cannot_start(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    env = {**worker_env, "LEVERS9_POD_UID": NEIGHBOUR_UID}
+    process = await _command(env, log)
+
+    assert await asyncio.wait_for(process.wait(), 20) == 1
+    [failure] = [line for line in log.read_text().splitlines() if "ERROR" in line]
+    assert "worker cannot start" in failure
+    assert CHECKPOINT_PATH in failure
+    assert NEIGHBOUR_UID in failure

@@ -1,0 +1,90 @@
+"""End to end in the sandbox: the worker Job as `levers9.manifests` writes it, on the default
+scenario's 2-GPU node, runs `levers9-worker` as the sandbox kubelet runs it (a local process
+with the node's paths mapped), finds its cards `nvidia0`/`nvidia1` in the kubelet's
+checkpoint, logs the spec's two start lines, registers with a gateway on 127.0.0.1 at the
+node's external IP, and runs a task on the cards it was given."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from grpc import aio
+
+from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
+from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.sandbox.cluster import Cluster
+from levers9.sandbox.registry import Registry
+from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
+from tests.sandbox.cluster.kit import GPU_2X, fast_scenario
+from tests.worker.kit import AUTH, TOKEN
+from tests.worker.recording_gateway import RecordingGateway
+
+WORKER_IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
+EXTERNAL_IP = "127.0.20.2"  # the 2-GPU node's, in the default scenario
+SPEC_LINES = (
+    'host driver libraries registered with the loader dirs=["/usr/local/nvidia/lib64"]',
+    "resolved NVIDIA_VISIBLE_DEVICES for GPU filtering resolved_visible_devices=0,1",
+)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with Cluster(Registry(), fast_scenario(), tmp_path / "sandbox") as started:
+        yield started
+
+
+def _worker_spec(gateway_address: str) -> WorkerJobSpec:
+    return WorkerJobSpec(
+        pool_name="gke-rtx6000",
+        worker_id="w1",
+        node_name=GPU_2X,
+        gpus=2,
+        image=WORKER_IMAGE,
+        namespace="levers9",
+        flavor="gke",
+        host_network=True,
+        tunnel=False,
+        images_path="/var/lib/levers9/images",
+        durable_disks_path="/var/lib/levers9/disks",
+        gateway_address=gateway_address,
+        advertised_host=EXTERNAL_IP,
+    )
+
+
+async def test_the_worker_job_registers_with_its_cards(
+    cluster: Cluster, gateway: RecordingGateway
+) -> None:
+    registry = cluster.registry
+    # The sandbox's GPU nodes carry the directories GKE's driver installer leaves.
+    assert (cluster.node_root(GPU_2X) / "usr/local/nvidia/lib64").is_dir()
+    spec = _worker_spec(gateway.address)
+    registry.create(NAMESPACES, {"metadata": {"name": spec.namespace}})
+    registry.create(SECRETS, worker_token_secret(spec, TOKEN))
+    registry.create(JOBS, worker_job(spec))
+
+    await gateway.wait_for(lambda calls: len(calls.registers) == 1, within=20)
+    [(request, token)] = gateway.calls.registers
+    assert token == TOKEN
+    assert list(request.visible_devices) == [0, 1]
+    assert request.advertised_address.startswith(f"{EXTERNAL_IP}:")
+    assert request.node_name == GPU_2X
+
+    [pod] = registry.list(PODS, spec.namespace).items()
+    assert request.pod_uid == pod["metadata"]["uid"]
+    log = cluster.logs.read(spec.namespace, pod["metadata"]["name"], "worker")
+    messages = [line.split(maxsplit=2)[2] for line in log.splitlines()]
+    assert list(SPEC_LINES) == messages[:2]
+
+    async with aio.insecure_channel(request.advertised_address) as channel:
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        code = "import os; print(os.environ['NVIDIA_VISIBLE_DEVICES'])"
+        task = worker_pb2.TaskSpec(
+            task_id="t-gpu-check", command=["python", "-c", code], gpu_indices=[1]
+        )
+        await stub.RunTask(worker_pb2.RunTaskRequest(task=task), metadata=AUTH)
+        await gateway.wait_for(lambda calls: len(calls.reports) == 1)
+    [report] = gateway.calls.reports
+    assert report.status.state == worker_pb2.TASK_STATE_SUCCEEDED
+    assert report.status.log_tail == "1\n"

@@ -1,0 +1,311 @@
+"""WorkerService over real gRPC on 127.0.0.1, with the process runtime.
+
+Covers a task that writes its result JSON (SUCCEEDED, exit code, phases in order, result, log
+tail), RunTask's idempotency by task id, StreamLogs (follow to the end, resume from an offset),
+CancelTask killing the task's whole process group, a task asking for a card the worker does not
+have (FAILED with the spec's `not enough GPUs available` wording), the task's environment (its
+cards, the driver on PATH, the result path, and no worker token), Exec with stdin, stdout,
+stderr and exit code, and the token check (UNAUTHENTICATED without it, health stays open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from levers9.proto import worker_pb2
+from levers9.worker.auth import bearer
+from tests.waiting import eventually
+from tests.worker.conftest import ServedWorker
+from tests.worker.kit import AUTH
+
+PY = sys.executable
+TERMINAL = {
+    worker_pb2.TASK_STATE_SUCCEEDED,
+    worker_pb2.TASK_STATE_FAILED,
+    worker_pb2.TASK_STATE_CANCELLED,
+    worker_pb2.TASK_STATE_LOST,
+}
+
+
+def python_task(task_id: str, code: str, gpus: Sequence[int] = ()) -> worker_pb2.RunTaskRequest:
+    return worker_pb2.RunTaskRequest(
+        task=worker_pb2.TaskSpec(
+            task_id=task_id, image="python:3", command=[PY, "-c", code], gpu_indices=gpus
+        )
+    )
+
+
+async def run_to_end(
+    served: ServedWorker, request: worker_pb2.RunTaskRequest
+) -> worker_pb2.TaskStatus:
+    await served.stub.RunTask(request, metadata=AUTH)
+    return await finished(served, request.task.task_id)
+
+
+async def finished(served: ServedWorker, task_id: str) -> worker_pb2.TaskStatus:
+    statuses: list[worker_pb2.TaskStatus] = []
+
+    async def ended() -> bool:
+        statuses.append(
+            await served.stub.GetTask(worker_pb2.GetTaskRequest(task_id=task_id), metadata=AUTH)
+        )
+        return statuses[-1].state in TERMINAL
+
+    await eventually(ended, within=10)
+    return statuses[-1]
+
+
+async def started(served: ServedWorker, task_id: str, marker: bytes) -> None:
+    """Waits until the task has printed `marker` (it is up and running its code)."""
+
+    async def printed() -> bool:
+        return marker in served.tasks.output(task_id).read(0)
+
+    await eventually(printed, within=10)
+
+
+RESULT_TASK = """
+import json, os
+print("checking the GPU", flush=True)
+with open(os.environ["LEVERS9_RESULT_PATH"], "w") as f:
+    json.dump({"host": "process", "cuda": False}, f)
+"""
+
+
+async def test_a_task_runs_and_keeps_its_result(served: ServedWorker) -> None:
+    status = await run_to_end(served, python_task("t-result", RESULT_TASK, gpus=[0]))
+
+    assert status.state == worker_pb2.TASK_STATE_SUCCEEDED
+    assert status.exit_code == 0
+    assert json.loads(status.result_json) == {"host": "process", "cuda": False}
+    assert status.log_tail == "checking the GPU\n"
+    assert status.host == "process"
+    assert [p.name for p in status.phases] == [
+        "worker.gpu_assignment",
+        "container.start",
+        "container.exit",
+    ]
+    assert all(not p.error for p in status.phases)
+    times = [p.at_unix_ms for p in status.phases]
+    assert times == sorted(times)
+    assert times[0] > 0
+    assert [r.task_id for r in served.reports] == ["t-result"]
+
+
+async def test_a_failing_task_keeps_its_exit_code(served: ServedWorker) -> None:
+    status = await run_to_end(served, python_task("t-exit", "import sys; sys.exit(7)"))
+
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert status.exit_code == 7
+    assert status.reason == "exited with code 7"
+
+
+async def test_run_task_is_idempotent_by_task_id(served: ServedWorker) -> None:
+    request = python_task("t-once", "print('ran', flush=True)")
+    first = await served.stub.RunTask(request, metadata=AUTH)
+    second = await served.stub.RunTask(request, metadata=AUTH)
+    status = await finished(served, "t-once")
+
+    assert (first.already_running, second.already_running) == (False, True)
+    assert status.log_tail == "ran\n"
+
+
+async def test_stream_logs_follows_until_exit_and_resumes_at_an_offset(
+    served: ServedWorker,
+) -> None:
+    code = (
+        "import time\nfor i in range(5):\n    print(f'line {i}', flush=True)\n    time.sleep(0.05)"
+    )
+    await served.stub.RunTask(python_task("t-logs", code), metadata=AUTH)
+
+    chunks = [
+        chunk
+        async for chunk in served.stub.StreamLogs(
+            worker_pb2.StreamLogsRequest(task_id="t-logs", follow=True), metadata=AUTH
+        )
+    ]
+    data = b"".join(c.data for c in chunks)
+    assert data == b"".join(f"line {i}\n".encode() for i in range(5))
+    assert [c.offset for c in chunks] == [
+        sum(len(c.data) for c in chunks[:i]) for i in range(len(chunks))
+    ]
+
+    later = served.stub.StreamLogs(
+        worker_pb2.StreamLogsRequest(task_id="t-logs", offset=7), metadata=AUTH
+    )
+    assert b"".join([c.data async for c in later]) == data[7:]
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie nobody reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+CHILD_TASK = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(f"child {child.pid}", flush=True)
+time.sleep(60)
+"""
+
+
+async def test_cancel_kills_the_task_and_its_process_group(served: ServedWorker) -> None:
+    await served.stub.RunTask(python_task("t-cancel", CHILD_TASK), metadata=AUTH)
+    await started(served, "t-cancel", b"child ")
+    child = int(served.tasks.output("t-cancel").read(0).split()[1])
+
+    response = await served.stub.CancelTask(
+        worker_pb2.CancelTaskRequest(task_id="t-cancel"), metadata=AUTH
+    )
+    status = await finished(served, "t-cancel")
+
+    assert response.cancelled
+    assert status.state == worker_pb2.TASK_STATE_CANCELLED
+    assert status.exit_code == 128 + 15  # SIGTERM
+
+    async def child_gone() -> bool:  # signals land asynchronously
+        return not alive(child)
+
+    await eventually(child_gone, within=5)
+    again = await served.stub.CancelTask(
+        worker_pb2.CancelTaskRequest(task_id="t-cancel"), metadata=AUTH
+    )
+    assert not again.cancelled
+
+
+async def test_a_card_the_worker_does_not_have_fails_the_task(served: ServedWorker) -> None:
+    status = await run_to_end(served, python_task("t-card", "print('never')", gpus=[2]))
+
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert status.reason == "not enough GPUs available: requested=1 visible=2"
+    [phase] = status.phases
+    assert phase.name == "worker.gpu_assignment"
+    assert "[2]" in phase.error
+    assert served.reports[-1].reason == status.reason
+
+
+async def test_a_card_in_use_is_not_handed_out_twice(served: ServedWorker) -> None:
+    await served.stub.RunTask(
+        python_task("t-holds", "import time; print('up', flush=True); time.sleep(60)", [1]),
+        metadata=AUTH,
+    )
+    await started(served, "t-holds", b"up")
+    status = await run_to_end(served, python_task("t-wants", "print('never')", gpus=[0, 1]))
+
+    assert status.reason == "not enough GPUs available: requested=2 visible=1"
+
+
+ENV_TASK = """
+import json, os
+json.dump(dict(os.environ), open(os.environ["LEVERS9_RESULT_PATH"], "w"))
+"""
+
+
+@pytest.mark.parametrize(("cards", "visible"), [([1], "1"), ([0, 1], "0,1"), ([], "void")])
+async def test_the_task_sees_only_its_cards(
+    served: ServedWorker, cards: list[int], visible: str
+) -> None:
+    request = python_task(f"t-env-{visible}", ENV_TASK, gpus=cards)
+    request.task.env["MODEL"] = "qwen"
+    status = await run_to_end(served, request)
+    env = json.loads(status.result_json)
+
+    assert env["NVIDIA_VISIBLE_DEVICES"] == visible
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, cards))
+    assert env["MODEL"] == "qwen"
+    assert env["PATH"].split(":")[0] == str(served.driver.bin_dirs[0])
+    assert env["LEVERS9_RESULT_PATH"].endswith("result.json")
+    assert "LEVERS9_WORKER_TOKEN" not in env
+
+
+EXEC_COMMAND = """
+import os, sys
+print(sys.stdin.read().upper(), end="")
+print(os.environ["NVIDIA_VISIBLE_DEVICES"], file=sys.stderr)
+sys.exit(3)
+"""
+
+
+async def _exec_requests(
+    task_id: str, stdin: Sequence[bytes] = (), *, hold: bool = False
+) -> AsyncIterator[worker_pb2.ExecRequest]:
+    """ExecStart, then `stdin`; then half-closes, or with `hold` keeps the stream open as an
+    interactive caller does (and so never writes after the worker has ended the call: the
+    asyncio client would report INTERNAL then, grpc/grpc#36066)."""
+    start = worker_pb2.ExecStart(task_id=task_id, command=[PY, "-c", EXEC_COMMAND])
+    yield worker_pb2.ExecRequest(start=start)
+    for chunk in stdin:
+        yield worker_pb2.ExecRequest(stdin=chunk)
+    if hold:
+        await asyncio.Event().wait()
+
+
+async def test_exec_runs_in_the_task_context(served: ServedWorker) -> None:
+    await served.stub.RunTask(
+        python_task("t-exec", "import time; print('up', flush=True); time.sleep(60)", [1]),
+        metadata=AUTH,
+    )
+    await started(served, "t-exec", b"up")
+
+    responses = [
+        r
+        async for r in served.stub.Exec(
+            _exec_requests("t-exec", [b"hello ", b"worker"]), metadata=AUTH
+        )
+    ]
+
+    stdout = b"".join(r.stdout for r in responses if r.HasField("stdout"))
+    stderr = b"".join(r.stderr for r in responses if r.HasField("stderr"))
+    assert (stdout, stderr) == (b"HELLO WORKER", b"1\n")
+    assert responses[-1].WhichOneof("message") == "exit_code"
+    assert responses[-1].exit_code == 3
+
+
+async def test_exec_in_an_unknown_task_is_not_found(served: ServedWorker) -> None:
+    call = served.stub.Exec(_exec_requests("t-nobody", hold=True), metadata=AUTH)
+    with pytest.raises(aio.AioRpcError) as raised:
+        _ = [r async for r in call]
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    "metadata", [(), bearer("l9w1.someone-else"), (("authorization", "token"),)]
+)
+async def test_calls_without_the_worker_token_are_unauthenticated(
+    served: ServedWorker, metadata: tuple[tuple[str, str], ...]
+) -> None:
+    stub = served.stub
+    with pytest.raises(aio.AioRpcError) as unary:
+        await stub.GetTask(worker_pb2.GetTaskRequest(task_id="t"), metadata=metadata)
+    with pytest.raises(aio.AioRpcError) as stream:
+        _ = [
+            c
+            async for c in stub.StreamLogs(
+                worker_pb2.StreamLogsRequest(task_id="t"), metadata=metadata
+            )
+        ]
+    with pytest.raises(aio.AioRpcError) as bidi:
+        _ = [r async for r in stub.Exec(_exec_requests("t", hold=True), metadata=metadata)]
+    codes = {e.value.code() for e in (unary, stream, bidi)}
+    assert codes == {grpc.StatusCode.UNAUTHENTICATED}
+    assert served.tasks.running == 0
+
+
+async def test_health_needs_no_token(served: ServedWorker) -> None:
+    health = health_pb2_grpc.HealthStub(served.channel)
+    for service in ("", "levers9.v1.WorkerService"):
+        response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,52 @@
+"""The environment contract: required variables are named when missing, and the advertised
+address is the node's external IP, else its host IP, never a name (`dial tcp: lookup <node>`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from levers9.worker.settings import SettingsError, WorkerSettings
+from tests.worker.kit import TOKEN
+
+BASE = {
+    "LEVERS9_GATEWAY_ADDRESS": "127.0.0.1:7443",
+    "LEVERS9_POOL_NAME": "gke-rtx6000",
+    "LEVERS9_WORKER_ID": "w1",
+    "LEVERS9_WORKER_TOKEN": TOKEN,
+    "LEVERS9_NODE_NAME": "gke-node-1",
+}
+
+
+def test_missing_variables_are_named() -> None:
+    with pytest.raises(SettingsError) as raised:
+        WorkerSettings.from_env({"LEVERS9_POOL_NAME": "p", "LEVERS9_WORKER_PORT": "x"})
+    message = str(raised.value)
+    for name in ("LEVERS9_GATEWAY_ADDRESS", "LEVERS9_WORKER_TOKEN", "LEVERS9_WORKER_PORT"):
+        assert name in message
+    assert TOKEN not in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "advertised"),
+    [
+        ({"LEVERS9_ADVERTISED_HOST": "127.0.20.2", "LEVERS9_HOST_IP": "127.0.10.2"}, "127.0.20.2"),
+        ({"LEVERS9_HOST_IP": "127.0.10.2"}, "127.0.10.2"),
+    ],
+)
+def test_the_external_ip_is_advertised_first(extra: dict[str, str], advertised: str) -> None:
+    assert WorkerSettings.from_env({**BASE, **extra}).address_to_advertise() == advertised
+
+
+def test_a_node_name_is_never_advertised() -> None:
+    settings = WorkerSettings.from_env({**BASE, "LEVERS9_ADVERTISED_HOST": "gke-node-1"})
+    with pytest.raises(SettingsError, match="dial tcp: lookup"):
+        settings.address_to_advertise()
+
+
+def test_no_address_at_all_is_an_error() -> None:
+    with pytest.raises(SettingsError, match="LEVERS9_ADVERTISED_HOST"):
+        WorkerSettings.from_env(BASE).address_to_advertise()
+
+
+def test_the_token_stays_out_of_reprs() -> None:
+    assert TOKEN not in repr(WorkerSettings.from_env(BASE))
