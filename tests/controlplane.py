@@ -119,7 +119,11 @@ class Controlplane:
 
 @asynccontextmanager
 async def controlplane(
-    directory: Path, temporal_address: str, task_queue: str, scenario: Scenario | None = None
+    directory: Path,
+    temporal_address: str,
+    task_queue: str,
+    scenario: Scenario | None = None,
+    **settings: object,
 ) -> AsyncIterator[Controlplane]:
     """The sandbox (default scenario) and the pool, clients and settings that reach it."""
     key_file = directory / "gke-sa.json"
@@ -131,7 +135,7 @@ async def controlplane(
     block["kubernetes"]["credentials"] = key_file.read_text()
     pool = parse_pool(POOL, block)
     gateway_port = free_port()
-    settings = ControlplaneSettings.model_validate(
+    values = ControlplaneSettings.model_validate(
         {
             "temporalAddress": temporal_address,
             "taskQueue": task_queue,
@@ -139,12 +143,13 @@ async def controlplane(
             "workerTokenSecret": TOKEN_SECRET,
             "gatewayListen": f"127.0.0.1:{gateway_port}",
             "gatewayAdvertisedAddress": f"127.0.0.1:{gateway_port}",
+            **settings,
         }
     )
     clients = KubeClients({POOL: pool})
     try:
         with trusting(ca_pem, directory):
-            yield Controlplane(running, pool, clients, settings)
+            yield Controlplane(running, pool, clients, values)
     finally:
         clients.close()
         await running.close()
