@@ -17,9 +17,8 @@ from pathlib import Path
 
 from temporalio.worker import Worker
 
-from activities.kube import KubeActivities, KubeObserver
 from activities.kube_clients import KubeClients
-from activities.reconcile import ReconcileActivities
+from activities.registry import controlplane_activities
 from levers9 import logs
 from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
@@ -66,18 +65,11 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         deleted=sync.deleted,
     )
     clients = KubeClients(values.pools)
-    reconcile = ReconcileActivities(KubeObserver(clients), client, settings)
-    kube = KubeActivities(clients, settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=[
-            reconcile.observe_pool,
-            kube.create_worker_job,
-            kube.delete_worker_job,
-            kube.describe_worker_pod,
-        ],
+        activities=controlplane_activities(clients, client, settings),
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
     secret = settings.token_secret()

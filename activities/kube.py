@@ -25,9 +25,10 @@ from levers9.capacity import (
     MANAGED_BY_US,
     POOL_LABEL,
     WORKER_ID_LABEL,
+    NodeCapacity,
     PoolView,
+    pool_capacity,
 )
-from levers9.capacity import pool_capacity as compute_capacity
 from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
@@ -103,7 +104,7 @@ class KubeObserver:
     def __init__(self, clients: KubeClients) -> None:
         self._clients = clients
 
-    def observe(self, pool_name: str) -> tuple[dict[str, Any], int]:
+    def observe(self, pool_name: str) -> tuple[dict[str, NodeCapacity], int]:
         """Per-node capacity of the pool, and how many API calls it took."""
         pool = self._clients.pool(pool_name)
         api = self._clients.api(pool_name)
@@ -128,7 +129,17 @@ class KubeObserver:
         ):
             jobs += items
             calls += n
-        return compute_capacity(nodes, pods, jobs, pool_view(pool_name, pool)), calls
+        return self.capacity(nodes, pods, jobs, pool_view(pool_name, pool)), calls
+
+    def capacity(
+        self,
+        nodes: list[dict[str, Any]],
+        pods: list[dict[str, Any]],
+        jobs: list[dict[str, Any]],
+        view: PoolView,
+    ) -> dict[str, NodeCapacity]:
+        """The pure part of an observation (the benchmark times it on its own)."""
+        return pool_capacity(nodes, pods, jobs, view)
 
 
 class KubeActivities:

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import IndexedValueType
@@ -257,35 +258,54 @@ def _seconds(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
 
 
-async def list_machine_records(
-    settings: ControlplaneSettings, pool_name: str | None
-) -> list[MachineRecord]:
-    """The machine records (running MachineWorkflows' memos), from one visibility list."""
+R = TypeVar("R", MachineRecord, WorkerRecord)
+
+
+async def _memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
+    """The `record` memo of every workflow the visibility query lists (one list call, paged)."""
     client = await connect(settings)
-    query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
-    if pool_name:
-        query += f" AND PoolName='{pool_name}'"
     records = []
     async for listed in client.list_workflows(query):
         memo = await listed.memo()
         if "record" in memo:
-            records.append(MachineRecord.model_validate(memo["record"]))
+            records.append(model.model_validate(memo["record"]))
+    return records
+
+
+async def list_machine_records(
+    settings: ControlplaneSettings, pool_name: str | None
+) -> list[MachineRecord]:
+    """The machine records (running MachineWorkflows' memos)."""
+    query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
+    if pool_name:
+        query += f" AND PoolName='{pool_name}'"
+    records = await _memo_records(settings, query, MachineRecord)
     return sorted(records, key=lambda r: (r.pool_name, r.node_name))
 
 
 async def list_worker_records(
     settings: ControlplaneSettings, pool_name: str | None, include_ended: bool
 ) -> list[WorkerRecord]:
-    """The worker records (WorkerWorkflows' memos), from one visibility list."""
-    client = await connect(settings)
+    """The worker records (WorkerWorkflows' memos), ended ones too when asked."""
     query = f"WorkflowType='{WORKER_WORKFLOW}'"
     if not include_ended:
         query += " AND ExecutionStatus='Running'"
     if pool_name:
         query += f" AND PoolName='{pool_name}'"
-    records = []
-    async for listed in client.list_workflows(query):
-        memo = await listed.memo()
-        if "record" in memo:
-            records.append(WorkerRecord.model_validate(memo["record"]))
+    records = await _memo_records(settings, query, WorkerRecord)
     return sorted(records, key=lambda r: (r.pool_name, r.node_name, r.created_at))
+
+
+async def wait_for_workers(
+    settings: ControlplaneSettings, within: float, progress: Callable[[int, int], None]
+) -> None:
+    """Waits (bounded) until every machine has an available worker."""
+    async with asyncio.timeout(within):
+        while True:
+            machines = [m for m in await list_machine_records(settings, None) if m.machine]
+            workers = await list_worker_records(settings, None, include_ended=False)
+            available = sum(1 for w in workers if w.state == "available")
+            progress(available, len(machines))
+            if machines and available >= len(machines):
+                return
+            await asyncio.sleep(PASS_POLL_S)

@@ -22,9 +22,9 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.kube import KubeActivities, KubeObserver, job_selector
+from activities.kube import job_selector
 from activities.kube_clients import KubeClients
-from activities.reconcile import ReconcileActivities
+from activities.registry import controlplane_activities
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.records import TemporalWorkerRecords
@@ -95,18 +95,11 @@ class Controlplane:
     @asynccontextmanager
     async def worker(self, client: Client) -> AsyncIterator[Worker]:
         """The Temporal worker and the gateway, as worker_main runs them."""
-        reconcile = ReconcileActivities(KubeObserver(self.clients), client, self.settings)
-        kube = KubeActivities(self.clients, self.settings)
         worker = Worker(
             client,
             task_queue=self.settings.task_queue,
             workflows=WORKFLOWS,
-            activities=[
-                reconcile.observe_pool,
-                kube.create_worker_job,
-                kube.delete_worker_job,
-                kube.describe_worker_pod,
-            ],
+            activities=controlplane_activities(self.clients, client, self.settings),
         )
         gateway = Gateway(TemporalWorkerRecords(client), SecretStr(TOKEN_SECRET))
         await gateway.start(self.settings.gateway_listen)

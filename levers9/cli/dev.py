@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.status import Status
 
-from levers9.cli import config_cmd, pool
+from levers9.cli import config_cmd, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack import (
     DEFAULT_GATEWAY_PORT,
@@ -25,7 +25,7 @@ from levers9.devstack import (
     is_running,
     temporal_binary,
 )
-from levers9.temporal import wait_for_passes
+from levers9.temporal import wait_for_passes, wait_for_workers
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
 
@@ -158,6 +158,17 @@ def demo(
             logs_dir = stack.dir / "logs"
             fail([f"no {DEMO_PASSES} reconcile passes in {DEMO_TIMEOUT_S:.0f}s; see {logs_dir}"])
             raise typer.Exit(1) from None
+    console.rule("waiting for a worker on every machine (pending -> available)")
+    with Status("waiting for workers", console=console) as spinner:
+
+        def workers_progress(available: int, machines: int) -> None:
+            spinner.update(f"workers available: {available}/{machines or '?'}")
+
+        try:
+            asyncio.run(wait_for_workers(settings, DEMO_TIMEOUT_S, workers_progress))
+        except TimeoutError:
+            fail([f"workers not available in {DEMO_TIMEOUT_S:.0f}s; see levers9 worker list"])
+            raise typer.Exit(1) from None
     for args in (["get", "nodes", "-o", "wide"], ["get", "pods", "-A", "-o", "wide"]):
         console.rule(f"kubectl {' '.join(args)}")
         subprocess.run(["kubectl", *args], check=False)
@@ -165,13 +176,17 @@ def demo(
     subprocess.run([str(temporal_binary()), "schedule", "list"], check=False)
     console.rule("levers9 pool list")
     pool.show_pools(settings, Output.table)
+    console.rule("levers9 machine list")
+    machine.list_(pool=None, output=Output.table)
+    console.rule("levers9 worker list")
+    worker.list_(pool=None, all_=False, output=Output.table)
     env = stack.env()
     levers9, temporal = _command("levers9"), _command("temporal")
     console.print(
         f"\nThe stack keeps running.\n"
         f"  Temporal UI:   {env['LEVERS9_TEMPORAL_UI']}\n"
         f"  status:        {levers9} dev status\n"
-        f"  pools:         {levers9} pool list\n"
+        f"  pools:         {levers9} pool list, machine list, worker list\n"
         f"  the cluster:   KUBECONFIG={env['KUBECONFIG']} kubectl get nodes\n"
         f"  change it:     {levers9} sandbox node add|remove|not-ready|ready, sandbox egress-ip\n"
         f"  use it:        . {stack.env_file} && {temporal} workflow list\n"

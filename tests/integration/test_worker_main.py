@@ -31,6 +31,14 @@ STARTED = "temporal worker started"
 READ_TIMEOUT_S = 60
 
 
+async def _worker_main(env: dict[str, str], *values: Path) -> asyncio.subprocess.Process:
+    """`python -m worker_main --values ...`, its stderr piped."""
+    args = [arg for path in values for arg in ("--values", str(path))]
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker_main", *args, env=env, stderr=asyncio.subprocess.PIPE
+    )
+
+
 async def _read_until(stream: asyncio.StreamReader, needle: str) -> str:
     seen: list[str] = []
     async with asyncio.timeout(READ_TIMEOUT_S):
@@ -60,17 +68,7 @@ async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
         "LEVERS9_WORKER_TOKEN_SECRET": MARKER,
         "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
     }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker_main",
-        "--values",
-        str(values),
-        "--values",
-        str(private),
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await _worker_main(env, values, private)
     assert proc.stderr is not None
     try:
         output = await _read_until(proc.stderr, STARTED)
@@ -99,9 +97,7 @@ async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
 async def test_bad_values_file_exits_with_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "values.yaml"
     bad.write_text("config:\n  worker:\n    pools: [1]\n")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "worker_main", "--values", str(bad), stderr=asyncio.subprocess.PIPE
-    )
+    proc = await _worker_main(dict(os.environ), bad)
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert 'invalid values error="config.worker.pools: must be a map"' in err.decode()
@@ -111,17 +107,7 @@ async def test_pools_without_a_token_secret_exit_naming_the_setting(tmp_path: Pa
     values = write_yaml(tmp_path / "values.yaml", values_doc({"gke-rtx6000": spec_pool()}))
     private = write_json(tmp_path / "private.json", private_values())
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_WORKER_TOKEN")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker_main",
-        "--values",
-        str(values),
-        "--values",
-        str(private),
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await _worker_main(env, values, private)
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert "config.controlplane.workerTokenSecret: required to start workers" in err.decode()
