@@ -262,10 +262,11 @@ R = TypeVar("R", MachineRecord, WorkerRecord)
 
 
 async def _memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
-    """The `record` memo of every workflow the visibility query lists (one list call, paged)."""
+    """The `record` memo of every workflow the visibility query lists (one list call, paged),
+    among this controlplane's own (its task queue: two controlplanes may share a namespace)."""
     client = await connect(settings)
     records = []
-    async for listed in client.list_workflows(query):
+    async for listed in client.list_workflows(f"{query} AND TaskQueue='{settings.task_queue}'"):
         memo = await listed.memo()
         if "record" in memo:
             records.append(model.model_validate(memo["record"]))

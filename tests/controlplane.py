@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,6 +21,7 @@ import certifi
 from kubernetes import client as k8s
 from pydantic import SecretStr
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.kube import job_selector
@@ -108,6 +110,18 @@ class Controlplane:
                 yield worker
         finally:
             await gateway.stop(grace=1)
+            await _terminate_running(client, self.settings.task_queue)
+
+
+async def _terminate_running(client: Client, task_queue: str) -> None:
+    """Ends this controlplane's records, so the next test's machines (same node names, same
+    workflow ids) start afresh instead of signalling workflows nobody polls any more."""
+    query = f"TaskQueue='{task_queue}' AND ExecutionStatus='Running'"
+    async for listed in client.list_workflows(query):
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(listed.id, run_id=listed.run_id).terminate(
+                "test module done"
+            )
 
 
 @asynccontextmanager

@@ -1,0 +1,133 @@
+"""Which worker runs a task, on which of its cards (pure; PoolWorkflow's state).
+
+A task needs `gpus` cards of ONE worker at once (a multi-card job needs one worker with that
+many). Waiting tasks are served in arrival order, each on the worker that fits it most tightly.
+So that a stream of small tasks cannot starve a big one, a task that has waited longer than the
+reservation threshold reserves the worker that can hold it soonest; smaller tasks then stop
+taking cards there, and the cards it frees go to the big task.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Slot(BaseModel):
+    """An available worker: its cards, and which task holds which."""
+
+    worker_id: str
+    node_name: str
+    address: str
+    devices: tuple[int, ...]
+    busy: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+
+    def free(self) -> list[int]:
+        held = {card for cards in self.busy.values() for card in cards}
+        return [card for card in self.devices if card not in held]
+
+
+class Waiting(BaseModel):
+    task_id: str
+    gpus: int
+    since: datetime
+
+
+class Placement(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    worker_id: str
+    node_name: str
+    address: str
+    gpu_indices: tuple[int, ...]
+
+
+class PoolState(BaseModel):
+    """Everything PoolWorkflow knows; carried across continue-as-new as it is."""
+
+    slots: dict[str, Slot] = Field(default_factory=dict)
+    waiting: list[Waiting] = Field(default_factory=list)
+    placed: dict[str, Placement] = Field(default_factory=dict)
+    reservations: dict[str, str] = Field(default_factory=dict)
+    """worker id -> the task id that reserved it."""
+
+    def add_worker(self, slot: Slot) -> None:
+        current = self.slots.get(slot.worker_id)
+        busy = current.busy if current else {}
+        self.slots[slot.worker_id] = slot.model_copy(update={"busy": busy})
+
+    def remove_worker(self, worker_id: str) -> list[str]:
+        """The worker is gone; returns the tasks that were placed on it."""
+        self.slots.pop(worker_id, None)
+        self.reservations.pop(worker_id, None)
+        lost = [t for t, p in self.placed.items() if p.worker_id == worker_id]
+        for task_id in lost:
+            del self.placed[task_id]
+        return lost
+
+    def request(self, task_id: str, gpus: int, now: datetime) -> None:
+        if task_id not in self.placed and all(w.task_id != task_id for w in self.waiting):
+            self.waiting.append(Waiting(task_id=task_id, gpus=gpus, since=now))
+
+    def release(self, task_id: str) -> None:
+        placement = self.placed.pop(task_id, None)
+        if placement and placement.worker_id in self.slots:
+            self.slots[placement.worker_id].busy.pop(task_id, None)
+        self.waiting = [w for w in self.waiting if w.task_id != task_id]
+        for worker_id, holder in list(self.reservations.items()):
+            if holder == task_id:
+                del self.reservations[worker_id]
+
+    def assign(self, now: datetime, reserve_after: timedelta) -> list[Placement]:
+        """Places every waiting task that fits, in arrival order; returns the new placements."""
+        made = []
+        still_waiting = []
+        for waiting in self.waiting:
+            slot = self._fit(waiting)
+            if slot is None:
+                if now - waiting.since >= reserve_after:
+                    self._reserve(waiting)
+                still_waiting.append(waiting)
+                continue
+            cards = tuple(slot.free()[: waiting.gpus])
+            slot.busy[waiting.task_id] = cards
+            placement = Placement(
+                task_id=waiting.task_id,
+                worker_id=slot.worker_id,
+                node_name=slot.node_name,
+                address=slot.address,
+                gpu_indices=cards,
+            )
+            self.placed[waiting.task_id] = placement
+            for worker_id, holder in list(self.reservations.items()):
+                if holder == waiting.task_id:
+                    del self.reservations[worker_id]
+            made.append(placement)
+        self.waiting = still_waiting
+        return made
+
+    def _fit(self, waiting: Waiting) -> Slot | None:
+        fits = [
+            slot
+            for slot in self.slots.values()
+            if len(slot.free()) >= waiting.gpus
+            and self.reservations.get(slot.worker_id, waiting.task_id) == waiting.task_id
+        ]
+        return min(fits, key=lambda s: (len(s.free()), s.worker_id), default=None)
+
+    def _reserve(self, waiting: Waiting) -> None:
+        if waiting.task_id in self.reservations.values():
+            return
+        able = [
+            slot
+            for slot in self.slots.values()
+            if len(slot.devices) >= waiting.gpus and slot.worker_id not in self.reservations
+        ]
+        if able:
+            best = max(able, key=lambda s: (len(s.free()), s.worker_id))
+            self.reservations[best.worker_id] = waiting.task_id
+
+    def biggest_worker(self) -> int:
+        return max((len(slot.devices) for slot in self.slots.values()), default=0)

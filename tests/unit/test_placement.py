@@ -1,0 +1,102 @@
+"""Placement: a task takes cards of one worker at once, the tightest fit, in arrival order; a
+multi-card task waits for one worker with that many free; past the reservation threshold it
+reserves a worker and small tasks stop taking cards there, so it is not starved.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from levers9.placement import PoolState, Slot
+
+T0 = datetime(2026, 9, 18, 10, 0, tzinfo=UTC)
+RESERVE = timedelta(seconds=30)
+
+
+def _pool(**workers: tuple[int, ...]) -> PoolState:
+    state = PoolState()
+    for worker_id, devices in workers.items():
+        state.add_worker(
+            Slot(
+                worker_id=worker_id,
+                node_name=f"n-{worker_id}",
+                address="127.0.20.1:1",
+                devices=devices,
+            )
+        )
+    return state
+
+
+def test_tightest_fit_and_lowest_cards() -> None:
+    state = _pool(big=(0, 1, 2, 3), small=(0,))
+    state.request("t1", 1, T0)
+    [placed] = state.assign(T0, RESERVE)
+    assert (placed.worker_id, placed.gpu_indices) == ("small", (0,))
+    state.request("t2", 2, T0)
+    [placed] = state.assign(T0, RESERVE)
+    assert (placed.worker_id, placed.gpu_indices) == ("big", (0, 1))
+
+
+def test_multi_card_task_needs_one_worker_with_that_many() -> None:
+    state = _pool(a=(0, 1), b=(0, 1))
+    state.request("four", 4, T0)
+    assert state.assign(T0, RESERVE) == []
+    assert [w.task_id for w in state.waiting] == ["four"]
+    state.add_worker(Slot(worker_id="c", node_name="n-c", address="x:1", devices=(0, 1, 2, 3)))
+    [placed] = state.assign(T0, RESERVE)
+    assert (placed.worker_id, placed.gpu_indices) == ("c", (0, 1, 2, 3))
+
+
+def test_release_frees_cards() -> None:
+    state = _pool(a=(0, 1))
+    state.request("t1", 2, T0)
+    state.assign(T0, RESERVE)
+    state.request("t2", 1, T0)
+    assert state.assign(T0, RESERVE) == []
+    state.release("t1")
+    [placed] = state.assign(T0, RESERVE)
+    assert placed.task_id == "t2"
+
+
+def test_big_task_not_starved_by_a_stream_of_small_ones() -> None:
+    state = _pool(w=(0, 1, 2, 3))
+    state.request("small-0", 1, T0)
+    state.assign(T0, RESERVE)
+    state.request("big", 4, T0)
+    now = T0
+    for i in range(1, 20):  # a small task every 10 s, each done 10 s later
+        now += timedelta(seconds=10)
+        state.release(f"small-{i - 1}")
+        state.request(f"small-{i}", 1, now)
+        placed = {p.task_id for p in state.assign(now, RESERVE)}
+        if "big" in placed:
+            break
+    assert "big" in state.placed, "the big task got the worker"
+    assert now - T0 <= RESERVE + timedelta(seconds=20)
+    assert state.placed["big"].gpu_indices == (0, 1, 2, 3)
+
+
+def test_without_reservation_small_tasks_would_keep_the_cards() -> None:
+    state = _pool(w=(0, 1, 2, 3))
+    state.request("small-0", 1, T0)
+    state.assign(T0, RESERVE)
+    state.request("big", 4, T0)
+    state.request("small-1", 1, T0)
+    [placed] = state.assign(T0, RESERVE)  # before the threshold, small tasks still fit
+    assert placed.task_id == "small-1"
+
+
+def test_gone_worker_reports_its_tasks() -> None:
+    state = _pool(a=(0,), b=(0,))
+    state.request("t1", 1, T0)
+    [placed] = state.assign(T0, RESERVE)
+    assert state.remove_worker(placed.worker_id) == ["t1"]
+    assert placed.worker_id not in state.slots
+
+
+def test_cpu_task_needs_no_card() -> None:
+    state = _pool(a=(0,))
+    state.request("t1", 1, T0)
+    state.request("cpu", 0, T0)
+    placed = state.assign(T0, RESERVE)
+    assert [(p.task_id, p.gpu_indices) for p in placed] == [("t1", (0,)), ("cpu", ())]
