@@ -28,12 +28,15 @@ from levers9.models import (
     MACHINE_WORKFLOW,
     NODE_NAME,
     POOL_NAME,
+    POOL_WORKFLOW,
     MachineInput,
     ObservePoolInput,
     ObservePoolResult,
+    PoolInput,
     RunRef,
     WorkerTimings,
     machine_workflow_id,
+    pool_workflow_id,
 )
 from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
 
@@ -61,6 +64,7 @@ class ReconcileActivities:
     async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
         previous = await self._previous_fingerprints(input.previous)
         nodes, calls = await self._observe(input.pool_name)
+        await self._ensure_pool_workflow(input.pool_name)
         changes = diff(None if input.full_resync else previous, nodes)
         await self._tell(input.pool_name, [nodes[name] for name in changes.changed])
         gone = await self._gone(input.pool_name, changes.gone) if changes.gone else []
@@ -86,6 +90,17 @@ class ReconcileActivities:
             raise ApplicationError(
                 f"{UNABLE}: {type(exc).__name__} (retrying)", type="KubernetesUnavailable"
             ) from None
+
+    async def _ensure_pool_workflow(self, pool_name: str) -> None:
+        """Placement runs before any task asks: workers announce their cards to it."""
+        await self._client.start_workflow(
+            POOL_WORKFLOW,
+            PoolInput(pool_name=pool_name),
+            id=pool_workflow_id(pool_name),
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, pool_name)]),
+        )
 
     async def _previous_fingerprints(self, ref: RunRef | None) -> Fingerprints | None:
         """The previous pass's fingerprints, read from its observe result in its history."""

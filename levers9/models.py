@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.common import SearchAttributeKey
 
 from levers9.capacity import NodeCapacity
+from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
+from levers9.placement import PoolState
 
 POOL_NAME = SearchAttributeKey.for_keyword("PoolName")
 NODE_NAME = SearchAttributeKey.for_keyword("NodeName")
@@ -23,6 +25,8 @@ SEARCH_ATTRIBUTES = (POOL_NAME, NODE_NAME, WORKER_STATE, GPU_TYPE)
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"
 WORKER_WORKFLOW = "WorkerWorkflow"
+POOL_WORKFLOW = "PoolWorkflow"
+TASK_WORKFLOW = "TaskWorkflow"
 
 
 class _Record(BaseModel):
@@ -196,3 +200,78 @@ def machine_workflow_id(pool_name: str, node_name: str) -> str:
 
 def worker_workflow_id(pool_name: str, worker_id: str) -> str:
     return f"worker:{pool_name}:{worker_id}"
+
+
+class PlaceRequest(_Record):
+    """Update `place` of PoolWorkflow: completes when one worker has `gpus` cards free."""
+
+    pool_name: str
+    task_id: str
+    gpus: int
+
+
+class WorkerSlotInput(_Record):
+    """Signal `worker_available` to PoolWorkflow (from WorkerWorkflow, when it is available)."""
+
+    worker_id: str
+    node_name: str
+    address: str
+    devices: tuple[int, ...]
+
+
+class PoolInput(_Record):
+    pool_name: str
+    state: PoolState | None = None
+    """Carried across continue-as-new."""
+
+
+class TaskInput(_Record):
+    """One task a user runs; its id names the record (`task:<id>`)."""
+
+    task_id: str
+    pool_name: str
+    command: tuple[str, ...]
+    gpus: int = 1
+    image: str = ""
+    env: dict[str, str] = {}
+
+
+class TaskRecord(_Record):
+    """The task record: `levers9 task get` reads it (query, and the memo when it ended)."""
+
+    task_id: str
+    pool_name: str
+    command: tuple[str, ...]
+    gpus: int
+    image: str
+    state: str
+    """queued, placed, running, succeeded, failed, cancelled, lost"""
+    created_at: datetime
+    worker_id: str | None = None
+    node_name: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    phases: tuple[TaskPhase, ...] = ()
+    exit_code: int | None = None
+    result_json: str = ""
+    reason: str = ""
+    log_tail: str = ""
+    host: str = ""
+    finished_at: datetime | None = None
+
+
+class WorkerTaskInput(_Record):
+    """RunTask / GetTask on one worker (the activity computes the worker's token)."""
+
+    pool_name: str
+    worker_id: str
+    address: str
+    task: TaskInput
+    gpu_indices: tuple[int, ...] = ()
+
+
+def pool_workflow_id(pool_name: str) -> str:
+    return f"pool:{pool_name}"
+
+
+def task_workflow_id(task_id: str) -> str:
+    return f"task:{task_id}"

@@ -258,10 +258,10 @@ def _seconds(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
 
 
-R = TypeVar("R", MachineRecord, WorkerRecord)
+R = TypeVar("R", bound=BaseModel)
 
 
-async def _memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
+async def list_memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
     """The `record` memo of every workflow the visibility query lists (one list call, paged),
     among this controlplane's own (its task queue: two controlplanes may share a namespace)."""
     client = await connect(settings)
@@ -280,7 +280,7 @@ async def list_machine_records(
     query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
     if pool_name:
         query += f" AND PoolName='{pool_name}'"
-    records = await _memo_records(settings, query, MachineRecord)
+    records = await list_memo_records(settings, query, MachineRecord)
     return sorted(records, key=lambda r: (r.pool_name, r.node_name))
 
 
@@ -293,7 +293,7 @@ async def list_worker_records(
         query += " AND ExecutionStatus='Running'"
     if pool_name:
         query += f" AND PoolName='{pool_name}'"
-    records = await _memo_records(settings, query, WorkerRecord)
+    records = await list_memo_records(settings, query, WorkerRecord)
     return sorted(records, key=lambda r: (r.pool_name, r.node_name, r.created_at))
 
 

@@ -33,7 +33,9 @@ with workflow.unsafe.imports_passed_through():
         WorkerJobInput,
         WorkerRecord,
         WorkerRegistration,
+        WorkerSlotInput,
         machine_workflow_id,
+        pool_workflow_id,
     )
 
 KUBE_TIMEOUT = timedelta(seconds=60)
@@ -163,12 +165,30 @@ class WorkerWorkflow:
                 )
             self._set(input, "pending", condition=condition)
 
+    async def _announce(self, input: WorkerInput) -> None:
+        """Tells the pool's placement this worker's cards (again: a lost signal is repaired)."""
+        registration = self._registration
+        if registration is None:
+            return
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+        with contextlib.suppress(FailureError):  # no pool yet: the next announcement makes it
+            await pool.signal(
+                "worker_available",
+                WorkerSlotInput(
+                    worker_id=input.worker_id,
+                    node_name=input.node_name,
+                    address=registration.address,
+                    devices=registration.visible_devices,
+                ),
+            )
+
     async def _serve(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
         """Available: heartbeats keep it; idle past the pool's minutes winds it down."""
         timings = input.timings
         ttl = timedelta(seconds=timings.record_ttl_seconds)
         idle = timedelta(seconds=timings.idle_seconds)
         self._set(input, "available")
+        await self._announce(input)
         workflow.logger.info(
             "worker available",
             extra={
@@ -201,6 +221,7 @@ class WorkerWorkflow:
             published = self._record.last_heartbeat if self._record else None
             if self._beat_at and (published is None or self._beat_at - published >= PUBLISH):
                 self._set(input, "available")  # the memo's heartbeat, at most once a minute
+                await self._announce(input)
             if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
@@ -256,6 +277,10 @@ class WorkerWorkflow:
                 retry_policy=KUBE_RETRY,
             )
         self._set(input, state, reason)
+        if self._registration is not None:
+            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+            with contextlib.suppress(FailureError):
+                await pool.signal("worker_gone", input.worker_id)
         workflow.logger.info(
             "worker record ended",
             extra={

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from levers9 import logs
-from levers9.cli import config_cmd, dev, machine, pool, sandbox, worker
+from levers9.cli import config_cmd, dev, machine, pool, sandbox, task, worker
 from levers9.cli.runtime import honour_dev_env
 
 app = typer.Typer(
@@ -18,6 +18,10 @@ app.add_typer(dev.app, name="dev")
 app.add_typer(pool.app, name="pool")
 app.add_typer(machine.app, name="machine")
 app.add_typer(worker.app, name="worker")
+app.add_typer(task.app, name="task")
+app.command("run", context_settings={"allow_extra_args": False, "ignore_unknown_options": True})(
+    task.run
+)
 app.add_typer(sandbox.app, name="sandbox")
 
 

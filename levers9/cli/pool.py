@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any
 
 import typer
 
-from levers9.cli.output import Output, render
+from levers9.cli.output import Output, console, fail, render
 from levers9.cli.runtime import settings_from_env
+from levers9.cli.task import follow
 from levers9.config import ControlplaneSettings
+from levers9.models import TaskInput
+from levers9.tasks_client import new_task_id, start_task
 from levers9.temporal import list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
@@ -35,3 +39,47 @@ def show_pools(settings: ControlplaneSettings, output: Output) -> None:
     schedules = asyncio.run(list_reconcile_schedules(settings))
     rows: list[dict[str, Any]] = [row.model_dump(mode="json") for row in schedules]
     render(rows, COLUMNS, output, title="pools")
+
+
+PROBE_COMMAND = ("levers9-probe",)
+CHECK_KEYS = ("host", "nvidia_smi", "cuda", "device", "matmul_ok")
+
+
+@app.command()
+def check(
+    pool: Annotated[str, typer.Option("--pool")],
+    gpu: Annotated[str, typer.Option("--gpu", help="the GPU type the pool should have")],
+    timeout: Annotated[str, typer.Option("--timeout", help="e.g. 15m, 90s")] = "15m",
+) -> None:
+    """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
+    task record, so a slow first start does not hide the result."""
+    settings = settings_from_env()
+    task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
+    asyncio.run(start_task(settings, task))
+    console.print(f"task {task.task_id}: GPU check on pool {pool} ({gpu})", highlight=False)
+    record = asyncio.run(follow(settings, task.task_id, _seconds(timeout), show_logs=False))
+    if record is None:
+        missing = {"reason": f"no result within {timeout}", "task": task.task_id}
+        fail([f"FAILED {json.dumps(missing)}"])
+        raise typer.Exit(1)
+    try:
+        seen = json.loads(record.result_json) if record.result_json else {}
+    except ValueError:
+        seen = {"unparsed": record.result_json}
+    result = {"host": record.host or None, **seen}
+    ordered = {key: result.get(key) for key in CHECK_KEYS}
+    if record.state != "succeeded":
+        ordered["reason"] = record.reason or f"task {record.state}"
+        console.print(f"FAILED {json.dumps(ordered, indent=2)}", highlight=False)
+        raise typer.Exit(1)
+    console.print(f"COMPLETE {json.dumps(ordered, indent=2)}", highlight=False)
+
+
+def _seconds(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    try:
+        if text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except (ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r}: a duration like 15m, 90s or 1h") from None

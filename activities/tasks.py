@@ -1,0 +1,128 @@
+"""A task's I/O: ask the pool for cards (Update on PoolWorkflow), and the worker's WorkerService
+(RunTask, GetTask) at its advertised address, with the worker's own token.
+
+The token is computed here from the controlplane's secret, so it never passes through Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+from grpc import aio
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from levers9.config import ControlplaneSettings
+from levers9.gateway.convert import task_report
+from levers9.gateway.reports import TaskReport
+from levers9.models import (
+    POOL_WORKFLOW,
+    PlaceRequest,
+    PoolInput,
+    WorkerTaskInput,
+    pool_workflow_id,
+)
+from levers9.placement import Placement
+from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.tokens import worker_token
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+PLACE_HEARTBEAT_S = 5.0
+RPC_TIMEOUT_S = 15.0
+# A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
+PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+class TaskActivities:
+    """Temporal client and settings injected."""
+
+    def __init__(self, client: Client, settings: ControlplaneSettings) -> None:
+        self._client = client
+        self._settings = settings
+
+    @activity.defn
+    async def place_task(self, request: PlaceRequest) -> Placement:
+        """Waits (heartbeating) until the pool places the task on one worker's free cards."""
+        pool_name = request.pool_name
+        handle = await self._client.start_workflow(
+            POOL_WORKFLOW,
+            PoolInput(pool_name=pool_name),
+            id=pool_workflow_id(pool_name),
+            task_queue=self._settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        update: asyncio.Future[Placement] = asyncio.ensure_future(
+            handle.execute_update("place", request, result_type=Placement)
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({update}, timeout=PLACE_HEARTBEAT_S)
+                if done:
+                    return update.result()
+                activity.heartbeat()
+        finally:
+            update.cancel()
+
+    @activity.defn
+    async def run_task(self, input: WorkerTaskInput) -> bool:
+        """RunTask on the worker; True when it was already running (a retried call)."""
+        task = input.task
+        spec = worker_pb2.TaskSpec(
+            task_id=task.task_id,
+            image=task.image,
+            command=list(task.command),
+            env=dict(task.env),
+            gpu_indices=list(input.gpu_indices),
+        )
+        response = await self._call(
+            input,
+            lambda stub, md: stub.RunTask(
+                worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
+            ),
+        )
+        return bool(response.already_running)
+
+    @activity.defn
+    async def get_task(self, input: WorkerTaskInput) -> TaskReport:
+        """GetTask on the worker: the fallback when a report signal was lost."""
+        status = await self._call(
+            input,
+            lambda stub, md: stub.GetTask(
+                worker_pb2.GetTaskRequest(task_id=input.task.task_id),
+                metadata=md,
+                timeout=RPC_TIMEOUT_S,
+            ),
+        )
+        return task_report(
+            gateway_pb2.ReportTaskRequest(
+                pool_name=input.pool_name, worker_id=input.worker_id, status=status
+            )
+        )
+
+    async def _call(
+        self,
+        input: WorkerTaskInput,
+        call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
+    ) -> T:
+        secret = self._settings.token_secret()
+        if secret is None:
+            raise ApplicationError("no worker token secret", non_retryable=True)
+        token = worker_token(secret.get_secret_value(), input.worker_id)
+        metadata = (("authorization", f"Bearer {token}"),)
+        async with aio.insecure_channel(input.address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            try:
+                return await call(stub, metadata)
+            except aio.AioRpcError as error:
+                code = error.code()
+                text = f"worker {input.worker_id} at {input.address}: {code.name} {error.details()}"
+                permanent = code in PERMANENT or code == grpc.StatusCode.NOT_FOUND
+                raise ApplicationError(
+                    text, type=f"Worker{code.name}", non_retryable=permanent
+                ) from None

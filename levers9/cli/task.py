@@ -1,0 +1,146 @@
+"""`levers9 run` and `levers9 task ...`: run a task on a pool's workers and read its record."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from levers9.cli.output import Output, console, fail, render
+from levers9.cli.runtime import settings_from_env
+from levers9.cli.worker import ago
+from levers9.config import ControlplaneSettings
+from levers9.models import TaskInput, TaskRecord
+from levers9.tasks_client import TERMINAL, list_tasks, new_task_id, start_task, task_record
+
+app = typer.Typer(help="Tasks: what users run on the workers, and their records.")
+
+POLL_S = 0.5
+DEADLINE_EXIT = 4
+COLUMNS = [
+    ("task_id", "TASK"),
+    ("pool", "POOL"),
+    ("state", "STATE"),
+    ("gpus", "CARDS"),
+    ("worker", "WORKER"),
+    ("node", "NODE"),
+    ("age", "AGE"),
+    ("command", "COMMAND"),
+]
+
+
+async def follow(
+    settings: ControlplaneSettings, task_id: str, wait_s: float, show_logs: bool
+) -> TaskRecord | None:
+    """Polls the record until it ends or `wait_s` passes, printing new log output."""
+    deadline = time.monotonic() + wait_s
+    shown = 0
+    record = None
+    while True:
+        record = await task_record(settings, task_id)
+        if record is not None and show_logs and len(record.log_tail) > shown:
+            console.out(record.log_tail[shown:], end="", highlight=False)
+            shown = len(record.log_tail)
+        if record is not None and record.state in TERMINAL:
+            return record
+        if time.monotonic() >= deadline:
+            return None if record is None or record.state not in TERMINAL else record
+        await asyncio.sleep(POLL_S)
+
+
+def print_result(record: TaskRecord) -> None:
+    console.print(
+        f"task {record.task_id} {record.state} exit_code={record.exit_code}"
+        f" worker={record.worker_id} node={record.node_name}",
+        highlight=False,
+    )
+    if record.reason:
+        console.print(f"reason: {record.reason}", highlight=False)
+    if record.result_json:
+        console.print(record.result_json, highlight=False, soft_wrap=True)
+
+
+def run(
+    command: Annotated[list[str], typer.Argument(help="the command, after --")],
+    pool: Annotated[str, typer.Option("--pool", help="the pool to run on")],
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="cards of one worker")] = 1,
+    image: Annotated[str, typer.Option("--image", help="container image")] = "",
+    wait: Annotated[float, typer.Option("--wait", min=0, help="seconds this command waits")] = 120,
+) -> None:
+    """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
+    settings = settings_from_env()
+    task = TaskInput(
+        task_id=new_task_id(), pool_name=pool, command=tuple(command), gpus=gpus, image=image
+    )
+    asyncio.run(start_task(settings, task))
+    console.print(f"task {task.task_id} submitted to pool {pool}", highlight=False)
+    record = asyncio.run(follow(settings, task.task_id, wait, show_logs=True))
+    if record is None:
+        console.print(
+            f"DEADLINE_EXCEEDED: task {task.task_id} is still running;"
+            f" levers9 task get {task.task_id}",
+            highlight=False,
+        )
+        raise typer.Exit(DEADLINE_EXIT)
+    print_result(record)
+    raise typer.Exit(0 if record.state == "succeeded" else 1)
+
+
+@app.command()
+def get(
+    task_id: str, output: Annotated[Output, typer.Option("-o", "--output")] = Output.table
+) -> None:
+    """The task record: state, worker, phases, exit code, result."""
+    record = asyncio.run(task_record(settings_from_env(), task_id))
+    if record is None:
+        fail([f"no task {task_id}"])
+        raise typer.Exit(1)
+    if output is Output.json:
+        console.print_json(record.model_dump_json())
+        return
+    print_result(record)
+    for phase in record.phases:
+        error = f" error={phase.error}" if phase.error else ""
+        console.print(f"  {phase.at} {phase.name}{error}", highlight=False)
+
+
+@app.command()
+def logs(task_id: str) -> None:
+    """The task's output, as its record holds it (the tail)."""
+    record = asyncio.run(task_record(settings_from_env(), task_id))
+    if record is None:
+        fail([f"no task {task_id}"])
+        raise typer.Exit(1)
+    console.out(record.log_tail, end="", highlight=False)
+
+
+@app.command("list")
+def list_(
+    pool: Annotated[str | None, typer.Option("--pool")] = None,
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+) -> None:
+    """Tasks, newest first."""
+    records = asyncio.run(list_tasks(settings_from_env(), pool))
+    if output is Output.json:
+        render([json.loads(r.model_dump_json()) for r in records], COLUMNS, output)
+        return
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "task_id": r.task_id,
+            "pool": r.pool_name,
+            "state": r.state,
+            "gpus": r.gpus,
+            "worker": r.worker_id or "",
+            "node": r.node_name or "",
+            "age": ago(r.created_at, now),
+            "command": " ".join(r.command)[:60],
+        }
+        for r in records
+    ]
+    render(rows, COLUMNS, output, title="tasks")

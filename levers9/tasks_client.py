@@ -1,0 +1,57 @@
+"""Tasks from the user's side: start one, read its record, list them (through Temporal only; the
+CLI never holds a worker's token or the cluster's key)."""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
+
+from levers9.config import ControlplaneSettings
+from levers9.models import (
+    POOL_NAME,
+    TASK_WORKFLOW,
+    TaskInput,
+    TaskRecord,
+    task_workflow_id,
+)
+from levers9.temporal import connect, list_memo_records
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def start_task(settings: ControlplaneSettings, task: TaskInput) -> None:
+    client = await connect(settings)
+    await client.start_workflow(
+        TASK_WORKFLOW,
+        task,
+        id=task_workflow_id(task.task_id),
+        task_queue=settings.task_queue,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, task.pool_name)]),
+    )
+
+
+async def task_record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:
+    """The record as the task workflow holds it now (running or ended); None if unknown."""
+    client = await connect(settings)
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    try:
+        record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return record
+
+
+async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:
+    query = f"WorkflowType='{TASK_WORKFLOW}'"
+    if pool_name:
+        query += f" AND PoolName='{pool_name}'"
+    records = await list_memo_records(settings, query, TaskRecord)
+    return sorted(records, key=lambda r: r.created_at, reverse=True)

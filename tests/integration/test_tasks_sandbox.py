@@ -1,0 +1,170 @@
+"""Tasks end to end on the sandbox, driven by the real CLI as a user drives it: the GPU check
+prints COMPLETE with what the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never
+an invented device); `levers9 run` prints the task's output and result, a task sees only its
+cards; `run --wait 0` prints DEADLINE_EXCEEDED and the task still completes; a worker shut down
+mid-task fails the task with the reason, never silently.
+
+The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.tasks_client import task_record
+from levers9.temporal import list_worker_records, sync_reconcile_schedules
+from tests.controlplane import POOL, Controlplane, controlplane
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+WITHIN = 60
+
+
+@pytest.fixture(scope="module")
+async def cp(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Controlplane]:
+    directory: Path = tmp_path_factory.mktemp("tasks")
+    address = dev_env.client.service_client.config.target_host
+    async with (
+        controlplane(directory, address, f"tq-{uuid.uuid4()}") as plane,
+        plane.worker(dev_env.client),
+    ):
+        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
+
+        async def available() -> bool:
+            records = await list_worker_records(plane.settings, POOL, include_ended=False)
+            return len(records) == 3 and all(r.state == "available" for r in records)
+
+        await eventually(available, within=WITHIN)
+        try:
+            yield plane
+        finally:
+            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+
+
+async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, in its own process, pointed at this controlplane's Temporal and task queue."""
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
+        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
+    }
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(BIN / "levers9"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
+    done = await levers9(cp, "pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout[done.stdout.index("COMPLETE ") + len("COMPLETE ") :]
+    result = json.loads(text)
+    assert list(result) == ["host", "nvidia_smi", "cuda", "device", "matmul_ok"]
+    assert result == {
+        "host": "process",
+        "nvidia_smi": None,
+        "cuda": False,
+        "device": None,
+        "matmul_ok": None,
+    }
+
+
+async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlplane) -> None:
+    script = (
+        "import json, os; print('hello from the task');"
+        "open(os.environ['LEVERS9_RESULT_PATH'], 'w').write(json.dumps("
+        "{'cards': os.environ['NVIDIA_VISIBLE_DEVICES']}))"
+    )
+    done = await levers9(cp, "run", "--pool", POOL, "--gpus", "2", "--", "python", "-c", script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hello from the task" in done.stdout
+    assert "succeeded exit_code=0" in done.stdout
+    task_id = done.stdout.split()[1]
+    record = await task_record(cp.settings, task_id)
+    assert record is not None
+    assert len(record.gpu_indices) == 2
+    assert json.loads(record.result_json) == {
+        "cards": ",".join(str(card) for card in record.gpu_indices)
+    }
+    assert [p.name for p in record.phases][:2] == ["placement", "worker.gpu_assignment"]
+
+
+async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
+    cp: Controlplane,
+) -> None:
+    done = await levers9(cp, "run", "--pool", POOL, "--wait", "0", "--", "sleep", "1")
+    assert done.returncode == 4
+    line = done.stdout.strip().splitlines()[-1]
+    assert line.startswith("DEADLINE_EXCEEDED: task ")
+    task_id = line.split()[2]
+    assert line.endswith(f"is still running; levers9 task get {task_id}")
+
+    async def completed() -> bool:
+        record = await task_record(cp.settings, task_id)
+        return record is not None and record.state == "succeeded"
+
+    await eventually(completed, within=WITHIN)
+    got = await levers9(cp, "task", "get", task_id, "-o", "json")
+    assert json.loads(got.stdout)["exit_code"] == 0
+
+
+async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlplane) -> None:
+    done = await levers9(
+        cp, "run", "--pool", POOL, "--gpus", "1", "--wait", "3", "--", "sleep", "60"
+    )
+    assert done.returncode == 4
+    task_id = done.stdout.strip().splitlines()[-1].split()[2]
+    record = await task_record(cp.settings, task_id)
+    assert record is not None
+    assert record.state == "running"
+    worker_pods = await asyncio.to_thread(
+        _kubectl,
+        cp,
+        "-n",
+        "levers9",
+        "get",
+        "pods",
+        "-l",
+        f"levers9.dev/worker-id={record.worker_id}",
+        "-o",
+        "name",
+    )
+    await asyncio.to_thread(_kubectl, cp, "-n", "levers9", "delete", *worker_pods.split())
+
+    async def failed() -> bool:
+        got = await task_record(cp.settings, task_id)
+        return got is not None and got.state in {"lost", "failed"}
+
+    await eventually(failed, within=WITHIN)
+    final = await task_record(cp.settings, task_id)
+    assert final is not None
+    assert "worker shut down" in final.reason or "worker lost" in final.reason
+
+
+def _kubectl(cp: Controlplane, *args: str) -> str:
+    kubeconfig = cp.sandbox.state.dir / "kubeconfig"
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout

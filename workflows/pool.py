@@ -1,0 +1,80 @@
+"""PoolWorkflow (`pool:<pool>`): placement. Which available worker has how many free cards, and
+which task waits for what (levers9/placement.py decides).
+
+Workers announce themselves (signal `worker_available`, from WorkerWorkflow) and leave
+(`worker_gone`); a task asks with the Update `place`, which completes when one worker has that
+many cards free at once, and gives them back with the signal `release`. It continues as new with
+its state once its history grows, when no placement is waiting on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from levers9.models import POOL_WORKFLOW, PlaceRequest, PoolInput, WorkerSlotInput
+    from levers9.placement import Placement, PoolState, Slot
+
+RESERVE_AFTER = timedelta(seconds=30)
+"""How long a task waits before it reserves a worker against smaller tasks."""
+MAX_HISTORY_EVENTS = 5_000
+
+
+@workflow.defn(name=POOL_WORKFLOW)
+class PoolWorkflow:
+    def __init__(self) -> None:
+        self._state = PoolState()
+        self._changed = False
+
+    @workflow.signal
+    def worker_available(self, slot: WorkerSlotInput) -> None:
+        self._state.add_worker(
+            Slot(
+                worker_id=slot.worker_id,
+                node_name=slot.node_name,
+                address=slot.address,
+                devices=slot.devices,
+            )
+        )
+        self._changed = True
+
+    @workflow.signal
+    def worker_gone(self, worker_id: str) -> None:
+        self._state.remove_worker(worker_id)
+        self._changed = True
+
+    @workflow.signal
+    def release(self, task_id: str) -> None:
+        self._state.release(task_id)
+        self._changed = True
+
+    @workflow.update
+    async def place(self, request: PlaceRequest) -> Placement:
+        self._state.request(request.task_id, request.gpus, workflow.now())
+        self._assign()
+        await workflow.wait_condition(lambda: request.task_id in self._state.placed)
+        return self._state.placed[request.task_id]
+
+    @workflow.query
+    def state(self) -> PoolState:
+        return self._state
+
+    @workflow.run
+    async def run(self, input: PoolInput) -> None:
+        if input.state is not None:
+            self._state = input.state
+        while True:
+            # Re-evaluate on every change, and at the reservation threshold for waiting tasks.
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._changed, timeout=RESERVE_AFTER)
+            self._changed = False
+            self._assign()
+            long = workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS
+            if long and not self._state.waiting and workflow.all_handlers_finished():
+                workflow.continue_as_new(PoolInput(pool_name=input.pool_name, state=self._state))
+
+    def _assign(self) -> None:
+        self._state.assign(workflow.now(), RESERVE_AFTER)

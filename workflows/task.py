@@ -1,0 +1,152 @@
+"""TaskWorkflow (`task:<id>`): one task and its record.
+
+    place (PoolWorkflow's Update, through an activity) -> RunTask on the worker (retried)
+    -> the worker's ReportTask (signal `report`), with a GetTask poll as the fallback -> release
+
+Phases carry timestamps (placement, the worker's `worker.gpu_assignment`, container start and
+exit); failures keep the worker's reason verbatim (`not enough GPUs available ...`). A worker
+that stops answering fails the task with that reason, never silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.tasks import TaskActivities
+    from levers9.gateway.reports import TaskPhase, TaskReport
+    from levers9.models import (
+        TASK_WORKFLOW,
+        PlaceRequest,
+        TaskInput,
+        TaskRecord,
+        WorkerTaskInput,
+        pool_workflow_id,
+    )
+    from levers9.placement import Placement
+
+PLACE_TIMEOUT = timedelta(days=1)
+PLACE_HEARTBEAT = timedelta(seconds=30)
+WORKER_TIMEOUT = timedelta(seconds=30)
+RUN_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=10)
+POLL_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=6)
+POLL_EVERY = timedelta(seconds=5)
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+@workflow.defn(name=TASK_WORKFLOW)
+class TaskWorkflow:
+    def __init__(self) -> None:
+        self._record: TaskRecord | None = None
+        self._placement: Placement | None = None
+        self._reports: list[TaskReport] = []
+
+    @workflow.query
+    def record(self) -> TaskRecord | None:
+        return self._record
+
+    @workflow.signal
+    def report(self, report: TaskReport) -> None:
+        # Any valid worker token may report any task id: take only our worker's word.
+        if self._placement is not None and report.worker_id == self._placement.worker_id:
+            self._reports.append(report)
+
+    @workflow.run
+    async def run(self, input: TaskInput) -> TaskRecord:
+        self._record = TaskRecord(
+            task_id=input.task_id,
+            pool_name=input.pool_name,
+            command=input.command,
+            gpus=input.gpus,
+            image=input.image,
+            state="queued",
+            created_at=workflow.now(),
+        )
+        self._placement = await workflow.execute_activity_method(
+            TaskActivities.place_task,
+            PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
+            start_to_close_timeout=PLACE_TIMEOUT,
+            heartbeat_timeout=PLACE_HEARTBEAT,
+        )
+        try:
+            return await self._run_on_worker(input, self._placement)
+        finally:
+            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+            with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
+                await pool.signal("release", input.task_id)
+
+    async def _run_on_worker(self, input: TaskInput, placement: Placement) -> TaskRecord:
+        self._update(
+            state="placed",
+            worker_id=placement.worker_id,
+            node_name=placement.node_name,
+            gpu_indices=placement.gpu_indices,
+            phases=(TaskPhase(name="placement", at=workflow.now()),),
+        )
+        on_worker = WorkerTaskInput(
+            pool_name=input.pool_name,
+            worker_id=placement.worker_id,
+            address=placement.address,
+            task=input,
+            gpu_indices=placement.gpu_indices,
+        )
+        try:
+            await workflow.execute_activity_method(
+                TaskActivities.run_task,
+                on_worker,
+                start_to_close_timeout=WORKER_TIMEOUT,
+                retry_policy=RUN_RETRY,
+            )
+        except ActivityError as exc:
+            return self._finish("failed", f"worker lost before the task started: {_why(exc)}")
+        self._update(state="running")
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: bool(self._reports), timeout=POLL_EVERY)
+            if self._reports:
+                report = self._reports.pop()
+            else:
+                try:
+                    report = await workflow.execute_activity_method(
+                        TaskActivities.get_task,
+                        on_worker,
+                        start_to_close_timeout=WORKER_TIMEOUT,
+                        retry_policy=POLL_RETRY,
+                    )
+                except ActivityError as exc:
+                    return self._finish("lost", f"worker lost mid-task: {_why(exc)}")
+            self._apply(report)
+            if report.state in TERMINAL:
+                return self._finish(report.state, report.reason)
+
+    def _apply(self, report: TaskReport) -> None:
+        assert self._record is not None
+        placement = self._record.phases[:1]
+        self._update(
+            phases=placement + report.phases,
+            exit_code=report.exit_code if report.state in TERMINAL else None,
+            result_json=report.result_json,
+            log_tail=report.log_tail,
+            host=report.host,
+        )
+
+    def _update(self, **changes: object) -> None:
+        assert self._record is not None
+        before = self._record.state
+        self._record = self._record.model_copy(update=changes)
+        if self._record.state != before:  # the memo (task list) follows the state, not logs
+            workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+
+    def _finish(self, state: str, reason: str) -> TaskRecord:
+        self._update(state=state, reason=reason, finished_at=workflow.now())
+        assert self._record is not None
+        return self._record
+
+
+def _why(exc: ActivityError) -> str:
+    return exc.cause.message if isinstance(exc.cause, ApplicationError) else str(exc)
