@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +22,7 @@ from levers9 import logs
 from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
+from levers9.process import exit_now
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
 from workflows import WORKFLOWS
 
@@ -116,4 +116,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,5 +1,5 @@
 """`python -m levers9 ...`: the CLI, for processes started without the console script."""
 
-from levers9.cli.main import app
+from levers9.cli.main import main
 
-app(prog_name="levers9")
+main()

@@ -1,10 +1,15 @@
 """Tasks from the user's side: start one, read its record, list them (through Temporal only; the
-CLI never holds a worker's token or the cluster's key)."""
+CLI never holds a worker's token or the cluster's key).
+
+A command does all its Temporal calls with one client on one event loop: the SDK's runtime does
+not survive clients left behind on loops that `asyncio.run` already closed.
+"""
 
 from __future__ import annotations
 
 import uuid
 
+from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -16,7 +21,7 @@ from levers9.models import (
     TaskRecord,
     task_workflow_id,
 )
-from levers9.temporal import connect, list_memo_records
+from levers9.temporal import list_memo_records
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
@@ -25,8 +30,7 @@ def new_task_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-async def start_task(settings: ControlplaneSettings, task: TaskInput) -> None:
-    client = await connect(settings)
+async def start_task(client: Client, settings: ControlplaneSettings, task: TaskInput) -> None:
     await client.start_workflow(
         TASK_WORKFLOW,
         task,
@@ -36,9 +40,8 @@ async def start_task(settings: ControlplaneSettings, task: TaskInput) -> None:
     )
 
 
-async def task_record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:
+async def task_record(client: Client, task_id: str) -> TaskRecord | None:
     """The record as the task workflow holds it now (running or ended); None if unknown."""
-    client = await connect(settings)
     handle = client.get_workflow_handle(task_workflow_id(task_id))
     try:
         record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)

@@ -7,6 +7,7 @@ import typer
 from levers9 import logs
 from levers9.cli import config_cmd, dev, machine, pool, sandbox, task, worker
 from levers9.cli.runtime import honour_dev_env
+from levers9.process import exit_now
 
 app = typer.Typer(
     help="levers9: GPU nodes of a Kubernetes cluster you already run, as a worker pool.",
@@ -31,3 +32,13 @@ def _main(
 ) -> None:
     honour_dev_env()
     logs.setup(log_level)
+
+
+def main() -> None:
+    """The `levers9` command; it leaves through `exit_now` (see there why)."""
+    try:
+        app()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    exit_now(code)

@@ -10,10 +10,10 @@ import typer
 
 from levers9.cli.output import Output, console, fail, render
 from levers9.cli.runtime import settings_from_env
-from levers9.cli.task import follow
+from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput
-from levers9.tasks_client import new_task_id, start_task
+from levers9.tasks_client import new_task_id
 from levers9.temporal import list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
@@ -55,9 +55,8 @@ def check(
     task record, so a slow first start does not hide the result."""
     settings = settings_from_env()
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
-    asyncio.run(start_task(settings, task))
-    console.print(f"task {task.task_id}: GPU check on pool {pool} ({gpu})", highlight=False)
-    record = asyncio.run(follow(settings, task.task_id, _seconds(timeout), show_logs=False))
+    console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
+    record = asyncio.run(submit_and_follow(settings, task, _seconds(timeout), show_logs=False))
     if record is None:
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])

@@ -15,6 +15,7 @@ from levers9.cli.worker import ago
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput, TaskRecord
 from levers9.tasks_client import TERMINAL, list_tasks, new_task_id, start_task, task_record
+from levers9.temporal import connect
 
 app = typer.Typer(help="Tasks: what users run on the workers, and their records.")
 
@@ -32,15 +33,19 @@ COLUMNS = [
 ]
 
 
-async def follow(
-    settings: ControlplaneSettings, task_id: str, wait_s: float, show_logs: bool
+async def submit_and_follow(
+    settings: ControlplaneSettings, task: TaskInput, wait_s: float, show_logs: bool
 ) -> TaskRecord | None:
-    """Polls the record until it ends or `wait_s` passes, printing new log output."""
+    """Starts the task, then polls its record until it ends or `wait_s` passes, printing new
+    log output; None when it is still running."""
+    client = await connect(settings)
+    await start_task(client, settings, task)
+    console.print(f"task {task.task_id} submitted to pool {task.pool_name}", highlight=False)
     deadline = time.monotonic() + wait_s
     shown = 0
     record = None
     while True:
-        record = await task_record(settings, task_id)
+        record = await task_record(client, task.task_id)
         if record is not None and show_logs and len(record.log_tail) > shown:
             console.out(record.log_tail[shown:], end="", highlight=False)
             shown = len(record.log_tail)
@@ -75,9 +80,7 @@ def run(
     task = TaskInput(
         task_id=new_task_id(), pool_name=pool, command=tuple(command), gpus=gpus, image=image
     )
-    asyncio.run(start_task(settings, task))
-    console.print(f"task {task.task_id} submitted to pool {pool}", highlight=False)
-    record = asyncio.run(follow(settings, task.task_id, wait, show_logs=True))
+    record = asyncio.run(submit_and_follow(settings, task, wait, show_logs=True))
     if record is None:
         console.print(
             f"DEADLINE_EXCEEDED: task {task.task_id} is still running;"
@@ -89,12 +92,16 @@ def run(
     raise typer.Exit(0 if record.state == "succeeded" else 1)
 
 
+async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:
+    return await task_record(await connect(settings), task_id)
+
+
 @app.command()
 def get(
     task_id: str, output: Annotated[Output, typer.Option("-o", "--output")] = Output.table
 ) -> None:
     """The task record: state, worker, phases, exit code, result."""
-    record = asyncio.run(task_record(settings_from_env(), task_id))
+    record = asyncio.run(_record(settings_from_env(), task_id))
     if record is None:
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
@@ -110,7 +117,7 @@ def get(
 @app.command()
 def logs(task_id: str) -> None:
     """The task's output, as its record holds it (the tail)."""
-    record = asyncio.run(task_record(settings_from_env(), task_id))
+    record = asyncio.run(_record(settings_from_env(), task_id))
     if record is None:
         fail([f"no task {task_id}"])
         raise typer.Exit(1)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Mapping
 
 from levers9 import logs
+from levers9.process import exit_now
 from levers9.worker.agent import Agent, StartupError
 from levers9.worker.paths import HostPaths, HostPathsError
 from levers9.worker.settings import SettingsError, WorkerSettings
@@ -19,7 +19,7 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def main() -> None:
-    sys.exit(run(os.environ))
+    exit_now(run(os.environ))
 
 
 def run(env: Mapping[str, str]) -> int:

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput
 from levers9.tasks_client import start_task, task_record
-from levers9.temporal import sync_reconcile_schedules
+from levers9.temporal import connect, sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, controlplane
 from tests.waiting import eventually
 
@@ -41,10 +41,10 @@ async def cp(dev_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Cont
 
 async def test_four_card_task_waits_for_one_worker_with_four(cp: Controlplane) -> None:
     task = TaskInput(task_id=uuid.uuid4().hex[:12], pool_name=POOL, command=("true",), gpus=4)
-    await start_task(cp.settings, task)
+    await start_task(await connect(cp.settings), cp.settings, task)
 
     async def placed() -> bool:
-        record = await task_record(cp.settings, task.task_id)
+        record = await task_record(await connect(cp.settings), task.task_id)
         return record is not None and record.state != "queued"
 
     with pytest.raises(TimeoutError):
@@ -56,11 +56,11 @@ async def test_four_card_task_waits_for_one_worker_with_four(cp: Controlplane) -
     )
 
     async def succeeded() -> bool:
-        record = await task_record(cp.settings, task.task_id)
+        record = await task_record(await connect(cp.settings), task.task_id)
         return record is not None and record.state == "succeeded"
 
     await eventually(succeeded, within=90)
-    record = await task_record(cp.settings, task.task_id)
+    record = await task_record(await connect(cp.settings), task.task_id)
     assert record is not None
     assert record.node_name == NODE_4X
     assert record.gpu_indices == (0, 1, 2, 3)

@@ -115,7 +115,10 @@ async def test_workers_go_pending_to_available(
     by_node = {r.node_name: r for r in records}
     assert by_node[NODE_4X].visible_devices == (2, 3), "the model server holds cards 0 and 1"
     assert (by_node[NODE_2X].address or "").startswith("127.0.20.2:"), "the node's external IP"
-    query = f"WorkflowType='WorkerWorkflow' AND PoolName='{POOL}' AND WorkerState='available'"
+    query = (
+        f"WorkflowType='WorkerWorkflow' AND PoolName='{POOL}' AND WorkerState='available'"
+        f" AND ExecutionStatus='Running' AND TaskQueue='{cp.settings.task_queue}'"
+    )
 
     async def searchable() -> bool:
         return len([w async for w in dev_env.client.list_workflows(query)]) == 3

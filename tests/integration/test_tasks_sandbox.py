@@ -1,8 +1,9 @@
 """Tasks end to end on the sandbox, driven by the real CLI as a user drives it: the GPU check
-prints COMPLETE with what the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never
-an invented device); `levers9 run` prints the task's output and result, a task sees only its
-cards; `run --wait 0` prints DEADLINE_EXCEEDED and the task still completes; a worker shut down
-mid-task fails the task with the reason, never silently.
+(`levers9 pool check`, and `deploy/gke/check-gke-pool.sh` around it) prints COMPLETE with what
+the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never an invented device);
+`levers9 run` prints the task's output and result, a task sees only its cards; `run --wait 0`
+prints DEADLINE_EXCEEDED and the task still completes; a worker shut down mid-task fails the
+task with the reason, never silently.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -22,7 +23,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.tasks_client import task_record
-from levers9.temporal import list_worker_records, sync_reconcile_schedules
+from levers9.temporal import connect, list_worker_records, sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, controlplane
 from tests.waiting import eventually
 
@@ -87,6 +88,26 @@ async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
     }
 
 
+async def test_check_script_wraps_the_check(cp: Controlplane) -> None:
+    script = Path(__file__).parents[2] / "deploy" / "gke" / "check-gke-pool.sh"
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
+        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
+        "LEVERS9": str(BIN / "levers9"),
+    }
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(script), "--gpu", "RTXPro6000"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "COMPLETE {" in done.stdout
+
+
 async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlplane) -> None:
     script = (
         "import json, os; print('hello from the task');"
@@ -98,7 +119,7 @@ async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlpla
     assert "hello from the task" in done.stdout
     assert "succeeded exit_code=0" in done.stdout
     task_id = done.stdout.split()[1]
-    record = await task_record(cp.settings, task_id)
+    record = await task_record(await connect(cp.settings), task_id)
     assert record is not None
     assert len(record.gpu_indices) == 2
     assert json.loads(record.result_json) == {
@@ -118,7 +139,7 @@ async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
     assert line.endswith(f"is still running; levers9 task get {task_id}")
 
     async def completed() -> bool:
-        record = await task_record(cp.settings, task_id)
+        record = await task_record(await connect(cp.settings), task_id)
         return record is not None and record.state == "succeeded"
 
     await eventually(completed, within=WITHIN)
@@ -132,7 +153,7 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
     )
     assert done.returncode == 4
     task_id = done.stdout.strip().splitlines()[-1].split()[2]
-    record = await task_record(cp.settings, task_id)
+    record = await task_record(await connect(cp.settings), task_id)
     assert record is not None
     assert record.state == "running"
     worker_pods = await asyncio.to_thread(
@@ -150,11 +171,11 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
     await asyncio.to_thread(_kubectl, cp, "-n", "levers9", "delete", *worker_pods.split())
 
     async def failed() -> bool:
-        got = await task_record(cp.settings, task_id)
+        got = await task_record(await connect(cp.settings), task_id)
         return got is not None and got.state in {"lost", "failed"}
 
     await eventually(failed, within=WITHIN)
-    final = await task_record(cp.settings, task_id)
+    final = await task_record(await connect(cp.settings), task_id)
     assert final is not None
     assert "worker shut down" in final.reason or "worker lost" in final.reason
 
