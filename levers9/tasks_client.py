@@ -7,6 +7,7 @@ not survive clients left behind on loops that `asyncio.run` already closed.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from temporalio.client import Client
@@ -58,3 +59,20 @@ async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> l
         query += f" AND PoolName='{pool_name}'"
     records = await list_memo_records(settings, query, TaskRecord)
     return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+
+PROBE_COMMAND = ("levers9-probe",)
+CHECK_KEYS = ("host", "nvidia_smi", "cuda", "device", "matmul_ok")
+
+
+def check_report(record: TaskRecord) -> dict[str, object]:
+    """The GPU check's JSON, in the spec's key order: what the probe saw, and the runtime."""
+    try:
+        seen = json.loads(record.result_json) if record.result_json else {}
+    except ValueError:
+        seen = {"unparsed": record.result_json}
+    result = {"host": record.host or None, **seen}
+    report: dict[str, object] = {key: result.get(key) for key in CHECK_KEYS}
+    if record.state != "succeeded":
+        report["reason"] = record.reason or f"task {record.state}"
+    return report

@@ -7,13 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.status import Status
 
-from levers9.cli import config_cmd, machine, pool, worker
+from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack import (
     DEFAULT_GATEWAY_PORT,
@@ -133,7 +134,8 @@ def demo(
     gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
     scenario: ScenarioFile = None,
 ) -> None:
-    """`make demo`: bring the stack up and watch the pools' reconcile schedules fire."""
+    """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
+    start = datetime.now(UTC)
     stack = DevStack(
         temporal_port=temporal_port,
         ui_port=ui_port,
@@ -180,6 +182,9 @@ def demo(
     machine.list_(pool=None, output=Output.table)
     console.rule("levers9 worker list")
     worker.list_(pool=None, all_=False, output=Output.table)
+    console.rule("the first jobs: the GPU check (cold), then `true` (warm)")
+    cold, warm = asyncio.run(demo_timeline.first_jobs(settings))
+    demo_timeline.show(stack, start, cold, warm)
     env = stack.env()
     levers9, temporal = _command("levers9"), _command("temporal")
     console.print(

@@ -13,7 +13,7 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput
-from levers9.tasks_client import new_task_id
+from levers9.tasks_client import PROBE_COMMAND, check_report, new_task_id
 from levers9.temporal import list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
@@ -41,10 +41,6 @@ def show_pools(settings: ControlplaneSettings, output: Output) -> None:
     render(rows, COLUMNS, output, title="pools")
 
 
-PROBE_COMMAND = ("levers9-probe",)
-CHECK_KEYS = ("host", "nvidia_smi", "cuda", "device", "matmul_ok")
-
-
 @app.command()
 def check(
     pool: Annotated[str, typer.Option("--pool")],
@@ -61,17 +57,10 @@ def check(
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
         raise typer.Exit(1)
-    try:
-        seen = json.loads(record.result_json) if record.result_json else {}
-    except ValueError:
-        seen = {"unparsed": record.result_json}
-    result = {"host": record.host or None, **seen}
-    ordered = {key: result.get(key) for key in CHECK_KEYS}
+    word = "COMPLETE" if record.state == "succeeded" else "FAILED"
+    console.print(f"{word} {json.dumps(check_report(record), indent=2)}", highlight=False)
     if record.state != "succeeded":
-        ordered["reason"] = record.reason or f"task {record.state}"
-        console.print(f"FAILED {json.dumps(ordered, indent=2)}", highlight=False)
         raise typer.Exit(1)
-    console.print(f"COMPLETE {json.dumps(ordered, indent=2)}", highlight=False)
 
 
 def _seconds(text: str) -> float:

@@ -1,0 +1,42 @@
+"""The spec's "what you see along the way" table, from this run's own logs (pure).
+
+Each row is a line the spec quotes, found in a log, with its time since the demo started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Row:
+    where: str
+    line: str
+    at: datetime | None
+
+
+def line_time(line: str) -> datetime | None:
+    """The timestamp that starts every levers9 log line (`2026-09-18T10:00:00.123Z INFO ...`)."""
+    stamp = line.split(" ", 1)[0]
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def first(where: str, lines: Iterable[str], needle: str) -> Row:
+    """The first line containing `needle` (its message part, as the spec quotes it)."""
+    for line in lines:
+        if needle in line:
+            message = line[line.index(needle) :].strip()
+            return Row(where=where, line=message, at=line_time(line))
+    return Row(where=where, line=f"(not seen) {needle}", at=None)
+
+
+def since(row: Row, start: datetime) -> str:
+    if row.at is None:
+        return "-"
+    seconds = (row.at - start).total_seconds()
+    return "before this run" if seconds < 0 else f"+{seconds:.1f} s"
