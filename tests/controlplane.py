@@ -11,7 +11,8 @@ import base64
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
+from levers9.temporal import sync_reconcile_schedules
 from tests.factories import free_port
 from workflows import WORKFLOWS
 
@@ -129,8 +131,9 @@ async def controlplane(
     directory: Path,
     temporal_address: str,
     task_queue: str,
+    *,
     scenario: Scenario | None = None,
-    **settings: object,
+    settings: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Controlplane]:
     """The sandbox (default scenario) and the pool, clients and settings that reach it."""
     key_file = directory / "gke-sa.json"
@@ -150,7 +153,7 @@ async def controlplane(
             "workerTokenSecret": TOKEN_SECRET,
             "gatewayListen": f"127.0.0.1:{gateway_port}",
             "gatewayAdvertisedAddress": f"127.0.0.1:{gateway_port}",
-            **settings,
+            **(settings or {}),
         }
     )
     clients = KubeClients({POOL: pool})
@@ -160,3 +163,22 @@ async def controlplane(
     finally:
         clients.close()
         await running.close()
+
+
+@asynccontextmanager
+async def reconciling(
+    client: Client, directory: Path, **settings: object
+) -> AsyncIterator[Controlplane]:
+    """A controlplane on the sandbox with its Temporal worker, gateway and reconcile schedule
+    running, on a task queue of its own; everything stopped and ended afterwards."""
+    address = client.service_client.config.target_host
+    task_queue = f"tq-{uuid.uuid4()}"
+    async with (
+        controlplane(directory, address, task_queue, settings=settings) as plane,
+        plane.worker(client),
+    ):
+        await sync_reconcile_schedules(client, [POOL], plane.settings)
+        try:
+            yield plane
+        finally:
+            await sync_reconcile_schedules(client, [], plane.settings)

@@ -16,8 +16,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput
 from levers9.tasks_client import start_task, task_record
-from levers9.temporal import connect, sync_reconcile_schedules
-from tests.controlplane import POOL, Controlplane, controlplane
+from levers9.temporal import connect
+from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -27,16 +27,8 @@ NODE_4X = "gke-sandbox-gpu-4x-2f7c9e1a-m5p2"
 
 @pytest.fixture
 async def cp(dev_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Controlplane]:
-    address = dev_env.client.service_client.config.target_host
-    async with (
-        controlplane(tmp_path, address, f"tq-{uuid.uuid4()}", workerIdleMinutes=0.1) as plane,
-        plane.worker(dev_env.client),
-    ):
-        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
-        try:
-            yield plane
-        finally:
-            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+    async with reconciling(dev_env.client, tmp_path, workerIdleMinutes=0.1) as plane:
+        yield plane
 
 
 async def test_four_card_task_waits_for_one_worker_with_four(cp: Controlplane) -> None:

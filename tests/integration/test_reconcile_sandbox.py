@@ -17,7 +17,6 @@ import asyncio
 import io
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +30,8 @@ from levers9.sandbox.scenario import NodeSpec
 from levers9.temporal import (
     list_machine_records,
     list_worker_records,
-    sync_reconcile_schedules,
 )
-from tests.controlplane import POOL, Controlplane, controlplane
+from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 from workflows.reconcile_pool import ReconcilePoolWorkflow
 
@@ -50,15 +48,8 @@ WITHIN = 30
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    directory: Path = tmp_path_factory.mktemp("reconcile")
-    task_queue = f"tq-{uuid.uuid4()}"
-    address = dev_env.client.service_client.config.target_host
-    async with controlplane(directory, address, task_queue) as plane, plane.worker(dev_env.client):
-        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
-        try:
-            yield plane
-        finally:
-            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+    async with reconciling(dev_env.client, tmp_path_factory.mktemp("reconcile")) as plane:
+        yield plane
 
 
 @pytest.fixture

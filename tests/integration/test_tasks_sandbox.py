@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.tasks_client import task_record
-from levers9.temporal import connect, list_worker_records, sync_reconcile_schedules
-from tests.controlplane import POOL, Controlplane, controlplane
+from levers9.temporal import connect, list_worker_records
+from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -37,23 +36,14 @@ WITHIN = 60
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    directory: Path = tmp_path_factory.mktemp("tasks")
-    address = dev_env.client.service_client.config.target_host
-    async with (
-        controlplane(directory, address, f"tq-{uuid.uuid4()}") as plane,
-        plane.worker(dev_env.client),
-    ):
-        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
+    async with reconciling(dev_env.client, tmp_path_factory.mktemp("tasks")) as plane:
 
         async def available() -> bool:
             records = await list_worker_records(plane.settings, POOL, include_ended=False)
             return len(records) == 3 and all(r.state == "available" for r in records)
 
         await eventually(available, within=WITHIN)
-        try:
-            yield plane
-        finally:
-            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+        yield plane
 
 
 async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import WorkerRecord
-from levers9.temporal import list_worker_records, sync_reconcile_schedules
-from tests.controlplane import POOL, Controlplane, controlplane
+from levers9.temporal import list_worker_records
+from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -35,22 +33,9 @@ WORKER_IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    directory: Path = tmp_path_factory.mktemp("workers")
-    address = dev_env.client.service_client.config.target_host
-    async with (
-        controlplane(
-            directory,
-            address,
-            f"tq-{uuid.uuid4()}",
-            workerRecordTtlMinutes=TTL_MINUTES,
-        ) as plane,
-        plane.worker(dev_env.client),
-    ):
-        await sync_reconcile_schedules(dev_env.client, [POOL], plane.settings)
-        try:
-            yield plane
-        finally:
-            await sync_reconcile_schedules(dev_env.client, [], plane.settings)
+    directory = tmp_path_factory.mktemp("workers")
+    async with reconciling(dev_env.client, directory, workerRecordTtlMinutes=TTL_MINUTES) as plane:
+        yield plane
 
 
 async def _running(cp: Controlplane) -> list[WorkerRecord]:
