@@ -139,6 +139,7 @@ class WorkerInput(_Record):
     gpus: int
     gpu_type: str | None = None
     external_ip: str | None = None
+    node_gpus: int = 0
     timings: WorkerTimings = WorkerTimings()
     resume: WorkerRegistration | None = None
     """Set when the record continues as new while available."""
@@ -217,6 +218,7 @@ class WorkerSlotInput(_Record):
     node_name: str
     address: str
     devices: tuple[int, ...]
+    node_gpus: int = 0
 
 
 class PoolInput(_Record):

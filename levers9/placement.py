@@ -4,7 +4,9 @@ A task needs `gpus` cards of ONE worker at once (a multi-card job needs one work
 many). Waiting tasks are served in arrival order, each on the worker that fits it most tightly.
 So that a stream of small tasks cannot starve a big one, a task that has waited longer than the
 reservation threshold reserves the worker that can hold it soonest; smaller tasks then stop
-taking cards there, and the cards it frees go to the big task.
+taking cards there, and the cards it frees go to the big task. A worker that holds only part of
+its node's cards (a neighbour had the rest when it started) can be reserved too: drained, it winds
+down, and the machine's next worker takes every card the node has free.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ class Slot(BaseModel):
     node_name: str
     address: str
     devices: tuple[int, ...]
+    node_gpus: int = 0
+    """Cards of its node: a worker that holds fewer (a neighbour had the rest) can give way to
+    one that takes them all, once it drains."""
     busy: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+
+    def could_hold(self, gpus: int) -> bool:
+        return max(self.node_gpus, len(self.devices)) >= gpus
 
     def free(self) -> list[int]:
         held = {card for cards in self.busy.values() for card in cards}
@@ -123,10 +131,11 @@ class PoolState(BaseModel):
         able = [
             slot
             for slot in self.slots.values()
-            if len(slot.devices) >= waiting.gpus and slot.worker_id not in self.reservations
+            if slot.could_hold(waiting.gpus) and slot.worker_id not in self.reservations
         ]
         if able:
-            best = max(able, key=lambda s: (len(s.free()), s.worker_id))
+            # The one that can hold it soonest: most cards of its own, then most free.
+            best = max(able, key=lambda s: (len(s.devices), len(s.free()), s.worker_id))
             self.reservations[best.worker_id] = waiting.task_id
 
     def biggest_worker(self) -> int:

@@ -167,14 +167,14 @@ async def controlplane(
 
 @asynccontextmanager
 async def reconciling(
-    client: Client, directory: Path, **settings: object
+    client: Client, directory: Path, scenario: Scenario | None = None, **settings: object
 ) -> AsyncIterator[Controlplane]:
     """A controlplane on the sandbox with its Temporal worker, gateway and reconcile schedule
     running, on a task queue of its own; everything stopped and ended afterwards."""
     address = client.service_client.config.target_host
     task_queue = f"tq-{uuid.uuid4()}"
     async with (
-        controlplane(directory, address, task_queue, settings=settings) as plane,
+        controlplane(directory, address, task_queue, scenario=scenario, settings=settings) as plane,
         plane.worker(client),
     ):
         await sync_reconcile_schedules(client, [POOL], plane.settings)

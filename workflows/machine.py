@@ -128,6 +128,7 @@ class MachineWorkflow:
                 gpus=gpus,
                 gpu_type=capacity.gpu_type,
                 external_ip=capacity.external_ip,
+                node_gpus=capacity.total_gpus,
                 timings=input.timings,
             ),
             id=worker_workflow_id(input.pool_name, worker_id),

@@ -37,6 +37,7 @@ class PoolWorkflow:
                 node_name=slot.node_name,
                 address=slot.address,
                 devices=slot.devices,
+                node_gpus=slot.node_gpus,
             )
         )
         self._changed = True

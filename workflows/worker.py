@@ -63,6 +63,7 @@ class WorkerWorkflow:
         self._beat: WorkerHeartbeat | None = None
         self._beat_at: datetime | None = None
         self._beats = 0
+        self._idle_from: datetime | None = None
         self._published_state: str | None = None
 
     @workflow.query
@@ -77,12 +78,18 @@ class WorkerWorkflow:
     def register(self, registration: WorkerRegistration) -> None:
         self._registration = registration
         self._beat_at = workflow.now()
+        self._idle_from = self._idle_from or self._beat_at
         self._beats += 1
 
     @workflow.signal
     def heartbeat(self, beat: WorkerHeartbeat) -> None:
         self._beat = beat
         self._beat_at = workflow.now()
+        if beat.running_tasks:
+            self._idle_from = None
+        else:
+            # The agent's own idle-since when it says; else idle since we first heard so.
+            self._idle_from = beat.idle_since or self._idle_from or self._beat_at
         self._beats += 1
 
     @workflow.run
@@ -97,6 +104,7 @@ class WorkerWorkflow:
         if input.resume is not None:  # continued as new while available
             self._registration = input.resume
             self._beat_at = workflow.now()
+            self._idle_from = self._beat_at
             return await self._serve(input, job)
         self._set(input, "creating")
         try:
@@ -179,6 +187,7 @@ class WorkerWorkflow:
                     node_name=input.node_name,
                     address=registration.address,
                     devices=registration.visible_devices,
+                    node_gpus=input.node_gpus,
                 ),
             )
 
@@ -201,22 +210,21 @@ class WorkerWorkflow:
         )
         while True:
             seen = self._beats
-            wake = ttl
-            idle_since = self._idle_since()
-            if idle_since is not None:
-                wake = min(wake, max(idle_since + idle - workflow.now(), timedelta(0)))
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda seen=seen: self._beats != seen or self._stop,  # type: ignore[misc]
-                    timeout=wake,
+                    timeout=ttl,
                 )
             if self._stop:
                 return await self._end(input, "stopped", "stopped by the controlplane", job)
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
+            # Idle is the agent's own word: its latest heartbeat says it has run nothing for the
+            # idle minutes. A timer on an older heartbeat would wind down a worker that took
+            # tasks since (and kill them).
             idle_since = self._idle_since()
-            if idle_since is not None and now - idle_since >= idle:
+            if idle_since and self._beat_at and self._beat_at - idle_since >= idle:
                 return await self._end(input, "stopped", "idle wind-down", job)
             published = self._record.last_heartbeat if self._record else None
             if self._beat_at and (published is None or self._beat_at - published >= PUBLISH):
@@ -227,11 +235,7 @@ class WorkerWorkflow:
                 workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
 
     def _idle_since(self) -> datetime | None:
-        if self._beat is not None:
-            if self._beat.running_tasks:
-                return None
-            return self._beat.idle_since or self._beat_at
-        return self._beat_at  # registered, no task yet
+        return self._idle_from
 
     def _set(
         self,

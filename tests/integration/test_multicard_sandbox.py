@@ -1,11 +1,14 @@
 """A multi-card task on the sandbox, as the spec's sharing section says: a 4-card task waits for
 one worker with 4 cards free at once; when the model server scales to 0, the 2-card worker on the
 4-GPU node winds down after its idle minutes (seconds here), the next worker takes all 4 cards,
-and the task runs there.
+and the task runs there; and a stream of 1-card tasks that would keep that worker busy forever
+does not starve it (the big task reserves the worker after waiting, small ones stop taking it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,10 +18,12 @@ from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput
+from levers9.sandbox.scenario import Scenario
 from levers9.tasks_client import start_task, task_record
-from levers9.temporal import connect
-from tests.controlplane import POOL, Controlplane, reconciling
+from levers9.temporal import connect, list_worker_records
+from tests.controlplane import POOL, Controlplane, quick_scenario, reconciling
 from tests.waiting import eventually
+from workflows.pool import RESERVE_AFTER
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +61,69 @@ async def test_four_card_task_waits_for_one_worker_with_four(cp: Controlplane) -
     assert record is not None
     assert record.node_name == NODE_4X
     assert record.gpu_indices == (0, 1, 2, 3)
+
+
+def _four_card_node_only() -> Scenario:
+    """The default cluster with only its 4-GPU node, so small tasks have nowhere else to go."""
+    base = quick_scenario()
+    return base.model_copy(update={"nodes": tuple(n for n in base.nodes if n.name == NODE_4X)})
+
+
+async def test_four_card_task_is_not_starved_by_a_stream_of_one_card_tasks(
+    dev_env: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with reconciling(
+        dev_env.client, tmp_path, scenario=_four_card_node_only(), workerIdleMinutes=0.1
+    ) as cp:
+        client = await connect(cp.settings)
+
+        async def two_card_worker() -> bool:
+            records = await list_worker_records(cp.settings, POOL, include_ended=False)
+            return [(r.state, r.gpus) for r in records] == [("available", 2)]
+
+        await eventually(two_card_worker, within=60)  # the model server holds the other two
+        big = TaskInput(task_id=uuid.uuid4().hex[:12], pool_name=POOL, command=("true",), gpus=4)
+        stream_stop = asyncio.Event()
+
+        async def stream() -> int:
+            sent = 0
+            while not stream_stop.is_set():
+                small = TaskInput(
+                    task_id=uuid.uuid4().hex[:12],
+                    pool_name=POOL,
+                    command=("sleep", "2"),
+                    gpus=1,
+                )
+                await start_task(client, cp.settings, small)
+                sent += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stream_stop.wait(), timeout=1)
+            return sent
+
+        # The small tasks keep the 2-card worker busy; once the model server is gone only the
+        # reservation lets that worker idle, wind down and make room for a 4-card one.
+        streaming = asyncio.create_task(stream())
+        await asyncio.sleep(3)
+        await start_task(client, cp.settings, big)
+        await cp.admin(
+            lambda api: k8s.AppsV1Api(api).patch_namespaced_deployment_scale(
+                "model-server", "default", {"spec": {"replicas": 0}}
+            )
+        )
+
+        async def succeeded() -> bool:
+            record = await task_record(client, big.task_id)
+            return record is not None and record.state == "succeeded"
+
+        try:
+            await eventually(succeeded, within=100)
+        finally:
+            stream_stop.set()
+            sent = await streaming
+        record = await task_record(client, big.task_id)
+        assert record is not None
+        assert record.gpu_indices == (0, 1, 2, 3)
+        placed = next(p.at for p in record.phases if p.name == "placement")
+        assert placed is not None
+        assert (placed - record.created_at).total_seconds() >= RESERVE_AFTER.total_seconds()
+        assert sent > RESERVE_AFTER.total_seconds(), "small tasks kept coming all along"

@@ -1,8 +1,9 @@
 """The worker record on the time-skipping server (minutes pass in milliseconds), Kubernetes
-activities mocked by name: pending -> available on registration; heartbeats keep it; idle past
-the pool's idle minutes winds it down (Job deleted, `stopped`); silence past the record TTL
-expires it (`expired`, Job deleted); a pending worker shows ImagePullBackOff with the spec's fix,
-ends `failed` when its Job fails, and `expired` when its Job is deleted or it never registers.
+activities mocked by name: pending -> available on registration; heartbeats keep it; heartbeats
+saying idle for the pool's idle minutes wind it down (Job deleted, `stopped`), a busy one never;
+silence past the record TTL expires it (`expired`, Job deleted); a pending worker shows
+ImagePullBackOff with the spec's fix, ends `failed` when its Job fails, and `expired` when its
+Job is deleted or it never registers.
 """
 
 from __future__ import annotations
@@ -115,7 +116,15 @@ async def test_available_then_idle_wind_down(
         "127.0.20.2:40000",
         (0, 1),
     )
-    final = await handle.result()  # nothing runs: idle for 5 minutes, then wound down
+    idle = WorkerHeartbeat(worker_id="w", running_tasks=0)
+    for _ in range(4):  # idle heartbeats for 4 minutes: not yet the 5 idle minutes
+        await time_env.sleep(60)
+        await handle.signal(WorkerWorkflow.heartbeat, idle)
+    await time_env.sleep(1)
+    assert (await _record(handle)).state == "available"
+    await time_env.sleep(60)
+    await handle.signal(WorkerWorkflow.heartbeat, idle)
+    final = await handle.result()  # its heartbeats say idle for 5 minutes: wound down
     assert (final.state, final.reason) == ("stopped", "idle wind-down")
     assert cluster.deleted == [final.worker_id]
 
@@ -145,10 +154,31 @@ async def test_idle_since_counts_from_the_agent(
     idle = WorkerHeartbeat(worker_id="w", running_tasks=0, idle_since=started)
     await time_env.sleep(200)
     await handle.signal(WorkerWorkflow.heartbeat, idle)
+    await time_env.sleep(1)
+    assert (await _record(handle)).state == "available", "200 s idle is not 5 minutes"
+    await time_env.sleep(110)
+    await handle.signal(WorkerWorkflow.heartbeat, idle)
     final = await handle.result()
     assert final.state == "stopped"
     assert final.last_heartbeat is not None
-    assert final.last_heartbeat - started >= timedelta(seconds=200)
+    assert final.last_heartbeat - started >= timedelta(seconds=300)
+
+
+async def test_a_stale_idle_heartbeat_does_not_wind_down_a_busy_worker(
+    time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
+) -> None:
+    handle = await _start(time_env, task_queue)
+    await handle.signal(WorkerWorkflow.register, REGISTRATION)
+    await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=0))
+    busy = WorkerHeartbeat(worker_id="w", running_tasks=2)
+    for _ in range(8):  # tasks keep it busy for 8 minutes, past the 5 idle ones
+        await time_env.sleep(60)
+        await handle.signal(WorkerWorkflow.heartbeat, busy)
+    await time_env.sleep(1)
+    assert (await _record(handle)).state == "available"
+    assert cluster.deleted == []
+    await handle.signal(WorkerWorkflow.stop)
+    assert (await handle.result()).reason == "stopped by the controlplane"
 
 
 async def test_image_pull_backoff_then_job_failed(

@@ -100,3 +100,22 @@ def test_cpu_task_needs_no_card() -> None:
     state.request("cpu", 0, T0)
     placed = state.assign(T0, RESERVE)
     assert [(p.task_id, p.gpu_indices) for p in placed] == [("t1", (0,)), ("cpu", ())]
+
+
+def test_part_of_a_node_is_reserved_so_it_drains_for_a_whole_node_worker() -> None:
+    state = PoolState()
+    state.add_worker(
+        Slot(worker_id="w", node_name="n4", address="x:1", devices=(2, 3), node_gpus=4)
+    )
+    state.request("big", 4, T0)
+    state.assign(T0, RESERVE)
+    later = T0 + RESERVE
+    state.request("small", 1, later)
+    assert state.assign(later, RESERVE) == [], "the big task reserved the worker"
+    assert state.reservations == {"w": "big"}
+    state.remove_worker("w")  # drained, wound down
+    state.add_worker(
+        Slot(worker_id="w2", node_name="n4", address="x:2", devices=(0, 1, 2, 3), node_gpus=4)
+    )
+    placed = state.assign(later, RESERVE)
+    assert placed[0].task_id == "big"
