@@ -11,6 +11,7 @@ import base64
 import contextlib
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -83,6 +84,18 @@ class Controlplane:
     async def worker_jobs(self) -> list[dict[str, Any]]:
         """Our worker Jobs, as the admin lists them (off the event loop: the sandbox is on it)."""
         return await asyncio.to_thread(self._worker_jobs)
+
+    async def kubectl(self, *args: str) -> str:
+        """The real kubectl, as the admin at the laptop (off the event loop the sandbox is on)."""
+        done = await asyncio.to_thread(
+            subprocess.run,
+            ["kubectl", "--kubeconfig", str(self.sandbox.state.dir / "kubeconfig"), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
 
     async def admin(self, call: Callable[[k8s.ApiClient], object]) -> None:
         """Runs a synchronous client call as the admin, off the event loop the sandbox serves on."""

@@ -52,7 +52,7 @@ async def submit_and_follow(
         if record is not None and record.state in TERMINAL:
             return record
         if time.monotonic() >= deadline:
-            return None if record is None or record.state not in TERMINAL else record
+            return None
         await asyncio.sleep(POLL_S)
 
 

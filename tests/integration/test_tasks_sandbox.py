@@ -146,9 +146,7 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
     record = await task_record(await connect(cp.settings), task_id)
     assert record is not None
     assert record.state == "running"
-    worker_pods = await asyncio.to_thread(
-        _kubectl,
-        cp,
+    worker_pods = await cp.kubectl(
         "-n",
         "levers9",
         "get",
@@ -158,7 +156,7 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
         "-o",
         "name",
     )
-    await asyncio.to_thread(_kubectl, cp, "-n", "levers9", "delete", *worker_pods.split())
+    await cp.kubectl("-n", "levers9", "delete", *worker_pods.split())
 
     async def failed() -> bool:
         got = await task_record(await connect(cp.settings), task_id)
@@ -168,14 +166,3 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
     final = await task_record(await connect(cp.settings), task_id)
     assert final is not None
     assert "worker shut down" in final.reason or "worker lost" in final.reason
-
-
-def _kubectl(cp: Controlplane, *args: str) -> str:
-    kubeconfig = cp.sandbox.state.dir / "kubeconfig"
-    return subprocess.run(
-        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout

@@ -9,8 +9,6 @@ The tests of this module share one sandbox and one controlplane and run in order
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
@@ -51,22 +49,9 @@ async def _all_available(cp: Controlplane, count: int = 3) -> list[WorkerRecord]
     return await _running(cp)
 
 
-def kubectl(cp: Controlplane, *args: str) -> str:
-    """The real kubectl, as the admin at the laptop."""
-    kubeconfig = cp.sandbox.state.dir / "kubeconfig"
-    done = subprocess.run(
-        ["kubectl", "--kubeconfig", str(kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout
-
-
 async def test_deleted_jobs_expire_and_fresh_workers_follow(cp: Controlplane) -> None:
     before = {r.worker_id for r in await _all_available(cp)}
-    await asyncio.to_thread(kubectl, cp, "-n", "levers9", "delete", "jobs", "--all")
+    await cp.kubectl("-n", "levers9", "delete", "jobs", "--all")
     fresh = await _all_available_excluding(cp, before)
     assert not {r.worker_id for r in fresh} & before
     ended = await list_worker_records(cp.settings, POOL, include_ended=True)
@@ -86,7 +71,7 @@ async def _all_available_excluding(cp: Controlplane, old: set[str]) -> list[Work
 async def test_missing_image_shows_image_pull_backoff_with_the_fix(cp: Controlplane) -> None:
     before = {r.worker_id for r in await _all_available(cp)}
     cp.sandbox.cluster.remove_image(WORKER_IMAGE)
-    await asyncio.to_thread(kubectl, cp, "-n", "levers9", "delete", "jobs", "--all")
+    await cp.kubectl("-n", "levers9", "delete", "jobs", "--all")
 
     async def backing_off() -> bool:
         records = [r for r in await _running(cp) if r.worker_id not in before]
@@ -106,7 +91,7 @@ async def test_missing_image_shows_image_pull_backoff_with_the_fix(cp: Controlpl
         ]
         for reason in PULL_CONDITIONS
     ]
-    pods = await asyncio.to_thread(kubectl, cp, "-n", "levers9", "get", "pods")
+    pods = await cp.kubectl("-n", "levers9", "get", "pods")
     assert "ImagePullBackOff" in pods or "ErrImagePull" in pods
     cp.sandbox.cluster.add_image(WORKER_IMAGE)  # rerun attach-gke-pool.sh: the image is copied
     await _all_available_excluding(cp, before)
