@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio.common import SearchAttributeKey
 
 from levers9.capacity import NodeCapacity
@@ -225,6 +225,8 @@ class PoolInput(_Record):
     pool_name: str
     state: PoolState | None = None
     """Carried across continue-as-new."""
+    max_history_events: int = Field(default=5_000, ge=20)
+    """Continue as new past this many events (once no placement waits)."""
 
 
 class TaskInput(_Record):

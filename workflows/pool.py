@@ -20,13 +20,15 @@ with workflow.unsafe.imports_passed_through():
 
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
-MAX_HISTORY_EVENTS = 5_000
 
 
 @workflow.defn(name=POOL_WORKFLOW)
 class PoolWorkflow:
-    def __init__(self) -> None:
-        self._state = PoolState()
+    @workflow.init
+    def __init__(self, input: PoolInput) -> None:
+        # The state is set here, not in run: an Update or signal that arrives with the first
+        # workflow task of a continued run is handled before run starts, and must see it.
+        self._state = input.state or PoolState()
         self._changed = False
 
     @workflow.signal
@@ -65,17 +67,19 @@ class PoolWorkflow:
 
     @workflow.run
     async def run(self, input: PoolInput) -> None:
-        if input.state is not None:
-            self._state = input.state
         while True:
             # Re-evaluate on every change, and at the reservation threshold for waiting tasks.
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._changed, timeout=RESERVE_AFTER)
             self._changed = False
             self._assign()
-            long = workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS
+            info = workflow.info()
+            long = (
+                info.get_current_history_length() > input.max_history_events
+                or info.is_continue_as_new_suggested()
+            )
             if long and not self._state.waiting and workflow.all_handlers_finished():
-                workflow.continue_as_new(PoolInput(pool_name=input.pool_name, state=self._state))
+                workflow.continue_as_new(input.model_copy(update={"state": self._state}))
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)

@@ -102,9 +102,10 @@ class WorkerWorkflow:
             external_ip=input.external_ip,
         )
         if input.resume is not None:  # continued as new while available
-            self._registration = input.resume
-            self._beat_at = workflow.now()
-            self._idle_from = self._beat_at
+            # A registration or heartbeat handled before run (same first task) is newer.
+            self._registration = self._registration or input.resume
+            self._beat_at = self._beat_at or workflow.now()
+            self._idle_from = self._idle_from or self._beat_at
             return await self._serve(input, job)
         self._set(input, "creating")
         try:

@@ -1,0 +1,104 @@
+"""PoolWorkflow on the dev server: it continues as new with its state (workers, held cards) once
+its history passes the cap, and a new Temporal worker process picks it up where the last one
+stopped: placements made before either still hold, releases after them still free the cards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from levers9.models import PlaceRequest, PoolInput, WorkerSlotInput, pool_workflow_id
+from levers9.placement import Placement, PoolState
+from workflows.pool import PoolWorkflow
+
+pytestmark = pytest.mark.integration
+
+POOL = "cap"
+CAP = 40
+
+
+def _worker(client: Client, task_queue: str) -> Worker:
+    return Worker(client, task_queue=task_queue, workflows=[PoolWorkflow])
+
+
+async def _place(handle: WorkflowHandle[PoolWorkflow, None], task_id: str, gpus: int) -> Placement:
+    request = PlaceRequest(pool_name=POOL, task_id=task_id, gpus=gpus)
+    return await handle.execute_update(PoolWorkflow.place, request)
+
+
+async def _runs(client: Client, workflow_id: str) -> list[WorkflowExecutionStatus | None]:
+    query = f"WorkflowId = '{workflow_id}'"
+    return [e.status async for e in client.list_workflows(query)]
+
+
+async def test_continues_as_new_with_state_and_survives_a_worker_restart(
+    dev_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    client = dev_env.client
+    workflow_id = f"{pool_workflow_id(POOL)}-{uuid.uuid4().hex[:8]}"
+    async with _worker(client, task_queue):
+        handle = await client.start_workflow(
+            PoolWorkflow.run,
+            PoolInput(pool_name=POOL, max_history_events=CAP),
+            id=workflow_id,
+            task_queue=task_queue,
+        )
+        first_run = (await handle.describe()).run_id
+        for n, gpus in enumerate((2, 4)):
+            slot = WorkerSlotInput(
+                worker_id=f"w{gpus}",
+                node_name=f"node-{gpus}",
+                address=f"127.0.20.{n + 1}:40000",
+                devices=tuple(range(gpus)),
+                node_gpus=gpus,
+            )
+            await handle.signal(PoolWorkflow.worker_available, slot)
+        held = await _place(handle, "held", 3)
+        assert held.worker_id == "w4"
+        # Churn: short tasks come and go until the history passes the cap.
+        for i in range(12):
+            placement = await _place(handle, f"short-{i}", 1)
+            await handle.signal(PoolWorkflow.release, placement.task_id)
+
+        async def continued() -> str:
+            while True:
+                run_id = (await handle.describe()).run_id
+                if run_id != first_run:
+                    return str(run_id)
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(continued(), timeout=30)
+
+    history = await client.get_workflow_handle(workflow_id, run_id=first_run).fetch_history()
+    last = history.events[-1]
+    assert last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    assert len(history.events) > CAP
+    assert WorkflowExecutionStatus.CONTINUED_AS_NEW in await _runs(client, workflow_id)
+
+    # A new Temporal worker (the old one is gone): the carried state answers.
+    async with _worker(client, task_queue):
+        latest = client.get_workflow_handle_for(PoolWorkflow.run, workflow_id)
+        state: PoolState = await latest.query(PoolWorkflow.state)
+        assert set(state.slots) == {"w2", "w4"}
+        assert set(state.placed) == {"held"}
+        assert state.slots["w4"].busy == {"held": held.gpu_indices}
+        # The held task's retry of `place` gets the same cards back, not new ones.
+        assert await _place(latest, "held", 3) == held
+        # The 4-card worker has one free card: a 2-card task goes to the 2-card worker.
+        assert (await _place(latest, "two", 2)).worker_id == "w2"
+        # A 4-card task waits until `held` gives its cards back, then takes the whole worker.
+        four = asyncio.create_task(_place(latest, "four", 4))
+        await asyncio.sleep(0.5)
+        assert not four.done()
+        await latest.signal(PoolWorkflow.release, "held")
+        placement = await asyncio.wait_for(four, timeout=15)
+        assert placement.worker_id == "w4"
+        assert sorted(placement.gpu_indices) == [0, 1, 2, 3]
+        await latest.terminate("test done")
