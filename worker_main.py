@@ -22,6 +22,7 @@ from levers9 import logs
 from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
+from levers9.gateway.task_logs import TemporalTaskRecords
 from levers9.process import exit_now
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
 from workflows import WORKFLOWS
@@ -74,7 +75,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     )
     secret = settings.token_secret()
     assert secret is not None  # main() refuses to start without one
-    gateway = Gateway(TemporalWorkerRecords(client), secret)
+    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client))
     await gateway.start(settings.gateway_listen)
     try:
         async with worker:

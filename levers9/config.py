@@ -39,6 +39,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from levers9.tokens import operator_token
+
 POOLS_PATH = ("config", "worker", "pools")
 CONTROLPLANE_PATH = ("config", "controlplane")
 PROVIDER = "kubernetes"
@@ -315,6 +317,17 @@ class ControlplaneSettings(BaseSettings):
             "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
         ),
     )
+    gateway_address: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("gatewayAddress", "LEVERS9_GATEWAY_ADDRESS"),
+    )
+    """Where the CLI reaches the gateway; the advertised address when unset."""
+    api_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("apiToken", "LEVERS9_API_TOKEN")
+    )
+    api_token_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("apiTokenFile", "LEVERS9_API_TOKEN_FILE")
+    )
     worker_token_secret: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("workerTokenSecret", "LEVERS9_WORKER_TOKEN_SECRET"),
@@ -349,6 +362,19 @@ class ControlplaneSettings(BaseSettings):
         if self.worker_token_secret_file is not None:
             return SecretStr(self.worker_token_secret_file.expanduser().read_text().strip())
         return self.worker_token_secret
+
+    def operator_token(self) -> SecretStr | None:
+        """The CLI's token for the gateway: given, read from its file, or (on the
+        controlplane's own machine) derived from the worker token secret."""
+        if self.api_token is not None:
+            return self.api_token
+        if self.api_token_file is not None:
+            return SecretStr(self.api_token_file.expanduser().read_text().strip())
+        secret = self.token_secret()
+        return None if secret is None else SecretStr(operator_token(secret.get_secret_value()))
+
+    def cli_gateway_address(self) -> str:
+        return self.gateway_address or self.gateway_advertised_address
 
 
 @dataclass(frozen=True)

@@ -253,6 +253,8 @@ class TaskRecord(_Record):
     created_at: datetime
     worker_id: str | None = None
     node_name: str | None = None
+    address: str | None = None
+    """The worker's advertised address (node external IP:port), once placed."""
     gpu_indices: tuple[int, ...] = ()
     phases: tuple[TaskPhase, ...] = ()
     exit_code: int | None = None

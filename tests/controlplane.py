@@ -33,6 +33,7 @@ from levers9 import devvalues
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
+from levers9.gateway.task_logs import TemporalTaskRecords
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import sync_reconcile_schedules
@@ -118,7 +119,11 @@ class Controlplane:
             workflows=WORKFLOWS,
             activities=controlplane_activities(self.clients, client, self.settings),
         )
-        gateway = Gateway(TemporalWorkerRecords(client), SecretStr(TOKEN_SECRET))
+        gateway = Gateway(
+            TemporalWorkerRecords(client),
+            SecretStr(TOKEN_SECRET),
+            tasks=TemporalTaskRecords(client),
+        )
         await gateway.start(self.settings.gateway_listen)
         try:
             async with worker:

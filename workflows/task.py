@@ -85,6 +85,7 @@ class TaskWorkflow:
             state="placed",
             worker_id=placement.worker_id,
             node_name=placement.node_name,
+            address=placement.address,
             gpu_indices=placement.gpu_indices,
             phases=(TaskPhase(name="placement", at=workflow.now()),),
         )

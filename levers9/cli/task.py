@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Annotated
 
 import typer
 
-from levers9.cli.output import Output, console, fail, render
+from levers9.cli.output import Output, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
 from levers9.cli.worker import ago
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput, TaskRecord
+from levers9.task_logs_client import LogStreamUnavailable, stream_task_logs
 from levers9.tasks_client import TERMINAL, list_tasks, new_task_id, start_task, task_record
 from levers9.temporal import connect
 
@@ -33,27 +35,78 @@ COLUMNS = [
 ]
 
 
+class _LogFollower:
+    """Relays the task's output from the gateway as the worker writes it. When no stream can be
+    had (no operator token, gateway unreachable) it says so once and the caller prints the
+    record's tail instead."""
+
+    FINISH_S = 3.0
+    """How long an ended task's stream may take to drain."""
+
+    def __init__(self, settings: ControlplaneSettings, task_id: str) -> None:
+        self.streamed = 0
+        self.problem: str | None = None
+        self._task = asyncio.create_task(self._relay(settings, task_id))
+
+    async def _relay(self, settings: ControlplaneSettings, task_id: str) -> None:
+        try:
+            async for text in stream_task_logs(settings, task_id, follow=True):
+                console.out(text, end="", highlight=False)
+                self.streamed += len(text)
+        except LogStreamUnavailable as exc:
+            self.problem = str(exc)
+            lead = (
+                "log stream ended" if self.streamed else "no log stream, showing the record's tail"
+            )
+            errors.print(f"{lead}: {exc}", highlight=False)
+
+    @property
+    def fell_back(self) -> bool:
+        return self.problem is not None and self.streamed == 0
+
+    async def finish(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._task), self.FINISH_S)
+        self.cancel()
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+
 async def submit_and_follow(
     settings: ControlplaneSettings, task: TaskInput, wait_s: float, show_logs: bool
 ) -> TaskRecord | None:
-    """Starts the task, then polls its record until it ends or `wait_s` passes, printing new
-    log output; None when it is still running."""
+    """Starts the task, streams its output (the record's tail when no stream can be had) and
+    polls its record until it ends or `wait_s` passes; None when it is still running."""
     client = await connect(settings)
     await start_task(client, settings, task)
     console.print(f"task {task.task_id} submitted to pool {task.pool_name}", highlight=False)
+    follower = _LogFollower(settings, task.task_id) if show_logs else None
     deadline = time.monotonic() + wait_s
     shown = 0
-    record = None
-    while True:
-        record = await task_record(client, task.task_id)
-        if record is not None and show_logs and len(record.log_tail) > shown:
+
+    def show_tail(record: TaskRecord) -> None:
+        nonlocal shown
+        if follower is not None and follower.fell_back and len(record.log_tail) > shown:
             console.out(record.log_tail[shown:], end="", highlight=False)
             shown = len(record.log_tail)
-        if record is not None and record.state in TERMINAL:
-            return record
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(POLL_S)
+
+    try:
+        while True:
+            record = await task_record(client, task.task_id)
+            if record is not None:
+                show_tail(record)
+            if record is not None and record.state in TERMINAL:
+                if follower is not None:
+                    await follower.finish()
+                    show_tail(record)
+                return record
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(POLL_S)
+    finally:
+        if follower is not None:
+            follower.cancel()
 
 
 def print_result(record: TaskRecord) -> None:
@@ -114,14 +167,35 @@ def get(
         console.print(f"  {phase.at} {phase.name}{error}", highlight=False)
 
 
-@app.command()
-def logs(task_id: str) -> None:
-    """The task's output, as its record holds it (the tail)."""
-    record = asyncio.run(_record(settings_from_env(), task_id))
+async def _print_logs(settings: ControlplaneSettings, task_id: str, follow: bool) -> bool:
+    """The whole output from the worker, through the gateway; else the record's tail.
+    False when there is no such task."""
+    try:
+        async for text in stream_task_logs(settings, task_id, follow=follow):
+            console.out(text, end="", highlight=False)
+        return True
+    except LogStreamUnavailable as exc:
+        if str(exc).startswith("NOT_FOUND: no task"):
+            return False
+        errors.print(f"no log stream, showing the record's tail: {exc}", highlight=False)
+    record = await _record(settings, task_id)
     if record is None:
+        return False
+    console.out(record.log_tail, end="", highlight=False)
+    return True
+
+
+@app.command()
+def logs(
+    task_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="keep streaming until the task exits")
+    ] = False,
+) -> None:
+    """The task's output, streamed from its worker (the record's tail once the worker is gone)."""
+    if not asyncio.run(_print_logs(settings_from_env(), task_id, follow)):
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
-    console.out(record.log_tail, end="", highlight=False)
 
 
 @app.command("list")

@@ -2,7 +2,7 @@
 
 The controlplane process starts one (`worker_main.py`, `levers9 dev up`):
 
-    gateway = Gateway(TemporalWorkerRecords(client), secret)
+    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client))
     port = await gateway.start(settings.gateway_listen)
     try:
         ...
@@ -18,6 +18,7 @@ from pydantic import SecretStr
 
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
+from levers9.gateway.task_logs import TaskLogsService, TaskRecords
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
@@ -45,6 +46,7 @@ class Gateway:
         records: WorkerRecords,
         secret: SecretStr,
         *,
+        tasks: TaskRecords | None = None,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -55,6 +57,7 @@ class Gateway:
         if heartbeat_seconds < 1:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
         self._service = GatewayService(records, secret, heartbeat_seconds)
+        self._task_logs = TaskLogsService(tasks, secret) if tasks is not None else None
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -76,6 +79,8 @@ class Gateway:
         )
         checker = health.aio.HealthServicer()
         gateway_pb2_grpc.add_GatewayServicer_to_server(self._service, server)
+        if self._task_logs is not None:
+            gateway_pb2_grpc.add_TasksServicer_to_server(self._task_logs, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen)
         await server.start()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from levers9.proto import worker_pb2 as levers9_dot_proto_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1alevers9/proto/worker.proto\"\xca\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse2\xe7\x01\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1alevers9/proto/worker.proto\"\xca\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse\"H\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x32T\n\x05Tasks\x12K\n\x0eStreamTaskLogs\x12!.levers9.v1.StreamTaskLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x32\xe7\x01\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,6 +44,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTTASKREQUEST']._serialized_end=550
   _globals['_REPORTTASKRESPONSE']._serialized_start=552
   _globals['_REPORTTASKRESPONSE']._serialized_end=572
-  _globals['_GATEWAY']._serialized_start=575
-  _globals['_GATEWAY']._serialized_end=806
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=574
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=646
+  _globals['_TASKS']._serialized_start=648
+  _globals['_TASKS']._serialized_end=732
+  _globals['_GATEWAY']._serialized_start=735
+  _globals['_GATEWAY']._serialized_end=966
 # @@protoc_insertion_point(module_scope)

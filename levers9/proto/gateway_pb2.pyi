@@ -169,3 +169,32 @@ class ReportTaskResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportTaskResponse: _TypeAlias = ReportTaskResponse  # noqa: Y015
+
+@_typing.final
+class StreamTaskLogsRequest(_message.Message):
+    """Operators' calls (the CLI), with the operator token (`levers9.tokens.operator_token`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    follow: _builtins.bool
+    """keep streaming until the task's process exits"""
+    offset: _builtins.int
+    """resume from this byte of the output"""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        follow: _builtins.bool = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "offset", b"offset", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamTaskLogsRequest: _TypeAlias = StreamTaskLogsRequest  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from levers9.proto import gateway_pb2 as levers9_dot_proto_dot_gateway__pb2
+from levers9.proto import worker_pb2 as levers9_dot_proto_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -23,6 +24,84 @@ if _version_not_supported:
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
+
+
+class TasksStub:
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.StreamTaskLogs = channel.unary_stream(
+                '/levers9.v1.Tasks/StreamTaskLogs',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.LogChunk.FromString,
+                _registered_method=True)
+
+
+class TasksServicer:
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    def StreamTaskLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TasksServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'StreamTaskLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamTaskLogs,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.LogChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'levers9.v1.Tasks', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('levers9.v1.Tasks', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Tasks:
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    @staticmethod
+    def StreamTaskLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/levers9.v1.Tasks/StreamTaskLogs',
+            levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
 
 class GatewayStub:

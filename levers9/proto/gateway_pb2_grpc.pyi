@@ -8,6 +8,7 @@ token in the `authorization: Bearer <token>` metadata.
 from collections import abc as _abc
 from grpc import aio as _aio
 from levers9.proto import gateway_pb2 as _gateway_pb2
+from levers9.proto import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -27,6 +28,40 @@ class _ServicerContext(_grpc.ServicerContext, _aio.ServicerContext):  # type: ig
 
 GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
+
+class TasksStub:
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> TasksAsyncStub: ...
+    StreamTaskLogs: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]
+
+@_typing.type_check_only
+class TasksAsyncStub(TasksStub):
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    StreamTaskLogs: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]  # type: ignore[assignment]
+
+class TasksServicer(metaclass=_abc_1.ABCMeta):
+    """The controlplane dials the task's worker (its advertised address, the node's external IP)
+    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """
+
+    @_abc_1.abstractmethod
+    def StreamTaskLogs(
+        self,
+        request: _gateway_pb2.StreamTaskLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.LogChunk], _abc.AsyncIterator[_worker_pb2.LogChunk]]: ...
+
+def add_TasksServicer_to_server(servicer: TasksServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class GatewayStub:
     @_typing.overload

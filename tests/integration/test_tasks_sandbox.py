@@ -23,7 +23,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.tasks_client import task_record
 from levers9.temporal import connect, list_worker_records
-from tests.controlplane import POOL, Controlplane, reconciling
+from levers9.tokens import operator_token
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -46,17 +47,23 @@ async def cp(
         yield plane
 
 
-async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI, in its own process, pointed at this controlplane's Temporal and task queue."""
-    env = {
+def cli_env(cp: Controlplane) -> dict[str, str]:
+    """A user's shell: Temporal and the task queue, the gateway and the operator token."""
+    return {
         **os.environ,
         "TEMPORAL_ADDRESS": cp.settings.temporal_address,
         "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
+        "LEVERS9_GATEWAY_ADDRESS": cp.settings.gateway_advertised_address,
+        "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
     }
+
+
+async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, in its own process, pointed at this controlplane's Temporal and task queue."""
     return await asyncio.to_thread(
         subprocess.run,
         [str(BIN / "levers9"), *args],
-        env=env,
+        env=cli_env(cp),
         capture_output=True,
         text=True,
         timeout=120,
@@ -116,6 +123,63 @@ async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlpla
         "cards": ",".join(str(card) for card in record.gpu_indices)
     }
     assert [p.name for p in record.phases][:2] == ["placement", "worker.gpu_assignment"]
+
+
+async def test_run_streams_output_as_the_worker_writes_it(cp: Controlplane) -> None:
+    """The first line reaches the user while the task still runs, through the gateway's relay
+    (no fallback to the record's tail); `task logs` then has the whole output, more than the
+    record's tail keeps."""
+    script = (
+        "import sys, time; print('first line', flush=True); time.sleep(3);"
+        "sys.stdout.write(''.join(f'line {i:06d}\\n' for i in range(3000)))"
+    )
+    process = await asyncio.create_subprocess_exec(
+        str(BIN / "levers9"),
+        *("run", "--pool", POOL, "--", "python", "-c", script),
+        env=cli_env(cp),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    submitted = (await asyncio.wait_for(process.stdout.readline(), WITHIN)).decode()
+    task_id = submitted.split()[1]
+    first = await asyncio.wait_for(process.stdout.readline(), WITHIN)
+    assert first == b"first line\n"
+    record = await task_record(await connect(cp.settings), task_id)
+    assert record is not None and record.state in ("placed", "running"), record
+    out, err = await asyncio.wait_for(process.communicate(), WITHIN)
+    assert process.returncode == 0, out.decode() + err.decode()
+    assert b"no log stream" not in err, err.decode()
+    assert out.count(b"line 0") == 3000
+    assert b"succeeded exit_code=0" in out
+
+    logs = await levers9(cp, "task", "logs", task_id)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.startswith("first line\nline 000000\n")
+    assert logs.stdout.endswith("line 002999\n")
+    record = await task_record(await connect(cp.settings), task_id)
+    assert record is not None
+    assert "line 000000" not in record.log_tail  # the tail alone could not have shown it
+
+
+async def test_logs_without_the_operator_token_are_refused_and_fall_back(
+    cp: Controlplane,
+) -> None:
+    done = await levers9(cp, "run", "--pool", POOL, "--", "echo", "from the tail")
+    task_id = done.stdout.split()[1]
+    env = {**cli_env(cp), "LEVERS9_API_TOKEN": "l9o1.forged"}
+    logs = await asyncio.to_thread(
+        subprocess.run,
+        [str(BIN / "levers9"), "task", "logs", task_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert logs.returncode == 0, logs.stderr
+    assert "UNAUTHENTICATED: operator token does not match" in logs.stderr
+    assert "l9o1.forged" not in logs.stderr
+    assert logs.stdout == "from the tail\n"
 
 
 async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
