@@ -121,6 +121,19 @@ class Images(_Model):
     pull_seconds: float = Field(default=2.0, ge=0)
     present: tuple[str, ...] = ()
     process: dict[str, ProcessImage] = Field(default_factory=dict)
+    # Registry host -> the loopback `host:port` of a real registry standing in for it: images
+    # on that host are pullable when that registry holds them (`present` is not consulted).
+    mirrors: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("mirrors")
+    @classmethod
+    def _loopback_mirrors(cls, values: dict[str, str]) -> dict[str, str]:
+        for host, address in values.items():
+            ip, colon, port = address.rpartition(":")
+            if not colon or not port.isdigit() or not host:
+                raise ValueError(f"mirror {host}={address}: want HOST=127.0.0.1:PORT")
+            _loopback_address(ip)
+        return values
 
 
 class Network(_Model):
@@ -191,6 +204,12 @@ class Scenario(_Model):
             if not obj.get("apiVersion") or not obj.get("kind"):
                 raise ValueError("every entry of objects needs apiVersion and kind")
         return self
+
+    def with_registry_mirrors(self, mirrors: dict[str, str]) -> Scenario:
+        """This scenario with `mirrors` added to `images.mirrors` (validated)."""
+        images = self.images.model_dump()
+        images["mirrors"] = {**self.images.mirrors, **mirrors}
+        return self.model_copy(update={"images": Images.model_validate(images)})
 
     @staticmethod
     def from_yaml(text: str) -> Scenario:

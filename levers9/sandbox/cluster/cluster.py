@@ -74,6 +74,7 @@ class Cluster:
             scenario.images.present,
             {ref: ProcessImage(p.entrypoint, p.cmd) for ref, p in scenario.images.process.items()},
             scenario.images.pull_seconds,
+            scenario.images.mirrors,
         )
         self._specs: dict[str, NodeSpec] = {n.name: n for n in scenario.nodes}
         self._cidrs: dict[str, str] = {}

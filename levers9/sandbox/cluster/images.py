@@ -6,6 +6,13 @@ so a pod may name an image either way, as with containerd. "Present" means pulla
 whose image is absent goes `ErrImagePull` → `ImagePullBackOff` until the image is added
 (`Cluster.add_image`, or the registry emulator copying it), then pulls on its next retry.
 
+A registry host may be mirrored (`images.mirrors`, or `levers9 sandbox serve --registry-mirror
+HOST=127.0.0.1:PORT`, which `levers9 dev up` passes for the project's Artifact Registry): an
+image on that host is then pullable exactly when the real registry standing in for it, on
+loopback, answers `HEAD /v2/<repository>/manifests/<tag>`, so copying the worker image there
+(skopeo, as the attach script does) is what makes a pod start, and a registry without it gives
+the pod the containerd error a GKE node shows. `present` is for the other hosts only.
+
 A process image names what the kubelet executes when a container gives no `command`: its
 `entrypoint` (the image's ENTRYPOINT) and `cmd` (CMD, replaced by the container's `args`).
 """
@@ -13,14 +20,24 @@ A process image names what the kubelet executes when a container gives no `comma
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
 
 from levers9.sandbox.cluster.events import EventRecorder
 from levers9.sandbox.scenario import Timing
 
 _DEFAULT_DOMAIN = "docker.io"
+MIRROR_TIMEOUT_S = 5.0
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
 
 
 def normalize(reference: str) -> str:
@@ -36,6 +53,25 @@ def normalize(reference: str) -> str:
     if "@" not in last and ":" not in last:
         ref += ":latest"
     return ref
+
+
+def split(reference: str) -> tuple[str, str, str]:
+    """(registry host, repository, tag or digest) of a reference, normalized first."""
+    host, _, rest = normalize(reference).partition("/")
+    if "@" in rest:
+        repository, _, tag = rest.partition("@")
+    else:
+        repository, _, tag = rest.rpartition(":")
+    return host, repository, tag
+
+
+def not_found(reference: str) -> str:
+    """containerd's message for an image its registry does not hold."""
+    ref = normalize(reference)
+    return (
+        f"rpc error: code = NotFound desc = failed to pull and unpack image "
+        f'"{ref}": failed to resolve reference "{ref}": {ref}: not found'
+    )
 
 
 def image_id(reference: str) -> str:
@@ -69,10 +105,16 @@ class ImageSet:
         present: Iterable[str] = (),
         process: Mapping[str, ProcessImage] | None = None,
         pull_seconds: float = 0.0,
+        mirrors: Mapping[str, str] | None = None,
     ) -> None:
         self._present = {normalize(r) for r in present}
         self._process = {normalize(r): p for r, p in (process or {}).items()}
         self.pull_seconds = pull_seconds
+        for address in (mirrors or {}).values():
+            if not ipaddress.ip_address(address.rpartition(":")[0].strip("[]")).is_loopback:
+                raise ValueError(f"registry mirror {address} is not on loopback")
+        self.mirrors = dict(mirrors or {})
+        """Registry host -> `127.0.0.1:<port>` of the real registry that stands in for it."""
 
     def add(self, reference: str) -> None:
         self._present.add(normalize(reference))
@@ -82,6 +124,38 @@ class ImageSet:
 
     def has(self, reference: str) -> bool:
         return normalize(reference) in self._present
+
+    async def pull_error(self, reference: str) -> str | None:
+        """None when `reference` can be pulled now, else containerd's error for the pull."""
+        host, repository, tag = split(reference)
+        mirror = self.mirrors.get(host)
+        if mirror is None:
+            return None if self.has(reference) else not_found(reference)
+        url = f"http://{mirror}/v2/{repository}/manifests/{tag}"
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=MIRROR_TIMEOUT_S)
+                ) as session,
+                session.head(url, headers={"Accept": ", ".join(MANIFEST_TYPES)}) as answer,
+            ):
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as error:
+            ref = normalize(reference)
+            if isinstance(error, aiohttp.ClientConnectorError):
+                cause = f"dial tcp {mirror}: connect: connection refused"
+            elif isinstance(error, TimeoutError):
+                cause = f"dial tcp {mirror}: i/o timeout"
+            else:
+                cause = str(error)
+            return (
+                f"rpc error: code = Unknown desc = failed to pull and unpack image "
+                f'"{ref}": failed to resolve reference "{ref}": failed to do request: '
+                f'Head "https://{host}/v2/{repository}/manifests/{tag}": {cause}'
+            )
+        if status == 200:
+            return None
+        return not_found(reference)
 
     def process_image(self, reference: str) -> ProcessImage | None:
         return self._process.get(normalize(reference))
@@ -126,12 +200,12 @@ class ImagePuller:
             if policy == "Never":
                 reason = "ErrImageNeverPull"
                 message = f'Container image "{image}" is not present with pull policy of Never'
-            elif self._images.has(image):
+            elif (error := await self._images.pull_error(image)) is None:
                 events.normal(pod, "Pulling", f'Pulling image "{image}"')
                 delay = 0.0 if cached else self._images.pull_seconds
                 if await sleep(delay):
                     return None
-                if self._images.has(image):  # not removed meanwhile
+                if await self._images.pull_error(image) is None:  # not removed meanwhile
                     self.pulled.add(normalize(image))
                     events.normal(
                         pod,
@@ -142,12 +216,8 @@ class ImagePuller:
                     return image_id(image)
                 continue
             else:
-                ref = normalize(image)
                 reason = "ErrImagePull"
-                message = (
-                    f"rpc error: code = NotFound desc = failed to pull and unpack image "
-                    f'"{ref}": failed to resolve reference "{ref}": {ref}: not found'
-                )
+                message = error
                 events.warning(pod, "Failed", f'Failed to pull image "{image}": {message}')
             backoff = self._timing.backoff(
                 self._timing.image_pull_backoff_seconds,
