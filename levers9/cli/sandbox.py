@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, console, fail, render
-from levers9.devstack import state_home
+from levers9.devstack import DevStack, is_running, state_home
 from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from levers9.sandbox.scenario import Scenario
 
@@ -63,6 +63,13 @@ def serve(
         Path | None,
         typer.Option("--controlplane-key", help="write (once) the controlplane's key here"),
     ] = None,
+    registry_mirror: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--registry-mirror",
+            help="HOST=127.0.0.1:PORT: images on HOST pull from the registry at that address",
+        ),
+    ] = None,
 ) -> None:
     """Run the sandbox in the foreground until Ctrl-C."""
     from levers9.sandbox.serve import serve as run
@@ -71,6 +78,12 @@ def serve(
         loaded = Scenario.load(scenario)
     except (OSError, ValueError) as exc:
         fail([f"scenario {scenario}: {exc}"])
+        raise typer.Exit(1) from None
+    mirrors = dict(m.partition("=")[::2] for m in registry_mirror or [])
+    try:
+        loaded = loaded.with_registry_mirrors(mirrors)
+    except ValueError as exc:
+        fail([f"--registry-mirror: {exc}"])
         raise typer.Exit(1) from None
     directory = _state_dir(state_dir)
     console.print(f"sandbox state in {directory}; kubectl --kubeconfig {directory / 'kubeconfig'}")
@@ -162,3 +175,52 @@ def egress_ip(
     )
     networks = ", ".join(access["authorizedNetworks"] or ["(check off)"])
     console.print(f"egress IP {access['egressIp']}; authorized networks {networks}")
+
+
+@app.command("replace-eks-nodes")
+def replace_eks_nodes(
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="the sandbox's AWS (moto) endpoint (default: $AWS_ENDPOINT_URL, else dev up's)",
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="the EKS cluster (default: $LEVERS9_EKS_CLUSTER)"),
+    ] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """The controlplane's EKS nodes are replaced (new public IPs); its egress IP follows."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from levers9.sandbox import aws
+
+    admin = _admin(state_dir)
+    # The sandbox's state is `<home>/dev/sandbox`; the dev stack beside it records moto.
+    moto = DevStack(home=admin.state_dir.parent.parent).records().get("moto")
+    running = moto.address if moto is not None and is_running(moto) else None
+    url = endpoint or os.environ.get("AWS_ENDPOINT_URL") or running
+    if url is None:
+        fail(["no sandbox AWS: start it with `levers9 dev up`, or pass --endpoint"])
+        raise typer.Exit(1)
+    name = cluster or os.environ.get("LEVERS9_EKS_CLUSTER") or aws.CLUSTER
+    try:
+        before = aws.node_ips(url, name)
+        after = aws.replace_eks_nodes(url, name)
+    except (aws.AwsSandboxError, BotoCoreError, ClientError) as exc:
+        fail([f"replacing the nodes of EKS cluster {name} at {url}: {exc}"])
+        raise typer.Exit(1) from None
+    old_egress = _run(admin.access)["egressIp"]
+    access = _run(lambda: admin.update_access({"egressIp": after[0]}))
+    console.print(f"EKS nodes of {name}: {', '.join(before)} -> {', '.join(after)}")
+    console.print(f"egress IP {old_egress} -> {access['egressIp']}")
+    networks = access["authorizedNetworks"]
+    if networks is not None and not any(
+        ipaddress.ip_address(after[0]) in ipaddress.ip_network(n) for n in networks
+    ):
+        console.print(
+            "the new egress IP is not on the cluster's authorized networks: the controlplane's"
+            " calls now get 403; rerun the attach script, which appends it"
+        )

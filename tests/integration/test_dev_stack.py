@@ -4,12 +4,18 @@ that kubectl and temporal both use; the dev pool's key authenticates to the sand
 would; scenario commands change the cluster; a second up changes nothing; a taken port is named
 with who holds it; down leaves no process behind and a restart keeps the sandbox's trust; the
 dev key never reaches a log.
+
+The cloud around it: up starts the two registries (ECR's and Artifact Registry's stand-ins) with
+the worker image in both, and moto seeded with the EKS controlplane whose first node's public IP
+is the sandbox's egress IP; `levers9 sandbox replace-eks-nodes` moves it off the allow-list; a
+restart pushes nothing again but reseeds moto.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +27,8 @@ from kubernetes import client as k8s
 from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
+from levers9.sandbox import aws, registries, worker_image
+from levers9.sandbox.admin_client import SandboxAdmin
 from tests.factories import free_port
 
 pytestmark = pytest.mark.integration
@@ -41,6 +49,12 @@ class Dev:
             "--sandbox-port",
             str(free_port()),
             "--gateway-port",
+            str(free_port()),
+            "--ecr-port",
+            str(free_port()),
+            "--gar-port",
+            str(free_port()),
+            "--moto-port",
             str(free_port()),
         ]
 
@@ -112,6 +126,9 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
 def test_up_starts_both_and_writes_env(dev: Dev) -> None:
     rows = dev.processes()
     assert {(row["component"], row["state"]) for row in rows} == {
+        ("ecr", "running"),
+        ("gar", "running"),
+        ("moto", "running"),
         ("sandbox", "running"),
         ("temporal", "running"),
         ("worker", "running"),
@@ -131,6 +148,53 @@ def test_up_starts_both_and_writes_env(dev: Dev) -> None:
     assert "reconcile:gke-rtx6000" in listed.stdout
     private = dev.home / ".levers9" / "dev" / "private.json"
     assert private.stat().st_mode & 0o777 == 0o600
+
+
+def _port(dev: Dev, flag: str) -> str:
+    return dev.ports[dev.ports.index(flag) + 1]
+
+
+def test_up_starts_the_cloud_around_the_sandbox(dev: Dev) -> None:
+    env = dev.env
+    ecr, gar = f"127.0.0.1:{_port(dev, '--ecr-port')}", f"127.0.0.1:{_port(dev, '--gar-port')}"
+    moto = f"http://127.0.0.1:{_port(dev, '--moto-port')}"
+    assert env["AWS_ENDPOINT_URL"] == moto
+    assert env["AWS_ACCESS_KEY_ID"] == env["AWS_SECRET_ACCESS_KEY"] == "testing"
+    assert env["AWS_DEFAULT_REGION"] == "us-east-1"
+    assert env["LEVERS9_EKS_CLUSTER"] == "levers9-controlplane"
+    assert env["LEVERS9_SOURCE_IMAGE"] == f"{ecr}/levers9/worker:latest"
+    assert env["LEVERS9_REGISTRY_MIRRORS"] == f"us-central1-docker.pkg.dev={gar}"
+    assert env["LEVERS9_INSECURE_REGISTRIES"] == f"{ecr},{gar}"
+    assert registries.ready(ecr)
+    assert registries.ready(gar)
+    # The worker image: pushed to ECR, copied to the project's registry (as attach leaves it).
+    digest = worker_image.build(dev.home / "layout").digest
+    assert registries.inspect_digest(env["LEVERS9_SOURCE_IMAGE"]) == digest
+    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") == digest
+    # moto: the EKS nodes, tagged, with public IPs; the first is the sandbox's egress IP.
+    nodes = aws.node_ips(moto)
+    assert len(nodes) == 2
+    access = SandboxAdmin(Path(env["LEVERS9_SANDBOX_STATE"])).access()
+    assert access["egressIp"] == nodes[0]
+    assert f"{nodes[0]}/32" in access["authorizedNetworks"]
+
+
+def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
+    env = dev.env
+    admin = SandboxAdmin(Path(env["LEVERS9_SANDBOX_STATE"]))
+    before = admin.access()
+    try:
+        old = aws.node_ips(env["AWS_ENDPOINT_URL"])
+        result = dev.run("sandbox", "replace-eks-nodes")
+        assert result.returncode == 0, result.stderr
+        new = aws.node_ips(env["AWS_ENDPOINT_URL"])
+        assert not set(new) & set(old)
+        assert f"{', '.join(old)} -> {', '.join(new)}" in result.stdout
+        assert f"egress IP {before['egressIp']} -> {new[0]}" in result.stdout
+        assert "not on the cluster's authorized networks" in result.stdout
+        assert admin.access()["egressIp"] == new[0]
+    finally:
+        admin.update_access({"egressIp": before["egressIp"]})
 
 
 def test_pool_list_reads_the_schedules(dev: Dev) -> None:
@@ -168,6 +232,13 @@ def test_failed_start_stops_what_it_started(dev: Dev, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "sandbox exited while starting" in result.stderr
     assert not _pids_mentioning(str(tmp_path))
+    for flag in ("--ecr-port", "--gar-port", "--moto-port"):
+        probe = socket.socket()
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a listener still refuses
+        try:
+            probe.bind(("127.0.0.1", int(_port(other, flag))))  # nobody holds it any more
+        finally:
+            probe.close()
 
 
 def test_config_check_masks_the_key(dev: Dev) -> None:
@@ -186,16 +257,22 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     stack = Dev(tmp_path)
     assert stack.run("dev", "up", *stack.ports).returncode == 0
     pids = [int(str(row["pid"])) for row in stack.processes()]
-    assert len(pids) == 3
+    assert len(pids) == 6
     key_before = _dev_key(tmp_path)
+    nodes_before = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
     assert stack.run("dev", "down").returncode == 0
     again = stack.run("dev", "up", *stack.ports)
     assert again.returncode == 0, again.stderr
     assert _dev_key(tmp_path) == key_before, "a restarted sandbox keeps its key and CA"
     assert "gke-sandbox-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
+    assert "pushed the worker image" not in again.stdout, "the registries keep their images"
+    assert "seeded moto" in again.stdout, "moto's state is memory only: seeded again"
+    nodes = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
+    assert nodes != nodes_before
+    assert SandboxAdmin(tmp_path / ".levers9" / "dev" / "sandbox").access()["egressIp"] == nodes[0]
     down = stack.run("dev", "down")
     assert down.returncode == 0, down.stderr
-    assert "stopped: worker, temporal, sandbox" in down.stdout
+    assert "stopped: worker, temporal, sandbox, moto, gar, ecr" in down.stdout
     assert not _pids_mentioning(str(tmp_path))
     assert "nothing is running" in stack.run("dev", "status").stdout
     logs = "".join(p.read_text() for p in (tmp_path / ".levers9" / "dev" / "logs").iterdir())
