@@ -1,4 +1,5 @@
-# Two entry points, each bootstraps .venv on a fresh machine:
+# Two entry points, each bootstraps .venv on a fresh machine (and the Debian tools the sandbox
+# runs, skopeo and docker-registry: deploy/dev/install-tools.sh):
 #   make demo   the embedded default: Temporal dev server + controlplane, pools reconciling
 #   make test   ruff (lint + format), mypy, pytest
 PYTHON ?= python3
@@ -9,6 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint typecheck pytest down clean
 
 $(STAMP): pyproject.toml
+	deploy/dev/install-tools.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The two Debian packages the sandbox's cloud side runs on, installed when missing:
+#   docker-registry  the CNCF distribution registry: `levers9 dev up` runs two of them on
+#                    127.0.0.1 as the controlplane's ECR and the project's Artifact Registry
+#   skopeo           copies images between them, as the attach script copies the worker image
+# Idempotent: with both present it does nothing and needs no root. Without them it needs root
+# (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
+set -euo pipefail
+
+missing=()
+command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+say() { echo "install-tools: $*" >&2; }
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  as_root=(sudo -n)
+else
+  say "missing ${missing[*]}; install as root: apt-get install -y ${missing[*]}"
+  exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  say "missing ${missing[*]} and no apt-get here; install the package(s) ${missing[*]} by hand"
+  exit 1
+fi
+
+say "installing ${missing[*]} (Debian packages)"
+export DEBIAN_FRONTEND=noninteractive
+"${as_root[@]}" apt-get update -qq >&2 || say "apt-get update failed; trying the install anyway"
+for package in "${missing[@]}"; do
+  if ! "${as_root[@]}" apt-get install -y -qq --no-install-recommends "$package" >&2; then
+    say "could not install the Debian package '$package' (apt-get install -y $package)"
+    exit 1
+  fi
+done
