@@ -23,6 +23,7 @@ from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_logs import TemporalTaskRecords
+from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
 from workflows import WORKFLOWS
@@ -65,6 +66,13 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         updated=sync.updated,
         deleted=sync.deleted,
     )
+    for schedule_id in sync.deleted:
+        # Its block left the values: end its records (the cluster is out of reach now).
+        pool_name = schedule_id.removeprefix("reconcile:")
+        handle = await start_pool_removal(
+            client, settings, pool_name, reason="pool removed from the values"
+        )
+        log.info("removing pool", pool_name=pool_name, workflow_id=handle.id)
     clients = KubeClients(values.pools)
     worker = Worker(
         client,

@@ -7,11 +7,50 @@ from typing import Any
 
 from temporalio.client import Client
 
+from activities.aws import AwsActivities
+from activities.gcp import GcpActivities, gcp_clients
+from activities.images import ImageActivities
 from activities.kube import KubeActivities, KubeObserver
 from activities.kube_clients import KubeClients
+from activities.pools import PoolActivities
 from activities.reconcile import ReconcileActivities
 from activities.tasks import TaskActivities
 from levers9.config import ControlplaneSettings
+
+
+def cloud_activities(
+    client: Client, clients: KubeClients, settings: ControlplaneSettings
+) -> list[Callable[..., Any]]:
+    """The cloud side: GCP (Application Default Credentials, built on first use, so a
+    controlplane without them runs pools and fails only the cloud steps, saying why), AWS,
+    the image copy, and the pool-wide operations."""
+    gcp = GcpActivities(lambda: gcp_clients(settings.gcp_endpoint))
+    aws = AwsActivities()
+    images = ImageActivities(settings.mirrors(), settings.insecure(), aws)
+    pools = PoolActivities(client, clients, settings)
+    return [
+        gcp.describe_cluster,
+        gcp.append_authorized_networks,
+        gcp.ensure_firewall,
+        gcp.ensure_service_account,
+        gcp.ensure_developer_binding,
+        gcp.ensure_key,
+        gcp.ensure_repository,
+        aws.discover_egress_ips,
+        images.copy_image,
+        pools.recopy_target,
+        pools.pool_records,
+        pools.delete_reconcile_schedule,
+        pools.delete_pool_jobs,
+        pools.delete_pool_namespace,
+        pools.ensure_egress_workflow,
+    ]
+
+
+def attach_activities(client: Client, settings: ControlplaneSettings) -> list[Callable[..., Any]]:
+    """What `levers9 gke attach` hosts in the operator's process: the cloud side, with the
+    operator's credentials (no pool clients: attach touches no cluster's Kubernetes API)."""
+    return cloud_activities(client, KubeClients({}), settings)
 
 
 def controlplane_activities(
@@ -28,4 +67,5 @@ def controlplane_activities(
         tasks.place_task,
         tasks.run_task,
         tasks.get_task,
+        *cloud_activities(client, clients, settings),
     ]

@@ -317,6 +317,27 @@ class ControlplaneSettings(BaseSettings):
             "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
         ),
     )
+    gcp_endpoint: str | None = Field(
+        default=None, validation_alias=AliasChoices("gcpEndpoint", "LEVERS9_GCP_ENDPOINT")
+    )
+    """One endpoint for every Google Cloud API (an emulator); Google's own when unset."""
+    source_image: str | None = Field(
+        default=None, validation_alias=AliasChoices("sourceImage", "LEVERS9_SOURCE_IMAGE")
+    )
+    """The worker image in the controlplane's ECR, which attach and recopy copy from."""
+    eks_cluster: str = Field(
+        default="levers9-controlplane",
+        validation_alias=AliasChoices("eksCluster", "LEVERS9_EKS_CLUSTER"),
+    )
+    registry_mirrors: str = Field(
+        default="", validation_alias=AliasChoices("registryMirrors", "LEVERS9_REGISTRY_MIRRORS")
+    )
+    """`host=host:port,...`: where an image reference's registry really answers."""
+    insecure_registries: str = Field(
+        default="",
+        validation_alias=AliasChoices("insecureRegistries", "LEVERS9_INSECURE_REGISTRIES"),
+    )
+    """Comma-separated `host:port`s spoken to without TLS (loopback registries only)."""
     gateway_address: str | None = Field(
         default=None,
         validation_alias=AliasChoices("gatewayAddress", "LEVERS9_GATEWAY_ADDRESS"),
@@ -372,6 +393,19 @@ class ControlplaneSettings(BaseSettings):
             return SecretStr(self.api_token_file.expanduser().read_text().strip())
         secret = self.token_secret()
         return None if secret is None else SecretStr(operator_token(secret.get_secret_value()))
+
+    def mirrors(self) -> dict[str, str]:
+        """`registry_mirrors` parsed; a malformed entry names the setting and the form."""
+        mirrors: dict[str, str] = {}
+        for entry in filter(None, (e.strip() for e in self.registry_mirrors.split(","))):
+            host, sep, target = entry.partition("=")
+            if not sep or not host or not target:
+                raise ValueError(f"LEVERS9_REGISTRY_MIRRORS entry {entry!r} is not host=host:port")
+            mirrors[host] = target
+        return mirrors
+
+    def insecure(self) -> frozenset[str]:
+        return frozenset(filter(None, (h.strip() for h in self.insecure_registries.split(","))))
 
     def cli_gateway_address(self) -> str:
         return self.gateway_address or self.gateway_advertised_address

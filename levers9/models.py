@@ -221,6 +221,13 @@ class WorkerSlotInput(_Record):
     node_gpus: int = 0
 
 
+class StopWorker(_Record):
+    """Signal `stop` of WorkerWorkflow (no argument: the defaults)."""
+
+    reason: str = "stopped by the controlplane"
+    delete_job: bool = True
+
+
 class PoolInput(_Record):
     pool_name: str
     state: PoolState | None = None

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         WORKER_STATE,
         WORKER_WORKFLOW,
         PodState,
+        StopWorker,
         WorkerHeartbeat,
         WorkerInput,
         WorkerJobInput,
@@ -59,6 +60,7 @@ class WorkerWorkflow:
     def __init__(self) -> None:
         self._record: WorkerRecord | None = None
         self._stop = False
+        self._stop_request = StopWorker()
         self._registration: WorkerRegistration | None = None
         self._beat: WorkerHeartbeat | None = None
         self._beat_at: datetime | None = None
@@ -71,8 +73,11 @@ class WorkerWorkflow:
         return self._record
 
     @workflow.signal
-    def stop(self) -> None:
+    def stop(self, request: StopWorker | None = None) -> None:
+        """Ends the record now: its Job deleted (unless the pool's cluster is out of reach,
+        `delete_job=False`), with the request's reason."""
         self._stop = True
+        self._stop_request = request or StopWorker()
 
     @workflow.signal
     def register(self, registration: WorkerRegistration) -> None:
@@ -129,7 +134,7 @@ class WorkerWorkflow:
         deadline = workflow.now() + timedelta(seconds=timings.record_ttl_seconds)
         while self._registration is None:
             if self._stop:
-                return await self._end(input, "stopped", "stopped by the controlplane", job)
+                return await self._stopped(input, job)
             if workflow.now() >= deadline:
                 return await self._end(
                     input, "expired", "never registered within the record TTL", job
@@ -217,7 +222,7 @@ class WorkerWorkflow:
                     timeout=ttl,
                 )
             if self._stop:
-                return await self._end(input, "stopped", "stopped by the controlplane", job)
+                return await self._stopped(input, job)
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
@@ -234,6 +239,12 @@ class WorkerWorkflow:
             if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
+
+    async def _stopped(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
+        request = self._stop_request
+        return await self._end(
+            input, "stopped", request.reason, job if request.delete_job else None
+        )
 
     def _idle_since(self) -> datetime | None:
         return self._idle_from

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from levers9 import logs
-from levers9.cli import config_cmd, dev, machine, pool, sandbox, task, worker
+from levers9.cli import config_cmd, dev, egress, gke, image, machine, pool, sandbox, task, worker
 from levers9.cli.runtime import honour_dev_env
 from levers9.process import exit_now
 
@@ -23,6 +23,9 @@ app.add_typer(task.app, name="task")
 app.command("run", context_settings={"allow_extra_args": False, "ignore_unknown_options": True})(
     task.run
 )
+app.add_typer(gke.app, name="gke")
+app.add_typer(egress.app, name="egress")
+app.add_typer(image.app, name="image")
 app.add_typer(sandbox.app, name="sandbox")
 
 

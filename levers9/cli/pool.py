@@ -1,4 +1,5 @@
-"""`levers9 pool list`: the pools the controlplane reconciles, from their schedules."""
+"""`levers9 pool list|check|remove`: the pools the controlplane reconciles (from their
+schedules), the GPU check on one, and removing one."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import json
 from typing import Annotated, Any
 
 import typer
+from temporalio.client import WorkflowFailureError
 
 from levers9.cli.output import Output, console, fail, render
 from levers9.cli.runtime import settings_from_env
 from levers9.cli.task import submit_and_follow
+from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput
+from levers9.operations import failure_message, start_pool_removal
 from levers9.tasks_client import PROBE_COMMAND, check_report, new_task_id
-from levers9.temporal import list_reconcile_schedules
+from levers9.temporal import connect, list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
 
@@ -71,3 +75,39 @@ def _seconds(text: str) -> float:
         return float(text)
     except (ValueError, IndexError):
         raise typer.BadParameter(f"{text!r}: a duration like 15m, 90s or 1h") from None
+
+
+@app.command()
+def remove(
+    pool: Annotated[str, typer.Option("--pool", help="the pool to remove")],
+    delete_namespace: Annotated[
+        bool, typer.Option("--delete-namespace", help="also delete its namespace on the cluster")
+    ] = False,
+) -> None:
+    """Stop reconciling the pool: its schedule deleted, its workers' Jobs deleted and records
+    ended, its machines ended. Delete its block from values too, or the next deploy brings it
+    back."""
+    try:
+        result = asyncio.run(_remove(settings_from_env(), pool, delete_namespace))
+    except WorkflowFailureError as exc:
+        fail([f"removal failed: {failure_message(exc)}"])
+        raise typer.Exit(1) from None
+    console.print(
+        f"pool {pool} removed: schedule {'deleted' if result.schedule_deleted else 'was gone'},"
+        f" {len(result.workers_ended)} worker records ended, {len(result.machines_ended)}"
+        f" machine records ended, {result.jobs_deleted} worker Jobs deleted"
+        + (", namespace deleted" if result.namespace_deleted else ""),
+        highlight=False,
+    )
+    if result.note:
+        console.print(result.note, highlight=False)
+
+
+async def _remove(
+    settings: ControlplaneSettings, pool: str, delete_namespace: bool
+) -> RemovePoolResult:
+    client = await connect(settings)
+    handle = await start_pool_removal(
+        client, settings, pool, delete_namespace=delete_namespace, reason="removed by levers9"
+    )
+    return await handle.result()

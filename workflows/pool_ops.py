@@ -1,0 +1,129 @@
+"""Pool-wide operations, each a workflow on the controlplane's task queue:
+
+ImageRecopyWorkflow (`image-recopy:<pool>:<time>`, `levers9 image recopy --pool P`): copy the
+worker image's `latest` from the controlplane's registry into the pool's `workerImage`, then
+stop every worker of the pool at once (Job deleted, record ended `stopped` with the reason
+`image recopied`), so fresh workers start at the next reconcile instead of after the old
+records expire (spec, "Day two": about ten minutes).
+
+RemovePoolWorkflow (`remove:<pool>`): the reconcile schedule deleted first (nothing new starts),
+then every machine record ended and every worker record ended. When the pool is still in the
+values (`levers9 pool remove`), its worker Jobs are deleted, and its namespace with
+`--delete-namespace`; when it is not (its block was deleted and the controlplane restarted),
+the controlplane has no credentials for the cluster any more and says to delete the namespace
+there, as the spec's "Removing the pool" row does.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows.steps import step
+
+with workflow.unsafe.imports_passed_through():
+    from activities.images import ImageActivities
+    from activities.pools import PoolActivities, PoolRecords
+    from levers9.cloud import (
+        IMAGE_RECOPY_WORKFLOW,
+        REMOVE_POOL_WORKFLOW,
+        ImageRecopyInput,
+        RecopyResult,
+        RemovePoolInput,
+        RemovePoolResult,
+    )
+    from levers9.logs import KV_EXTRA
+    from levers9.models import StopWorker, machine_workflow_id, worker_workflow_id
+
+COPY_TIMEOUT = timedelta(minutes=20)
+
+
+async def _stop_workers(pool_name: str, workers: list[str], request: StopWorker) -> list[str]:
+    stopped = []
+    for worker_id in workers:
+        handle = workflow.get_external_workflow_handle(worker_workflow_id(pool_name, worker_id))
+        try:
+            await handle.signal("stop", request)
+        except Exception:
+            continue
+        stopped.append(worker_id)
+    return stopped
+
+
+@workflow.defn(name=IMAGE_RECOPY_WORKFLOW)
+class ImageRecopyWorkflow:
+    @workflow.run
+    async def run(self, input: ImageRecopyInput) -> RecopyResult:
+        target = await step(PoolActivities.recopy_target, input.pool_name)
+        copied = await step(ImageActivities.copy_image, target, start_to_close=COPY_TIMEOUT)
+        records: PoolRecords = await step(PoolActivities.pool_records, input.pool_name)
+        stopped = await _stop_workers(
+            input.pool_name, records.workers, StopWorker(reason="image recopied")
+        )
+        workflow.logger.info(
+            "worker image recopied",
+            extra={
+                KV_EXTRA: {
+                    "pool_name": input.pool_name,
+                    "image": target.destination,
+                    "digest": copied.digest,
+                    "workers_restarted": len(stopped),
+                }
+            },
+        )
+        return RecopyResult(digest=copied.digest, workers_restarted=stopped)
+
+
+@workflow.defn(name=REMOVE_POOL_WORKFLOW)
+class RemovePoolWorkflow:
+    @workflow.run
+    async def run(self, input: RemovePoolInput) -> RemovePoolResult:
+        pool = input.pool_name
+        schedule_deleted = await step(PoolActivities.delete_reconcile_schedule, pool)
+        records: PoolRecords = await step(PoolActivities.pool_records, pool)
+        for node in records.machines:
+            handle = workflow.get_external_workflow_handle(machine_workflow_id(pool, node))
+            try:
+                await handle.signal("gone")
+            except Exception:
+                continue
+        jobs_deleted, reachable = 0, True
+        try:
+            jobs_deleted = await step(PoolActivities.delete_pool_jobs, pool)
+        except ActivityError as exc:
+            if not (isinstance(exc.cause, ApplicationError) and exc.cause.type == "PoolNotLoaded"):
+                raise
+            reachable = False
+        stopped = await _stop_workers(
+            pool, records.workers, StopWorker(reason=input.reason, delete_job=False)
+        )
+        namespace_deleted = False
+        if input.delete_namespace and reachable:
+            namespace_deleted = await step(PoolActivities.delete_pool_namespace, pool)
+        note = (
+            ""
+            if reachable
+            else "the pool is no longer in the values, so its cluster is out of reach: delete"
+            " the levers9 namespace there (kubectl delete namespace levers9)"
+        )
+        workflow.logger.info(
+            "pool removed",
+            extra={
+                KV_EXTRA: {
+                    "pool_name": pool,
+                    "workers_ended": len(stopped),
+                    "machines_ended": len(records.machines),
+                    "jobs_deleted": jobs_deleted,
+                }
+            },
+        )
+        return RemovePoolResult(
+            schedule_deleted=schedule_deleted,
+            workers_ended=stopped,
+            machines_ended=records.machines,
+            jobs_deleted=jobs_deleted,
+            namespace_deleted=namespace_deleted,
+            note=note,
+        )
