@@ -1,6 +1,7 @@
-"""The sandbox as one process: the Kubernetes API emulator and the cluster behind it, loaded
-with a scenario, its trust kept under a state directory so a restart changes nothing a client
-holds (`levers9 sandbox serve`, and what `levers9 dev up` runs).
+"""The sandbox as one process: the Kubernetes API emulator and the cluster behind it, and the
+Google Cloud APIs of its project on a port of their own (`gcp`), loaded with a scenario, its
+trust kept under a state directory so a restart changes nothing a client holds
+(`levers9 sandbox serve`, and what `levers9 dev up` runs).
 
 State directory:
 
@@ -10,7 +11,11 @@ State directory:
 | `admin-token` | the kubeconfig user's token, also the admin API's (0600) |
 | `keys/<id>.json` | service-account keys this sandbox trusts, with their IAM roles (0600) |
 | `kubeconfig`, `ca.crt` | for kubectl and clients |
-| `sandbox.json` | url, port, project: what `dev up` reads once the API answers |
+| `ca-bundle.pem` | the public CAs (certifi's) and the sandbox CA, for `REQUESTS_CA_BUNDLE` |
+| `sandbox.json` | url, port, project, gcpUrl: what `dev up` reads once the API answers |
+| `operator-key.json` | the operator's key for the GCP APIs (`levers9-operator`, owner; 0600) |
+| `gcp.json`, `gcp-port` | what the GCP APIs created, and their port, kept for a restart |
+| `gcloud/` | gcloud's configuration directory when run with `gcp.env.cloud_env` |
 | `nodes/<node>/...` | each node's filesystem (hostPath volumes, the kubelet checkpoint) |
 """
 
@@ -26,16 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import certifi
+
 from levers9.files import write_private
 from levers9.logs import get_logger
+from levers9.sandbox import pki
 from levers9.sandbox.access import DEVELOPER
 from levers9.sandbox.cluster.cluster import Cluster
 from levers9.sandbox.cluster_admin import ClusterAdmin
+from levers9.sandbox.gcp.container import ClusterSite
+from levers9.sandbox.gcp.env import OPERATOR_KEY
+from levers9.sandbox.gcp.roles import OWNER
+from levers9.sandbox.gcp.server import GcpEmulator, GcpSite, start_gcp
 from levers9.sandbox.pki import CertificateAuthority, mint_certificate_authority
 from levers9.sandbox.scenario import Scenario
 from levers9.sandbox.server import LOOPBACK, Sandbox, SandboxOptions, start_sandbox
 
 CONTROLPLANE_ACCOUNT = "levers9-controlplane"
+OPERATOR_ACCOUNT = "levers9-operator"
 
 log = get_logger("levers9.sandbox")
 
@@ -74,14 +87,34 @@ class SandboxState:
         record = {"key": key, "roles": list(roles)}
         write_private(self.dir / "keys" / f"{key['private_key_id']}.json", json.dumps(record))
 
+    def write_ca_bundle(self, ca_pem: bytes) -> None:
+        """`ca-bundle.pem`, for tools that take one bundle for every host (requests'
+        REQUESTS_CA_BUNDLE): the public CAs and the sandbox's."""
+        (self.dir / "ca-bundle.pem").write_bytes(Path(certifi.where()).read_bytes() + ca_pem)
+
+    def forget_key(self, key_id: str) -> None:
+        """A deleted key is not trusted again on restart."""
+        (self.dir / "keys" / f"{key_id}.json").unlink(missing_ok=True)
+
+    def gcp_port(self) -> int:
+        """The GCP APIs' port last time (0: none yet), so keys naming it keep working."""
+        path = self.dir / "gcp-port"
+        text = path.read_text().strip() if path.exists() else ""
+        return int(text) if text.isdigit() else 0
+
+    def save_gcp_port(self, port: int) -> None:
+        (self.dir / "gcp-port").write_text(f"{port}\n")
+
 
 @dataclass
 class RunningSandbox:
     sandbox: Sandbox
     cluster: Cluster
     state: SandboxState
+    gcp: GcpEmulator
 
     async def close(self) -> None:
+        await self.gcp.close()
         await self.cluster.stop()
         await self.sandbox.close()
 
@@ -106,8 +139,64 @@ def ensure_controlplane_key(running: RunningSandbox, path: Path) -> dict[str, st
         project=project, account=CONTROLPLANE_ACCOUNT, roles=(DEVELOPER,)
     )
     running.state.save_key(key, (DEVELOPER,))
+    running.gcp.iam.adopt_key(key)
     write_private(path, json.dumps(key, indent=2) + "\n")
     return key
+
+
+def ensure_operator_key(running: RunningSandbox) -> dict[str, str]:
+    """The operator's key, `operator-key.json` in the state directory (0600): minted once for
+    `levers9-operator`, a project owner, and trusted since; its `token_uri` is the GCP APIs'
+    `/token` (rewritten if their port changed). It is what `gcp.env.cloud_env` points gcloud
+    and `GOOGLE_APPLICATION_CREDENTIALS` at: the person at the laptop, as on Google Cloud."""
+    path = running.state.dir / OPERATOR_KEY
+    gcp = running.gcp
+    if path.exists():
+        key: dict[str, str] = json.loads(path.read_text())
+        saved = {record["key"]["private_key_id"] for record in running.state.saved_keys()}
+        if key["private_key_id"] not in saved:  # its record was deleted: trust it again
+            running.sandbox.parts.authenticator.register_key(key)
+            running.state.save_key(key, (OWNER,))
+            gcp.iam.adopt_key(key)
+        # Always an owner: a policy set without it would otherwise lock the laptop out of
+        # its own project until the state directory is wiped.
+        running.sandbox.policy.grant(key["client_email"], OWNER)
+        if key.get("token_uri") != gcp.token_uri:
+            key["token_uri"] = gcp.token_uri
+            write_private(path, pki.service_account_key_json(key))
+        return key
+    project = running.cluster.scenario.cluster.project
+    account = gcp.iam.ensure_account(project, OPERATOR_ACCOUNT, "levers9 operator")
+    key = gcp.iam.mint_key(account["email"], roles=(OWNER,))
+    running.sandbox.policy.grant(key["client_email"], OWNER)
+    write_private(path, pki.service_account_key_json(key))
+    return key
+
+
+async def _start_gcp(sandbox: Sandbox, cluster: Cluster, state: SandboxState) -> GcpEmulator:
+    """The GCP APIs on the port they had last time when it is free, else on a new one."""
+    site = GcpSite(
+        authenticator=sandbox.parts.authenticator,
+        access=sandbox.policy,
+        ca=sandbox.ca,
+        admin_token=sandbox.admin_token,
+        cluster=ClusterSite(
+            info=cluster.scenario.cluster,
+            endpoint=f"{LOOPBACK}:{sandbox.port}",
+            ca_base64=sandbox.ca.ca_base64,
+            node_specs=cluster.node_specs,
+        ),
+        state_file=state.dir / "gcp.json",
+        vault=state,
+    )
+    try:
+        gcp = await start_gcp(site, state.gcp_port())
+    except OSError:
+        gcp = await start_gcp(site, 0)
+    state.save_gcp_port(gcp.port)
+    for record in state.saved_keys():
+        gcp.iam.adopt_key(record["key"])
+    return gcp
 
 
 async def start(
@@ -133,12 +222,25 @@ async def start(
     except BaseException:
         await sandbox.close()
         raise
-    running = RunningSandbox(sandbox, cluster, state)
+    try:
+        gcp = await _start_gcp(sandbox, cluster, state)
+    except BaseException:
+        await cluster.stop()
+        await sandbox.close()
+        raise
+    running = RunningSandbox(sandbox, cluster, state, gcp)
     if controlplane_key is not None:
         ensure_controlplane_key(running, controlplane_key)
+    ensure_operator_key(running)
     (state.dir / "ca.crt").write_bytes(sandbox.ca.ca_pem)
+    state.write_ca_bundle(sandbox.ca.ca_pem)
     sandbox.write_kubeconfig(state.dir / "kubeconfig")
-    info = {"url": sandbox.url, "port": sandbox.port, "project": scenario.cluster.project}
+    info = {
+        "url": sandbox.url,
+        "port": sandbox.port,
+        "project": scenario.cluster.project,
+        "gcpUrl": gcp.url,
+    }
     (state.dir / "sandbox.json").write_text(json.dumps(info, indent=2) + "\n")
     return running
 
@@ -151,6 +253,7 @@ async def serve(
     log.info(
         "sandbox serving",
         url=running.sandbox.url,
+        gcp=running.gcp.url,
         kubeconfig=str(running.state.dir / "kubeconfig"),
         nodes=len(running.cluster.node_specs()),
     )
