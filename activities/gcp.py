@@ -11,7 +11,7 @@ egress IPs it appends, and says so (`Step.status`: created, unchanged, updated):
   logged or put in history. Kept while the account still lists the file's key.
 - `ensure_repository`: Artifact Registry docker repository `levers9` in the cluster's region.
 - `ensure_firewall`: `levers9-controlplane-to-<cluster>`, egress IPs -> the node pool's tags,
-  all TCP; only appended to (the patch carries the fingerprint it read: 412 reads again).
+  all TCP; only appended to (a 409/412 from a concurrent change reads and merges again).
 - `append_authorized_networks`: the cluster's master authorized networks, existing CIDRs kept.
 - `describe_cluster`: endpoint, CA, network, node pools' network tags.
 
@@ -23,6 +23,7 @@ timeouts are raised for Temporal to retry with backoff.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 from collections.abc import Callable
@@ -34,11 +35,11 @@ import google.auth
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import Credentials
+from google.auth.transport.requests import AuthorizedSession
 from google.cloud import (
     artifactregistry_v1,
     compute_v1,
     container_v1,
-    iam_admin_v1,
     resourcemanager_v3,
 )
 from temporalio import activity
@@ -64,7 +65,46 @@ RACE_ATTEMPTS = 5
 """Read-modify-write rounds a step tries before it lets Temporal retry it."""
 OPERATION_TIMEOUT_S = 300.0
 DISPLAY_NAME = "levers9 controlplane"
-USER_MANAGED: Any = iam_admin_v1.ListServiceAccountKeysRequest.KeyType.USER_MANAGED
+IAM_ENDPOINT = "https://iam.googleapis.com"
+HTTP_TIMEOUT_S = 60.0
+
+
+class IamRest:
+    """The four IAM v1 calls attach makes, over REST. google-cloud-iam's `iam_admin_v1` has
+    no REST transport, so this speaks the same paths (`iam.googleapis.com/v1`) through
+    google-auth's AuthorizedSession; errors become the same `google.api_core` exceptions the
+    other clients raise."""
+
+    def __init__(self, credentials: Credentials, endpoint: str | None) -> None:
+        self._session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+        self._base = (endpoint or IAM_ENDPOINT).rstrip("/") + "/v1/"
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._session.request(  # type: ignore[no-untyped-call]
+            method, self._base + path, json=body, timeout=HTTP_TIMEOUT_S
+        )
+        if response.status_code >= 400:
+            raise gexc.from_http_response(response)  # type: ignore[no-untyped-call]
+        return response.json() if response.content else {}
+
+    def get_service_account(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", name)
+        return result
+
+    def create_service_account(self, project: str, account_id: str, display_name: str) -> None:
+        body = {"accountId": account_id, "serviceAccount": {"displayName": display_name}}
+        self._request("POST", f"projects/{project}/serviceAccounts", body)
+
+    def list_user_managed_keys(self, account: str) -> list[str]:
+        """The key ids of `account` (a `projects/*/serviceAccounts/*` name)."""
+        result = self._request("GET", f"{account}/keys?keyTypes=USER_MANAGED")
+        return [str(k["name"]).rsplit("/", 1)[-1] for k in result.get("keys", [])]
+
+    def create_key(self, account: str) -> bytes:
+        """A new key; returns the JSON key file's bytes (`privateKeyData`, decoded)."""
+        result = self._request("POST", f"{account}/keys", {})
+        return base64.b64decode(result["privateKeyData"])
+
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -76,7 +116,7 @@ class GcpClients:
 
     container: container_v1.ClusterManagerClient
     firewalls: compute_v1.FirewallsClient
-    iam: iam_admin_v1.IAMClient
+    iam: IamRest
     projects: resourcemanager_v3.ProjectsClient
     registry: artifactregistry_v1.ArtifactRegistryClient
 
@@ -102,7 +142,7 @@ def gcp_clients(endpoint: str | None, credentials: Credentials | None = None) ->
     return GcpClients(
         container=container_v1.ClusterManagerClient(**common),
         firewalls=compute_v1.FirewallsClient(**common),
-        iam=iam_admin_v1.IAMClient(**common),
+        iam=IamRest(credentials, endpoint),
         projects=resourcemanager_v3.ProjectsClient(**common),
         registry=artifactregistry_v1.ArtifactRegistryClient(**common),
     )
@@ -211,8 +251,8 @@ class GcpActivities:
                     ),
                     f"update {ref.cluster_path}",
                 )
-            except gexc.FailedPrecondition:
-                # "another operation is in progress": read again once it has settled.
+            except (gexc.FailedPrecondition, gexc.Conflict):
+                # Another operation in progress, or a change since we read: read again.
                 await asyncio.sleep(2)
                 continue
             await self._wait_container(ref, operation.name)
@@ -276,9 +316,9 @@ class GcpActivities:
             tags = [*rule.target_tags, *(t for t in input.target_tags if t not in rule.target_tags)]
             if not added and tags == list(rule.target_tags):
                 return Step(name=name, status="unchanged", detail=f"{len(merged)} source ranges")
-            patch = compute_v1.Firewall(
-                source_ranges=merged, target_tags=tags, fingerprint=rule.fingerprint
-            )
+            # Firewall writes are last-writer-wins on Google Cloud (no fingerprint); a 412 or 409
+            # from a concurrent change makes us read and merge again.
+            patch = compute_v1.Firewall(source_ranges=merged, target_tags=tags)
             try:
                 operation = await _call(
                     lambda p=patch: firewalls.patch(  # type: ignore[misc]
@@ -303,21 +343,17 @@ class GcpActivities:
         iam = self.clients.iam
         try:
             await _call(
-                lambda: iam.get_service_account(
-                    name=f"projects/{ref.project}/serviceAccounts/{email}"
-                ),
+                lambda: iam.get_service_account(f"projects/{ref.project}/serviceAccounts/{email}"),
                 name,
             )
             return Step(name=name, status="unchanged")
         except gexc.NotFound:
             pass
-        request = iam_admin_v1.CreateServiceAccountRequest(
-            name=f"projects/{ref.project}",
-            account_id=SERVICE_ACCOUNT_ID,
-            service_account=iam_admin_v1.ServiceAccount(display_name=DISPLAY_NAME),
-        )
         try:
-            await _call(lambda: iam.create_service_account(request=request), f"create {name}")
+            await _call(
+                lambda: iam.create_service_account(ref.project, SERVICE_ACCOUNT_ID, DISPLAY_NAME),
+                f"create {name}",
+            )
         except gexc.Conflict:
             return Step(name=name, status="unchanged")
         return Step(name=name, status="created")
@@ -373,20 +409,13 @@ class GcpActivities:
                     non_retryable=True,
                 )
             listed = await _call(
-                lambda: iam.list_service_account_keys(
-                    name=account,
-                    key_types=[USER_MANAGED],
-                ),
-                f"keys of {ref.service_account_email}",
+                lambda: iam.list_user_managed_keys(account), f"keys of {ref.service_account_email}"
             )
-            if any(k.name.rsplit("/", 1)[-1] == key_id for k in listed.keys):
+            if key_id in listed:
                 await asyncio.to_thread(_ensure_private, path)
                 return Step(name=name, status="unchanged", detail=f"key id {key_id[:8]}")
             replaced = f"its key {key_id[:8]} was deleted; "
-        key = await _call(
-            lambda: iam.create_service_account_key(name=account), f"create a key for {account}"
-        )
-        data = key.private_key_data
+        data = await _call(lambda: iam.create_key(account), f"create a key for {account}")
         try:
             key_id = str(json.loads(data)["private_key_id"])
         except (ValueError, KeyError, TypeError):
@@ -405,7 +434,7 @@ class GcpActivities:
     @activity.defn
     async def ensure_repository(self, ref: ClusterRef) -> Step:
         registry = self.clients.registry
-        name = f"Artifact Registry repository {REPOSITORY_ID} ({ref.region})"
+        name = f"Artifact Registry repository {REPOSITORY_ID} in {ref.region}"
         try:
             await _call(lambda: registry.get_repository(name=ref.repository_path), name)
             return Step(name=name, status="unchanged")

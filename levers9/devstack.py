@@ -45,6 +45,7 @@ from levers9.config import ControlplaneSettings
 from levers9.files import write_private
 from levers9.sandbox import aws, registries, worker_image
 from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from levers9.tokens import operator_token
 
 HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
@@ -239,7 +240,19 @@ class DevStack:
             "LEVERS9_REGISTRY_MIRRORS": f"{GAR_HOST}={gar}",
             # Plain HTTP on loopback: copies to these pass --*-tls-verify=false.
             "LEVERS9_INSECURE_REGISTRIES": f"{ecr},{gar}",
+            # The CLI's way to the controlplane's gateway (log streams), and its token.
+            "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_API_TOKEN_FILE": str(self.api_token_file),
+            # Where `levers9 gke attach` keeps the controlplane's key (~/.levers9 for real).
+            "LEVERS9_GKE_KEY_FILE": str(self.controlplane_key),
+            # certifi's roots plus the sandbox's CA: google-auth and the Google clients trust
+            # the emulated token endpoint and APIs with it.
+            "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
         }
+
+    @property
+    def api_token_file(self) -> Path:
+        return self.dir / "api-token"
 
     @property
     def token_secret_file(self) -> Path:
@@ -251,9 +264,10 @@ class DevStack:
         public certificate, so production needs nothing of the kind)."""
         if not self.token_secret_file.exists():
             write_private(self.token_secret_file, secrets.token_urlsafe(32))
+        secret = self.token_secret_file.read_text().strip()
+        write_private(self.api_token_file, operator_token(secret))
         return {
             **self.env(),
-            "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
             "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
             "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
             # The sandbox's nodes are on loopback too, so workers dial the gateway there.

@@ -146,7 +146,8 @@ async def test_run_streams_output_as_the_worker_writes_it(cp: Controlplane) -> N
     first = await asyncio.wait_for(process.stdout.readline(), WITHIN)
     assert first == b"first line\n"
     record = await task_record(await connect(cp.settings), task_id)
-    assert record is not None and record.state in ("placed", "running"), record
+    assert record is not None
+    assert record.state in ("placed", "running"), record
     out, err = await asyncio.wait_for(process.communicate(), WITHIN)
     assert process.returncode == 0, out.decode() + err.decode()
     assert b"no log stream" not in err, err.decode()
