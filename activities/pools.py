@@ -93,12 +93,12 @@ class PoolActivities:
         return True
 
     @activity.defn
-    async def delete_pool_jobs(self, pool_name: str) -> int:
+    async def delete_pool_jobs(self, pool_name: str) -> list[str]:
         """Deletes every worker Job of the pool (and, by ownership, pods and token Secrets);
-        returns how many there were. Non-retryable when the pool's cluster is out of reach
+        returns their names. Non-retryable when the pool's cluster is out of reach
         (no longer in the values: no credentials)."""
 
-        def delete() -> int:
+        def delete() -> list[str]:
             pool = self._clients.pool(pool_name)
             batch = k8s.BatchV1Api(self._clients.api(pool_name))
             namespace = pool.kubernetes.namespace
@@ -110,7 +110,7 @@ class PoolActivities:
                 except k8s.ApiException as exc:
                     if exc.status != 404:
                         raise
-            return len(names)
+            return names
 
         try:
             return await asyncio.to_thread(delete)

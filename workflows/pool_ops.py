@@ -16,6 +16,7 @@ there, as the spec's "Removing the pool" row does.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -38,6 +39,8 @@ with workflow.unsafe.imports_passed_through():
     from levers9.models import StopWorker, machine_workflow_id, worker_workflow_id
 
 COPY_TIMEOUT = timedelta(minutes=20)
+SETTLE_ROUNDS = 30
+SETTLE_INTERVAL = timedelta(seconds=2)
 
 
 async def _stop_workers(pool_name: str, workers: list[str], request: StopWorker) -> list[str]:
@@ -82,48 +85,63 @@ class RemovePoolWorkflow:
     async def run(self, input: RemovePoolInput) -> RemovePoolResult:
         pool = input.pool_name
         schedule_deleted = await step(PoolActivities.delete_reconcile_schedule, pool)
-        records: PoolRecords = await step(PoolActivities.pool_records, pool)
-        for node in records.machines:
-            handle = workflow.get_external_workflow_handle(machine_workflow_id(pool, node))
-            try:
-                await handle.signal("gone")
-            except Exception:
-                continue
-        jobs_deleted, reachable = 0, True
-        try:
-            jobs_deleted = await step(PoolActivities.delete_pool_jobs, pool)
-        except ActivityError as exc:
-            if not (isinstance(exc.cause, ApplicationError) and exc.cause.type == "PoolNotLoaded"):
-                raise
-            reachable = False
-        stopped = await _stop_workers(
-            pool, records.workers, StopWorker(reason=input.reason, delete_job=False)
-        )
+        machines: set[str] = set()
+        workers: set[str] = set()
+        jobs: set[str] = set()
+        reachable, settled = True, False
+        for _ in range(SETTLE_ROUNDS):
+            # Until a listing shows nothing running: a reconcile in flight when the schedule
+            # went may still have started a machine, and ending takes each record a moment.
+            records: PoolRecords = await step(PoolActivities.pool_records, pool)
+            for node in records.machines:
+                handle = workflow.get_external_workflow_handle(machine_workflow_id(pool, node))
+                with contextlib.suppress(Exception):  # ended meanwhile
+                    await handle.signal("gone")
+                machines.add(node)
+            if reachable:
+                try:
+                    jobs.update(await step(PoolActivities.delete_pool_jobs, pool))
+                except ActivityError as exc:
+                    cause = exc.cause
+                    if not (isinstance(cause, ApplicationError) and cause.type == "PoolNotLoaded"):
+                        raise
+                    reachable = False
+            stop = StopWorker(reason=input.reason, delete_job=False)
+            workers.update(await _stop_workers(pool, records.workers, stop))
+            if not records.workers and not records.machines:
+                settled = True
+                break
+            await workflow.sleep(SETTLE_INTERVAL)
         namespace_deleted = False
         if input.delete_namespace and reachable:
             namespace_deleted = await step(PoolActivities.delete_pool_namespace, pool)
-        note = (
-            ""
-            if reachable
-            else "the pool is no longer in the values, so its cluster is out of reach: delete"
-            " the levers9 namespace there (kubectl delete namespace levers9)"
-        )
+        notes = []
+        if not reachable:
+            notes.append(
+                "the pool is no longer in the values, so its cluster is out of reach: delete"
+                " the levers9 namespace there (kubectl delete namespace levers9)"
+            )
+        if not settled:
+            notes.append(
+                f"records still running after {SETTLE_ROUNDS} rounds: levers9 worker list"
+                f" --pool {pool}; rerun levers9 pool remove"
+            )
         workflow.logger.info(
             "pool removed",
             extra={
                 KV_EXTRA: {
                     "pool_name": pool,
-                    "workers_ended": len(stopped),
-                    "machines_ended": len(records.machines),
-                    "jobs_deleted": jobs_deleted,
+                    "workers_ended": len(workers),
+                    "machines_ended": len(machines),
+                    "jobs_deleted": len(jobs),
                 }
             },
         )
         return RemovePoolResult(
             schedule_deleted=schedule_deleted,
-            workers_ended=stopped,
-            machines_ended=records.machines,
-            jobs_deleted=jobs_deleted,
+            workers_ended=sorted(workers),
+            machines_ended=sorted(machines),
+            jobs_deleted=len(jobs),
             namespace_deleted=namespace_deleted,
-            note=note,
+            note="; ".join(notes),
         )

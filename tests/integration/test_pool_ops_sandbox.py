@@ -1,0 +1,150 @@
+"""Day two on the sandbox, driven by the CLI: `levers9 image recopy` copies `latest` into the
+project's registry and restarts every worker at once (the old records end `stopped` with the
+reason, fresh workers are available within a reconcile or two, not after the record TTL);
+`levers9 pool remove --delete-namespace` leaves no schedule, no running record, no worker Job
+and no namespace.
+
+The tests of this module share one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.models import WorkerRecord
+from levers9.sandbox import aws, registries, worker_image
+from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
+from tests.controlplane import POOL, Controlplane, reconciling
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+WITHIN = 60
+GAR_HOST = "us-central1-docker.pkg.dev"
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """The controlplane process's environment (its AWS and Google identity) for the module."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+async def cp(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Controlplane]:
+    directory = tmp_path_factory.mktemp("pool-ops")
+    with (
+        registries.LocalRegistry(directory / "ecr") as ecr,
+        registries.LocalRegistry(directory / "gar") as gar,
+        aws.LocalMoto(directory / "moto.log") as moto,
+    ):
+        image = await asyncio.to_thread(worker_image.build, directory / "image")
+        await asyncio.to_thread(worker_image.push, image, ecr.address)
+        await asyncio.to_thread(aws.seed, moto.endpoint)
+        settings = {
+            "sourceImage": f"{ecr.address}/levers9/worker:latest",
+            "registryMirrors": f"{GAR_HOST}={gar.address}",
+            "insecureRegistries": f"{ecr.address},{gar.address}",
+        }
+        key = directory / "sandbox" / "operator-key.json"
+        with environment(
+            {**aws.client_env(moto.endpoint), "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
+        ):
+            async with reconciling(dev_env.client, directory, None, **settings) as plane:
+                plane.gar = gar  # type: ignore[attr-defined]
+
+                async def available() -> bool:
+                    records = await list_worker_records(plane.settings, POOL, include_ended=False)
+                    return len(records) == 3 and all(r.state == "available" for r in records)
+
+                await eventually(available, within=WITHIN)
+                yield plane
+
+
+async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
+        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
+        "LEVERS9_HOME": str(Path(cp.sandbox.state.dir).parent / "no-dev-stack"),
+    }
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(BIN / "levers9"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+async def _workers(cp: Controlplane, include_ended: bool = False) -> list[WorkerRecord]:
+    return await list_worker_records(cp.settings, POOL, include_ended=include_ended)
+
+
+async def test_recopy_copies_latest_and_restarts_every_worker_at_once(cp: Controlplane) -> None:
+    old = {r.worker_id for r in await _workers(cp)}
+    assert len(old) == 3
+    done = await levers9(cp, "image", "recopy", "--pool", POOL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"copied for pool {POOL}" in done.stdout
+    gar = cp.gar  # type: ignore[attr-defined]
+    project = cp.pool.kubernetes.worker_image.split("/")[1]
+    digest = await asyncio.to_thread(
+        registries.manifest_digest, gar.address, f"{project}/levers9/worker", "latest"
+    )
+    assert digest is not None
+    assert digest in done.stdout
+    for worker_id in old:
+        assert worker_id in done.stdout
+
+    ended = {r.worker_id: r for r in await _workers(cp, include_ended=True) if r.worker_id in old}
+    assert {r.state for r in ended.values()} == {"stopped"}
+    assert {r.reason for r in ended.values()} == {"image recopied"}
+    jobs = {j["metadata"]["name"] for j in await cp.worker_jobs()}
+    assert not any(worker_id in name for name in jobs for worker_id in old)
+
+    async def fresh() -> bool:
+        records = await _workers(cp)
+        ids = {r.worker_id for r in records}
+        return len(records) == 3 and not ids & old and all(r.state == "available" for r in records)
+
+    # Within reconciles (every second here), not after the ten-minute record TTL.
+    await eventually(fresh, within=WITHIN)
+
+
+async def test_pool_remove_leaves_nothing_running(cp: Controlplane) -> None:
+    done = await levers9(cp, "pool", "remove", "--pool", POOL, "--delete-namespace")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"pool {POOL} removed: schedule deleted, 3 worker records ended" in done.stdout
+    assert "namespace deleted" in done.stdout
+    assert await list_reconcile_schedules(cp.settings) == []
+    assert await _workers(cp) == []
+    assert await list_machine_records(cp.settings, POOL) == []
+    assert await cp.worker_jobs() == []
+    namespaces = await cp.kubectl("get", "namespaces", "-o", "name")
+    assert "namespace/levers9" not in namespaces.split()
+    # Nothing comes back: no schedule, so no reconcile creates workers again.
+    await asyncio.sleep(3)
+    assert await _workers(cp) == []
+    assert await cp.worker_jobs() == []
