@@ -12,10 +12,16 @@ controlplane's ECR and `gar` for the project's Artifact Registry that the sandbo
 pulls `us-central1-docker.pkg.dev` images from, and moto's server for the controlplane's AWS.
 `up` pushes the worker image into `ecr` (when the registry lacks that digest), seeds moto with
 the EKS controlplane (whenever moto starts: its state is memory only), and once the sandbox
-runs, makes its egress IP the first EKS node's public IP, that node's and the NAT's IPs being
-on the authorized networks: the state the attach script leaves, which is also why the worker
-image is copied into `gar` when it is missing there. `levers9 sandbox replace-eks-nodes` then
-moves the egress IP off the allow-list, as replacing the EKS nodes does.
+runs, makes its egress IP the first EKS node's public IP. That IP is not on the cluster's
+authorized networks and `gar` has no worker image: the cloud side is not done until
+`levers9 gke attach` (`deploy/gke/attach-gke-pool.sh`) runs, as on a real cluster, and until
+then reconcile reports the spec's 403 (`make demo` runs attach right after `up`).
+`levers9 sandbox replace-eks-nodes` later moves the egress IP again, as replacing the EKS nodes
+does, and the 403 comes back until `rotate_ips`.
+
+The env file also carries what points real tools at the sandbox's cloud: the GCP endpoint and
+the operator's key (`gcp.env.cloud_env`: the python clients and `gcloud`), moto's endpoint and
+keys, the registries, and the controlplane's gateway and operator token for the CLI.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from levers9.config import ControlplaneSettings
 from levers9.files import write_private
 from levers9.sandbox import aws, registries, worker_image
 from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from levers9.sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 from levers9.tokens import operator_token
 
 HOST = "127.0.0.1"
@@ -248,7 +255,16 @@ class DevStack:
             # certifi's roots plus the sandbox's CA: google-auth and the Google clients trust
             # the emulated token endpoint and APIs with it.
             "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
+            **self._cloud_env(),
         }
+
+    def _cloud_env(self) -> dict[str, str]:
+        """The GCP endpoint, the operator's key and gcloud's settings, once the sandbox has
+        run here (the python clients and `gcloud` both use them)."""
+        try:
+            return cloud_env(self.sandbox_dir)
+        except CloudEnvUnavailable:
+            return {}
 
     @property
     def api_token_file(self) -> Path:
@@ -409,7 +425,7 @@ class DevStack:
             self._save(records)
             self._wait(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
             started.add("moto")
-        self._push_worker_image(records["ecr"].address, records["gar"].address, progress)
+        self._push_worker_image(records["ecr"].address, progress)
         if "moto" in started:
             seeded = aws.seed(records["moto"].address)
             progress(
@@ -445,10 +461,9 @@ class DevStack:
             self._wait(records["worker"], self._worker_ready, progress)
         self._save(records)
 
-    def _push_worker_image(self, ecr: str, gar: str, progress: Progress) -> None:
-        """The worker build in `ecr` (pushed when `ecr` lacks its digest), and a copy in `gar`
-        when `gar` has none (as the attach script leaves it; a later build is copied again by
-        rerunning that script, not by `up`)."""
+    def _push_worker_image(self, ecr: str, progress: Progress) -> None:
+        """The worker build in `ecr` (pushed when `ecr` lacks its digest). Copying it into
+        `gar`, where the cluster pulls from, is attach's job (and recopy's)."""
         image = worker_image.build(self.dir / "images" / "worker")
         source = f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}"
         if (
@@ -457,25 +472,18 @@ class DevStack:
         ):
             digest = worker_image.push(image, ecr)
             progress(f"pushed the worker image {source}@{digest}")
-        if registries.manifest_digest(gar, GAR_WORKER_REPOSITORY, worker_image.TAG) is None:
-            target = f"{gar}/{GAR_WORKER_REPOSITORY}:{worker_image.TAG}"
-            digest = registries.copy_image(source, target)
-            progress(f"copied it to {GAR_HOST}/{GAR_WORKER_REPOSITORY} ({target}@{digest})")
 
     def _egress_from_aws(self, endpoint: str, progress: Progress) -> None:
-        """The sandbox's egress IP becomes the first EKS node's public IP, and the nodes' and
-        the NAT's IPs join the authorized networks (appended, as the attach script does)."""
+        """The sandbox's egress IP becomes the first EKS node's public IP (the authorized
+        networks are left as they are: appending is attach's job)."""
         controlplane = aws.seed(endpoint)
         admin = SandboxAdmin(self.sandbox_dir)
-        changes: dict[str, object] = {"egressIp": controlplane.node_ips[0]}
-        networks = admin.access()["authorizedNetworks"]
-        if networks is not None:
-            added = [f"{ip}/32" for ip in controlplane.egress_ips if f"{ip}/32" not in networks]
-            changes["authorizedNetworks"] = [*networks, *added]
-        admin.update_access(changes)
+        admin.update_access({"egressIp": controlplane.node_ips[0]})
+        networks = admin.access()["authorizedNetworks"] or []
+        allowed = f"{controlplane.node_ips[0]}/32" in networks
         progress(
             f"the controlplane's egress IP is EKS node {controlplane.node_ips[0]}'s"
-            f" (authorized with the other node and the NAT {controlplane.nat_ip})"
+            + ("" if allowed else "; not on the authorized networks until `levers9 gke attach`")
         )
 
     def _wait(self, record: ProcessRecord, ready: Callable[[], bool], progress: Progress) -> None:

@@ -45,10 +45,14 @@ TOKEN_SECRET = "test-token-secret-0123456789"
 
 
 def quick_scenario() -> Scenario:
-    """The default scenario with image pulls that take a moment, not seconds."""
+    """The default scenario as attach leaves it (the egress IP on the authorized networks),
+    with image pulls that take a moment, not seconds."""
     base = Scenario.load()
     images = Images(pull_seconds=0.2, present=base.images.present, process=base.images.process)
-    return base.model_copy(update={"images": images})
+    network = base.network.model_copy(
+        update={"authorized_networks": (*base.network.authorized_networks, "127.0.0.1/32")}
+    )
+    return base.model_copy(update={"images": images, "network": network})
 
 
 @contextmanager

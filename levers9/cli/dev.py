@@ -167,6 +167,12 @@ def demo(
     )
     _up(stack)
     os.environ.update(stack.env())
+    console.rule("the cloud side: deploy/gke/attach-gke-pool.sh (until it runs, reconcile is 403)")
+    attach = [str(ATTACH_SCRIPT), *ATTACH_ARGS]
+    console.print("$ " + " ".join(attach), highlight=False)
+    if subprocess.run(attach, check=False, env={**os.environ, "LEVERS9": _levers9()}).returncode:
+        fail(["attach failed (above); fix it and rerun make demo: every step is idempotent"])
+        raise typer.Exit(1)
     console.rule("the pools in the dev values")
     config_cmd.show_pools(stack.values_files, Output.table)
     console.rule(f"waiting for {DEMO_PASSES} reconcile passes per pool")
@@ -220,6 +226,17 @@ def demo(
         f"  stop it:       {levers9} dev down",
         highlight=False,
     )
+
+
+ATTACH_SCRIPT = Path(__file__).parents[2] / "deploy" / "gke" / "attach-gke-pool.sh"
+ATTACH_ARGS = (
+    *("--project", "demo", "--zone", "us-central1-a", "--cluster", "demo"),
+    *("--node-pool", "gpu-4x", "--gpu", "RTXPro6000"),
+)
+
+
+def _levers9() -> str:
+    return str(Path(sys.executable).parent / "levers9")
 
 
 def _command(name: str) -> str:

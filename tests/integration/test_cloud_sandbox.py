@@ -39,6 +39,7 @@ from levers9 import devvalues
 from levers9.cloud import Allowlist, egress_workflow_id
 from levers9.config import ControlplaneSettings, parse_pool
 from levers9.sandbox import aws, registries
+from levers9.sandbox.gcp.container import network_tag
 from tests.cloud import BIN, OFFICE, CloudWorld, cloud_world, run
 from tests.controlplane import trusting
 from tests.waiting import eventually
@@ -223,7 +224,7 @@ async def test_a_second_attach_changes_nothing_and_says_so(world: CloudWorld) ->
     assert len(ours) == 1
     egress = {f"{ip}/32" for ip in world.seeded.egress_ips}
     assert set(ours[0]["sourceRanges"]) == egress
-    assert ours[0]["targetTags"] == [f"gke-{world.cluster}-gpu-4x-node"]
+    assert ours[0]["targetTags"] == [network_tag(world.cluster)]
     assert ours[0]["allowed"] == [{"IPProtocol": "tcp"}]
 
 

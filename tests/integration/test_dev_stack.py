@@ -6,9 +6,11 @@ with who holds it; down leaves no process behind and a restart keeps the sandbox
 dev key never reaches a log.
 
 The cloud around it: up starts the two registries (ECR's and Artifact Registry's stand-ins) with
-the worker image in both, and moto seeded with the EKS controlplane whose first node's public IP
-is the sandbox's egress IP; `levers9 sandbox replace-eks-nodes` moves it off the allow-list; a
-restart pushes nothing again but reseeds moto.
+the worker image in the first, moto seeded with the EKS controlplane whose first node's public IP
+is the sandbox's egress IP, and the GCP APIs; the egress IP is not on the authorized networks, so
+reconcile reports the spec's 403, until `attach-gke-pool.sh` (run from the env file, as the issue
+says) copies the image and appends the IPs; `levers9 sandbox replace-eks-nodes` moves it off
+the allow-list again; a restart pushes nothing again but reseeds moto.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,16 +170,62 @@ def test_up_starts_the_cloud_around_the_sandbox(dev: Dev) -> None:
     assert env["LEVERS9_INSECURE_REGISTRIES"] == f"{ecr},{gar}"
     assert registries.ready(ecr)
     assert registries.ready(gar)
-    # The worker image: pushed to ECR, copied to the project's registry (as attach leaves it).
+    # The worker image: pushed to ECR; the project's registry has none until attach.
     digest = worker_image.build(dev.home / "layout").digest
     assert registries.inspect_digest(env["LEVERS9_SOURCE_IMAGE"]) == digest
-    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") == digest
-    # moto: the EKS nodes, tagged, with public IPs; the first is the sandbox's egress IP.
+    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") is None
+    # moto: the EKS nodes, tagged, with public IPs; the first is the sandbox's egress IP, and
+    # it is not on the authorized networks yet.
     nodes = aws.node_ips(moto)
     assert len(nodes) == 2
     access = SandboxAdmin(Path(env["LEVERS9_SANDBOX_STATE"])).access()
     assert access["egressIp"] == nodes[0]
-    assert f"{nodes[0]}/32" in access["authorizedNetworks"]
+    assert f"{nodes[0]}/32" not in access["authorizedNetworks"]
+    # The GCP APIs and the operator's key, for the python clients and gcloud.
+    assert env["LEVERS9_GCP_ENDPOINT"].startswith("https://127.0.0.1:")
+    assert Path(env["GOOGLE_APPLICATION_CREDENTIALS"]).stat().st_mode & 0o777 == 0o600
+
+
+def test_until_attach_reconcile_is_refused_and_attach_fixes_it(dev: Dev) -> None:
+    """The issue's command, after `. .levers9/dev/env`; the worker log had the spec's 403."""
+    log = dev.home / ".levers9" / "dev" / "logs" / "worker.log"
+    refused = "unable to reconcile cluster nodes"
+    deadline = time.monotonic() + 60
+    while refused not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    line = next(x for x in log.read_text().splitlines() if refused in x)
+    assert "403" in line
+    script = Path(__file__).parents[2] / "deploy" / "gke" / "attach-gke-pool.sh"
+    command = (
+        f". {dev.home / '.levers9' / 'dev' / 'env'} && {script} --project demo"
+        " --zone us-central1-a --cluster demo --node-pool gpu-4x --gpu RTXPro6000"
+    )
+    env = {
+        **os.environ,
+        "LEVERS9_HOME": str(dev.home / ".levers9"),
+        "LEVERS9": str(BIN / "levers9"),
+    }
+    env["PATH"] = f"{BIN}:{env['PATH']}"
+    done = subprocess.run(
+        ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "authorized networks: updated" in done.stdout
+    assert "firewall rule levers9-controlplane-to-demo: created" in done.stdout
+    access = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()
+    assert f"{access['egressIp']}/32" in access["authorizedNetworks"]
+    gar = f"127.0.0.1:{_port(dev, '--gar-port')}"
+    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") is not None
+    # Reconcile is admitted now: workers come up on every machine.
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        listed = dev.run("worker", "list", "-o", "json")
+        rows = json.loads(listed.stdout) if listed.returncode == 0 else []
+        if len(rows) == 3 and all(r["state"] == "available" for r in rows):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"workers not available after attach: {listed.stdout}")
 
 
 def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
@@ -264,7 +313,7 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     again = stack.run("dev", "up", *stack.ports)
     assert again.returncode == 0, again.stderr
     assert _dev_key(tmp_path) == key_before, "a restarted sandbox keeps its key and CA"
-    assert "gke-sandbox-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
+    assert "gke-demo-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
     assert "pushed the worker image" not in again.stdout, "the registries keep their images"
     assert "seeded moto" in again.stdout, "moto's state is memory only: seeded again"
     nodes = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
@@ -286,9 +335,7 @@ def test_kubectl_sees_the_default_scenario(dev: Dev) -> None:
         "get", "nodes", "-l", "cloud.google.com/gke-accelerator=nvidia-rtx-pro-6000", "-o", "name"
     ).split()
     assert len(names) == 3
-    assert "node/gke-sandbox-default-pool-9b1d4e7f-w2c6" in dev.kubectl(
-        "get", "nodes", "-o", "name"
-    )
+    assert "node/gke-demo-default-pool-9b1d4e7f-w2c6" in dev.kubectl("get", "nodes", "-o", "name")
     deploy = dev.kubectl("get", "deploy", "model-server", "-o", "jsonpath={.spec.replicas}")
     assert deploy == "1"
 
@@ -297,6 +344,7 @@ def test_dev_pool_key_authenticates_like_gke(dev: Dev, monkeypatch: pytest.Monke
     dev_dir = dev.home / ".levers9" / "dev"
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(dev_dir / "ca-bundle.pem"))
     pool = load([dev_dir / "values.yaml", dev_dir / "private.json"]).pools["gke-rtx6000"]
+    egress = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()["egressIp"]
     clients = KubeClients({"gke-rtx6000": pool})
     try:
         core = k8s.CoreV1Api(clients.api("gke-rtx6000"))
@@ -308,34 +356,34 @@ def test_dev_pool_key_authenticates_like_gke(dev: Dev, monkeypatch: pytest.Monke
             core.list_node(label_selector=selector)
         assert caught.value.status == 403
         assert "127.0.0.9" in str(caught.value.body)
-        assert dev.run("sandbox", "egress-ip", "127.0.0.1").returncode == 0
+        assert dev.run("sandbox", "egress-ip", egress).returncode == 0
         assert len(core.list_node(label_selector=selector).items) == 3, "allowed again"
     finally:
-        dev.run("sandbox", "egress-ip", "127.0.0.1")
+        dev.run("sandbox", "egress-ip", egress)
         clients.close()
 
 
 def test_scenario_commands(dev: Dev) -> None:
-    added = dev.run("sandbox", "node", "add", "gke-sandbox-gpu-extra-1", "--gpus", "2")
+    added = dev.run("sandbox", "node", "add", "gke-demo-gpu-extra-1", "--gpus", "2")
     assert added.returncode == 0, added.stderr
     gpus = dev.kubectl(
         "get",
         "node",
-        "gke-sandbox-gpu-extra-1",
+        "gke-demo-gpu-extra-1",
         "-o",
         "jsonpath={.status.allocatable.nvidia\\.com/gpu}",
     )
     assert gpus == "2"
-    assert dev.run("sandbox", "node", "not-ready", "gke-sandbox-gpu-extra-1").returncode == 0
+    assert dev.run("sandbox", "node", "not-ready", "gke-demo-gpu-extra-1").returncode == 0
     ready = dev.kubectl(
         "get",
         "node",
-        "gke-sandbox-gpu-extra-1",
+        "gke-demo-gpu-extra-1",
         "-o",
         "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
     )
     assert ready == "False"
-    assert dev.run("sandbox", "node", "remove", "gke-sandbox-gpu-extra-1").returncode == 0
+    assert dev.run("sandbox", "node", "remove", "gke-demo-gpu-extra-1").returncode == 0
     assert "gpu-extra" not in dev.kubectl("get", "nodes", "-o", "name")
     missing = dev.run("sandbox", "node", "remove", "no-such-node")
     assert missing.returncode == 1

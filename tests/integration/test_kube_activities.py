@@ -25,7 +25,7 @@ from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
 
 pytestmark = pytest.mark.integration
 
-NODE_2X = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
+NODE_2X = "gke-demo-gpu-2x-8e4b2c6d-q3n8"
 JOB = WorkerJobInput(
     pool_name=POOL, worker_id="abcd1234", node_name=NODE_2X, gpus=2, external_ip="127.0.20.2"
 )
@@ -80,9 +80,9 @@ async def test_observation_is_a_constant_number_of_lists(cp: Controlplane) -> No
     lists = [c for c in counter.describe()["counts"] if c["verb"] == "list"]
     assert sum(c["count"] for c in lists) == 3
     assert sorted(nodes) == [
-        "gke-sandbox-gpu-1x-5d3a1f2b-x7k9",
-        "gke-sandbox-gpu-2x-8e4b2c6d-q3n8",
-        "gke-sandbox-gpu-4x-2f7c9e1a-m5p2",
+        "gke-demo-gpu-1x-5d3a1f2b-x7k9",
+        "gke-demo-gpu-2x-8e4b2c6d-q3n8",
+        "gke-demo-gpu-4x-2f7c9e1a-m5p2",
     ]
 
 

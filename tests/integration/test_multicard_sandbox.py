@@ -27,7 +27,7 @@ from workflows.pool import RESERVE_AFTER
 
 pytestmark = pytest.mark.integration
 
-NODE_4X = "gke-sandbox-gpu-4x-2f7c9e1a-m5p2"
+NODE_4X = "gke-demo-gpu-4x-2f7c9e1a-m5p2"
 
 
 @pytest.fixture

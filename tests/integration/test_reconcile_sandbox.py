@@ -37,10 +37,10 @@ from workflows.reconcile_pool import ReconcilePoolWorkflow
 
 pytestmark = pytest.mark.integration
 
-NODE_1X = "gke-sandbox-gpu-1x-5d3a1f2b-x7k9"
-NODE_2X = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
-NODE_4X = "gke-sandbox-gpu-4x-2f7c9e1a-m5p2"
-CPU_NODE = "gke-sandbox-default-pool-9b1d4e7f-w2c6"
+NODE_1X = "gke-demo-gpu-1x-5d3a1f2b-x7k9"
+NODE_2X = "gke-demo-gpu-2x-8e4b2c6d-q3n8"
+NODE_4X = "gke-demo-gpu-4x-2f7c9e1a-m5p2"
+CPU_NODE = "gke-demo-default-pool-9b1d4e7f-w2c6"
 WITHIN = 30
 
 
@@ -160,7 +160,7 @@ async def test_added_node_becomes_a_machine(cp: Controlplane) -> None:
         NodeSpec.model_validate(
             {
                 **base.model_dump(),
-                "name": "gke-sandbox-gpu-extra-1",
+                "name": "gke-demo-gpu-extra-1",
                 "internal_ip": "127.0.11.1",
                 "external_ip": "127.0.21.1",
                 "gpus": {"count": 2},
@@ -169,7 +169,7 @@ async def test_added_node_becomes_a_machine(cp: Controlplane) -> None:
     )
 
     async def worker_added() -> bool:
-        return _cards_by_node(await cp.worker_jobs()).get("gke-sandbox-gpu-extra-1") == [2]
+        return _cards_by_node(await cp.worker_jobs()).get("gke-demo-gpu-extra-1") == [2]
 
     await eventually(worker_added, within=WITHIN)
 
@@ -210,7 +210,7 @@ async def test_two_passes_at_once_add_one_worker(
         NodeSpec.model_validate(
             {
                 **base.model_dump(),
-                "name": "gke-sandbox-gpu-race-1",
+                "name": "gke-demo-gpu-race-1",
                 "internal_ip": "127.0.11.2",
                 "external_ip": "127.0.21.2",
                 "gpus": {"count": 1},
@@ -230,8 +230,8 @@ async def test_two_passes_at_once_add_one_worker(
     )
 
     async def worker_added() -> bool:
-        return "gke-sandbox-gpu-race-1" in _cards_by_node(await cp.worker_jobs())
+        return "gke-demo-gpu-race-1" in _cards_by_node(await cp.worker_jobs())
 
     await eventually(worker_added, within=WITHIN)
     await asyncio.sleep(2)
-    assert _cards_by_node(await cp.worker_jobs())["gke-sandbox-gpu-race-1"] == [1]
+    assert _cards_by_node(await cp.worker_jobs())["gke-demo-gpu-race-1"] == [1]

@@ -33,13 +33,14 @@ from google.oauth2 import service_account
 from kubernetes import client as k8s
 
 from levers9.sandbox.access import DEVELOPER
+from levers9.sandbox.gcp.container import network_tag
 from levers9.sandbox.gcp.env import cloud_env
 from levers9.sandbox.scenario import Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from tests.sandbox.factories import api_client, unique
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
-PROJECT, ZONE, CLUSTER = "demo", "us-central1-a", "sandbox"
+PROJECT, ZONE, CLUSTER = "demo", "us-central1-a", "demo"
 CLUSTER_NAME = f"projects/{PROJECT}/locations/{ZONE}/clusters/{CLUSTER}"
 GCLOUD = shutil.which("gcloud")
 
@@ -235,7 +236,8 @@ async def test_cluster_is_the_sandbox(running: RunningSandbox, operator: Clients
     assert [b.cidr_block for b in networks.cidr_blocks] == ["127.0.0.1/32"]
     pools = {pool.name: pool for pool in cluster.node_pools}
     assert set(pools) == {"gpu-1x", "gpu-2x", "gpu-4x", "default-pool"}
-    assert list(pools["gpu-4x"].config.tags) == ["gke-sandbox-gpu-4x-node"]
+    assert list(pools["gpu-4x"].config.tags) == [network_tag(CLUSTER)]
+    assert list(pools["gpu-1x"].config.tags) == [network_tag(CLUSTER)]  # one tag per cluster
     assert pools["gpu-4x"].config.accelerators[0].accelerator_count == 4
     # gcloud's older form of the path: projects/*/zones/*/clusters/*
     zoned = await asyncio.to_thread(
@@ -404,7 +406,7 @@ async def test_firewall_rule_insert_get_patch(
         name=name,
         network="global/networks/default",
         source_ranges=["203.0.113.10/32"],
-        target_tags=["gke-sandbox-gpu-1x-node"],
+        target_tags=["gke-demo-gpu-1x-node"],
         allowed=[compute_v1.Allowed(I_p_protocol="tcp")],
         direction="INGRESS",
     )
@@ -413,7 +415,7 @@ async def test_firewall_rule_insert_get_patch(
     await asyncio.to_thread(operation.result)
     got = await asyncio.to_thread(firewalls.get, project=PROJECT, firewall=name)
     assert list(got.source_ranges) == ["203.0.113.10/32"]
-    assert list(got.target_tags) == ["gke-sandbox-gpu-1x-node"]
+    assert list(got.target_tags) == ["gke-demo-gpu-1x-node"]
     assert got.allowed[0].I_p_protocol == "tcp"
     assert got.network.endswith(f"/projects/{PROJECT}/global/networks/default")
     assert (
@@ -631,7 +633,7 @@ async def test_gcloud_sees_what_the_clients_made(
     rule = compute_v1.Firewall(
         name=name,
         source_ranges=["203.0.113.10/32"],
-        target_tags=["gke-sandbox-gpu-2x-node"],
+        target_tags=["gke-demo-gpu-2x-node"],
         allowed=[compute_v1.Allowed(I_p_protocol="tcp")],
     )
     operation = await asyncio.to_thread(
@@ -641,6 +643,6 @@ async def test_gcloud_sees_what_the_clients_made(
     shown = await asyncio.to_thread(gcloud, "compute", "firewall-rules", "describe", name)
     assert shown["name"] == name
     assert shown["sourceRanges"] == ["203.0.113.10/32"]
-    assert shown["targetTags"] == ["gke-sandbox-gpu-2x-node"]
+    assert shown["targetTags"] == ["gke-demo-gpu-2x-node"]
     assert shown["allowed"] == [{"IPProtocol": "tcp"}]
     assert (running.state.dir / "gcloud").is_dir()

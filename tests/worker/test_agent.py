@@ -33,7 +33,7 @@ from levers9.worker.settings import WorkerSettings
 from tests.worker.kit import AUTH, NEIGHBOUR_UID, POD_UID, TOKEN, write_checkpoint
 from tests.worker.recording_gateway import Calls, RecordingGateway
 
-NODE = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
+NODE = "gke-demo-gpu-2x-8e4b2c6d-q3n8"
 EXTERNAL_IP = "127.0.20.2"
 PRODUCT = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
 WORKER_COMMAND = Path(sys.executable).parent / "levers9-worker"

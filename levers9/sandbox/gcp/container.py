@@ -12,7 +12,8 @@ forms (`projects/*/locations/*/clusters/*` and gcloud's older `projects/*/zones/
   `update.desiredMasterAuthorizedNetworksConfig` writes it there, so the Kubernetes API admits
   or refuses callers accordingly from the next request on;
 - `nodePools` are the nodes' `cloud.google.com/gke-nodepool` labels, with `config.tags`
-  `gke-<cluster>-<node pool>-node` (the network tags a firewall rule targets).
+  `gke-<cluster>-<hash>-node`, the tag GKE puts on every node of the cluster (what a firewall
+  rule to the nodes targets).
 
 UpdateCluster is done when it answers: its Operation has `status: DONE`. `etag` is a digest
 of what an update can change; an update carrying an older one is refused (409 ABORTED).
@@ -61,9 +62,11 @@ class ClusterSite:
     node_specs: Callable[[], Sequence[NodeSpec]]
 
 
-def network_tag(cluster: str, pool: str) -> str:
-    """The network tag of a node pool's instances, what firewall rules target."""
-    return f"gke-{cluster}-{pool}-node"
+def network_tag(cluster: str, pool: str = "") -> str:
+    """The network tag GKE gives every node of a cluster, whatever its node pool
+    (`gke-<cluster>-<hash>-node`): what a firewall rule to the nodes targets."""
+    digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
+    return f"gke-{cluster}-{digest}-node"
 
 
 class Container:

@@ -1,7 +1,7 @@
 """The environment that points real Google Cloud tools at a running sandbox's GCP APIs.
 
     env = cloud_env(Path(".levers9/dev/sandbox"))
-    subprocess.run(["gcloud", "container", "clusters", "describe", "sandbox",
+    subprocess.run(["gcloud", "container", "clusters", "describe", "demo",
                     "--zone", "us-central1-a"], env={**os.environ, **env})
 
 | variable | value | for |

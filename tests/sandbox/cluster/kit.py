@@ -18,10 +18,10 @@ MakeCluster = Callable[[Scenario], Awaitable[Cluster]]
 PYTHON_IMAGE = "sandbox.local/python:3"
 """A process image whose ENTRYPOINT is `python`: the kubelet runs its containers locally."""
 SERVER_IMAGE = "vllm/vllm-openai:v0.10.1"
-GPU_1X = "gke-sandbox-gpu-1x-5d3a1f2b-x7k9"
-GPU_2X = "gke-sandbox-gpu-2x-8e4b2c6d-q3n8"
-GPU_4X = "gke-sandbox-gpu-4x-2f7c9e1a-m5p2"
-CPU_NODE = "gke-sandbox-default-pool-9b1d4e7f-w2c6"
+GPU_1X = "gke-demo-gpu-1x-5d3a1f2b-x7k9"
+GPU_2X = "gke-demo-gpu-2x-8e4b2c6d-q3n8"
+GPU_4X = "gke-demo-gpu-4x-2f7c9e1a-m5p2"
+CPU_NODE = "gke-demo-default-pool-9b1d4e7f-w2c6"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 FAST = Timing(

@@ -152,7 +152,7 @@ async def test_nodes_come_and_go(cluster: Cluster) -> None:
     await cluster.add_node(
         spec.model_copy(
             update={
-                "name": "gke-sandbox-gpu-4x-2f7c9e1a-z9z9",
+                "name": "gke-demo-gpu-4x-2f7c9e1a-z9z9",
                 "internal_ip": "127.0.10.5",
                 "external_ip": "127.0.20.5",
                 "gpus": Gpus(count=4),
@@ -160,7 +160,7 @@ async def test_nodes_come_and_go(cluster: Cluster) -> None:
         )
     )
     [moved] = await wait_for(lambda: _servers(registry))
-    assert moved["spec"]["nodeName"] == "gke-sandbox-gpu-4x-2f7c9e1a-z9z9"
+    assert moved["spec"]["nodeName"] == "gke-demo-gpu-4x-2f7c9e1a-z9z9"
 
 
 async def test_a_finished_job_with_a_ttl_is_deleted_with_its_pods(registry: Registry) -> None:
