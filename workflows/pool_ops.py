@@ -65,6 +65,13 @@ class ImageRecopyWorkflow:
         stopped = await _stop_workers(
             input.pool_name, records.workers, StopWorker(reason="image recopied")
         )
+        for _ in range(SETTLE_ROUNDS):
+            # Returns once their records have ended (Jobs deleted), so what the caller sees
+            # next is the fresh workers, never the old ones.
+            running = await step(PoolActivities.pool_records, input.pool_name)
+            if not set(running.workers) & set(stopped):
+                break
+            await workflow.sleep(SETTLE_INTERVAL)
         workflow.logger.info(
             "worker image recopied",
             extra={

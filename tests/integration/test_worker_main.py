@@ -1,11 +1,13 @@
 """worker_main.py against the dev server: the spec's `loaded controller` line per pool, the
 `unable to load controller` line for a pool of another provider (the others still load), a
-schedule per loaded pool, no secret in its output, and a clean exit on SIGTERM.
+schedule per loaded pool, no secret in its output, and a clean exit on SIGTERM; restarted
+without a pool's block, its schedule is deleted and its removal runs (`remove:<pool>`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.cloud import RemovePoolResult
 from tests.factories import (
     MARKER,
     free_port,
@@ -87,11 +91,32 @@ async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
         assert await asyncio.wait_for(proc.wait(), 5) == 0
         assert "shutting down" in rest
         assert MARKER not in output + rest
+
+        # The pool's block leaves the values: its schedule goes, and its removal runs.
+        without = write_yaml(
+            tmp_path / "without.yaml",
+            values_doc({"old-aws": {"mode": "external", "provider": "aws"}}),
+        )
+        proc = await _worker_main(env, without)
+        assert proc.stderr is not None
+        output = await _read_until(proc.stderr, STARTED)
+        assert " removing pool pool_name=gke-rtx6000 workflow_id=remove:gke-rtx6000\n" in output
+        handle = dev_env.client.get_workflow_handle(
+            "remove:gke-rtx6000", result_type=RemovePoolResult
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        assert result.schedule_deleted is False  # the sync had deleted it already
+        assert "delete the levers9 namespace there" in result.note
+        with pytest.raises(RPCError):
+            await dev_env.client.get_schedule_handle("reconcile:gke-rtx6000").describe()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        await dev_env.client.get_schedule_handle("reconcile:gke-rtx6000").delete()
+        with contextlib.suppress(RPCError):
+            await dev_env.client.get_schedule_handle("reconcile:gke-rtx6000").delete()
 
 
 async def test_bad_values_file_exits_with_the_field(tmp_path: Path) -> None:

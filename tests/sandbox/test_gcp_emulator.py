@@ -69,10 +69,18 @@ def trusting(sandbox: RunningSandbox) -> Iterator[None]:
             os.environ["REQUESTS_CA_BUNDLE"] = before
 
 
+def allowed_scenario() -> Scenario:
+    """The default scenario with only the caller's egress IP (127.0.0.1) authorized: these
+    tests are about the APIs, not about attaching."""
+    base = Scenario.load()
+    network = base.network.model_copy(update={"authorized_networks": ("127.0.0.1/32",)})
+    return base.model_copy(update={"network": network})
+
+
 @pytest.fixture(scope="module")
 async def running(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RunningSandbox]:
     """One sandbox (default scenario) for the module."""
-    sandbox = await start(Scenario.load(), tmp_path_factory.mktemp("gcp") / "sandbox")
+    sandbox = await start(allowed_scenario(), tmp_path_factory.mktemp("gcp") / "sandbox")
     try:
         with trusting(sandbox):
             yield sandbox
@@ -563,7 +571,7 @@ async def test_state_dir_records_the_gcp_apis(running: RunningSandbox, operator_
 
 async def test_keys_and_bindings_survive_a_restart(tmp_path: Path) -> None:
     directory = tmp_path / "sandbox"
-    first = await start(Scenario.load(), directory)
+    first = await start(allowed_scenario(), directory)
     operator_key = json.loads((directory / "operator-key.json").read_text())
     try:
         with trusting(first):
@@ -580,7 +588,7 @@ async def test_keys_and_bindings_survive_a_restart(tmp_path: Path) -> None:
             )
     finally:
         await first.close()
-    second = await start(Scenario.load(), directory)
+    second = await start(allowed_scenario(), directory)
     try:
         with trusting(second):
             assert json.loads((directory / "operator-key.json").read_text()) == operator_key
