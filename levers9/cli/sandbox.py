@@ -222,5 +222,6 @@ def replace_eks_nodes(
     ):
         console.print(
             "the new egress IP is not on the cluster's authorized networks: the controlplane's"
-            " calls now get 403; rerun the attach script, which appends it"
+            " calls now get 403; append it with `levers9 egress rotate --cluster <cluster>`"
+            " (the rotate_ips signal), or rerun the attach script"
         )
