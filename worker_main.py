@@ -17,12 +17,13 @@ from pathlib import Path
 from temporalio.worker import Worker
 
 from activities.kube_clients import KubeClients
-from activities.registry import controlplane_activities
+from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs
 from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_logs import TemporalTaskRecords
+from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
@@ -74,19 +75,31 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         )
         log.info("removing pool", pool_name=pool_name, workflow_id=handle.id)
     clients = KubeClients(values.pools)
+    secret = settings.token_secret()
+    assert secret is not None  # main() refuses to start without one
+    tunnels = TunnelHub(secret, settings.replica_task_queue)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
-        activities=controlplane_activities(clients, client, settings),
+        activities=controlplane_activities(clients, client, settings, tunnels),
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
     )
-    secret = settings.token_secret()
-    assert secret is not None  # main() refuses to start without one
-    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client))
+    replica = Worker(
+        client,
+        task_queue=settings.replica_task_queue,
+        activities=replica_activities(client, settings, tunnels),
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+    )
+    gateway = Gateway(
+        TemporalWorkerRecords(client),
+        secret,
+        tasks=TemporalTaskRecords(client),
+        tunnels=tunnels,
+    )
     await gateway.start(settings.gateway_listen)
     try:
-        async with worker:
+        async with worker, replica:
             log.info("temporal worker started", task_queue=settings.task_queue)
             await stop.wait()
             log.info("shutting down")

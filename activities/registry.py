@@ -14,7 +14,7 @@ from activities.kube import KubeActivities, KubeObserver
 from activities.kube_clients import KubeClients
 from activities.pools import PoolActivities
 from activities.reconcile import ReconcileActivities
-from activities.tasks import TaskActivities
+from activities.tasks import TaskActivities, TunnelEndpoints
 from levers9.config import ControlplaneSettings
 
 
@@ -53,12 +53,24 @@ def attach_activities(client: Client, settings: ControlplaneSettings) -> list[Ca
     return cloud_activities(client, KubeClients({}), settings)
 
 
+def replica_activities(
+    client: Client, settings: ControlplaneSettings, tunnels: TunnelEndpoints
+) -> list[Callable[..., Any]]:
+    """What this replica's own task queue serves: calls to the workers whose tunnel sessions
+    it holds (they can only be reached from here)."""
+    tasks = TaskActivities(client, settings, tunnels)
+    return [tasks.run_task, tasks.get_task]
+
+
 def controlplane_activities(
-    clients: KubeClients, client: Client, settings: ControlplaneSettings
+    clients: KubeClients,
+    client: Client,
+    settings: ControlplaneSettings,
+    tunnels: TunnelEndpoints | None = None,
 ) -> list[Callable[..., Any]]:
     reconcile = ReconcileActivities(KubeObserver(clients), client, settings)
     kube = KubeActivities(clients, settings)
-    tasks = TaskActivities(client, settings)
+    tasks = TaskActivities(client, settings, tunnels)
     return [
         reconcile.observe_pool,
         kube.create_worker_job,

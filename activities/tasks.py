@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -39,12 +39,38 @@ RPC_TIMEOUT_S = 15.0
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 
 
+class TunnelEndpoints(Protocol):
+    """The tunnel sessions this process holds (`levers9.gateway.tunnel.TunnelHub`)."""
+
+    def endpoint(self, pool_name: str, worker_id: str) -> tuple[str, str] | None: ...
+
+
 class TaskActivities:
     """Temporal client and settings injected."""
 
-    def __init__(self, client: Client, settings: ControlplaneSettings) -> None:
+    def __init__(
+        self,
+        client: Client,
+        settings: ControlplaneSettings,
+        tunnels: TunnelEndpoints | None = None,
+    ) -> None:
         self._client = client
         self._settings = settings
+        self._tunnels = tunnels
+
+    def _address(self, input: WorkerTaskInput) -> str:
+        """Where the worker answers: a tunnelled worker's current session on this replica
+        (re-homed after a gateway restart), else the address it advertised."""
+        if input.task_queue and self._tunnels is not None:
+            endpoint = self._tunnels.endpoint(input.pool_name, input.worker_id)
+            if endpoint is None:
+                raise ApplicationError(
+                    f"worker {input.worker_id} has no tunnel session on this replica yet"
+                    " (it reconnects with backoff)",
+                    type="WorkerUNAVAILABLE",
+                )
+            return endpoint[0]
+        return input.address
 
     @activity.defn
     async def place_task(self, request: PlaceRequest) -> Placement:
@@ -115,13 +141,14 @@ class TaskActivities:
             raise ApplicationError("no worker token secret", non_retryable=True)
         token = worker_token(secret.get_secret_value(), input.worker_id)
         metadata = (("authorization", f"Bearer {token}"),)
-        async with aio.insecure_channel(input.address) as channel:
+        address = self._address(input)
+        async with aio.insecure_channel(address) as channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             try:
                 return await call(stub, metadata)
             except aio.AioRpcError as error:
                 code = error.code()
-                text = f"worker {input.worker_id} at {input.address}: {code.name} {error.details()}"
+                text = f"worker {input.worker_id} at {address}: {code.name} {error.details()}"
                 permanent = code in PERMANENT or code == grpc.StatusCode.NOT_FOUND
                 raise ApplicationError(
                     text, type=f"Worker{code.name}", non_retryable=permanent

@@ -47,7 +47,7 @@ _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$|^[a-z][-a-z0-9]{0,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+\d+(-[a-z])?$")
 
-StepStatus = Literal["created", "unchanged", "updated"]
+StepStatus = Literal["created", "unchanged", "updated", "skipped"]
 
 
 class _Model(BaseModel):
@@ -222,6 +222,8 @@ class AttachInput(_Model):
     """Extra egress IPs (`--ip`), beside the discovered ones."""
     controlplane_task_queue: str
     """Where the controlplane's Temporal worker polls: the egress workflow lives there."""
+    tunnel: bool = False
+    """A tunnel-only pool: nothing dials the nodes, so no firewall rule."""
 
 
 class AttachResult(_Model):
@@ -238,6 +240,8 @@ class EgressInput(_Model):
     eks_cluster: str = DEFAULT_EKS_CLUSTER
     allowlist: list[str] = Field(default_factory=list)
     """CIDRs appended so far; carried across continue-as-new."""
+    firewall: bool = True
+    """False for a tunnel-only cluster: only the authorized networks are kept."""
 
 
 class RotateIps(_Model):
@@ -296,14 +300,19 @@ def accelerator(gpu_type: str) -> tuple[str, str]:
 
 
 def values_block(
-    cluster: ClusterRef, info: ClusterInfo, gpu_type: str, node_pool: str | None = None
+    cluster: ClusterRef,
+    info: ClusterInfo,
+    gpu_type: str,
+    node_pool: str | None = None,
+    *,
+    tunnel: bool = False,
 ) -> dict[str, Any]:
     """The spec's pool block with the cluster's endpoint and CA filled in (the key goes in the
     private values file, never here). The selector is the card's label, so every node pool
     with that card joins; `node_pool` is only a comment's matter for the caller."""
     label, _ = accelerator(gpu_type)
     endpoint = info.endpoint if "://" in info.endpoint else f"https://{info.endpoint}"
-    return {
+    block: dict[str, Any] = {
         "mode": "external",
         "provider": "kubernetes",
         "gpuType": gpu_type,
@@ -319,6 +328,10 @@ def values_block(
             "workerImage": cluster.worker_image,
         },
     }
+    if tunnel:
+        block["hostNetwork"] = False
+        block["kubernetes"]["tunnel"] = True
+    return block
 
 
 def default_pool_name(gpu_type: str) -> str:

@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import re
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -317,6 +318,12 @@ class ControlplaneSettings(BaseSettings):
             "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
         ),
     )
+    replica_id: str = Field(
+        default_factory=socket.gethostname,
+        validation_alias=AliasChoices("replicaId", "LEVERS9_REPLICA_ID"),
+    )
+    """This controlplane replica's name (its pod's; stable across restarts in dev): its own
+    task queue `<taskQueue>-replica-<id>` serves the workers whose tunnels it holds."""
     gcp_endpoint: str | None = Field(
         default=None, validation_alias=AliasChoices("gcpEndpoint", "LEVERS9_GCP_ENDPOINT")
     )
@@ -406,6 +413,10 @@ class ControlplaneSettings(BaseSettings):
 
     def insecure(self) -> frozenset[str]:
         return frozenset(filter(None, (h.strip() for h in self.insecure_registries.split(","))))
+
+    @property
+    def replica_task_queue(self) -> str:
+        return f"{self.task_queue}-replica-{self.replica_id}"
 
     def cli_gateway_address(self) -> str:
         return self.gateway_address or self.gateway_advertised_address

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import certifi
+import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from levers9 import devvalues
@@ -172,8 +173,10 @@ class DevStack:
         ecr_port: int = DEFAULT_ECR_PORT,
         gar_port: int = DEFAULT_GAR_PORT,
         moto_port: int = DEFAULT_MOTO_PORT,
+        tunnel: bool = False,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
+        self.tunnel = tunnel
         self.temporal_port = temporal_port
         self.ui_port = ui_port
         self.sandbox_port = sandbox_port
@@ -348,6 +351,15 @@ class DevStack:
         except SandboxUnavailable:
             return False
 
+    def running_tunnel(self) -> bool:
+        """Whether the dev values (as the running stack wrote them) turn the tunnel on."""
+        try:
+            values = yaml.safe_load((self.dir / "values.yaml").read_text()) or {}
+            pool = values["config"]["worker"]["pools"][devvalues.POOL_NAME]
+            return bool(pool["kubernetes"].get("tunnel", False))
+        except (OSError, KeyError, TypeError, yaml.YAMLError):
+            return False
+
     def _write_values(self) -> None:
         """The dev values and the CA bundle, from what the running sandbox trusts."""
         admin = SandboxAdmin(self.sandbox_dir)
@@ -358,6 +370,7 @@ class DevStack:
             ca_base64=base64.b64encode(ca_pem).decode(),
             endpoint=admin.url,
             key_json=self.controlplane_key.read_text(),
+            tunnel=self.tunnel,
         )
 
     def _worker_argv(self) -> list[str]:
@@ -374,6 +387,11 @@ class DevStack:
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         records = {n: r for n, r in self.records().items() if is_running(r)}
+        if "sandbox" in records and self.running_tunnel() != self.tunnel:
+            now = "with" if self.running_tunnel() else "without"
+            raise DevError(
+                f"the stack runs {now} the tunnel; `levers9 dev down` first to change that"
+            )
         ports = {
             "ecr": [(self.ecr_port, "--ecr-port")],
             "gar": [(self.gar_port, "--gar-port")],

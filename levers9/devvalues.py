@@ -20,9 +20,10 @@ PROJECT = "demo"
 REGION = "us-central1"
 
 
-def pool_block(ca_base64: str, endpoint: str) -> dict[str, Any]:
-    """The spec's values block, with the sandbox's endpoint and CA filled in."""
-    return {
+def pool_block(ca_base64: str, endpoint: str, *, tunnel: bool = False) -> dict[str, Any]:
+    """The spec's values block, with the sandbox's endpoint and CA filled in; with `tunnel`,
+    the spec's tunnel variant (`tunnel: true`, `hostNetwork: false`)."""
+    block: dict[str, Any] = {
         "mode": "external",
         "provider": "kubernetes",
         "gpuType": "RTXPro6000",
@@ -38,6 +39,10 @@ def pool_block(ca_base64: str, endpoint: str) -> dict[str, Any]:
             "workerImage": f"{REGION}-docker.pkg.dev/{PROJECT}/levers9/worker:latest",
         },
     }
+    if tunnel:
+        block["hostNetwork"] = False
+        block["kubernetes"]["tunnel"] = True
+    return block
 
 
 def private_block(key_json: str) -> dict[str, Any]:
@@ -45,10 +50,12 @@ def private_block(key_json: str) -> dict[str, Any]:
     return {"config": {"worker": {"pools": {POOL_NAME: {"kubernetes": {"credentials": key_json}}}}}}
 
 
-def write(directory: Path, *, ca_base64: str, endpoint: str, key_json: str) -> list[Path]:
+def write(
+    directory: Path, *, ca_base64: str, endpoint: str, key_json: str, tunnel: bool = False
+) -> list[Path]:
     """Writes the two values files for the sandbox at `endpoint` with its CA and key."""
     values = directory / "values.yaml"
-    pools = {POOL_NAME: pool_block(ca_base64, endpoint)}
+    pools = {POOL_NAME: pool_block(ca_base64, endpoint, tunnel=tunnel)}
     values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))
     private = directory / "private.json"
     write_private(private, json.dumps(private_block(key_json)))

@@ -121,6 +121,9 @@ class WorkerRegistration(_Record):
     visible_devices: tuple[int, ...]
     gpu_product: str = ""
     agent_version: str = ""
+    task_queue: str | None = None
+    """Tunnelled: the task queue of the controlplane replica holding the worker's tunnel
+    session; calls to the worker run there (`address` is that replica's end of the tunnel)."""
 
 
 class WorkerHeartbeat(_Record):
@@ -219,6 +222,8 @@ class WorkerSlotInput(_Record):
     address: str
     devices: tuple[int, ...]
     node_gpus: int = 0
+    task_queue: str | None = None
+    """Tunnelled workers: where calls to it run (WorkerRegistration.task_queue)."""
 
 
 class StopWorker(_Record):
@@ -280,6 +285,8 @@ class WorkerTaskInput(_Record):
     address: str
     task: TaskInput
     gpu_indices: tuple[int, ...] = ()
+    task_queue: str | None = None
+    """Tunnelled workers: the queue of the replica holding the tunnel (the activity runs there)."""
 
 
 def pool_workflow_id(pool_name: str) -> str:

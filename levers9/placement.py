@@ -23,6 +23,7 @@ class Slot(BaseModel):
     node_name: str
     address: str
     devices: tuple[int, ...]
+    task_queue: str | None = None
     node_gpus: int = 0
     """Cards of its node: a worker that holds fewer (a neighbour had the rest) can give way to
     one that takes them all, once it drains."""
@@ -50,6 +51,7 @@ class Placement(BaseModel):
     node_name: str
     address: str
     gpu_indices: tuple[int, ...]
+    task_queue: str | None = None
 
 
 class PoolState(BaseModel):
@@ -106,6 +108,7 @@ class PoolState(BaseModel):
                 worker_id=slot.worker_id,
                 node_name=slot.node_name,
                 address=slot.address,
+                task_queue=slot.task_queue,
                 gpu_indices=cards,
             )
             self.placed[waiting.task_id] = placement

@@ -28,12 +28,13 @@ from temporalio.worker import Worker
 
 from activities.kube import job_selector
 from activities.kube_clients import KubeClients
-from activities.registry import controlplane_activities
+from activities.registry import controlplane_activities, replica_activities
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_logs import TemporalTaskRecords
+from levers9.gateway.tunnel import TunnelHub
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import sync_reconcile_schedules
@@ -77,6 +78,7 @@ class Controlplane:
     pool: PoolConfig
     clients: KubeClients
     settings: ControlplaneSettings
+    gateway: Gateway | None = None
 
     def admin_api(self) -> k8s.ApiClient:
         """The kubeconfig's admin identity (the person at the laptop), not the pool's key."""
@@ -116,24 +118,33 @@ class Controlplane:
 
     @asynccontextmanager
     async def worker(self, client: Client) -> AsyncIterator[Worker]:
-        """The Temporal worker and the gateway, as worker_main runs them."""
+        """The Temporal workers (the shared queue and this replica's) and the gateway, with
+        its tunnel hub, as worker_main runs them."""
+        tunnels = TunnelHub(SecretStr(TOKEN_SECRET), self.settings.replica_task_queue)
         worker = Worker(
             client,
             task_queue=self.settings.task_queue,
             workflows=WORKFLOWS,
-            activities=controlplane_activities(self.clients, client, self.settings),
+            activities=controlplane_activities(self.clients, client, self.settings, tunnels),
+        )
+        replica = Worker(
+            client,
+            task_queue=self.settings.replica_task_queue,
+            activities=replica_activities(client, self.settings, tunnels),
         )
         gateway = Gateway(
             TemporalWorkerRecords(client),
             SecretStr(TOKEN_SECRET),
             tasks=TemporalTaskRecords(client),
+            tunnels=tunnels,
         )
         await gateway.start(self.settings.gateway_listen)
+        self.gateway = gateway
         try:
-            async with worker:
+            async with worker, replica:
                 yield worker
         finally:
-            await gateway.stop(grace=1)
+            await (self.gateway or gateway).stop(grace=1)  # a test may have restarted it
             await _terminate_running(client, self.settings.task_queue)
 
 
@@ -156,6 +167,7 @@ async def controlplane(
     *,
     scenario: Scenario | None = None,
     settings: Mapping[str, object] | None = None,
+    tunnel: bool = False,
 ) -> AsyncIterator[Controlplane]:
     """The sandbox (default scenario) and the pool, clients and settings that reach it."""
     key_file = directory / "gke-sa.json"
@@ -163,7 +175,9 @@ async def controlplane(
         scenario or quick_scenario(), directory / "sandbox", controlplane_key=key_file
     )
     ca_pem = running.sandbox.ca.ca_pem
-    block = devvalues.pool_block(base64.b64encode(ca_pem).decode(), running.sandbox.url)
+    block = devvalues.pool_block(
+        base64.b64encode(ca_pem).decode(), running.sandbox.url, tunnel=tunnel
+    )
     block["kubernetes"]["credentials"] = key_file.read_text()
     pool = parse_pool(POOL, block)
     gateway_port = free_port()
@@ -189,14 +203,20 @@ async def controlplane(
 
 @asynccontextmanager
 async def reconciling(
-    client: Client, directory: Path, scenario: Scenario | None = None, **settings: object
+    client: Client,
+    directory: Path,
+    scenario: Scenario | None = None,
+    tunnel: bool = False,
+    **settings: object,
 ) -> AsyncIterator[Controlplane]:
     """A controlplane on the sandbox with its Temporal worker, gateway and reconcile schedule
     running, on a task queue of its own; everything stopped and ended afterwards."""
     address = client.service_client.config.target_host
     task_queue = f"tq-{uuid.uuid4()}"
     async with (
-        controlplane(directory, address, task_queue, scenario=scenario, settings=settings) as plane,
+        controlplane(
+            directory, address, task_queue, scenario=scenario, settings=settings, tunnel=tunnel
+        ) as plane,
         plane.worker(client),
     ):
         await sync_reconcile_schedules(client, [POOL], plane.settings)

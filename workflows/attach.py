@@ -108,12 +108,21 @@ class AttachClusterWorkflow:
             discovered = []  # the operator named them (--ip)
         ips, _ = appended(discovered, [as_cidr(ip) for ip in input.ips])
         self._done(Step(name="egress IPs", status="unchanged", detail=", ".join(ips)))
-        self._done(
-            await step(
-                GcpActivities.ensure_firewall,
-                FirewallInput(cluster=ref, network=info.network, target_tags=tags, cidrs=ips),
+        if input.tunnel:
+            self._done(
+                Step(
+                    name=f"firewall rule {ref.firewall_name}",
+                    status="skipped",
+                    detail="tunnel-only pool: the workers dial out, nothing dials the nodes",
+                )
             )
-        )
+        else:
+            self._done(
+                await step(
+                    GcpActivities.ensure_firewall,
+                    FirewallInput(cluster=ref, network=info.network, target_tags=tags, cidrs=ips),
+                )
+            )
         self._done(
             await step(
                 GcpActivities.append_authorized_networks, NetworksInput(cluster=ref, cidrs=ips)
@@ -127,6 +136,7 @@ class AttachClusterWorkflow:
                     network=info.network,
                     target_tags=tags,
                     eks_cluster=input.eks_cluster,
+                    firewall=not input.tunnel,
                 ),
                 task_queue=input.controlplane_task_queue,
                 cidrs=ips,
@@ -141,7 +151,7 @@ class AttachClusterWorkflow:
         )
         return AttachResult(
             steps=self._steps,
-            values_block=values_block(ref, info, input.gpu_type),
+            values_block=values_block(ref, info, input.gpu_type, tunnel=input.tunnel),
             image_digest=copied.digest,
             egress_ips=ips,
         )

@@ -107,17 +107,16 @@ class EgressAllowlistWorkflow:
                 await step(
                     GcpActivities.append_authorized_networks,
                     NetworksInput(cluster=ref, cidrs=cidrs),
-                ),
-                await step(
-                    GcpActivities.ensure_firewall,
-                    FirewallInput(
-                        cluster=ref,
-                        network=self._input.network,
-                        target_tags=self._input.target_tags,
-                        cidrs=cidrs,
-                    ),
-                ),
+                )
             ]
+            if self._input.firewall:  # a tunnel-only cluster has no rule to keep
+                firewall = FirewallInput(
+                    cluster=ref,
+                    network=self._input.network,
+                    target_tags=self._input.target_tags,
+                    cidrs=cidrs,
+                )
+                steps.append(await step(GcpActivities.ensure_firewall, firewall))
         except (ActivityError, ApplicationError) as exc:
             error = _message(exc)
             workflow.logger.warning(

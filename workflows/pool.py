@@ -38,6 +38,7 @@ class PoolWorkflow:
                 worker_id=slot.worker_id,
                 node_name=slot.node_name,
                 address=slot.address,
+                task_queue=slot.task_queue,
                 devices=slot.devices,
                 node_gpus=slot.node_gpus,
             )

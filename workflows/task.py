@@ -95,6 +95,7 @@ class TaskWorkflow:
             address=placement.address,
             task=input,
             gpu_indices=placement.gpu_indices,
+            task_queue=placement.task_queue,
         )
         try:
             await workflow.execute_activity_method(
@@ -102,6 +103,7 @@ class TaskWorkflow:
                 on_worker,
                 start_to_close_timeout=WORKER_TIMEOUT,
                 retry_policy=RUN_RETRY,
+                task_queue=on_worker.task_queue,
             )
         except ActivityError as exc:
             return self._finish("failed", f"worker lost before the task started: {_why(exc)}")
@@ -118,6 +120,8 @@ class TaskWorkflow:
                         on_worker,
                         start_to_close_timeout=WORKER_TIMEOUT,
                         retry_policy=POLL_RETRY,
+                        # A tunnelled worker's calls run where its tunnel is held (None: here).
+                        task_queue=on_worker.task_queue,
                     )
                 except ActivityError as exc:
                     return self._finish("lost", f"worker lost mid-task: {_why(exc)}")

@@ -192,6 +192,7 @@ class WorkerWorkflow:
                     worker_id=input.worker_id,
                     node_name=input.node_name,
                     address=registration.address,
+                    task_queue=registration.task_queue,
                     devices=registration.visible_devices,
                     node_gpus=input.node_gpus,
                 ),

@@ -7,7 +7,8 @@
 # to, with the controlplane's egress IPs). Ends by printing the pool's values block.
 #
 #   deploy/gke/attach-gke-pool.sh --project <project> --zone <zone> --cluster <cluster> \
-#     --node-pool <node-pool> --gpu RTXPro6000 [--pool-name gke-rtx6000] [--ip <extra egress IP>]
+#     --node-pool <node-pool> --gpu RTXPro6000 [--pool-name gke-rtx6000] [--ip <extra egress IP>] \
+#     [--tunnel]   # a tunnel-only pool: no firewall rule, the block gets tunnel: true
 #
 # Needs Google credentials (`gcloud auth application-default login`), AWS credentials for the
 # controlplane's account (`aws sso login`; the egress IPs and the ECR token come from there),
@@ -21,7 +22,8 @@ while [ $# -gt 0 ]; do
     --project|--zone|--cluster|--node-pool|--gpu|--pool-name|--key-file|--ip)
       [ $# -ge 2 ] || { echo "$1 needs a value (see --help)" >&2; exit 2; }
       args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --tunnel) args+=("$1"); shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done

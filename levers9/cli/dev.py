@@ -50,6 +50,12 @@ GarPort = Annotated[
     int, typer.Option("--gar-port", help="port of the registry standing in for Artifact Registry")
 ]
 MotoPort = Annotated[int, typer.Option("--moto-port", help="port of moto (the controlplane's AWS)")]
+Tunnel = Annotated[
+    bool,
+    typer.Option(
+        "--tunnel", help="the dev pool with tunnel: true and hostNetwork: false (nothing dials it)"
+    ),
+]
 ScenarioFile = Annotated[
     Path | None, typer.Option("--scenario", help="sandbox scenario YAML (default: built-in)")
 ]
@@ -81,9 +87,11 @@ def up(
     ecr_port: EcrPort = DEFAULT_ECR_PORT,
     gar_port: GarPort = DEFAULT_GAR_PORT,
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
+    tunnel: Tunnel = False,
 ) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
     stack = DevStack(
+        tunnel=tunnel,
         temporal_port=temporal_port,
         ui_port=ui_port,
         sandbox_port=sandbox_port,
@@ -152,10 +160,12 @@ def demo(
     ecr_port: EcrPort = DEFAULT_ECR_PORT,
     gar_port: GarPort = DEFAULT_GAR_PORT,
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
+    tunnel: Tunnel = False,
 ) -> None:
     """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
     start = datetime.now(UTC)
     stack = DevStack(
+        tunnel=tunnel,
         temporal_port=temporal_port,
         ui_port=ui_port,
         sandbox_port=sandbox_port,
@@ -168,7 +178,7 @@ def demo(
     _up(stack)
     os.environ.update(stack.env())
     console.rule("the cloud side: deploy/gke/attach-gke-pool.sh (until it runs, reconcile is 403)")
-    attach = [str(ATTACH_SCRIPT), *ATTACH_ARGS]
+    attach = [str(ATTACH_SCRIPT), *ATTACH_ARGS, *(["--tunnel"] if tunnel else [])]
     console.print("$ " + " ".join(attach), highlight=False)
     if subprocess.run(attach, check=False, env={**os.environ, "LEVERS9": _levers9()}).returncode:
         fail(["attach failed (above); fix it and rerun make demo: every step is idempotent"])

@@ -60,6 +60,9 @@ def attach(
     ip: Annotated[
         list[str] | None, typer.Option("--ip", help="an egress IP beside the discovered ones")
     ] = None,
+    tunnel: Annotated[
+        bool, typer.Option("--tunnel", help="a tunnel-only pool: no firewall rule to the nodes")
+    ] = False,
 ) -> None:
     """Service account, key, registry, image copy, firewall rule, authorized networks; then the
     values block. Safe to rerun: it only appends IPs."""
@@ -93,6 +96,7 @@ def attach(
         eks_cluster=settings.eks_cluster,
         ips=list(ip or []),
         controlplane_task_queue=settings.task_queue,
+        tunnel=tunnel,
     )
     console.print(
         f"attaching {ref.cluster_path} (node pool {node_pool}) as pool {request.pool_name}",

@@ -50,11 +50,16 @@ def check_worker(pool_name: str, worker_id: str) -> None:
     _match("worker_id", worker_id, _DNS_LABEL, "a worker id (lowercase DNS label)")
 
 
-def registration(request: gateway_pb2.RegisterRequest) -> WorkerRegistration:
+def registration(
+    request: gateway_pb2.RegisterRequest, tunnel: tuple[str, str] | None = None
+) -> WorkerRegistration:
+    """The registration to record; a tunnelled worker's address and task queue are `tunnel`'s
+    (this gateway's end of its session), whatever it advertised."""
     check_worker(request.pool_name, request.worker_id)
     _match("node_name", request.node_name, _NODE_NAME, "a Kubernetes node name")
     _match("pod_uid", request.pod_uid, _POD_UID, "a pod uid")
-    check_address("advertised_address", request.advertised_address)
+    if tunnel is None:
+        check_address("advertised_address", request.advertised_address)
     if not 0 <= request.gpus <= MAX_GPUS:
         raise InvalidRequest("gpus", f"{request.gpus} is not between 0 and {MAX_GPUS}")
     _check_devices(request.visible_devices)
@@ -63,7 +68,8 @@ def registration(request: gateway_pb2.RegisterRequest) -> WorkerRegistration:
     return WorkerRegistration(
         worker_id=request.worker_id,
         pod_uid=request.pod_uid,
-        address=request.advertised_address,
+        address=tunnel[0] if tunnel else request.advertised_address,
+        task_queue=tunnel[1] if tunnel else None,
         gpus=request.gpus,
         visible_devices=tuple(request.visible_devices),
         gpu_product=request.gpu_product,

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
 from levers9.gateway.task_logs import TaskLogsService, TaskRecords
+from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
@@ -47,6 +48,7 @@ class Gateway:
         secret: SecretStr,
         *,
         tasks: TaskRecords | None = None,
+        tunnels: TunnelHub | None = None,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -56,7 +58,8 @@ class Gateway:
             )
         if heartbeat_seconds < 1:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
-        self._service = GatewayService(records, secret, heartbeat_seconds)
+        self._service = GatewayService(records, secret, heartbeat_seconds, tunnels)
+        self.records, self.task_records, self.tunnels = records, tasks, tunnels
         self._task_logs = TaskLogsService(tasks, secret) if tasks is not None else None
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
@@ -95,6 +98,8 @@ class Gateway:
         if server is None or checker is None:
             return
         await checker.enter_graceful_shutdown()
+        if self.tunnels is not None:
+            await self.tunnels.close()  # tunnel streams never end on their own
         await server.stop(grace)
         log.info("gateway stopped")
 

@@ -13,7 +13,7 @@ what a valid request looks like. What the agent gets back tells it what to do:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Never, TypeVar
 
 import grpc
@@ -23,6 +23,8 @@ from levers9.gateway import convert
 from levers9.gateway.auth import authenticate
 from levers9.gateway.errors import Rejection, clipped
 from levers9.gateway.records import RecordNotFound, RecordsUnavailable, WorkerRecords
+from levers9.gateway.tunnel import Context as TunnelContext
+from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
@@ -36,17 +38,48 @@ TEMPORAL_UNAVAILABLE = "the controlplane cannot record this now (Temporal unavai
 log = get_logger(__name__)
 
 
+NO_TUNNEL = (
+    "tunnel: this gateway holds no tunnel session for the worker; open Gateway.Tunnel first,"
+    " on the same channel, then register"
+)
+
+
 class GatewayService(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, records: WorkerRecords, secret: SecretStr, heartbeat_seconds: int) -> None:
+    def __init__(
+        self,
+        records: WorkerRecords,
+        secret: SecretStr,
+        heartbeat_seconds: int,
+        tunnels: TunnelHub | None = None,
+    ) -> None:
         self._records = records
         self._secret = secret
         self._heartbeat_seconds = heartbeat_seconds
+        self._tunnels = tunnels
+
+    async def Tunnel(
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.TunnelFrame],
+        context: TunnelContext,
+    ) -> AsyncIterator[gateway_pb2.TunnelFrame]:
+        if self._tunnels is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "this controlplane does not serve tunnels"
+            )
+        async for frame in self._tunnels.serve(request_iterator, context):
+            yield frame
 
     async def Register(
         self, request: gateway_pb2.RegisterRequest, context: Context
     ) -> gateway_pb2.RegisterResponse:
         async def register() -> gateway_pb2.RegisterResponse:
-            registration = convert.registration(request)
+            tunnel = None
+            if request.tunnel:
+                if self._tunnels is not None:
+                    tunnel = self._tunnels.endpoint(request.pool_name, request.worker_id)
+                if tunnel is None:
+                    raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, NO_TUNNEL)
+            registration = convert.registration(request, tunnel)
             await self._records.register(request.pool_name, registration)
             log.info(
                 "worker registered",

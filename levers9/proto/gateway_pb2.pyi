@@ -34,6 +34,7 @@ class RegisterRequest(_message.Message):
     VISIBLE_DEVICES_FIELD_NUMBER: _builtins.int
     GPU_PRODUCT_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    TUNNEL_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     worker_id: _builtins.str
     node_name: _builtins.str
@@ -43,6 +44,10 @@ class RegisterRequest(_message.Message):
     gpus: _builtins.int
     gpu_product: _builtins.str
     agent_version: _builtins.str
+    tunnel: _builtins.bool
+    """The worker serves over its tunnel (Gateway.Tunnel, opened first on this same channel):
+    the gateway records the address and task queue of its end of the session instead.
+    """
     @_builtins.property
     def visible_devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -57,10 +62,11 @@ class RegisterRequest(_message.Message):
         visible_devices: _abc.Iterable[_builtins.int] | None = ...,
         gpu_product: _builtins.str = ...,
         agent_version: _builtins.str = ...,
+        tunnel: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "tunnel", b"tunnel", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -169,6 +175,191 @@ class ReportTaskResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportTaskResponse: _TypeAlias = ReportTaskResponse  # noqa: Y015
+
+@_typing.final
+class TunnelFrame(_message.Message):
+    """The tunnel (`kubernetes.tunnel: true`): the worker's one outbound stream, inside which the
+    controlplane opens every connection it initiates (odd stream ids). The worker's first frame
+    is `hello`, answered by `ready` once the gateway holds the session.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    HELLO_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    OPEN_FIELD_NUMBER: _builtins.int
+    OPENED_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    FIN_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    data: _builtins.bytes
+    window: _builtins.int
+    """the receiver grants this many more bytes of `data`"""
+    @_builtins.property
+    def hello(self) -> Global___TunnelHello: ...
+    @_builtins.property
+    def ready(self) -> Global___TunnelReady: ...
+    @_builtins.property
+    def open(self) -> Global___TunnelOpen:
+        """controlplane -> worker: connect to `target`"""
+
+    @_builtins.property
+    def opened(self) -> Global___TunnelOpened:
+        """worker -> controlplane: connected"""
+
+    @_builtins.property
+    def fin(self) -> Global___TunnelFin:
+        """the sender half-closes"""
+
+    @_builtins.property
+    def reset(self) -> Global___TunnelReset:
+        """the stream is aborted (refused, cancelled, protocol error)"""
+
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        hello: Global___TunnelHello | None = ...,
+        ready: Global___TunnelReady | None = ...,
+        open: Global___TunnelOpen | None = ...,
+        opened: Global___TunnelOpened | None = ...,
+        data: _builtins.bytes = ...,
+        window: _builtins.int = ...,
+        fin: Global___TunnelFin | None = ...,
+        reset: Global___TunnelReset | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "fin", b"fin", "hello", b"hello", "kind", b"kind", "open", b"open", "opened", b"opened", "ready", b"ready", "reset", b"reset", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "fin", b"fin", "hello", b"hello", "kind", b"kind", "open", b"open", "opened", b"opened", "ready", b"ready", "reset", b"reset", "stream_id", b"stream_id", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "ready", "open", "opened", "data", "window", "fin", "reset"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___TunnelFrame: _TypeAlias = TunnelFrame  # noqa: Y015
+
+@_typing.final
+class TunnelHello(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    pool_name: _builtins.str
+    worker_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        pool_name: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool_name", b"pool_name", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelHello: _TypeAlias = TunnelHello  # noqa: Y015
+
+@_typing.final
+class TunnelReady(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelReady: _TypeAlias = TunnelReady  # noqa: Y015
+
+@_typing.final
+class TunnelOpen(_message.Message):
+    """`target`: "worker" (its WorkerService) or "127.0.0.1:<port>"; `credit`: the opener's receive
+    window for the stream (OPENED carries the acceptor's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TARGET_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    target: _builtins.str
+    credit: _builtins.int
+    def __init__(
+        self,
+        *,
+        target: _builtins.str = ...,
+        credit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelOpen: _TypeAlias = TunnelOpen  # noqa: Y015
+
+@_typing.final
+class TunnelOpened(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREDIT_FIELD_NUMBER: _builtins.int
+    credit: _builtins.int
+    def __init__(
+        self,
+        *,
+        credit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit", b"credit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelOpened: _TypeAlias = TunnelOpened  # noqa: Y015
+
+@_typing.final
+class TunnelFin(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelFin: _TypeAlias = TunnelFin  # noqa: Y015
+
+@_typing.final
+class TunnelReset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TunnelReset: _TypeAlias = TunnelReset  # noqa: Y015
 
 @_typing.final
 class StreamTaskLogsRequest(_message.Message):

@@ -128,6 +128,11 @@ class GatewayStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.ReportTaskRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.ReportTaskResponse.FromString,
                 _registered_method=True)
+        self.Tunnel = channel.stream_stream(
+                '/levers9.v1.Gateway/Tunnel',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -151,6 +156,12 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tunnel(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -168,6 +179,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ReportTask,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.ReportTaskRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.ReportTaskResponse.SerializeToString,
+            ),
+            'Tunnel': grpc.stream_stream_rpc_method_handler(
+                    servicer.Tunnel,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -251,6 +267,33 @@ class Gateway:
             '/levers9.v1.Gateway/ReportTask',
             levers9_dot_proto_dot_gateway__pb2.ReportTaskRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.ReportTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tunnel(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Gateway/Tunnel',
+            levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,6 +71,7 @@ class GatewayStub:
     Register: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RegisterRequest, _gateway_pb2.RegisterResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.HeartbeatRequest, _gateway_pb2.HeartbeatResponse]
     ReportTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ReportTaskRequest, _gateway_pb2.ReportTaskResponse]
+    Tunnel: _grpc.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
@@ -78,6 +79,7 @@ class GatewayAsyncStub(GatewayStub):
     Register: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RegisterRequest, _gateway_pb2.RegisterResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_gateway_pb2.HeartbeatRequest, _gateway_pb2.HeartbeatResponse]  # type: ignore[assignment]
     ReportTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ReportTaskRequest, _gateway_pb2.ReportTaskResponse]  # type: ignore[assignment]
+    Tunnel: _aio.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]  # type: ignore[assignment]
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -100,5 +102,12 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ReportTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ReportTaskResponse, _abc.Awaitable[_gateway_pb2.ReportTaskResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Tunnel(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.TunnelFrame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.TunnelFrame], _abc.AsyncIterator[_gateway_pb2.TunnelFrame]]: ...
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

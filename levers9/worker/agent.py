@@ -30,6 +30,7 @@ from levers9.worker.service import WorkerService
 from levers9.worker.settings import SettingsError, WorkerSettings
 from levers9.worker.smi import NvidiaSmi, NvidiaSmiError
 from levers9.worker.tasks import TaskManager
+from levers9.worker.tunnel import TunnelClient
 
 log = get_logger("levers9.worker")
 
@@ -58,13 +59,12 @@ class Agent:
         self._credentials = gateway_credentials
         self.gateway: GatewayClient | None = None
         self.server: WorkerServer | None = None
+        self.tunnel: TunnelClient | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until `stop` is set; raises a `StartupError` when the worker cannot start."""
         settings = self._settings
-        host = settings.address_to_advertise()
-        if settings.tunnel:
-            log.warning("the tunnel is not served by this agent; the controlplane must dial it")
+        host = "" if settings.tunnel else settings.address_to_advertise()
         # ldconfig blocks for a moment; the loop may already serve others (tests, sandbox).
         driver = await asyncio.to_thread(register_driver_libraries, self._paths)
         smi = NvidiaSmi.find(driver.bin_dirs)
@@ -82,20 +82,33 @@ class Agent:
             tasks = TaskManager(
                 ProcessRuntime(driver, self._env), visible, work_dir, gateway.report
             )
-            server = await WorkerServer.start(
-                WorkerService(tasks), token, host, settings.worker_port
-            )
-            self.gateway, self.server = gateway, server
+            tunnel: TunnelClient | None = None
+            if settings.tunnel:
+                # A short private path: a unix socket's name has a 107-byte limit.
+                sockets = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="l9-")))
+                socket_path = sockets / "worker.sock"
+                server = await WorkerServer.start_unix(
+                    WorkerService(tasks), token, str(socket_path)
+                )
+                tunnel = TunnelClient(
+                    channel, token, settings.pool_name, settings.worker_id, socket_path
+                )
+            else:
+                server = await WorkerServer.start(
+                    WorkerService(tasks), token, host, settings.worker_port
+                )
+            self.gateway, self.server, self.tunnel = gateway, server, tunnel
             log.info("serving WorkerService", address=server.advertised_address)
             registration = Registration(
                 node_name=settings.node_name,
                 pod_uid=settings.pod_uid,
-                advertised_address=server.advertised_address,
+                advertised_address="" if tunnel else server.advertised_address,
                 visible_devices=visible,
                 gpu_product=product,
                 agent_version=_version(),
+                tunnel=tunnel is not None,
             )
-            registering = asyncio.create_task(gateway.run(registration, tasks))
+            registering = asyncio.create_task(self._serve(gateway, registration, tasks))
             try:
                 await _until(stop, registering)
                 log.info("worker shutting down", running_tasks=tasks.running)
@@ -108,6 +121,27 @@ class Agent:
                 await asyncio.gather(registering, return_exceptions=True)
                 await server.stop(SERVER_STOP_GRACE_S)
                 await channel.close()
+
+    async def _serve(
+        self, gateway: GatewayClient, registration: Registration, tasks: TaskManager
+    ) -> None:
+        """Registers and heartbeats; through the tunnel, once it is ready (and again each time
+        it is re-homed)."""
+        tunnel = self.tunnel
+        if tunnel is None:
+            await gateway.run(registration, tasks)
+            return
+
+        async def on_ready() -> None:
+            gateway.reregister()
+
+        holding = asyncio.create_task(tunnel.run(on_ready))
+        try:
+            await tunnel.ready.wait()
+            await gateway.run(registration, tasks)
+        finally:
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
 
     def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:
         if self._settings.work_dir is not None:

@@ -56,6 +56,7 @@ class Registration:
     visible_devices: tuple[int, ...]
     gpu_product: str
     agent_version: str
+    tunnel: bool = False
 
     def request(self, pool_name: str, worker_id: str) -> gateway_pb2.RegisterRequest:
         return gateway_pb2.RegisterRequest(
@@ -68,6 +69,7 @@ class Registration:
             visible_devices=self.visible_devices,
             gpu_product=self.gpu_product,
             agent_version=self.agent_version,
+            tunnel=self.tunnel,
         )
 
 
@@ -110,6 +112,10 @@ class GatewayClient:
         while True:
             heartbeat_s = await self._register(request)
             await self._heartbeat(load, heartbeat_s)
+
+    def reregister(self) -> None:
+        """Registers again now (the tunnel was re-homed: the record must follow it)."""
+        self._forgotten.set()
 
     def report(self, status: worker_pb2.TaskStatus) -> None:
         task = asyncio.create_task(self._deliver(status), name=f"report {status.task_id}")

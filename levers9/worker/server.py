@@ -70,6 +70,23 @@ class WorkerServer:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return cls(server, health, join_host_port(advertised_host, bound))
 
+    @classmethod
+    async def start_unix(cls, service: WorkerService, token: str, path: str) -> WorkerServer:
+        """Tunnel mode: on a unix socket only, which nothing outside the pod can dial; the
+        tunnel's `worker` target connects to it."""
+        server = aio.server(interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"])])
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        try:
+            server.add_insecure_port(f"unix:{path}")
+        except RuntimeError as error:
+            raise ServeError(f"WorkerService cannot listen on unix:{path}: {error}") from None
+        await server.start()
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return cls(server, health, f"unix:{path}")
+
     async def stop(self, grace_s: float) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)

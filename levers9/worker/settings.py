@@ -14,7 +14,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | task output and results; a fresh temporary directory when unset |
-| `LEVERS9_TUNNEL` | the pool's `tunnel` setting (not served by this agent yet) |
+| `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_LOG_LEVEL` | `INFO` unless set (read by `main`, before anything can fail) |
 
 Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`).

@@ -70,7 +70,7 @@ async def cp(
         with environment(
             {**aws.client_env(moto.endpoint), "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
         ):
-            async with reconciling(dev_env.client, directory, None, **settings) as plane:
+            async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
                 plane.gar = gar  # type: ignore[attr-defined]
 
                 async def available() -> bool:

@@ -5,7 +5,7 @@ heartbeats of workers it does not know with NOT_FOUND."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -59,6 +59,15 @@ class _Servicer(gateway_pb2_grpc.GatewayServicer):
         self._calls.reports.append(request)
         self._record()
         return gateway_pb2.ReportTaskResponse()
+
+    async def Tunnel(
+        self,
+        request_iterator: AsyncIterator[gateway_pb2.TunnelFrame],
+        context: aio.ServicerContext[gateway_pb2.TunnelFrame, gateway_pb2.TunnelFrame],
+    ) -> AsyncIterator[gateway_pb2.TunnelFrame]:
+        """These tests' agents dial directly; a tunnel here is a mistake."""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no tunnel in this gateway")
+        yield gateway_pb2.TunnelFrame()  # pragma: no cover - abort raises
 
 
 class RecordingGateway:
