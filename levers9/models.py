@@ -162,6 +162,8 @@ class WorkerRecord(_Record):
     condition: str | None = None
     """What holds a pending worker back, e.g. ImagePullBackOff, with the fix."""
     address: str | None = None
+    task_queue: str | None = None
+    """Tunnelled: the queue of the controlplane replica holding its session."""
     visible_devices: tuple[int, ...] = ()
     last_heartbeat: datetime | None = None
     idle_since: datetime | None = None

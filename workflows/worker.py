@@ -270,6 +270,7 @@ class WorkerWorkflow:
             reason=reason,
             condition=condition,
             address=registration.address if registration else None,
+            task_queue=registration.task_queue if registration else None,
             visible_devices=registration.visible_devices if registration else (),
             last_heartbeat=self._beat_at,
             idle_since=self._idle_since() if registration else None,

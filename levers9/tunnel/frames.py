@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-MAX_DATA = 32 * 1024
+MAX_DATA = 128 * 1024
 """The largest DATA payload; writers split bigger writes, a receiver resets a stream sent more.
 
 Small enough that one busy stream's frame does not hold the shared transport for long, big

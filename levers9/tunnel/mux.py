@@ -36,7 +36,7 @@ MAX_STREAM_ID = 2**32 - 1
 """Ids fit an unsigned 32-bit field."""
 MAX_WINDOW = 2**31 - 1
 """No side may hold more credit than this (HTTP/2's bound); fits a signed 32-bit field."""
-DEFAULT_WINDOW = 256 * 1024
+DEFAULT_WINDOW = 1024 * 1024
 
 log = get_logger(__name__)
 

@@ -228,6 +228,19 @@ async def test_a_second_attach_changes_nothing_and_says_so(world: CloudWorld) ->
     assert ours[0]["allowed"] == [{"IPProtocol": "tcp"}]
 
 
+async def test_attach_for_a_tunnel_only_pool_skips_the_firewall_and_says_so(
+    world: CloudWorld,
+) -> None:
+    code, out, err = await world.attach("--tunnel")
+    assert code == 0, out + err
+    steps = _steps(out)
+    assert steps[f"firewall rule levers9-controlplane-to-{world.cluster}"] == "skipped"
+    assert "tunnel-only pool" in out
+    block = _values_block(out)["gke-rtx6000"]
+    assert block["hostNetwork"] is False
+    assert block["kubernetes"]["tunnel"] is True
+
+
 async def test_gcloud_shows_the_same_authorized_networks(world: CloudWorld) -> None:
     code, out, err = await run(
         "gcloud",

@@ -92,12 +92,16 @@ async def test_workers_are_reached_only_through_their_tunnels(cp: Controlplane) 
         assert endpoint is not None
         # The record points at the gateway's end of the session, on this replica's queue.
         assert record.address == endpoint[0]
-        assert endpoint[1] == cp.settings.replica_task_queue
+        assert record.task_queue == endpoint[1] == cp.settings.replica_task_queue
     pods = json.loads(await cp.kubectl("get", "pods", "-n", "levers9", "-o", "json"))["items"]
     assert len(pods) == 3
     for pod in pods:
         assert pod["spec"].get("hostNetwork", False) is False
         assert pod["status"]["podIP"] != pod["status"]["hostIP"]
+        # WorkerService listens on a unix socket only: the tunnel is the one way in.
+        log = await cp.kubectl("logs", "-n", "levers9", pod["metadata"]["name"])
+        assert "serving WorkerService address=unix:" in log
+        assert "tunnel ready session_id=" in log
 
 
 async def test_the_gpu_check_and_run_work_through_the_tunnel(cp: Controlplane) -> None:
@@ -174,6 +178,37 @@ async def test_a_worker_refuses_targets_that_are_not_itself(cp: Controlplane) ->
             await hub.open(POOL, records[0].worker_id, target)
     stream = await hub.open(POOL, records[0].worker_id, "worker")
     await stream.reset("done")
+
+
+async def test_endpoint_traffic_reaches_a_port_of_the_workers_own_containers(
+    cp: Controlplane,
+) -> None:
+    """TCP to `127.0.0.1:<port>` on the worker (here an echo server standing in for a model
+    server's port: in the sandbox the worker's containers share this machine's loopback)."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    assert cp.gateway is not None
+    assert cp.gateway.tunnels is not None
+    worker_id = (await _workers(cp))[0].worker_id
+    try:
+        stream = await cp.gateway.tunnels.open(POOL, worker_id, f"127.0.0.1:{port}")
+        payload = bytes(range(256)) * 4096  # 1 MiB, several windows' worth
+        await stream.write(payload)
+        await stream.write_eof()
+        received = b""
+        while chunk := await stream.read():
+            received += chunk
+        assert received == payload
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def _open_tunnel(cp: Controlplane, token: str, worker_id: str) -> grpc.StatusCode | None:

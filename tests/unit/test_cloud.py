@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from levers9 import devvalues
 from levers9.cloud import (
     ClusterInfo,
     ClusterRef,
@@ -103,3 +104,22 @@ def test_the_printed_private_values_recipe_runs_and_loads_with_the_block(
     loaded = load([values, private])
     assert not loaded.problems
     assert loaded.pools["gke-rtx6000"].kubernetes.endpoint == "https://127.0.0.1:6443"
+
+
+def test_tunnel_values_block_and_dev_values_turn_the_tunnel_on(tmp_path: Path) -> None:
+    ref = ClusterRef(project="demo", location="us-central1-a", cluster="demo")
+    info = ClusterInfo(endpoint="34.1.2.3", ca_certificate=CA, network="default")
+    block = values_block(ref, info, "RTXPro6000", tunnel=True)
+    block["kubernetes"]["credentials"] = json.dumps(KEY)
+    pool = parse_pool("gke-rtx6000", block)
+    assert pool.kubernetes.tunnel is True
+    assert pool.host_network is False
+    files = devvalues.write(
+        tmp_path,
+        ca_base64=CA,
+        endpoint="https://127.0.0.1:6443",
+        key_json=json.dumps(KEY),
+        tunnel=True,
+    )
+    loaded = load(files).pools[devvalues.POOL_NAME]
+    assert (loaded.kubernetes.tunnel, loaded.host_network) == (True, False)
