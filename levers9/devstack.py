@@ -66,6 +66,13 @@ DEFAULT_MOTO_PORT = 5052
 STOP_ORDER = ("worker", "temporal", "sandbox", "moto", "gar", "ecr")
 REGISTRIES = {"ecr": "the controlplane's ECR", "gar": "the project's Artifact Registry"}
 GAR_HOST = f"{devvalues.REGION}-docker.pkg.dev"
+FORGOTTEN_ON_RESTART = (
+    "ReconcilePoolWorkflow",
+    "MachineWorkflow",
+    "WorkerWorkflow",
+    "PoolWorkflow",
+    "TaskWorkflow",
+)
 """The registry host the dev values' `workerImage` names; `gar` stands in for it."""
 GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
 READY_TIMEOUT_S = 60.0
@@ -469,6 +476,8 @@ class DevStack:
             )
             self._save(records)
             self._wait(records["temporal"], self._temporal_ready, progress)
+        if "sandbox" in started:
+            self._forget_previous_cluster(progress)
         self._write_env()
         if "worker" not in records:
             progress("starting the Temporal worker (worker_main) on the dev values")
@@ -478,6 +487,38 @@ class DevStack:
             self._save(records)
             self._wait(records["worker"], self._worker_ready, progress)
         self._save(records)
+
+    def _forget_previous_cluster(self, progress: Progress) -> None:
+        """A sandbox that starts afresh has none of the previous one's Jobs, but Temporal's
+        sqlite file still has their records: end them, or stale `available` workers would hold
+        their machines until the record TTL (ten minutes). The egress allowlist is the cloud's,
+        which the sandbox keeps, so its record stays."""
+        # The reconcile schedules too: a pass diffs against the last one's fingerprints, which
+        # would say "nothing changed" and tell no machine. The worker recreates them at start,
+        # so the first pass is a full one.
+        listed = self._temporal("schedule", "list", "-o", "json")
+        with contextlib.suppress(ValueError):
+            for schedule in json.loads(listed.stdout or "[]"):
+                schedule_id = str(schedule.get("scheduleId", ""))
+                if schedule_id.startswith("reconcile:"):
+                    self._temporal("schedule", "delete", "--schedule-id", schedule_id)
+        types = ", ".join(f"'{t}'" for t in FORGOTTEN_ON_RESTART)
+        query = (
+            f"ExecutionStatus='Running' AND TaskQueue='{self.settings().task_queue}'"
+            f" AND WorkflowType IN ({types})"
+        )
+        count = self._temporal("workflow", "count", "--query", query)
+        total = count.stdout.split(":")[-1].strip() if count.returncode == 0 else ""
+        if not total.isdigit() or total == "0":
+            return
+        ended = self._temporal(
+            *("workflow", "terminate", "--query", query, "--yes"),
+            *("--reason", "the sandbox cluster restarted without these objects"),
+        )
+        if ended.returncode == 0:
+            progress(f"ended {total} records of the previous sandbox cluster (it restarted empty)")
+        else:
+            progress(f"could not end the previous cluster's records: {ended.stderr.strip()}")
 
     def _push_worker_image(self, ecr: str, progress: Progress) -> None:
         """The worker build in `ecr` (pushed when `ecr` lacks its digest). Copying it into

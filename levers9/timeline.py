@@ -26,12 +26,16 @@ def line_time(line: str) -> datetime | None:
         return None
 
 
-def first(where: str, lines: Iterable[str], needle: str) -> Row:
-    """The first line containing `needle` (its message part, as the spec quotes it)."""
+def first(where: str, lines: Iterable[str], needle: str, after: datetime | None = None) -> Row:
+    """The first line containing `needle` (its message part, as the spec quotes it); with
+    `after`, the first one logged since then (a log file keeps earlier runs' lines)."""
     for line in lines:
         if needle in line:
+            at = line_time(line)
+            if after is not None and at is not None and at < after:
+                continue
             message = line[line.index(needle) :].strip()
-            return Row(where=where, line=message, at=line_time(line))
+            return Row(where=where, line=message, at=at)
     return Row(where=where, line=f"(not seen) {needle}", at=None)
 
 

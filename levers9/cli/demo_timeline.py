@@ -62,13 +62,15 @@ def show(
         "-n", "levers9", "logs", "-l", "app.kubernetes.io/managed-by=levers9", "--tail=-1"
     ).splitlines()
     rows = [
-        first("controlplane log", controlplane, "loaded controller"),
-        first("controlplane log", controlplane, "using existing machine"),
-        first("controlplane log", controlplane, "added new worker to occupy existing machine"),
+        first("controlplane log", controlplane, "loaded controller", start),
+        first("controlplane log", controlplane, "using existing machine", start),
+        first(
+            "controlplane log", controlplane, "added new worker to occupy existing machine", start
+        ),
         _pod_running_row(),
-        first("worker log", workers, "host driver libraries registered with the loader"),
-        first("worker log", workers, "resolved NVIDIA_VISIBLE_DEVICES for GPU filtering"),
-        first("levers9 worker list", controlplane, "worker available"),
+        first("worker log", workers, "host driver libraries registered with the loader", start),
+        first("worker log", workers, "resolved NVIDIA_VISIBLE_DEVICES for GPU filtering", start),
+        first("levers9 worker list", controlplane, "worker available", start),
         _job_row("the GPU check (cold)", cold),
         _job_row("`true` (warm)", warm),
     ]

@@ -27,3 +27,17 @@ def test_missing_and_unparsable() -> None:
     assert (
         since(first("x", LINES, "loaded"), datetime(2026, 9, 19, tzinfo=UTC)) == "before this run"
     )
+
+
+def test_first_skips_lines_from_before_this_run() -> None:
+    from datetime import UTC, datetime
+
+    from levers9.timeline import first
+
+    lines = [
+        "2026-11-30T16:00:00.000Z INFO worker available worker_id=old",
+        "2026-11-30T17:00:00.000Z INFO worker available worker_id=new",
+    ]
+    start = datetime(2026, 11, 30, 16, 30, tzinfo=UTC)
+    assert first("log", lines, "worker available", start).line == "worker available worker_id=new"
+    assert first("log", lines, "worker available").line == "worker available worker_id=old"
