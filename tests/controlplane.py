@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -38,6 +39,7 @@ from levers9.gateway.tunnel import TunnelHub
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import sync_reconcile_schedules
+from levers9.tokens import operator_token
 from tests.factories import free_port
 from workflows import WORKFLOWS
 
@@ -79,6 +81,29 @@ class Controlplane:
     clients: KubeClients
     settings: ControlplaneSettings
     gateway: Gateway | None = None
+
+    def cli_env(self) -> dict[str, str]:
+        """A user's shell: this controlplane's Temporal and task queue, the gateway and the
+        operator token, and no dev stack's env file."""
+        return {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.settings.temporal_address,
+            "LEVERS9_TASK_QUEUE": self.settings.task_queue,
+            "LEVERS9_GATEWAY_ADDRESS": self.settings.gateway_advertised_address,
+            "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
+            "LEVERS9_HOME": str(self.sandbox.state.dir.parent / "no-dev-stack"),
+        }
+
+    async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The `levers9` CLI in its own process, as that user runs it."""
+        return await asyncio.to_thread(
+            subprocess.run,
+            [str(Path(sys.executable).parent / "levers9"), *args],
+            env=self.cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
     def admin_api(self) -> k8s.ApiClient:
         """The kubeconfig's admin identity (the person at the laptop), not the pool's key."""

@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
 import boto3
 from botocore.exceptions import ClientError
 
+from levers9.sandbox.child import ChildProcess, ChildServer
 from levers9.sandbox.registries import HOST, free_port
 
 if TYPE_CHECKING:
@@ -58,7 +55,6 @@ NODE_TYPE: Final = "m5.xlarge"
 VPC_CIDR = "10.20.0.0/16"
 SUBNET_CIDR = "10.20.0.0/20"
 ZONE = f"{REGION}a"
-READY_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 REPLACE_ATTEMPTS = 5
 
@@ -326,53 +322,15 @@ def replace_eks_nodes(endpoint: str, cluster: str = CLUSTER) -> list[str]:
     raise AwsSandboxError("moto kept handing out the old nodes' public IPs")
 
 
-class LocalMoto:
+class LocalMoto(ChildServer):
     """moto's server as a child process of this one (tests, scripts)."""
 
     def __init__(self, log: Path, port: int = 0) -> None:
         self.log = log
         self.port = port or free_port()
         self.endpoint = endpoint_url(self.port)
-        self._process: subprocess.Popen[bytes] | None = None
+        self.child = ChildProcess(f"moto on {self.endpoint}", log, AwsSandboxError, poll_s=0.1)
 
     def start(self) -> LocalMoto:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            self._process = subprocess.Popen(
-                moto_argv(self.port),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not moto_ready(self.endpoint):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise AwsSandboxError(f"moto on {self.endpoint} did not start:\n{tail}")
-            time.sleep(0.1)
+        self.child.spawn(moto_argv(self.port), lambda: moto_ready(self.endpoint))
         return self
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def __enter__(self) -> LocalMoto:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

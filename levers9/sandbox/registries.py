@@ -20,25 +20,22 @@ own process records; `LocalRegistry` is the self-contained form for tests and sc
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
+
+from levers9.sandbox.child import ChildProcess, ChildServer
 
 HOST = "127.0.0.1"
 REGISTRY_PACKAGE = "docker-registry"
 SKOPEO_PACKAGE = "skopeo"
 INSTALL_HINT = "deploy/dev/install-tools.sh installs it (Debian: apt-get install -y {package})"
-READY_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 COPY_TIMEOUT_S = 120.0
 
@@ -212,57 +209,22 @@ def delete_image(reference: str) -> None:
     _skopeo("delete", "--tls-verify=false", _docker_ref(reference))
 
 
-class LocalRegistry:
+class LocalRegistry(ChildServer):
     """One distribution registry as a child process of this one (tests, scripts)."""
 
     def __init__(self, directory: Path, port: int = 0) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.address = f"{HOST}:{self.port}"
-        self._process: subprocess.Popen[bytes] | None = None
+        self.child = ChildProcess(
+            f"the registry on {self.address}", directory / "registry.log", RegistryError
+        )
 
     @property
     def log(self) -> Path:
-        return self.directory / "registry.log"
+        return self.child.log
 
     def start(self) -> LocalRegistry:
         config = write_config(self.directory, self.port)
-        with self.log.open("ab") as out:
-            self._process = subprocess.Popen(
-                registry_argv(config),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready(self.address):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise RegistryError(f"the registry on {self.address} did not start:\n{tail}")
-            time.sleep(0.05)
+        self.child.spawn(registry_argv(config), lambda: ready(self.address))
         return self
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def __enter__(self) -> LocalRegistry:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

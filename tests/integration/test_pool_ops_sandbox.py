@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -81,23 +80,6 @@ async def cp(
                 yield plane
 
 
-async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
-        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
-        "LEVERS9_HOME": str(Path(cp.sandbox.state.dir).parent / "no-dev-stack"),
-    }
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 async def _workers(cp: Controlplane, include_ended: bool = False) -> list[WorkerRecord]:
     return await list_worker_records(cp.settings, POOL, include_ended=include_ended)
 
@@ -105,7 +87,7 @@ async def _workers(cp: Controlplane, include_ended: bool = False) -> list[Worker
 async def test_recopy_copies_latest_and_restarts_every_worker_at_once(cp: Controlplane) -> None:
     old = {r.worker_id for r in await _workers(cp)}
     assert len(old) == 3
-    done = await levers9(cp, "image", "recopy", "--pool", POOL)
+    done = await cp.cli("image", "recopy", "--pool", POOL)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"copied for pool {POOL}" in done.stdout
     gar = cp.gar  # type: ignore[attr-defined]
@@ -134,7 +116,7 @@ async def test_recopy_copies_latest_and_restarts_every_worker_at_once(cp: Contro
 
 
 async def test_pool_remove_leaves_nothing_running(cp: Controlplane) -> None:
-    done = await levers9(cp, "pool", "remove", "--pool", POOL, "--delete-namespace")
+    done = await cp.cli("pool", "remove", "--pool", POOL, "--delete-namespace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"pool {POOL} removed: schedule deleted, 3 worker records ended" in done.stdout
     assert "namespace deleted" in done.stdout

@@ -23,8 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.tasks_client import task_record
 from levers9.temporal import connect, list_worker_records
-from levers9.tokens import operator_token
-from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling
+from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -47,31 +46,8 @@ async def cp(
         yield plane
 
 
-def cli_env(cp: Controlplane) -> dict[str, str]:
-    """A user's shell: Temporal and the task queue, the gateway and the operator token."""
-    return {
-        **os.environ,
-        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
-        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
-        "LEVERS9_GATEWAY_ADDRESS": cp.settings.gateway_advertised_address,
-        "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
-    }
-
-
-async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI, in its own process, pointed at this controlplane's Temporal and task queue."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=cli_env(cp),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
-    done = await levers9(cp, "pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
+    done = await cp.cli("pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout[done.stdout.index("COMPLETE ") + len("COMPLETE ") :]
     result = json.loads(text)
@@ -111,7 +87,7 @@ async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlpla
         "open(os.environ['LEVERS9_RESULT_PATH'], 'w').write(json.dumps("
         "{'cards': os.environ['NVIDIA_VISIBLE_DEVICES']}))"
     )
-    done = await levers9(cp, "run", "--pool", POOL, "--gpus", "2", "--", "python", "-c", script)
+    done = await cp.cli("run", "--pool", POOL, "--gpus", "2", "--", "python", "-c", script)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "hello from the task" in done.stdout
     assert "succeeded exit_code=0" in done.stdout
@@ -136,7 +112,7 @@ async def test_run_streams_output_as_the_worker_writes_it(cp: Controlplane) -> N
     process = await asyncio.create_subprocess_exec(
         str(BIN / "levers9"),
         *("run", "--pool", POOL, "--", "python", "-c", script),
-        env=cli_env(cp),
+        env=cp.cli_env(),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -154,7 +130,7 @@ async def test_run_streams_output_as_the_worker_writes_it(cp: Controlplane) -> N
     assert out.count(b"line 0") == 3000
     assert b"succeeded exit_code=0" in out
 
-    logs = await levers9(cp, "task", "logs", task_id)
+    logs = await cp.cli("task", "logs", task_id)
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.startswith("first line\nline 000000\n")
     assert logs.stdout.endswith("line 002999\n")
@@ -166,9 +142,9 @@ async def test_run_streams_output_as_the_worker_writes_it(cp: Controlplane) -> N
 async def test_logs_without_the_operator_token_are_refused_and_fall_back(
     cp: Controlplane,
 ) -> None:
-    done = await levers9(cp, "run", "--pool", POOL, "--", "echo", "from the tail")
+    done = await cp.cli("run", "--pool", POOL, "--", "echo", "from the tail")
     task_id = done.stdout.split()[1]
-    env = {**cli_env(cp), "LEVERS9_API_TOKEN": "l9o1.forged"}
+    env = {**cp.cli_env(), "LEVERS9_API_TOKEN": "l9o1.forged"}
     logs = await asyncio.to_thread(
         subprocess.run,
         [str(BIN / "levers9"), "task", "logs", task_id],
@@ -186,7 +162,7 @@ async def test_logs_without_the_operator_token_are_refused_and_fall_back(
 async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
     cp: Controlplane,
 ) -> None:
-    done = await levers9(cp, "run", "--pool", POOL, "--wait", "0", "--", "sleep", "1")
+    done = await cp.cli("run", "--pool", POOL, "--wait", "0", "--", "sleep", "1")
     assert done.returncode == 4
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("DEADLINE_EXCEEDED: task ")
@@ -198,14 +174,12 @@ async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
         return record is not None and record.state == "succeeded"
 
     await eventually(completed, within=WITHIN)
-    got = await levers9(cp, "task", "get", task_id, "-o", "json")
+    got = await cp.cli("task", "get", task_id, "-o", "json")
     assert json.loads(got.stdout)["exit_code"] == 0
 
 
 async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlplane) -> None:
-    done = await levers9(
-        cp, "run", "--pool", POOL, "--gpus", "1", "--wait", "3", "--", "sleep", "60"
-    )
+    done = await cp.cli("run", "--pool", POOL, "--gpus", "1", "--wait", "3", "--", "sleep", "60")
     assert done.returncode == 4
     task_id = done.stdout.strip().splitlines()[-1].split()[2]
     record = await task_record(await connect(cp.settings), task_id)

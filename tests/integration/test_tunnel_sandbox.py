@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,7 +32,7 @@ from levers9.models import WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.tasks_client import task_record
 from levers9.temporal import connect, list_worker_records
-from levers9.tokens import operator_token, worker_token
+from levers9.tokens import worker_token
 from levers9.tunnel.mux import StreamRefused
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling
 from tests.waiting import eventually
@@ -63,25 +61,6 @@ async def _workers(cp: Controlplane) -> list[WorkerRecord]:
     return await list_worker_records(cp.settings, POOL, include_ended=False)
 
 
-async def levers9(cp: Controlplane, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": cp.settings.temporal_address,
-        "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
-        "LEVERS9_GATEWAY_ADDRESS": cp.settings.gateway_advertised_address,
-        "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
-        "LEVERS9_HOME": str(cp.sandbox.state.dir.parent / "no-dev-stack"),
-    }
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 async def test_workers_are_reached_only_through_their_tunnels(cp: Controlplane) -> None:
     assert cp.gateway is not None
     hub = cp.gateway.tunnels
@@ -105,23 +84,23 @@ async def test_workers_are_reached_only_through_their_tunnels(cp: Controlplane) 
 
 
 async def test_the_gpu_check_and_run_work_through_the_tunnel(cp: Controlplane) -> None:
-    check = await levers9(cp, "pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
+    check = await cp.cli("pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "COMPLETE {" in check.stdout
-    done = await levers9(
-        cp, "run", "--pool", POOL, "--gpus", "2", "--", "sh", "-c", "echo through; echo tunnel"
+    done = await cp.cli(
+        "run", "--pool", POOL, "--gpus", "2", "--", "sh", "-c", "echo through; echo tunnel"
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "through\ntunnel\n" in done.stdout
     assert "no log stream" not in done.stderr
     task_id = done.stdout.split()[1]
-    logs = await levers9(cp, "task", "logs", task_id)
+    logs = await cp.cli("task", "logs", task_id)
     assert logs.stdout == "through\ntunnel\n", logs.stderr
 
 
 async def test_exec_and_many_concurrent_streams_share_one_tunnel(cp: Controlplane) -> None:
     client = await connect(cp.settings)
-    started = await levers9(cp, "run", "--pool", POOL, "--wait", "0", "--", "sleep", "20")
+    started = await cp.cli("run", "--pool", POOL, "--wait", "0", "--", "sleep", "20")
     task_id = started.stdout.split()[1]
 
     async def placed() -> bool:
@@ -246,8 +225,8 @@ async def test_only_the_workers_own_token_opens_its_tunnel(cp: Controlplane) -> 
 
 async def test_a_gateway_restart_mid_task_loses_nothing(cp: Controlplane) -> None:
     before = {r.worker_id: r.address for r in await _workers(cp)}
-    started = await levers9(
-        cp, "run", "--pool", POOL, "--wait", "0", "--", "sh", "-c", "sleep 4; echo survived"
+    started = await cp.cli(
+        "run", "--pool", POOL, "--wait", "0", "--", "sh", "-c", "sleep 4; echo survived"
     )
     task_id = started.stdout.split()[1]
     client = await connect(cp.settings)
@@ -290,5 +269,5 @@ async def test_a_gateway_restart_mid_task_loses_nothing(cp: Controlplane) -> Non
         )
 
     await eventually(rehomed, within=WITHIN)
-    again = await levers9(cp, "run", "--pool", POOL, "--", "echo", "after")
+    again = await cp.cli("run", "--pool", POOL, "--", "echo", "after")
     assert again.returncode == 0, again.stdout + again.stderr
