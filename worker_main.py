@@ -18,7 +18,7 @@ from temporalio.worker import Worker
 
 from activities.kube_clients import KubeClients
 from activities.registry import controlplane_activities, replica_activities
-from levers9 import logs
+from levers9 import logs, telemetry
 from levers9.config import ConfigError, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
@@ -54,7 +54,10 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     """Serves until `stop` is set, then finishes in-flight tasks and returns."""
     log = logs.get_logger("levers9.controlplane")
     settings = values.settings
-    client = await connect(settings)
+    provider = telemetry.setup_tracing()
+    if provider is not None:
+        log.info("tracing to OTLP", service=provider.resource.attributes.get("service.name"))
+    client = await connect(settings, telemetry.runtime())
     added = await ensure_search_attributes(client, settings.temporal_namespace)
     if added:
         log.info("added search attributes", names=added)

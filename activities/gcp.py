@@ -59,6 +59,7 @@ from levers9.cloud import (
 )
 from levers9.files import write_private
 from levers9.logs import get_logger
+from levers9.telemetry import span
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 RACE_ATTEMPTS = 5
@@ -160,7 +161,8 @@ def _permanent(exc: gexc.GoogleAPICallError, what: str, fix: str) -> Application
 async def _call(fn: Callable[[], T], what: str, *, not_found: str = "") -> T:
     """Runs one client call off the event loop and maps its failure (see the module doc)."""
     try:
-        return await asyncio.to_thread(fn)
+        with span(f"gcp {what}"):
+            return await asyncio.to_thread(fn)
     except (gexc.Unauthorized, gexc.Unauthenticated) as exc:
         raise _permanent(
             exc, what, "the credentials were refused: `gcloud auth application-default login`"

@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 from activities.aws import AwsActivities, aws_error, ecr_login
 from levers9.cloud import CopiedImage, CopyImageInput
 from levers9.logs import get_logger
+from levers9.telemetry import span
 
 SKOPEO_TIMEOUT_S = 900.0
 GCP_USER = "oauth2accesstoken"
@@ -141,6 +142,10 @@ class ImageActivities:
         return CopiedImage(destination=input.destination, digest=digest, previous_digest=previous)
 
     async def _skopeo(self, *args: str) -> str:
+        with span(f"skopeo {args[0]}"):
+            return await self._run_skopeo(*args)
+
+    async def _run_skopeo(self, *args: str) -> str:
         process = await asyncio.create_subprocess_exec(
             "skopeo",
             *args,

@@ -32,6 +32,7 @@ from levers9.capacity import (
 from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
+from levers9.telemetry import span
 from levers9.tokens import worker_token
 
 PAGE = 500
@@ -151,7 +152,8 @@ class KubeActivities:
 
     async def _call(self, pool_name: str, doing: str, fn: Callable[[], T]) -> T:
         try:
-            return await asyncio.to_thread(fn)
+            with span(f"kubernetes {doing}", pool_name=pool_name):
+                return await asyncio.to_thread(fn)
         except (k8s.ApiException, UnknownPool) as exc:
             raise kube_error(exc, doing, pool_name) from None
         except urllib3.exceptions.HTTPError as exc:

@@ -39,6 +39,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
+from levers9.telemetry import span
 
 SIGNAL_CONCURRENCY = 32
 UNABLE = "unable to reconcile cluster nodes"
@@ -63,7 +64,8 @@ class ReconcileActivities:
     @activity.defn
     async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
         previous = await self._previous_fingerprints(input.previous)
-        nodes, calls = await self._observe(input.pool_name)
+        with span("kubernetes observe pool", pool_name=input.pool_name):
+            nodes, calls = await self._observe(input.pool_name)
         await self._ensure_pool_workflow(input.pool_name)
         changes = diff(None if input.full_resync else previous, nodes)
         await self._tell(input.pool_name, [nodes[name] for name in changes.changed])

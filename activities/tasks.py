@@ -29,6 +29,7 @@ from levers9.models import (
 )
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.telemetry import span
 from levers9.tokens import worker_token
 
 T = TypeVar("T")
@@ -108,6 +109,7 @@ class TaskActivities:
         )
         response = await self._call(
             input,
+            "RunTask",
             lambda stub, md: stub.RunTask(
                 worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
             ),
@@ -119,6 +121,7 @@ class TaskActivities:
         """GetTask on the worker: the fallback when a report signal was lost."""
         status = await self._call(
             input,
+            "GetTask",
             lambda stub, md: stub.GetTask(
                 worker_pb2.GetTaskRequest(task_id=input.task.task_id),
                 metadata=md,
@@ -134,6 +137,7 @@ class TaskActivities:
     async def _call(
         self,
         input: WorkerTaskInput,
+        rpc: str,
         call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
     ) -> T:
         secret = self._settings.token_secret()
@@ -142,6 +146,17 @@ class TaskActivities:
         token = worker_token(secret.get_secret_value(), input.worker_id)
         metadata = (("authorization", f"Bearer {token}"),)
         address = self._address(input)
+        tunnel = bool(input.task_queue)
+        with span(f"worker {rpc}", worker_id=input.worker_id, address=address, tunnel=tunnel):
+            return await self._call_at(input, address, metadata, call)
+
+    async def _call_at(
+        self,
+        input: WorkerTaskInput,
+        address: str,
+        metadata: Metadata,
+        call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
+    ) -> T:
         async with aio.insecure_channel(address) as channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             try:

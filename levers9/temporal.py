@@ -32,8 +32,10 @@ from temporalio.client import (
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 
+from levers9 import telemetry
 from levers9.config import ControlplaneSettings
 from levers9.logs import get_logger
 from levers9.models import (
@@ -69,8 +71,10 @@ def _tls(settings: ControlplaneSettings) -> bool | TLSConfig:
     return TLSConfig(client_cert=cert, client_private_key=key, server_root_ca_cert=ca)
 
 
-async def connect(settings: ControlplaneSettings) -> Client:
-    """A client with the pydantic data converter, as every levers9 process uses."""
+async def connect(settings: ControlplaneSettings, runtime: Runtime | None = None) -> Client:
+    """A client with the pydantic data converter and the tracing interceptor, as every
+    levers9 process uses (workers made from it inherit the interceptor); `runtime` is the
+    controlplane's, with its metrics endpoint."""
     api_key = settings.temporal_api_key
     return await Client.connect(
         settings.temporal_address,
@@ -78,6 +82,8 @@ async def connect(settings: ControlplaneSettings) -> Client:
         api_key=api_key.get_secret_value() if api_key else None,
         tls=_tls(settings),
         data_converter=pydantic_data_converter,
+        interceptors=telemetry.interceptors(),
+        runtime=runtime,
     )
 
 

@@ -30,7 +30,7 @@ from temporalio.worker import Worker
 from activities.kube import job_selector
 from activities.kube_clients import KubeClients
 from activities.registry import controlplane_activities, replica_activities
-from levers9 import devvalues
+from levers9 import devvalues, telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
@@ -151,11 +151,14 @@ class Controlplane:
             task_queue=self.settings.task_queue,
             workflows=WORKFLOWS,
             activities=controlplane_activities(self.clients, client, self.settings, tunnels),
+            # worker_main's client carries these; the tests' shared client does not.
+            interceptors=telemetry.interceptors(),
         )
         replica = Worker(
             client,
             task_queue=self.settings.replica_task_queue,
             activities=replica_activities(client, self.settings, tunnels),
+            interceptors=telemetry.interceptors(),
         )
         gateway = Gateway(
             TemporalWorkerRecords(client),

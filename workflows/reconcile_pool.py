@@ -52,6 +52,8 @@ class ReconcilePoolWorkflow:
             start_to_close_timeout=OBSERVE_TIMEOUT,
             heartbeat_timeout=OBSERVE_HEARTBEAT,
             retry_policy=OBSERVE_RETRY,
+            summary=f"observe pool {input.pool_name}: pass {pass_number}"
+            + (" (full resync)" if pass_number % FULL_RESYNC_EVERY == 0 else ""),
         )
         info = workflow.info()
         return ReconcilePoolResult(

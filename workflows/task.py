@@ -72,6 +72,7 @@ class TaskWorkflow:
             PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
             start_to_close_timeout=PLACE_TIMEOUT,
             heartbeat_timeout=PLACE_HEARTBEAT,
+            summary=f"placement: waiting for one worker with {input.gpus} free cards",
         )
         try:
             return await self._run_on_worker(input, self._placement)
@@ -104,6 +105,8 @@ class TaskWorkflow:
                 start_to_close_timeout=WORKER_TIMEOUT,
                 retry_policy=RUN_RETRY,
                 task_queue=on_worker.task_queue,
+                summary=f"RunTask on worker {placement.worker_id} ({placement.node_name}),"
+                f" cards {','.join(map(str, placement.gpu_indices)) or 'none'}",
             )
         except ActivityError as exc:
             return self._finish("failed", f"worker lost before the task started: {_why(exc)}")
@@ -122,6 +125,7 @@ class TaskWorkflow:
                         retry_policy=POLL_RETRY,
                         # A tunnelled worker's calls run where its tunnel is held (None: here).
                         task_queue=on_worker.task_queue,
+                        summary="GetTask: no report yet, ask the worker",
                     )
                 except ActivityError as exc:
                     return self._finish("lost", f"worker lost mid-task: {_why(exc)}")

@@ -119,6 +119,7 @@ class WorkerWorkflow:
                 job,
                 start_to_close_timeout=KUBE_TIMEOUT,
                 retry_policy=KUBE_RETRY,
+                summary=f"create worker Job on {input.node_name} taking {input.gpus} cards",
             )
         except ActivityError as exc:
             return await self._end(input, "failed", _reason(exc), None)
@@ -144,6 +145,7 @@ class WorkerWorkflow:
                 job,
                 start_to_close_timeout=KUBE_TIMEOUT,
                 retry_policy=KUBE_RETRY,
+                summary="pending: is the worker pod running yet?",
             )
             if not pod.job_exists:
                 return await self._end(input, "expired", "its Job was deleted", None)
@@ -293,6 +295,7 @@ class WorkerWorkflow:
                 job,
                 start_to_close_timeout=KUBE_TIMEOUT,
                 retry_policy=KUBE_RETRY,
+                summary=f"delete worker Job ({state}: {reason})",
             )
         self._set(input, state, reason)
         if self._registration is not None:
