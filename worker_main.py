@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-from temporalio.worker import Worker
+from pydantic import SecretStr
+from temporalio.client import Client
+from temporalio.worker import Interceptor, Worker
 
 from activities.kube_clients import KubeClients
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
-from levers9.config import ConfigError, Values, load
+from levers9.config import ConfigError, ControlplaneSettings, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_logs import TemporalTaskRecords
@@ -48,6 +50,40 @@ def _log_pools(values: Values) -> None:
         log.error("unable to load controller", error=problem.error, pool_name=problem.pool_name)
     for name, pool in values.pools.items():
         log.info("loaded controller", gpu_type=pool.gpu_type, mode=pool.mode, pool_name=name)
+
+
+def serving(
+    client: Client,
+    clients: KubeClients,
+    settings: ControlplaneSettings,
+    secret: SecretStr,
+    *,
+    interceptors: Sequence[Interceptor] = (),
+    graceful_shutdown: timedelta = timedelta(0),
+) -> tuple[Worker, Worker, Gateway]:
+    """What a controlplane process serves: the Temporal worker on the shared task queue, the
+    one on this replica's own queue (calls to the workers whose tunnels it holds), and the
+    gateway with the tunnel hub both share. Start the gateway, run the workers."""
+    tunnels = TunnelHub(secret, settings.replica_task_queue)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=WORKFLOWS,
+        activities=controlplane_activities(clients, client, settings, tunnels),
+        interceptors=interceptors,
+        graceful_shutdown_timeout=graceful_shutdown,
+    )
+    replica = Worker(
+        client,
+        task_queue=settings.replica_task_queue,
+        activities=replica_activities(client, settings, tunnels),
+        interceptors=interceptors,
+        graceful_shutdown_timeout=graceful_shutdown,
+    )
+    gateway = Gateway(
+        TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client), tunnels=tunnels
+    )
+    return worker, replica, gateway
 
 
 async def run(values: Values, stop: asyncio.Event) -> None:
@@ -80,25 +116,8 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     clients = KubeClients(values.pools)
     secret = settings.token_secret()
     assert secret is not None  # main() refuses to start without one
-    tunnels = TunnelHub(secret, settings.replica_task_queue)
-    worker = Worker(
-        client,
-        task_queue=settings.task_queue,
-        workflows=WORKFLOWS,
-        activities=controlplane_activities(clients, client, settings, tunnels),
-        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-    )
-    replica = Worker(
-        client,
-        task_queue=settings.replica_task_queue,
-        activities=replica_activities(client, settings, tunnels),
-        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-    )
-    gateway = Gateway(
-        TemporalWorkerRecords(client),
-        secret,
-        tasks=TemporalTaskRecords(client),
-        tunnels=tunnels,
+    worker, replica, gateway = serving(
+        client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN
     )
     await gateway.start(settings.gateway_listen)
     try:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import certifi
 from kubernetes import client as k8s
 from pydantic import SecretStr
 from temporalio.client import Client
@@ -29,19 +28,15 @@ from temporalio.worker import Worker
 
 from activities.kube import job_selector
 from activities.kube_clients import KubeClients
-from activities.registry import controlplane_activities, replica_activities
 from levers9 import devvalues, telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
-from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_logs import TemporalTaskRecords
-from levers9.gateway.tunnel import TunnelHub
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import sync_reconcile_schedules
 from levers9.tokens import operator_token
 from tests.factories import free_port
-from workflows import WORKFLOWS
+from worker_main import serving
 
 POOL = devvalues.POOL_NAME
 TOKEN_SECRET = "test-token-secret-0123456789"
@@ -59,19 +54,25 @@ def quick_scenario() -> Scenario:
 
 
 @contextmanager
-def trusting(ca_pem: bytes, directory: Path) -> Iterator[None]:
-    """google-auth trusts the sandbox's token endpoint while the block runs."""
-    bundle = directory / "ca-bundle.pem"
-    bundle.write_bytes(Path(certifi.where()).read_bytes() + ca_pem)
-    before = os.environ.get("REQUESTS_CA_BUNDLE")
-    os.environ["REQUESTS_CA_BUNDLE"] = str(bundle)
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """This process's environment with `values` set while the block runs, then as it was."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("REQUESTS_CA_BUNDLE", None)
-        else:
-            os.environ["REQUESTS_CA_BUNDLE"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def trusting(sandbox: RunningSandbox) -> contextlib.AbstractContextManager[None]:
+    """google-auth and the Google clients (requests underneath) trust the sandbox's token
+    endpoints and APIs while the block runs: the bundle the sandbox writes (certifi's roots
+    and its CA)."""
+    return environment({"REQUESTS_CA_BUNDLE": str(sandbox.state.dir / "ca-bundle.pem")})
 
 
 @dataclass
@@ -145,26 +146,13 @@ class Controlplane:
     async def worker(self, client: Client) -> AsyncIterator[Worker]:
         """The Temporal workers (the shared queue and this replica's) and the gateway, with
         its tunnel hub, as worker_main runs them."""
-        tunnels = TunnelHub(SecretStr(TOKEN_SECRET), self.settings.replica_task_queue)
-        worker = Worker(
+        worker, replica, gateway = serving(
             client,
-            task_queue=self.settings.task_queue,
-            workflows=WORKFLOWS,
-            activities=controlplane_activities(self.clients, client, self.settings, tunnels),
+            self.clients,
+            self.settings,
+            SecretStr(TOKEN_SECRET),
             # worker_main's client carries these; the tests' shared client does not.
             interceptors=telemetry.interceptors(),
-        )
-        replica = Worker(
-            client,
-            task_queue=self.settings.replica_task_queue,
-            activities=replica_activities(client, self.settings, tunnels),
-            interceptors=telemetry.interceptors(),
-        )
-        gateway = Gateway(
-            TemporalWorkerRecords(client),
-            SecretStr(TOKEN_SECRET),
-            tasks=TemporalTaskRecords(client),
-            tunnels=tunnels,
         )
         await gateway.start(self.settings.gateway_listen)
         self.gateway = gateway
@@ -222,7 +210,7 @@ async def controlplane(
     )
     clients = KubeClients({POOL: pool})
     try:
-        with trusting(ca_pem, directory):
+        with trusting(running):
             yield Controlplane(running, pool, clients, values)
     finally:
         clients.close()

@@ -56,7 +56,7 @@ async def world(
     directory = tmp_path_factory.mktemp("cloud")
     address = dev_env.client.service_client.config.target_host
     async with cloud_world(directory, address, task_queue) as w:
-        with trusting(w.running.sandbox.ca.ca_pem, directory):
+        with trusting(w.running):
             yield w
 
 

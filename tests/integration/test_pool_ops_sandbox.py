@@ -10,10 +10,8 @@ The tests of this module share one controlplane and run in order.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.models import WorkerRecord
 from levers9.sandbox import aws, registries, worker_image
 from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
-from tests.controlplane import POOL, Controlplane, reconciling
+from tests.controlplane import POOL, Controlplane, environment, reconciling
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -30,21 +28,6 @@ pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
 WITHIN = 60
 GAR_HOST = "us-central1-docker.pkg.dev"
-
-
-@contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """The controlplane process's environment (its AWS and Google identity) for the module."""
-    before = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from levers9.sandbox.gcp.container import network_tag
 from levers9.sandbox.gcp.env import cloud_env
 from levers9.sandbox.scenario import Scenario
 from levers9.sandbox.serve import RunningSandbox, start
+from tests.controlplane import trusting
 from tests.sandbox.factories import api_client, unique
 
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -53,20 +53,6 @@ Json = dict[str, Any]
 @pytest.fixture(autouse=True)
 def _fresh_access() -> None:
     """Replaces the package's emulator reset: these tests run a sandbox of their own."""
-
-
-@contextmanager
-def trusting(sandbox: RunningSandbox) -> Iterator[None]:
-    """requests (under the clients' REST transports and google-auth) trusts the sandbox."""
-    before = os.environ.get("REQUESTS_CA_BUNDLE")
-    os.environ["REQUESTS_CA_BUNDLE"] = str(sandbox.state.dir / "ca-bundle.pem")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("REQUESTS_CA_BUNDLE", None)
-        else:
-            os.environ["REQUESTS_CA_BUNDLE"] = before
 
 
 def allowed_scenario() -> Scenario:
