@@ -166,7 +166,6 @@ class ClusterInfo(_Model):
     ca_certificate: str
     network: str
     node_pool_tags: dict[str, list[str]] = Field(default_factory=dict)
-    authorized_networks: list[str] = Field(default_factory=list)
 
 
 class KeyInput(_Model):
@@ -249,10 +248,13 @@ class RotateIps(_Model):
     string, numbers) and checked by the workflow, so a typo is answered, not dropped."""
 
     ips: list[Any] | str | None = None
+    request_id: str = ""
+    """Set by `levers9 egress rotate` to find its own rotation among the recorded ones."""
 
 
 class Rotation(_Model):
     at: str
+    request_id: str = ""
     requested: list[str]
     added: list[str]
     steps: list[Step]
@@ -303,13 +305,12 @@ def values_block(
     cluster: ClusterRef,
     info: ClusterInfo,
     gpu_type: str,
-    node_pool: str | None = None,
     *,
     tunnel: bool = False,
 ) -> dict[str, Any]:
     """The spec's pool block with the cluster's endpoint and CA filled in (the key goes in the
     private values file, never here). The selector is the card's label, so every node pool
-    with that card joins; `node_pool` is only a comment's matter for the caller."""
+    with that card joins."""
     label, _ = accelerator(gpu_type)
     endpoint = info.endpoint if "://" in info.endpoint else f"https://{info.endpoint}"
     block: dict[str, Any] = {

@@ -5,6 +5,7 @@ controlplane's task queue; the CLI waits for its result and prints it.
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -56,13 +57,13 @@ async def allowlist(client: Client, cluster: str) -> Allowlist:
     return result
 
 
-async def rotate_ips(client: Client, cluster: str, ips: list[str] | None) -> int:
-    """Signals `rotate_ips`; returns how many rotations the workflow had recorded before, so
-    the caller can wait for the next one."""
-    before = len((await allowlist(client, cluster)).rotations)
+async def rotate_ips(client: Client, cluster: str, ips: list[str] | None) -> str:
+    """Signals `rotate_ips`; returns the request id its rotation will be recorded under."""
+    await allowlist(client, cluster)  # NoEgressWorkflow, not a signal lost on a missing id
+    request_id = uuid.uuid4().hex
     handle = client.get_workflow_handle(egress_workflow_id(cluster))
-    await handle.signal("rotate_ips", RotateIps(ips=ips))
-    return before
+    await handle.signal("rotate_ips", RotateIps(ips=ips, request_id=request_id))
+    return request_id
 
 
 async def start_recopy(

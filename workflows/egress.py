@@ -124,7 +124,14 @@ class EgressAllowlistWorkflow:
                 extra={KV_EXTRA: {"cluster": ref.cluster, "error": error}},
             )
             requested = [str(ip) for ip in request.ips or []]
-            return Rotation(at=at, requested=requested, added=[], steps=[], error=error)
+            return Rotation(
+                at=at,
+                request_id=request.request_id,
+                requested=requested,
+                added=[],
+                steps=[],
+                error=error,
+            )
         self._allowlist, added = appended(self._allowlist, cidrs)
         workflow.logger.info(
             "egress IPs rotated",
@@ -136,7 +143,9 @@ class EgressAllowlistWorkflow:
                 }
             },
         )
-        return Rotation(at=at, requested=cidrs, added=added, steps=steps)
+        return Rotation(
+            at=at, request_id=request.request_id, requested=cidrs, added=added, steps=steps
+        )
 
 
 def _valid(ips: list[Any] | str) -> list[str]:

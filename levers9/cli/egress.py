@@ -59,12 +59,13 @@ async def _rotate(
     settings: ControlplaneSettings, cluster: str, ips: list[str] | None, wait: float
 ) -> Rotation | None:
     client = await connect(settings)
-    before = await rotate_ips(client, cluster, ips or None)
+    request_id = await rotate_ips(client, cluster, ips or None)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = await allowlist(client, cluster)
-        if len(state.rotations) > before or (state.rotations and before >= 20):
-            return state.rotations[-1]
+        for rotation in state.rotations:
+            if rotation.request_id == request_id:
+                return rotation
         await asyncio.sleep(POLL_S)
     return None
 
