@@ -210,13 +210,11 @@ class GcpActivities:
             not_found="check --project, --zone and --cluster (gcloud container clusters list)",
         )
         tags = {pool.name: list(pool.config.tags) for pool in cluster.node_pools}
-        networks = cluster.master_authorized_networks_config
         return ClusterInfo(
             endpoint=cluster.endpoint,
             ca_certificate=cluster.master_auth.cluster_ca_certificate,
             network=cluster.network or "default",
             node_pool_tags=tags,
-            authorized_networks=[block.cidr_block for block in networks.cidr_blocks],
         )
 
     @activity.defn

@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import certifi
 import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -203,7 +202,8 @@ class DevStack:
 
     @property
     def ca_bundle(self) -> Path:
-        return self.dir / "ca-bundle.pem"
+        """certifi's roots and the sandbox's CA, which the sandbox writes when it starts."""
+        return self.sandbox_dir / "ca-bundle.pem"
 
     @property
     def records_file(self) -> Path:
@@ -368,10 +368,9 @@ class DevStack:
             return False
 
     def _write_values(self) -> None:
-        """The dev values and the CA bundle, from what the running sandbox trusts."""
+        """The dev values, from what the running sandbox trusts."""
         admin = SandboxAdmin(self.sandbox_dir)
         ca_pem = (self.sandbox_dir / "ca.crt").read_bytes()
-        self.ca_bundle.write_bytes(Path(certifi.where()).read_bytes() + ca_pem)
         devvalues.write(
             self.dir,
             ca_base64=base64.b64encode(ca_pem).decode(),

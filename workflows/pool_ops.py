@@ -20,7 +20,7 @@ import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 from workflows.steps import step
 
@@ -49,7 +49,7 @@ async def _stop_workers(pool_name: str, workers: list[str], request: StopWorker)
         handle = workflow.get_external_workflow_handle(worker_workflow_id(pool_name, worker_id))
         try:
             await handle.signal("stop", request)
-        except Exception:
+        except FailureError:  # it ended on its own meanwhile
             continue
         stopped.append(worker_id)
     return stopped
@@ -102,7 +102,7 @@ class RemovePoolWorkflow:
             records: PoolRecords = await step(PoolActivities.pool_records, pool)
             for node in records.machines:
                 handle = workflow.get_external_workflow_handle(machine_workflow_id(pool, node))
-                with contextlib.suppress(Exception):  # ended meanwhile
+                with contextlib.suppress(FailureError):  # ended meanwhile
                     await handle.signal("gone")
                 machines.add(node)
             if reachable:

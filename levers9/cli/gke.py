@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 import yaml
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.worker import Worker
@@ -70,8 +71,8 @@ def attach(
     problems = []
     try:
         ref = ClusterRef(project=project, location=zone, cluster=cluster)
-    except ValueError as exc:
-        problems += [str(e["msg"]).removeprefix("Value error, ") for e in _errors(exc)]
+    except ValidationError as exc:
+        problems += [str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()]
         ref = None
     try:
         accelerator(gpu)
@@ -113,14 +114,6 @@ def attach(
 
 class AttachFailed(Exception):
     pass
-
-
-def _errors(exc: ValueError) -> list[dict[str, object]]:
-    from pydantic import ValidationError
-
-    if isinstance(exc, ValidationError):
-        return [dict(e) for e in exc.errors()]
-    return [{"msg": str(exc)}]
 
 
 async def _attach(settings: ControlplaneSettings, request: AttachInput) -> AttachResult:

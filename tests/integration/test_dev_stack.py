@@ -342,7 +342,7 @@ def test_kubectl_sees_the_default_scenario(dev: Dev) -> None:
 
 def test_dev_pool_key_authenticates_like_gke(dev: Dev, monkeypatch: pytest.MonkeyPatch) -> None:
     dev_dir = dev.home / ".levers9" / "dev"
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(dev_dir / "ca-bundle.pem"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", dev.env["REQUESTS_CA_BUNDLE"])
     pool = load([dev_dir / "values.yaml", dev_dir / "private.json"]).pools["gke-rtx6000"]
     egress = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()["egressIp"]
     clients = KubeClients({"gke-rtx6000": pool})
