@@ -1,5 +1,6 @@
 # Two entry points, each bootstraps .venv on a fresh machine (and the Debian tools the sandbox
-# runs, skopeo and docker-registry: deploy/dev/install-tools.sh):
+# runs, skopeo and docker-registry: deploy/dev/install-tools.sh; and helm for the chart's tests:
+# deploy/dev/install-helm.sh):
 #   make demo   the embedded default: Temporal dev server + controlplane, pools reconciling
 #   make test   ruff (lint + format), mypy, pytest
 PYTHON ?= python3
@@ -14,6 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	deploy/dev/install-helm.sh $(BIN)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -34,6 +34,83 @@ def _hoisted(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+# Settings the controlplane takes from the environment that are secrets: the chart refuses them in
+# `extraEnv` (they belong in the private values file, which lands in a Secret mounted as a file).
+SECRET_ENV = (
+    "LEVERS9_API_TOKEN",
+    "LEVERS9_TEMPORAL_API_KEY",
+    "LEVERS9_WORKER_TOKEN_SECRET",
+    "TEMPORAL_API_KEY",
+)
+
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
+
+
+def _closed(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def chart_properties() -> dict[str, Any]:
+    """The chart's own keys (values.yaml beside `config`); unknown keys are refused, so a typo
+    fails `helm` instead of being ignored."""
+    env_var = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "not": {"enum": list(SECRET_ENV)},
+                "description": "secrets go in the private values file, not the environment",
+            }
+        },
+    }
+    return {
+        "replicaCount": {"type": "integer", "minimum": 0},
+        "image": _closed(
+            {
+                "repository": {"type": "string", "minLength": 1},
+                "tag": {"type": "string"},
+                "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+            }
+        ),
+        "imagePullSecrets": {"type": "array", "items": {"type": "object"}},
+        "serviceAccount": _closed(
+            {
+                "create": {"type": "boolean"},
+                "name": {"type": "string"},
+                "annotations": _STRING_MAP,
+            }
+        ),
+        "gateway": _closed(
+            {
+                "port": _PORT,
+                "service": _closed(
+                    {
+                        "type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+                        "annotations": _STRING_MAP,
+                        "loadBalancerSourceRanges": {"type": "array", "items": {"type": "string"}},
+                    }
+                ),
+            }
+        ),
+        "metrics": _closed(
+            {"enabled": {"type": "boolean"}, "port": _PORT, "podAnnotations": {"type": "boolean"}}
+        ),
+        "temporalTls": _closed({"existingSecret": {"type": "string"}}),
+        "google": _closed(
+            {"credentialsSecret": {"type": "string"}, "credentialsKey": {"type": "string"}}
+        ),
+        "extraEnv": {"type": "array", "items": env_var},
+        "resources": {"type": "object"},
+        "podAnnotations": _STRING_MAP,
+        "nodeSelector": _STRING_MAP,
+        "tolerations": {"type": "array", "items": {"type": "object"}},
+        "affinity": {"type": "object"},
+    }
+
+
 def values_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {}
     defs["PoolConfig"] = _hoisted(PoolConfig.model_json_schema(by_alias=True), defs)
@@ -47,7 +124,9 @@ def values_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "levers9-controlplane values",
         "type": "object",
+        "additionalProperties": False,
         "properties": {
+            **chart_properties(),
             "config": {
                 "type": "object",
                 "properties": {
@@ -59,7 +138,7 @@ def values_schema() -> dict[str, Any]:
                         },
                     },
                 },
-            }
+            },
         },
         "$defs": defs,
     }

@@ -180,6 +180,28 @@ CONFIG_MAPS = Resource(
     short_names=("cm",),
     storage_version_hash="qFsyl6wFWjQ=",
 )
+SERVICES = Resource(
+    group="",
+    version="v1",
+    plural="services",
+    kind="Service",
+    singular="service",
+    namespaced=True,
+    short_names=("svc",),
+    categories=("all",),
+    subresources=(_status("Service"),),
+    storage_version_hash="0/CO1lhkEBI=",
+)
+SERVICE_ACCOUNTS = Resource(
+    group="",
+    version="v1",
+    plural="serviceaccounts",
+    kind="ServiceAccount",
+    singular="serviceaccount",
+    namespaced=True,
+    short_names=("sa",),
+    storage_version_hash="pbx9ZvyFpBE=",
+)
 EVENTS = Resource(
     group="",
     version="v1",
@@ -280,6 +302,8 @@ BUILTIN_RESOURCES: tuple[Resource, ...] = (
     PODS,
     SECRETS,
     CONFIG_MAPS,
+    SERVICES,
+    SERVICE_ACCOUNTS,
     EVENTS,
     DEPLOYMENTS,
     REPLICA_SETS,

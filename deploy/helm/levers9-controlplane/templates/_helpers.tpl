@@ -1,0 +1,94 @@
+{{/* Names and labels. */}}
+{{- define "levers9.fullname" -}}
+{{- if hasPrefix .Release.Name .Chart.Name -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "levers9.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "levers9.labels" -}}
+{{ include "levers9.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "levers9.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "levers9.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The secret keys of `config`, and where they live. A pool's `kubernetes.credentials` (the
+service account key) and the controlplane's temporalApiKey / workerTokenSecret / apiToken go to
+the Secret; everything else to the ConfigMap. The controlplane merges the two files like
+`helm -f a -f b`, so it sees the block as written.
+*/}}
+{{- define "levers9.secretSettings" -}}
+{{- list "temporalApiKey" "workerTokenSecret" "apiToken" | toJson -}}
+{{- end -}}
+
+{{- define "levers9.controlplaneSettings" -}}
+{{- (.Values.config | default dict).controlplane | default dict | toJson -}}
+{{- end -}}
+
+{{/* Whether the chart keeps the worker token secret (the values file gave none). */}}
+{{- define "levers9.generatesTokenSecret" -}}
+{{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
+{{- if not (or (hasKey $cp "workerTokenSecret") (hasKey $cp "workerTokenSecretFile")) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "levers9.publicConfig" -}}
+{{- $config := .Values.config | default dict -}}
+{{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
+{{- $public := omit $cp "temporalApiKey" "workerTokenSecret" "apiToken" -}}
+{{- $listen := printf "0.0.0.0:%v" .Values.gateway.port -}}
+{{- if and (hasKey $public "gatewayListen") (not (hasSuffix (printf ":%v" .Values.gateway.port) $public.gatewayListen)) -}}
+{{- fail (printf "config.controlplane.gatewayListen %s must listen on gateway.port (%v), which the Service and the container port use" $public.gatewayListen .Values.gateway.port) -}}
+{{- end -}}
+{{- $_ := set $public "gatewayListen" ($public.gatewayListen | default $listen) -}}
+{{- if include "levers9.generatesTokenSecret" . -}}
+{{- $_ := set $public "workerTokenSecretFile" "/etc/levers9/worker-token/secret" -}}
+{{- end -}}
+{{- if .Values.temporalTls.existingSecret -}}
+{{- $_ := set $public "temporalTls" true -}}
+{{- $_ := set $public "temporalTlsCertFile" "/etc/levers9/temporal-tls/tls.crt" -}}
+{{- $_ := set $public "temporalTlsKeyFile" "/etc/levers9/temporal-tls/tls.key" -}}
+{{- $_ := set $public "temporalTlsServerCaFile" "/etc/levers9/temporal-tls/ca.crt" -}}
+{{- end -}}
+{{- $pools := dict -}}
+{{- range $name, $pool := (($config.worker | default dict).pools | default dict) -}}
+{{- if and (kindIs "map" $pool) (kindIs "map" $pool.kubernetes) -}}
+{{- $_ := set $pools $name (merge (dict "kubernetes" (omit $pool.kubernetes "credentials")) (omit $pool "kubernetes")) -}}
+{{- else -}}
+{{- $_ := set $pools $name $pool -}}
+{{- end -}}
+{{- end -}}
+{{- $worker := merge (dict "pools" $pools) (omit ($config.worker | default dict) "pools") -}}
+{{- $rest := omit $config "controlplane" "worker" -}}
+{{- toYaml (dict "config" (merge (dict "controlplane" $public "worker" $worker) $rest)) -}}
+{{- end -}}
+
+{{- define "levers9.privateConfig" -}}
+{{- $config := .Values.config | default dict -}}
+{{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
+{{- $private := pick $cp "temporalApiKey" "workerTokenSecret" "apiToken" -}}
+{{- $pools := dict -}}
+{{- range $name, $pool := (($config.worker | default dict).pools | default dict) -}}
+{{- if and (kindIs "map" $pool) (kindIs "map" $pool.kubernetes) (hasKey $pool.kubernetes "credentials") -}}
+{{- $_ := set $pools $name (dict "kubernetes" (dict "credentials" $pool.kubernetes.credentials)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "config" (dict "controlplane" $private "worker" (dict "pools" $pools))) -}}
+{{- end -}}

@@ -1,0 +1,70 @@
+"""The real helm binary (deploy/dev/install-helm.sh puts it in .venv/bin) and the chart."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "levers9-controlplane"
+
+
+def helm_binary() -> str:
+    beside = Path(sys.executable).parent / "helm"
+    found = str(beside) if beside.exists() else shutil.which("helm")
+    if found is None:
+        raise AssertionError("helm is not installed: run deploy/dev/install-helm.sh .venv/bin")
+    return found
+
+
+def helm(*args: str, ok: bool = True, env: dict[str, str] | None = None) -> str:
+    """Runs helm; stdout when it succeeds, stderr when it fails (as `ok` expects)."""
+    done = subprocess.run(
+        [helm_binary(), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    if ok and done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stderr}")
+    if not ok and done.returncode == 0:
+        raise AssertionError(f"helm {' '.join(args)} succeeded:\n{done.stdout}")
+    return done.stdout if ok else done.stderr
+
+
+def render(
+    values: Sequence[Path] = (), *extra: str, release: str = "levers9"
+) -> list[dict[str, Any]]:
+    """`helm template` of the chart: its manifests, in order."""
+    args = ["template", release, str(CHART), "--namespace", "levers9-system"]
+    for path in values:
+        args += ["-f", str(path)]
+    out = helm(*args, *extra)
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: Sequence[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(matches) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in matches]}"
+    return matches[0]
+
+
+def secret_data(secret: dict[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(doc, out)
+    return path

@@ -1,0 +1,254 @@
+"""The chart, rendered by the real helm: its manifests are valid Kubernetes objects, the values
+schema refuses what the controlplane refuses (helm reads values.schema.json), secrets land in a
+Secret mounted as a file and nowhere else, and the two files the pod reads load back into the
+very pools and settings the values files say."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from levers9 import devvalues
+from levers9.config import load
+from levers9.gateway.server import SERVICE_NAME
+from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
+from tests.deploy.chart import CHART, ROOT, find, helm, render, secret_data, write_json
+
+K8S_VERSION = "1.33.0"
+CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
+KEY = json.dumps(
+    mint_service_account_key(project="demo", account="levers9-controlplane", token_uri="https://x")
+)
+PRIVATE_KEY_LINE = json.loads(KEY)["private_key"].splitlines()[1]
+API_KEY = "tmprl-api-key-8b1f0c2e"
+
+
+@pytest.fixture
+def pool_values(tmp_path: Path) -> Path:
+    """deploy/eks/values.yaml with the block attach prints pasted under pools."""
+    values = yaml.safe_load((ROOT / "deploy" / "eks" / "values.yaml").read_text())
+    values["config"]["worker"]["pools"] = {
+        devvalues.POOL_NAME: devvalues.pool_block(CA, "https://34.1.2.3")
+    }
+    values["config"]["controlplane"]["gatewayAdvertisedAddress"] = "203.0.113.7:7443"
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+@pytest.fixture
+def private_values(tmp_path: Path) -> Path:
+    """The spec's private values file (the key), plus a Temporal Cloud API key."""
+    doc = devvalues.private_block(KEY)
+    doc["config"]["controlplane"] = {"temporalApiKey": API_KEY}
+    return write_json(tmp_path / "private.json", doc)
+
+
+def _leaks(doc: Any) -> list[str]:
+    text = json.dumps(doc)
+    return [s for s in (PRIVATE_KEY_LINE, API_KEY) if s in text]
+
+
+def test_lint_and_every_manifest_is_a_valid_object(pool_values: Path, private_values: Path) -> None:
+    helm("lint", str(CHART), "-f", str(pool_values), "-f", str(private_values), "--strict")
+    docs = render([pool_values, private_values])
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Secret",
+        "Secret",
+        "Service",
+        "Service",
+        "ServiceAccount",
+    ]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_secrets_only_in_the_secret_mounted_as_a_file(
+    pool_values: Path, private_values: Path
+) -> None:
+    docs = render([pool_values, private_values])
+    private = find(docs, "Secret", "-private")
+    assert [d["metadata"]["name"] for d in docs if _leaks(d)] == [], "secret in plain text"
+    plain = secret_data(private, "values.json")
+    assert PRIVATE_KEY_LINE in plain
+    assert API_KEY in plain
+    # Nowhere else, base64 or not: not the ConfigMap, not an env var, not an annotation.
+    for doc in docs:
+        if doc is private:
+            continue
+        encoded = json.dumps(doc)
+        assert base64.b64encode(KEY.encode()).decode()[:40] not in encoded
+    container = find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    names = {e["name"] for e in container["env"]}
+    assert not names & {"LEVERS9_TEMPORAL_API_KEY", "TEMPORAL_API_KEY", "LEVERS9_API_TOKEN"}
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in container["env"])
+    volumes = {
+        v["name"]: v for v in find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["private"]["secret"]["secretName"] == private["metadata"]["name"]
+    assert volumes["private"]["secret"]["defaultMode"] == 0o400
+
+
+def _materialize(docs: list[dict[str, Any]], root: Path) -> list[Path]:
+    """Writes the ConfigMap and Secrets where the pod mounts them (under `root`); returns the
+    pod's `--values` arguments mapped there."""
+    deployment = find(docs, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    objects = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        target = root / mount["mountPath"].lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        if "configMap" in volume:
+            for key, text in objects[("ConfigMap", volume["configMap"]["name"])]["data"].items():
+                (target / key).write_text(text)
+        elif "secret" in volume and ("Secret", volume["secret"]["secretName"]) in objects:
+            secret = objects[("Secret", volume["secret"]["secretName"])]
+            for key in secret["data"]:
+                (target / key).write_text(secret_data(secret, key))
+    args = container["args"]
+    paths = [args[i + 1] for i, arg in enumerate(args) if arg == "--values"]
+    assert paths, args
+    return [root / p.lstrip("/") for p in paths]
+
+
+def test_the_pod_reads_the_values_as_written(
+    pool_values: Path, private_values: Path, tmp_path: Path
+) -> None:
+    docs = render([pool_values, private_values])
+    pod_files = _materialize(docs, tmp_path / "pod")
+    direct = load([pool_values, private_values])
+    in_pod = load(pod_files)
+    assert in_pod.problems == direct.problems == []
+    assert in_pod.pools == direct.pools
+    assert in_pod.pools[devvalues.POOL_NAME].kubernetes.credentials is not None
+    settings = in_pod.settings
+    assert settings.temporal_api_key is not None
+    assert settings.temporal_api_key.get_secret_value() == API_KEY
+    assert settings.gateway_advertised_address == "203.0.113.7:7443"
+    assert settings.gateway_listen == "0.0.0.0:7443"
+    # The worker token secret the chart generated, read from its mounted file, with its path
+    # (not the secret) in the ConfigMap.
+    token_file = settings.worker_token_secret_file
+    assert token_file is not None
+    assert settings.worker_token_secret is None
+    secret = (tmp_path / "pod" / str(token_file).lstrip("/")).read_text()
+    assert len(secret) == 64
+    assert secret not in json.dumps(find(docs, "ConfigMap"))
+
+
+def test_ports_probes_and_identity_agree_with_the_code(pool_values: Path) -> None:
+    docs = render([pool_values], "--set", "gateway.port=7500", "--set", "metrics.port=9100")
+    spec = find(docs, "Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": 7500, "metrics": 9100}
+    assert container["readinessProbe"]["grpc"] == {"port": 7500, "service": SERVICE_NAME}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["LEVERS9_METRICS_ADDRESS"]["value"] == "0.0.0.0:9100"
+    assert env["LEVERS9_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
+    assert config["config"]["controlplane"]["gatewayListen"] == "0.0.0.0:7500"
+    gateway = find(docs, "Service", "-gateway")
+    assert gateway["spec"]["ports"] == [
+        {"name": "grpc", "port": 7500, "targetPort": "grpc", "protocol": "TCP"}
+    ]
+    assert (
+        gateway["spec"]["selector"] == find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    )
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_temporal_mtls_and_google_identity_are_mounted_files(
+    pool_values: Path, tmp_path: Path
+) -> None:
+    docs = render(
+        [pool_values],
+        "--set",
+        "temporalTls.existingSecret=temporal-client-cert",
+        "--set",
+        "google.credentialsSecret=levers9-google",
+    )
+    spec = find(docs, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["temporal-tls"]["secret"]["secretName"] == "temporal-client-cert"
+    assert volumes["google"]["secret"]["secretName"] == "levers9-google"
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["GOOGLE_APPLICATION_CREDENTIALS"] == f"{mounts['google']}/key.json"
+    settings = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])["config"][
+        "controlplane"
+    ]
+    assert settings["temporalTls"] is True
+    for key in ("temporalTlsCertFile", "temporalTlsKeyFile", "temporalTlsServerCaFile"):
+        assert settings[key].startswith(mounts["temporal-tls"] + "/"), key
+
+
+def test_a_token_secret_in_the_values_replaces_the_generated_one(
+    pool_values: Path, tmp_path: Path
+) -> None:
+    private = write_json(
+        tmp_path / "token.json", {"config": {"controlplane": {"workerTokenSecret": "s" * 40}}}
+    )
+    docs = render([pool_values, private])
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == [
+        "levers9-controlplane-private"
+    ]
+    config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
+    assert "workerTokenSecretFile" not in config["config"]["controlplane"]
+    assert "s" * 40 in secret_data(find(docs, "Secret", "-private"), "values.json")
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("config.worker.pools.gke-rtx6000.kubernetes.flavour=gke", "Additional property flavour"),
+        ("config.worker.pools.gke-rtx6000.kubernetes.flavor=eks", "kubernetes.flavor"),
+        ("config.controlplane.temporalAdress=x:7233", "Additional property temporalAdress"),
+        ("replicaCount=two", "replicaCount"),
+        ("imag.tag=1", "Additional property imag"),
+        ("extraEnv[0].name=TEMPORAL_API_KEY", "extraEnv.0.name"),
+        ("gateway.service.type=Ingress", "gateway.service.type"),
+    ],
+)
+def test_the_schema_refuses_bad_values_naming_the_field(
+    pool_values: Path, setting: str, named: str
+) -> None:
+    error = helm("template", "t", str(CHART), "-f", str(pool_values), "--set", setting, ok=False)
+    assert "don't meet the specifications of the schema" in error
+    assert named in error, error
+
+
+def test_gateway_listen_must_use_the_gateway_port(pool_values: Path) -> None:
+    error = helm(
+        "template",
+        "t",
+        str(CHART),
+        "-f",
+        str(pool_values),
+        "--set",
+        "config.controlplane.gatewayListen=0.0.0.0:9999",
+        ok=False,
+    )
+    assert (
+        "config.controlplane.gatewayListen 0.0.0.0:9999 must listen on gateway.port (7443)" in error
+    )
+
+
+def test_chart_version_is_the_controlplanes() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["version"] == chart["appVersion"] == project["version"]
