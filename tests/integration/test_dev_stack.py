@@ -32,67 +32,11 @@ from levers9.cli.runtime import read_env_file
 from levers9.config import load
 from levers9.sandbox import aws, registries, worker_image
 from levers9.sandbox.admin_client import SandboxAdmin
-from tests.factories import free_port
+from tests.devstack import Dev
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
-
-
-class Dev:
-    """Runs `levers9` in a state directory of its own, with its own ports."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.ports = [
-            "--temporal-port",
-            str(free_port()),
-            "--ui-port",
-            str(free_port()),
-            "--sandbox-port",
-            str(free_port()),
-            "--gateway-port",
-            str(free_port()),
-            "--ecr-port",
-            str(free_port()),
-            "--gar-port",
-            str(free_port()),
-            "--moto-port",
-            str(free_port()),
-        ]
-
-    @property
-    def env(self) -> dict[str, str]:
-        return read_env_file(self.home / ".levers9" / "dev" / "env")
-
-    def kubectl(self, *args: str) -> str:
-        result = subprocess.run(
-            ["kubectl", *args],
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
-
-    def run(
-        self, *args: str, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(BIN / "levers9"), *args],
-            cwd=self.home,
-            env={**os.environ, "LEVERS9_HOME": str(self.home / ".levers9"), **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    def processes(self) -> list[dict[str, object]]:
-        result = self.run("dev", "status", "-o", "json")
-        assert result.returncode == 0, result.stderr
-        rows: list[dict[str, object]] = json.loads(result.stdout)
-        return rows
 
 
 def _dev_key(home: Path) -> dict[str, str]:
