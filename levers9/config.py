@@ -455,9 +455,13 @@ def merge_values(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[s
 def read_values_file(path: Path) -> dict[str, Any]:
     """One values file (YAML, which JSON is a subset of) as a map."""
     try:
-        text = path.expanduser().read_text()
+        text = path.expanduser().read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or type(exc).__name__}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"{path}: not UTF-8 text (byte {exc.start}): values files are YAML or JSON"]
+        ) from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

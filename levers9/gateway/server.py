@@ -22,6 +22,7 @@ from levers9.gateway.task_logs import TaskLogsService, TaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.rpc.malformed import MalformedRequests
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 HEARTBEAT_SECONDS = 10
@@ -79,6 +80,7 @@ class Gateway:
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+            interceptors=[MalformedRequests()],
         )
         checker = health.aio.HealthServicer()
         gateway_pb2_grpc.add_GatewayServicer_to_server(self._service, server)

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.rpc.malformed import MalformedRequests
 from levers9.worker.auth import TokenInterceptor
 from levers9.worker.service import WorkerService
 
@@ -54,7 +55,9 @@ class WorkerServer:
     async def start(
         cls, service: WorkerService, token: str, advertised_host: str, port: int = 0
     ) -> WorkerServer:
-        server = aio.server(interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"])])
+        server = aio.server(
+            interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"]), MalformedRequests()]
+        )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -74,7 +77,9 @@ class WorkerServer:
     async def start_unix(cls, service: WorkerService, token: str, path: str) -> WorkerServer:
         """Tunnel mode: on a unix socket only, which nothing outside the pod can dial; the
         tunnel's `worker` target connects to it."""
-        server = aio.server(interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"])])
+        server = aio.server(
+            interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"]), MalformedRequests()]
+        )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)

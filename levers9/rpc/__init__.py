@@ -1,0 +1,1 @@
+"""gRPC pieces both servers share (the gateway, a worker's WorkerService)."""
