@@ -10,6 +10,7 @@ requests, at the message that does not parse).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -54,13 +55,18 @@ def _unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _unary_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
-    async def handle(request: Any, context: Context) -> AsyncIterator[Any]:
-        if isinstance(request, _Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
-        async for response in behavior(request, context):
-            yield response
+    # A streaming handler either yields its responses or writes them (`context.write`, as the
+    # health service's Watch does); the wrapper keeps the behaviour's own form.
+    if inspect.isasyncgenfunction(behavior):
 
-    return handle
+        async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            if isinstance(request, _Malformed):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            async for response in behavior(request, context):
+                yield response
+
+        return stream
+    return _unary(behavior)
 
 
 def _stream_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,11 +77,14 @@ def _stream_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _stream_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
-    async def handle(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-        async for response in behavior(_checked(requests, context), context):
-            yield response
+    if inspect.isasyncgenfunction(behavior):
 
-    return handle
+        async def stream(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+            async for response in behavior(_checked(requests, context), context):
+                yield response
+
+        return stream
+    return _stream_unary(behavior)
 
 
 class MalformedRequests(aio.ServerInterceptor):
