@@ -1,0 +1,51 @@
+# The levers9 worker image: the `levers9-worker` agent that runs on a GPU node as one privileged
+# Job per machine (levers9/manifests.py), and the tasks it runs as its child processes.
+#
+# Build from the repository root; the context is the repository, filtered by /.dockerignore:
+#   docker build -f deploy/images/worker.Dockerfile -t levers9/worker:latest .
+#
+# No CUDA userspace here: the node's NVIDIA driver is mounted from the host at
+# /usr/local/nvidia (GKE's device plugin). At start the agent registers /usr/local/nvidia/lib64
+# with the loader (an ld.so.conf.d entry and ldconfig: levers9/worker/driver.py) and finds
+# nvidia-smi in /usr/local/nvidia/bin; the ENV below puts both where a shell in the container
+# looks too.
+#
+# NVIDIA_VISIBLE_DEVICES is deliberately not set: the agent reads its cards from the kubelet's
+# device-plugin checkpoint and sets NVIDIA_VISIBLE_DEVICES per task; an image default (CUDA
+# images say `all`) would hand every card of the node to the container's runtime.
+#
+# The worker runs as root in a privileged container (the Job sets securityContext.privileged):
+# ldconfig and the loader configuration need root, and the agent reads the kubelet's
+# checkpoint. So there is no USER here.
+
+FROM python:3.11.13-slim-bookworm AS builder
+
+# The project and its dependencies in a virtual environment the runtime stage copies whole.
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# What setuptools builds from: pyproject.toml (and the readme it names), the py-module and the
+# packages of [tool.setuptools]. The agent needs only levers9/, but the package is one.
+COPY pyproject.toml README.md worker_main.py ./
+COPY levers9/ levers9/
+COPY workflows/ workflows/
+COPY activities/ activities/
+RUN pip install --no-cache-dir .
+
+
+FROM python:3.11.13-slim-bookworm
+
+LABEL org.opencontainers.image.title="levers9-worker" \
+      org.opencontainers.image.description="levers9 worker agent for GPU nodes of a Kubernetes pool"
+
+COPY --from=builder /opt/venv /opt/venv
+
+ENV PATH=/usr/local/nvidia/bin:/opt/venv/bin:$PATH \
+    LD_LIBRARY_PATH=/usr/local/nvidia/lib64 \
+    PYTHONUNBUFFERED=1
+
+# The Job's command is the same (levers9.manifests.WORKER_COMMAND, no args), so no CMD: the
+# Job would drop it.
+ENTRYPOINT ["levers9-worker"]
