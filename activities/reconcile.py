@@ -18,6 +18,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.heartbeat import heartbeating
 from activities.kube import KubeObserver, kube_error
 from activities.kube_clients import UnknownPool
 from levers9.capacity import NodeCapacity
@@ -63,6 +64,10 @@ class ReconcileActivities:
 
     @activity.defn
     async def observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
+        async with heartbeating():
+            return await self._observe_pool(input)
+
+    async def _observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
         previous = await self._previous_fingerprints(input.previous)
         with span("kubernetes observe pool", pool_name=input.pool_name):
             nodes, calls = await self._observe(input.pool_name)

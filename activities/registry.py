@@ -77,6 +77,7 @@ def controlplane_activities(
         kube.delete_worker_job,
         kube.describe_worker_pod,
         tasks.place_task,
+        tasks.worker_ended,
         tasks.run_task,
         tasks.get_task,
         *cloud_activities(client, clients, settings),

@@ -13,9 +13,10 @@ from typing import Protocol, TypeVar
 import grpc
 from grpc import aio
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.config import ControlplaneSettings
 from levers9.gateway.convert import task_report
@@ -26,6 +27,7 @@ from levers9.models import (
     PoolInput,
     WorkerTaskInput,
     pool_workflow_id,
+    worker_workflow_id,
 )
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
@@ -95,6 +97,21 @@ class TaskActivities:
                 activity.heartbeat()
         finally:
             update.cancel()
+
+    @activity.defn
+    async def worker_ended(self, input: WorkerTaskInput) -> bool:
+        """Whether the worker's record has ended (stopped, expired, wound down): a worker that
+        is gone cannot be running the task, so the task may be placed elsewhere."""
+        handle = self._client.get_workflow_handle(
+            worker_workflow_id(input.pool_name, input.worker_id)
+        )
+        try:
+            described = await handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return True
+            raise
+        return described.status != WorkflowExecutionStatus.RUNNING
 
     @activity.defn
     async def run_task(self, input: WorkerTaskInput) -> bool:

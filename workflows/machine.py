@@ -10,10 +10,12 @@ passes at once can never add two workers. It lives while the node matches the po
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from levers9.capacity import NodeCapacity
@@ -26,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         WORKER_STATE,
         MachineInput,
         MachineRecord,
+        StopWorker,
         WorkerInput,
         worker_workflow_id,
     )
@@ -34,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
 MAX_HISTORY_EVENTS = 2_000
 """Continue-as-new past this, so a machine that lives for months keeps a short history."""
 WORKER_ID_CHARS = 8
+STOP_WORKERS_WHEN_GONE = "stop-workers-when-gone"
 
 
 @workflow.defn(name=MACHINE_WORKFLOW)
@@ -78,6 +82,11 @@ class MachineWorkflow:
                     "machine gone",
                     extra={KV_EXTRA: {"hostname": input.node_name, "pool_name": input.pool_name}},
                 )
+                # Before: the worker of a vanished node stayed `available` (and placeable) until
+                # its record expired, ten minutes later. Patched: machines that were already
+                # told `gone` under the old code replay as they ran.
+                if workflow.patched(STOP_WORKERS_WHEN_GONE):
+                    await self._stop_workers(input, f"its node {input.node_name} is gone")
                 return
             for worker_id in self._ended_workers:
                 if worker_id == self._worker_id:
@@ -99,6 +108,17 @@ class MachineWorkflow:
                         capacity=self._capacity,
                     )
                 )
+
+    async def _stop_workers(self, input: MachineInput, reason: str) -> None:
+        """Ends the records of this node's workers (the one it started, and any its last
+        observation saw), deleting their Jobs."""
+        observed = self._capacity.workers if self._capacity else ()
+        for worker_id in sorted({*observed, *filter(None, [self._worker_id])}):
+            handle = workflow.get_external_workflow_handle(
+                worker_workflow_id(input.pool_name, worker_id)
+            )
+            with contextlib.suppress(FailureError):  # it ended on its own meanwhile
+                await handle.signal("stop", StopWorker(reason=reason))
 
     async def _reconcile(self, input: MachineInput) -> None:
         capacity = self._capacity

@@ -25,7 +25,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 OBSERVE_TIMEOUT = timedelta(minutes=2)
-OBSERVE_HEARTBEAT = timedelta(seconds=30)
+OBSERVE_HEARTBEAT = timedelta(seconds=10)
+"""The activity heartbeats every 2 s: an attempt lost with its worker is retried within 10 s."""
 OBSERVE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,

@@ -3,6 +3,11 @@
     place (PoolWorkflow's Update, through an activity) -> RunTask on the worker (retried)
     -> the worker's ReportTask (signal `report`), with a GetTask poll as the fallback -> release
 
+A task whose RunTask never got through, on a worker whose record has since ended (its node
+removed, say), never ran there: its cards are released and it is placed again (at most
+`PLACEMENTS` times). A task that did start is never started again: a worker lost mid-task
+ends it `lost`.
+
 Phases carry timestamps (placement, the worker's `worker.gpu_assignment`, container start and
 exit); failures keep the worker's reason verbatim (`not enough GPUs available ...`). A worker
 that stops answering fails the task with that reason, never silently.
@@ -31,12 +36,24 @@ with workflow.unsafe.imports_passed_through():
     from levers9.placement import Placement
 
 PLACE_TIMEOUT = timedelta(days=1)
-PLACE_HEARTBEAT = timedelta(seconds=30)
+PLACE_HEARTBEAT = timedelta(seconds=15)
+"""place_task heartbeats every 5 s; a placement lost with its worker is asked again in 15 s."""
 WORKER_TIMEOUT = timedelta(seconds=30)
 RUN_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=10)
 POLL_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=6)
 POLL_EVERY = timedelta(seconds=5)
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+PLACEMENTS = 3
+PLACE_AGAIN = "place-again-when-the-worker-is-gone"
+ENDED_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=5)
+
+
+class _NeverStarted(Exception):
+    """RunTask did not get through and the worker is gone: the task may go elsewhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @workflow.defn(name=TASK_WORKFLOW)
@@ -67,19 +84,26 @@ class TaskWorkflow:
             state="queued",
             created_at=workflow.now(),
         )
-        self._placement = await workflow.execute_activity_method(
-            TaskActivities.place_task,
-            PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
-            start_to_close_timeout=PLACE_TIMEOUT,
-            heartbeat_timeout=PLACE_HEARTBEAT,
-            summary=f"placement: waiting for one worker with {input.gpus} free cards",
-        )
-        try:
-            return await self._run_on_worker(input, self._placement)
-        finally:
-            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
-            with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
-                await pool.signal("release", input.task_id)
+        reason = ""
+        for placements in range(1, PLACEMENTS + 1):
+            self._placement = await workflow.execute_activity_method(
+                TaskActivities.place_task,
+                PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
+                start_to_close_timeout=PLACE_TIMEOUT,
+                heartbeat_timeout=PLACE_HEARTBEAT,
+                summary=f"placement: waiting for one worker with {input.gpus} free cards"
+                + (f" (placement {placements}: {reason})" if placements > 1 else ""),
+            )
+            try:
+                return await self._run_on_worker(input, self._placement)
+            except _NeverStarted as never:
+                reason = never.reason
+                self._update(state="queued", worker_id=None, node_name=None, address=None)
+            finally:
+                pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+                with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
+                    await pool.signal("release", input.task_id)
+        return self._finish("failed", f"placed {PLACEMENTS} times, never started: {reason}")
 
     async def _run_on_worker(self, input: TaskInput, placement: Placement) -> TaskRecord:
         self._update(
@@ -109,7 +133,10 @@ class TaskWorkflow:
                 f" cards {','.join(map(str, placement.gpu_indices)) or 'none'}",
             )
         except ActivityError as exc:
-            return self._finish("failed", f"worker lost before the task started: {_why(exc)}")
+            reason = f"worker lost before the task started: {_why(exc)}"
+            if workflow.patched(PLACE_AGAIN) and await self._worker_ended(on_worker):
+                raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
+            return self._finish("failed", reason)
         self._update(state="running")
         while True:
             with contextlib.suppress(TimeoutError):
@@ -132,6 +159,18 @@ class TaskWorkflow:
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
+
+    async def _worker_ended(self, on_worker: WorkerTaskInput) -> bool:
+        with contextlib.suppress(ActivityError):  # unknown: treat as alive (never run twice)
+            ended: bool = await workflow.execute_activity_method(
+                TaskActivities.worker_ended,
+                on_worker,
+                start_to_close_timeout=WORKER_TIMEOUT,
+                retry_policy=ENDED_RETRY,
+                summary=f"is worker {on_worker.worker_id} gone? (RunTask never got through)",
+            )
+            return ended
+        return False
 
     def _apply(self, report: TaskReport) -> None:
         assert self._record is not None

@@ -174,6 +174,29 @@ async def test_added_node_becomes_a_machine(cp: Controlplane) -> None:
     await eventually(worker_added, within=WITHIN)
 
 
+async def test_removed_node_ends_its_machine_and_worker(cp: Controlplane) -> None:
+    """Follows the added node: gone from the cluster, its machine ends and stops its worker
+    (the record ends `stopped`, not `available` until its TTL)."""
+    node = "gke-demo-gpu-extra-1"
+    [record] = [
+        r
+        for r in await list_worker_records(cp.settings, POOL, include_ended=False)
+        if r.node_name == node
+    ]
+    await cp.sandbox.cluster.remove_node(node)
+
+    async def ended() -> bool:
+        records = await list_worker_records(cp.settings, POOL, include_ended=True)
+        mine = [r for r in records if r.worker_id == record.worker_id]
+        return bool(mine) and mine[0].state == "stopped"
+
+    await eventually(ended, within=WITHIN)
+    records = await list_worker_records(cp.settings, POOL, include_ended=True)
+    [stopped] = [r for r in records if r.worker_id == record.worker_id]
+    assert stopped.reason == f"its node {node} is gone"
+    assert node not in await _records(cp)
+
+
 async def test_403_stops_reconcile_with_the_fix_and_repairs(
     cp: Controlplane, log_lines: io.StringIO
 ) -> None:

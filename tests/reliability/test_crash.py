@@ -1,0 +1,158 @@
+"""kill -9 of the controlplane (worker_main: the Temporal worker and the gateway) at seeded
+random points of the worker lifecycle and the task flow, then a restart, as Kubernetes restarts
+a crashed pod. After each, once things settle: no node has two worker Jobs, every task
+submitted ends `succeeded` having run exactly once (each run leaves a line), and the worker
+records match the cluster (a running record for each live Job and a live Job for each running
+record).
+
+Ten seeds share one world (dev server, sandbox, controlplane process), so each starts from what
+the previous ones left: nodes added and removed, workers winding up, tasks in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from levers9.capacity import NODE_LABEL
+from levers9.models import TaskInput
+from levers9.sandbox.scenario import NodeSpec
+from levers9.tasks_client import TERMINAL, start_task, task_record
+from levers9.temporal import list_worker_records
+from tests.controlplane import POOL
+from tests.reliability.world import World, world
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+SEEDS = range(10)
+SETTLE_S = 90
+
+
+@pytest.fixture(scope="module")
+async def crashy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    async with world(tmp_path_factory.mktemp("crash")) as started:
+        await _settled(started)
+        yield started
+
+
+def _live(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    ended = {c["type"] for c in status.get("conditions") or () if c.get("status") == "True"}
+    return not ({"Complete", "Failed"} & ended) and not job["metadata"].get("deletionTimestamp")
+
+
+async def _settled(w: World) -> None:
+    """Every Ready, schedulable GPU node has exactly one live worker Job, and the records
+    agree with the Jobs (all available)."""
+    seen: dict[str, object] = {}
+
+    async def agree() -> bool:
+        jobs = [j for j in await w.worker_jobs() if _live(j)]
+        records = await list_worker_records(w.settings, POOL, include_ended=False)
+        gpu_nodes = {
+            spec.name
+            for spec in w.sandbox.cluster.node_specs()
+            if spec.gpus.count and spec.ready and not spec.unschedulable
+        }
+        on_nodes = Counter(j["metadata"]["labels"][NODE_LABEL] for j in jobs)
+        seen.update(
+            nodes=sorted(gpu_nodes),
+            jobs=dict(on_nodes),
+            records={r.job_name: r.state for r in records},
+            job_names=sorted(j["metadata"]["name"] for j in jobs),
+        )
+        return (
+            set(on_nodes) == gpu_nodes
+            and all(n == 1 for n in on_nodes.values())
+            and {r.job_name for r in records} == {j["metadata"]["name"] for j in jobs}
+            and all(r.state == "available" for r in records)
+        )
+
+    try:
+        await eventually(agree, within=SETTLE_S)
+    except TimeoutError:
+        raise AssertionError(f"did not settle: {seen}") from None
+
+
+async def _invariants(w: World) -> None:
+    jobs = [j for j in await w.worker_jobs() if _live(j)]
+    twice = [
+        n for n, c in Counter(j["metadata"]["labels"][NODE_LABEL] for j in jobs).items() if c > 1
+    ]
+    assert twice == [], f"nodes with two live worker Jobs: {twice}"
+
+
+async def _chaos(w: World, rng: random.Random, seed: int) -> list[str]:
+    """The seed's cluster changes and tasks, started before the kill lands; the task ids."""
+    extra = f"gke-demo-gpu-extra-{seed}"
+    base = w.sandbox.cluster.node_specs()[0]
+    action = rng.choice(["add-node", "remove-added", "not-ready", "tasks-only"])
+    if action == "add-node":
+        await w.sandbox.cluster.add_node(
+            NodeSpec.model_validate(
+                {
+                    **base.model_dump(),
+                    "name": extra,
+                    "internal_ip": f"127.0.11.{seed + 1}",
+                    "external_ip": f"127.0.21.{seed + 1}",
+                    "gpus": {"count": rng.choice([1, 2])},
+                }
+            )
+        )
+    elif action == "remove-added":
+        added = [s.name for s in w.sandbox.cluster.node_specs() if "-extra-" in s.name]
+        if added:
+            await w.sandbox.cluster.remove_node(rng.choice(added))
+    elif action == "not-ready":
+        name = rng.choice([s.name for s in w.sandbox.cluster.node_specs() if s.gpus.count])
+        await w.sandbox.cluster.set_node_ready(name, False)
+        await asyncio.sleep(rng.uniform(0.2, 1.5))
+        await w.sandbox.cluster.set_node_ready(name, True)
+    assert w.client is not None
+    tasks = []
+    for i in range(rng.randint(1, 3)):
+        task_id = f"s{seed}t{i}{rng.randrange(16**6):06x}"
+        await start_task(
+            w.client,
+            w.settings,
+            TaskInput(task_id=task_id, pool_name=POOL, command=w.task_command(task_id)),
+        )
+        tasks.append(task_id)
+    return tasks
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_kill9_then_restart_loses_and_duplicates_nothing(crashy: World, seed: int) -> None:
+    rng = random.Random(seed)
+    kills = rng.choice([1, 1, 2])
+    chaos = asyncio.create_task(_chaos(crashy, rng, seed))
+    for _ in range(kills):
+        await asyncio.sleep(rng.uniform(0.0, 3.0))  # the kill lands somewhere in the flow
+        crashy.controlplane.kill9()
+        await asyncio.sleep(rng.uniform(0.0, 1.5))
+        crashy.controlplane.start()
+        await crashy.controlplane_ready()
+    tasks = await chaos
+    await _invariants(crashy)
+
+    assert crashy.client is not None
+    client = crashy.client
+
+    async def all_ended() -> bool:
+        records = [await task_record(client, t) for t in tasks]
+        return all(r is not None and r.state in TERMINAL for r in records)
+
+    await eventually(all_ended, within=SETTLE_S)
+    for task_id in tasks:
+        record = await task_record(client, task_id)
+        assert record is not None
+        assert (record.state, record.reason) == ("succeeded", ""), record
+        assert crashy.runs(task_id) == 1, f"task {task_id} ran {crashy.runs(task_id)} times"
+    await _settled(crashy)
+    await _invariants(crashy)

@@ -1,0 +1,240 @@
+"""A controlplane that can be killed: the Temporal dev server (its own sqlite file) and
+worker_main as processes of their own, the sandbox cluster in this process.
+
+`kill9()` is SIGKILL, nothing else: no shutdown hook runs, activities in flight are lost where
+they stand, the gateway's sockets vanish. `start()` starts the same process again with the same
+settings (same gateway port, same replica id), as Kubernetes restarts a crashed pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSystemInfoRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.kube import job_selector
+from levers9 import devvalues
+from levers9.config import ControlplaneSettings
+from levers9.sandbox.serve import RunningSandbox, start
+from levers9.temporal import connect
+from tests.controlplane import POOL, quick_scenario
+from tests.factories import free_port
+from tests.waiting import eventually
+
+BIN = Path(sys.executable).parent
+TOKEN_SECRET = "reliability-token-secret-0123456789"
+
+
+@dataclass
+class Process:
+    """A child process (argv, env, log file) that can be SIGKILLed and started again."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, f"{self.name} runs"
+        with self.log.open("ab") as out:
+            out.write(f"--- start {self.starts + 1} ---\n".encode())
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class World:
+    directory: Path
+    sandbox: RunningSandbox
+    temporal: Process
+    controlplane: Process
+    settings: ControlplaneSettings
+    client: Client | None = None
+    task_runs: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.task_runs = self.directory / "task-runs"
+        self.task_runs.mkdir(exist_ok=True)
+
+    async def temporal_ready(self) -> Client:
+        async def up() -> bool:
+            try:
+                self.client = await connect(self.settings)
+                await self.client.workflow_service.get_system_info(GetSystemInfoRequest())
+            except (RPCError, RuntimeError):
+                return False
+            return True
+
+        await eventually(up, within=30)
+        assert self.client is not None
+        return self.client
+
+    async def controlplane_ready(self) -> None:
+        """Once the process we started polls the workflow queue (its pid in the identity)."""
+        assert self.client is not None
+        pid = self.controlplane.pid
+
+        async def polling() -> bool:
+            assert self.client is not None
+            try:
+                described = await self.client.workflow_service.describe_task_queue(
+                    DescribeTaskQueueRequest(
+                        namespace="default",
+                        task_queue=TaskQueue(name=self.settings.task_queue),
+                        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+                    )
+                )
+            except RPCError:
+                return False
+            return any(p.identity.startswith(f"{pid}@") for p in described.pollers)
+
+        await eventually(polling, within=60)
+
+    def admin_api(self) -> k8s.ApiClient:
+        configuration = k8s.Configuration()
+        configuration.host = self.sandbox.sandbox.url
+        configuration.ssl_ca_cert = str(self.sandbox.state.dir / "ca.crt")
+        configuration.api_key = {"authorization": f"Bearer {self.sandbox.sandbox.admin_token}"}
+        return k8s.ApiClient(configuration)
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        raw: Any = k8s.BatchV1Api(self.admin_api()).list_namespaced_job(
+            "levers9", label_selector=job_selector(POOL), _preload_content=False
+        )
+        jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
+        return jobs
+
+    async def worker_jobs(self) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._jobs)
+
+    def task_command(self, task_id: str) -> tuple[str, ...]:
+        """A task that leaves one line per run in `task_runs` (a run twice leaves two)."""
+        runs = self.task_runs / task_id
+        return ("sh", "-c", f"echo run >> {runs}; sleep 1; echo done")
+
+    def runs(self, task_id: str) -> int:
+        path = self.task_runs / task_id
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@asynccontextmanager
+async def world(directory: Path, **settings: str) -> AsyncIterator[World]:
+    """The dev server and worker_main started (and stopped afterwards), on a sandbox."""
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+    key_file = directory / "gke-sa.json"
+    running = await start(quick_scenario(), directory / "sandbox", controlplane_key=key_file)
+    values = devvalues.write(
+        directory,
+        ca_base64=base64.b64encode(running.sandbox.ca.ca_pem).decode(),
+        endpoint=running.sandbox.url,
+        key_json=key_file.read_text(),
+    )
+    temporal_port, gateway_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "LEVERS9_TEMPORAL_ADDRESS": f"127.0.0.1:{temporal_port}",
+        "LEVERS9_TASK_QUEUE": f"reliability-{uuid.uuid4().hex[:8]}",
+        "LEVERS9_RECONCILE_INTERVAL_SECONDS": "1",
+        "LEVERS9_WORKER_TOKEN_SECRET": TOKEN_SECRET,
+        "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{gateway_port}",
+        "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"127.0.0.1:{gateway_port}",
+        "LEVERS9_REPLICA_ID": "crashy",
+        "REQUESTS_CA_BUNDLE": str(running.state.dir / "ca-bundle.pem"),
+        "OTEL_SDK_DISABLED": "true",
+        **settings,
+    }
+    for key in ("TEMPORAL_ADDRESS", "LEVERS9_HOME"):
+        env.pop(key, None)
+    temporal = Process(
+        "temporal",
+        [
+            str(BIN / "temporal"),
+            "server",
+            "start-dev",
+            "--headless",
+            "--port",
+            str(temporal_port),
+            "--db-filename",
+            str(directory / "temporal.db"),
+            "--log-level",
+            "error",
+        ],
+        env,
+        directory / "temporal.log",
+    )
+    argv = [sys.executable, "-m", "worker_main"]
+    for path in values:
+        argv += ["--values", str(path)]
+    controlplane = Process("worker_main", argv, env, directory / "worker_main.log")
+    plane = World(
+        directory,
+        running,
+        temporal,
+        controlplane,
+        ControlplaneSettings.model_validate(
+            {
+                "temporalAddress": env["LEVERS9_TEMPORAL_ADDRESS"],
+                "taskQueue": env["LEVERS9_TASK_QUEUE"],
+                "workerTokenSecret": TOKEN_SECRET,
+            }
+        ),
+    )
+    try:
+        temporal.start()
+        await plane.temporal_ready()
+        controlplane.start()
+        await plane.controlplane_ready()
+        yield plane
+    finally:
+        controlplane.stop()
+        with contextlib.suppress(Exception):
+            await running.close()
+        temporal.stop()
