@@ -78,6 +78,7 @@ def controlplane_activities(
         kube.describe_worker_pod,
         tasks.place_task,
         tasks.worker_ended,
+        tasks.worker_route,
         tasks.run_task,
         tasks.get_task,
         *cloud_activities(client, clients, settings),

@@ -25,6 +25,7 @@ from levers9.models import (
     POOL_WORKFLOW,
     PlaceRequest,
     PoolInput,
+    WorkerRecord,
     WorkerTaskInput,
     pool_workflow_id,
     worker_workflow_id,
@@ -112,6 +113,26 @@ class TaskActivities:
                 return True
             raise
         return described.status != WorkflowExecutionStatus.RUNNING
+
+    @activity.defn
+    async def worker_route(self, input: WorkerTaskInput) -> WorkerTaskInput | None:
+        """Where a tunnelled worker is reached now (the replica queue holding its session and
+        that replica's end of it), from its record; None once the record has ended."""
+        handle = self._client.get_workflow_handle(
+            worker_workflow_id(input.pool_name, input.worker_id)
+        )
+        try:
+            described = await handle.describe()
+            if described.status != WorkflowExecutionStatus.RUNNING:
+                return None
+            record = await handle.query("record", result_type=WorkerRecord)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        if record is None or record.address is None:
+            return input
+        return input.model_copy(update={"address": record.address, "task_queue": record.task_queue})
 
     @activity.defn
     async def run_task(self, input: WorkerTaskInput) -> bool:

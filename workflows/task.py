@@ -16,11 +16,19 @@ that stops answering fails the task with that reason, never silently.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    TimeoutType,
+)
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.tasks import TaskActivities
@@ -35,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from levers9.placement import Placement
 
+T = TypeVar("T")
 PLACE_TIMEOUT = timedelta(days=1)
 PLACE_HEARTBEAT = timedelta(seconds=15)
 """place_task heartbeats every 5 s; a placement lost with its worker is asked again in 15 s."""
@@ -46,6 +55,10 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
 PLACEMENTS = 3
 PLACE_AGAIN = "place-again-when-the-worker-is-gone"
 ENDED_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=5)
+REPLICA_PICKUP = timedelta(seconds=20)
+"""A call on a replica's queue that no replica picks up within this (the replica that held the
+worker's tunnel is gone) is routed again from the worker's record."""
+REROUTES = 10
 
 
 class _NeverStarted(Exception):
@@ -62,6 +75,7 @@ class TaskWorkflow:
         self._record: TaskRecord | None = None
         self._placement: Placement | None = None
         self._reports: list[TaskReport] = []
+        self._route: WorkerTaskInput | None = None
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -122,14 +136,12 @@ class TaskWorkflow:
             gpu_indices=placement.gpu_indices,
             task_queue=placement.task_queue,
         )
+        self._route = on_worker
         try:
-            await workflow.execute_activity_method(
+            await self._on_worker(
                 TaskActivities.run_task,
-                on_worker,
-                start_to_close_timeout=WORKER_TIMEOUT,
-                retry_policy=RUN_RETRY,
-                task_queue=on_worker.task_queue,
-                summary=f"RunTask on worker {placement.worker_id} ({placement.node_name}),"
+                RUN_RETRY,
+                f"RunTask on worker {placement.worker_id} ({placement.node_name}),"
                 f" cards {','.join(map(str, placement.gpu_indices)) or 'none'}",
             )
         except ActivityError as exc:
@@ -145,20 +157,50 @@ class TaskWorkflow:
                 report = self._reports.pop()
             else:
                 try:
-                    report = await workflow.execute_activity_method(
+                    report = await self._on_worker(
                         TaskActivities.get_task,
-                        on_worker,
-                        start_to_close_timeout=WORKER_TIMEOUT,
-                        retry_policy=POLL_RETRY,
-                        # A tunnelled worker's calls run where its tunnel is held (None: here).
-                        task_queue=on_worker.task_queue,
-                        summary="GetTask: no report yet, ask the worker",
+                        POLL_RETRY,
+                        "GetTask: no report yet, ask the worker",
                     )
                 except ActivityError as exc:
                     return self._finish("lost", f"worker lost mid-task: {_why(exc)}")
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
+
+    async def _on_worker(
+        self, call: Callable[..., Awaitable[T]], retry: RetryPolicy, summary: str
+    ) -> T:
+        """`call` on the worker. A tunnelled worker's calls run on the queue of the replica
+        holding its tunnel; when no replica picks one up (that replica is gone and the worker
+        reconnected to another), the route is read again from the worker's record."""
+        route = self._route
+        assert route is not None
+        for _ in range(REROUTES):
+            try:
+                return await workflow.execute_activity_method(
+                    call,
+                    route,
+                    start_to_close_timeout=WORKER_TIMEOUT,
+                    schedule_to_start_timeout=REPLICA_PICKUP if route.task_queue else None,
+                    retry_policy=retry,
+                    task_queue=route.task_queue,
+                    summary=summary,
+                )
+            except ActivityError as exc:
+                if not (route.task_queue and _not_picked_up(exc)):
+                    raise
+                fresh: WorkerTaskInput | None = await workflow.execute_activity_method(
+                    TaskActivities.worker_route,
+                    route,
+                    start_to_close_timeout=WORKER_TIMEOUT,
+                    retry_policy=ENDED_RETRY,
+                    summary=f"where is worker {route.worker_id} now? (its replica is gone)",
+                )
+                if fresh is None:
+                    raise
+                self._route = route = fresh
+        raise ApplicationError(f"worker {route.worker_id}: no controlplane replica reaches it")
 
     async def _worker_ended(self, on_worker: WorkerTaskInput) -> bool:
         with contextlib.suppress(ActivityError):  # unknown: treat as alive (never run twice)
@@ -194,6 +236,11 @@ class TaskWorkflow:
         self._update(state=state, reason=reason, finished_at=workflow.now())
         assert self._record is not None
         return self._record
+
+
+def _not_picked_up(exc: ActivityError) -> bool:
+    cause = exc.cause
+    return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 def _why(exc: ActivityError) -> str:

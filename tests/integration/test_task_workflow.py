@@ -38,6 +38,10 @@ class Cluster:
     workers: list[str]
     gone: set[str]
     reachable: set[str]
+    placed_queue: str | None = None
+    """The replica queue placement names (tunnel mode); None: the shared queue."""
+    live_queue: str | None = None
+    """The queue the worker's record names now (its tunnel moved to another replica)."""
     runs: list[str] = field(default_factory=list)
     placed: list[str] = field(default_factory=list)
 
@@ -52,6 +56,7 @@ class Cluster:
                 node_name=f"node-{worker}",
                 address="127.0.0.1:1",
                 gpu_indices=(0,),
+                task_queue=self.placed_queue,
             )
 
         @activity.defn(name="run_task")
@@ -74,7 +79,23 @@ class Cluster:
         async def worker_ended(input: WorkerTaskInput) -> bool:
             return input.worker_id in self.gone
 
-        return [place_task, run_task, get_task, worker_ended]
+        @activity.defn(name="worker_route")
+        async def worker_route(input: WorkerTaskInput) -> WorkerTaskInput | None:
+            if input.worker_id in self.gone:
+                return None
+            return input.model_copy(
+                update={"task_queue": self.live_queue, "address": "127.0.0.1:2"}
+            )
+
+        return [place_task, run_task, get_task, worker_ended, worker_route]
+
+    def worker_calls(self) -> list[Callable[..., Any]]:
+        """What a replica's own queue serves."""
+        return [
+            a
+            for a in self.activities()
+            if getattr(a, "__temporal_activity_definition").name in ("run_task", "get_task")
+        ]
 
 
 @workflow.defn(name="PoolWorkflow")
@@ -92,11 +113,19 @@ class PoolStandIn:
 
 async def _run(env: WorkflowEnvironment, task_queue: str, cluster: Cluster) -> TaskRecord:
     pool = f"pool-{uuid.uuid4().hex[:6]}"
-    async with Worker(
+    replica = Worker(
         env.client,
-        task_queue=task_queue,
-        workflows=[TaskWorkflow, PoolStandIn],
-        activities=cluster.activities(),
+        task_queue=cluster.live_queue or f"{task_queue}-no-replica",
+        activities=cluster.worker_calls(),
+    )
+    async with (
+        Worker(
+            env.client,
+            task_queue=task_queue,
+            workflows=[TaskWorkflow, PoolStandIn],
+            activities=cluster.activities(),
+        ),
+        replica,
     ):
         await env.client.start_workflow(
             PoolStandIn.run, id=pool_workflow_id(pool), task_queue=task_queue
@@ -138,3 +167,21 @@ async def test_placements_are_bounded(time_env: WorkflowEnvironment, task_queue:
     assert record.state == "failed"
     assert record.reason.startswith(f"placed {PLACEMENTS} times, never started")
     assert len(cluster.placed) == PLACEMENTS
+
+
+async def test_a_call_no_replica_picks_up_is_routed_again_from_the_worker_record(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """Tunnel mode: the replica that held the worker's tunnel is gone (nobody polls its queue);
+    the worker reconnected to another replica, whose queue its record names."""
+    cluster = Cluster(
+        workers=["w-tunnelled"],
+        gone=set(),
+        reachable={"w-tunnelled"},
+        placed_queue=f"{task_queue}-replica-gone",
+        live_queue=f"{task_queue}-replica-live",
+    )
+    record = await _run(time_env, task_queue, cluster)
+    assert (record.state, record.worker_id) == ("succeeded", "w-tunnelled")
+    assert cluster.placed == ["w-tunnelled"]  # routed again, not placed again
+    assert cluster.runs == ["w-tunnelled"]
