@@ -32,8 +32,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy .
 
+# Three processes on two cores: the suite mostly waits (timers, servers, polling), and a module
+# keeps its fixtures in one process (--dist loadscope).
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n 3 --dist loadscope
 
 test: lint typecheck pytest
 

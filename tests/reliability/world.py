@@ -166,7 +166,7 @@ class World:
 
 
 @asynccontextmanager
-async def world(directory: Path, **settings: str) -> AsyncIterator[World]:
+async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> AsyncIterator[World]:
     """The dev server and worker_main started (and stopped afterwards), on a sandbox."""
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     key_file = directory / "gke-sa.json"
@@ -176,6 +176,7 @@ async def world(directory: Path, **settings: str) -> AsyncIterator[World]:
         ca_base64=base64.b64encode(running.sandbox.ca.ca_pem).decode(),
         endpoint=running.sandbox.url,
         key_json=key_file.read_text(),
+        tunnel=tunnel,
     )
     temporal_port, gateway_port = free_port(), free_port()
     env = {

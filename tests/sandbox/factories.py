@@ -75,7 +75,19 @@ def seed_node(registry: Registry, name: str, labels: dict[str, str] | None = Non
                 "conditions": [{"type": "Ready", "status": "True"}],
                 "capacity": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"},
                 "allocatable": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "4"},
-                "nodeInfo": {"kubeletVersion": "v1.32.4-gke.1415000"},
+                # Every field a kubelet reports: the official client requires them all.
+                "nodeInfo": {
+                    "machineID": uuid.uuid4().hex,
+                    "systemUUID": str(uuid.uuid4()),
+                    "bootID": str(uuid.uuid4()),
+                    "kernelVersion": "6.6.93+",
+                    "osImage": "Container-Optimized OS from Google",
+                    "containerRuntimeVersion": "containerd://1.7.28",
+                    "kubeletVersion": "v1.32.4-gke.1415000",
+                    "kubeProxyVersion": "v1.32.4-gke.1415000",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
             },
         },
     )
