@@ -74,7 +74,10 @@ class Soak:
         async for listed in self.w.client.list_workflows(query):
             kind = listed.workflow_type
             if kind in LONG_LIVED:
-                longest[kind] = max(longest.get(kind, 0), listed.history_length)
+                # Visibility does not carry a running run's length; the run's own description does.
+                handle = self.w.client.get_workflow_handle(listed.id, run_id=listed.run_id)
+                length = (await handle.describe()).raw_description.workflow_execution_info
+                longest[kind] = max(longest.get(kind, 0), length.history_length)
         return longest
 
     async def change_the_cluster(self) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
+import random
 import socket
 from pathlib import Path
 from typing import Any
@@ -70,8 +72,29 @@ def private_values(pool_name: str = "gke-rtx6000") -> dict[str, Any]:
     return values_doc({pool_name: {"kubernetes": {"credentials": key_json()}}})
 
 
+# Ports for servers a test starts on a port of its choosing: below the kernel's ephemeral range
+# (32768+, where every `bind(0)` and outgoing connection lands), one block per pytest-xdist
+# worker, never the same port twice in a process. Without this, two test processes (or a
+# server binding port 0) could take the port between the probe and the server's own bind.
+_PORT_BLOCK = 2500
+_PORT_BASE = 20000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    block = int(worker.removeprefix("gw")) + 1 if worker.startswith("gw") else 0
+    low = _PORT_BASE + (block % 5) * _PORT_BLOCK
+    start = random.randrange(_PORT_BLOCK)
+    for offset in range(_PORT_BLOCK):
+        port = low + (start + offset) % _PORT_BLOCK
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port in {low}-{low + _PORT_BLOCK - 1}")
