@@ -15,13 +15,12 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from levers9.config import PoolConfig
+from levers9.config import PoolConfig, generic_kubeconfig
 
 GKE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 REQUEST_TIMEOUT_S = (5.0, 30.0)
@@ -60,10 +59,11 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
     kube = pool.kubernetes
     secret = kube.resolved_credentials()
     text = secret.get_secret_value() if secret else None
-    if kube.flavor == "generic" and text and "\n" in text.strip():
+    kubeconfig = generic_kubeconfig(text) if kube.flavor == "generic" and text else None
+    if kubeconfig is not None:
         configuration = k8s.Configuration()
         k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-            yaml.safe_load(text), client_configuration=configuration
+            kubeconfig, client_configuration=configuration
         )
         return k8s.ApiClient(configuration)
     configuration = k8s.Configuration()

@@ -95,17 +95,25 @@ def _check_service_account_key(text: str) -> None:
         )
 
 
+def generic_kubeconfig(text: str) -> dict[str, Any] | None:
+    """flavor generic's credentials as a kubeconfig (YAML, or JSON on one line or many); None
+    when they are a bearer token. ValueError when they look like a document but are not one."""
+    if not (text.lstrip().startswith("{") or "\n" in text.strip()):
+        return None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    if not (isinstance(doc, dict) and doc.get("kind") == "Config"):
+        raise ValueError(
+            "for flavor generic, credentials is a bearer token (one line) or a kubeconfig"
+            " (kind: Config)"
+        )
+    return doc
+
+
 def _check_generic_credentials(text: str) -> None:
-    if text.lstrip().startswith("{") or "\n" in text.strip():
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError:
-            doc = None
-        if not (isinstance(doc, dict) and doc.get("kind") == "Config"):
-            raise ValueError(
-                "for flavor generic, credentials is a bearer token (one line) or a kubeconfig"
-                " (kind: Config)"
-            )
+    generic_kubeconfig(text)
 
 
 class KubernetesConfig(_Model):
