@@ -45,6 +45,7 @@ class MachineWorkflow:
     def __init__(self) -> None:
         self._observations: list[NodeCapacity] = []
         self._gone = False
+        self._gone_request: StopWorker | None = None
         self._ended_workers: list[str] = []
         self._capacity: NodeCapacity | None = None
         self._worker_id: str | None = None
@@ -56,8 +57,11 @@ class MachineWorkflow:
         self._observations.append(capacity)
 
     @workflow.signal
-    def gone(self) -> None:
+    def gone(self, request: StopWorker | None = None) -> None:
+        """The node is gone (reconcile), or the pool is removed (RemovePoolWorkflow, whose
+        request says why and whether the Jobs can still be deleted)."""
         self._gone = True
+        self._gone_request = request
 
     @workflow.signal
     def worker_ended(self, worker_id: str) -> None:
@@ -86,7 +90,11 @@ class MachineWorkflow:
                 # its record expired, ten minutes later. Patched: machines that were already
                 # told `gone` under the old code replay as they ran.
                 if workflow.patched(STOP_WORKERS_WHEN_GONE):
-                    await self._stop_workers(input, f"its node {input.node_name} is gone")
+                    await self._stop_workers(
+                        input,
+                        self._gone_request
+                        or StopWorker(reason=f"its node {input.node_name} is gone"),
+                    )
                 return
             for worker_id in self._ended_workers:
                 if worker_id == self._worker_id:
@@ -109,16 +117,16 @@ class MachineWorkflow:
                     )
                 )
 
-    async def _stop_workers(self, input: MachineInput, reason: str) -> None:
+    async def _stop_workers(self, input: MachineInput, request: StopWorker) -> None:
         """Ends the records of this node's workers (the one it started, and any its last
-        observation saw), deleting their Jobs."""
+        observation saw), deleting their Jobs unless the request says otherwise."""
         observed = self._capacity.workers if self._capacity else ()
         for worker_id in sorted({*observed, *filter(None, [self._worker_id])}):
             handle = workflow.get_external_workflow_handle(
                 worker_workflow_id(input.pool_name, worker_id)
             )
             with contextlib.suppress(FailureError):  # it ended on its own meanwhile
-                await handle.signal("stop", StopWorker(reason=reason))
+                await handle.signal("stop", request)
 
     async def _reconcile(self, input: MachineInput) -> None:
         capacity = self._capacity

@@ -100,10 +100,12 @@ class RemovePoolWorkflow:
             # Until a listing shows nothing running: a reconcile in flight when the schedule
             # went may still have started a machine, and ending takes each record a moment.
             records: PoolRecords = await step(PoolActivities.pool_records, pool)
+            # The Jobs go below, all at once (or stay, out of reach): no worker deletes its own.
+            stop = StopWorker(reason=input.reason, delete_job=False)
             for node in records.machines:
                 handle = workflow.get_external_workflow_handle(machine_workflow_id(pool, node))
                 with contextlib.suppress(FailureError):  # ended meanwhile
-                    await handle.signal("gone")
+                    await handle.signal("gone", stop)
                 machines.add(node)
             if reachable:
                 try:
@@ -113,8 +115,9 @@ class RemovePoolWorkflow:
                     if not (isinstance(cause, ApplicationError) and cause.type == "PoolNotLoaded"):
                         raise
                     reachable = False
-            stop = StopWorker(reason=input.reason, delete_job=False)
-            workers.update(await _stop_workers(pool, records.workers, stop))
+            await _stop_workers(pool, records.workers, stop)
+            # Running when listed, so ended by this removal (by its machine or just now).
+            workers.update(records.workers)
             if not records.workers and not records.machines:
                 settled = True
                 break
