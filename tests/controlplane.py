@@ -75,6 +75,24 @@ def trusting(sandbox: RunningSandbox) -> contextlib.AbstractContextManager[None]
     return environment({"REQUESTS_CA_BUNDLE": str(sandbox.state.dir / "ca-bundle.pem")})
 
 
+def admin_api(sandbox: RunningSandbox) -> k8s.ApiClient:
+    """The kubeconfig's admin identity (the person at the laptop), not the pool's key."""
+    configuration = k8s.Configuration()
+    configuration.host = sandbox.sandbox.url
+    configuration.ssl_ca_cert = str(sandbox.state.dir / "ca.crt")
+    configuration.api_key = {"authorization": f"Bearer {sandbox.sandbox.admin_token}"}
+    return k8s.ApiClient(configuration)
+
+
+def list_worker_jobs(sandbox: RunningSandbox) -> list[dict[str, Any]]:
+    """The dev pool's worker Jobs, as the admin lists them (blocking: call it off the loop)."""
+    raw: Any = k8s.BatchV1Api(admin_api(sandbox)).list_namespaced_job(
+        "levers9", label_selector=job_selector(POOL), _preload_content=False
+    )
+    jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
+    return jobs
+
+
 @dataclass
 class Controlplane:
     sandbox: RunningSandbox
@@ -107,12 +125,7 @@ class Controlplane:
         )
 
     def admin_api(self) -> k8s.ApiClient:
-        """The kubeconfig's admin identity (the person at the laptop), not the pool's key."""
-        configuration = k8s.Configuration()
-        configuration.host = self.sandbox.sandbox.url
-        configuration.ssl_ca_cert = str(self.sandbox.state.dir / "ca.crt")
-        configuration.api_key = {"authorization": f"Bearer {self.sandbox.sandbox.admin_token}"}
-        return k8s.ApiClient(configuration)
+        return admin_api(self.sandbox)
 
     async def worker_jobs(self) -> list[dict[str, Any]]:
         """Our worker Jobs, as the admin lists them (off the event loop: the sandbox is on it)."""
@@ -135,12 +148,7 @@ class Controlplane:
         await asyncio.to_thread(call, self.admin_api())
 
     def _worker_jobs(self) -> list[dict[str, Any]]:
-        batch = k8s.BatchV1Api(self.admin_api())
-        raw: Any = batch.list_namespaced_job(
-            "levers9", label_selector=job_selector(POOL), _preload_content=False
-        )
-        jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
-        return jobs
+        return list_worker_jobs(self.sandbox)
 
     @asynccontextmanager
     async def worker(self, client: Client) -> AsyncIterator[Worker]:

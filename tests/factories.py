@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from levers9 import devvalues
+from levers9.manifests import WorkerJobSpec
 from levers9.sandbox import pki
 
 MARKER = "MARKER-5f3c9e-never-log-me"
@@ -98,3 +99,22 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port in {low}-{low + _PORT_BLOCK - 1}")
+
+
+def worker_job_spec(**overrides: Any) -> WorkerJobSpec:
+    """A GKE pool's worker Job spec (the spec's defaults), with `overrides`."""
+    fields: dict[str, Any] = {
+        "pool_name": "gke-rtx6000",
+        "worker_id": "a1b2c3d4",
+        "node_name": "gke-gpu-4x-1",
+        "gpus": 2,
+        "image": "us-central1-docker.pkg.dev/demo/levers9/worker:latest",
+        "namespace": "levers9",
+        "flavor": "gke",
+        "host_network": True,
+        "tunnel": False,
+        "images_path": "/var/lib/levers9/images",
+        "durable_disks_path": "/var/lib/levers9/disks",
+        "gateway_address": "203.0.113.10:7443",
+    }
+    return WorkerJobSpec(**{**fields, **overrides})

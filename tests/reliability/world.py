@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,19 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSystemInfoRequest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.kube import job_selector
 from levers9 import devvalues
 from levers9.config import ControlplaneSettings
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import connect
-from tests.controlplane import POOL, quick_scenario
+from tests.controlplane import list_worker_jobs, quick_scenario
 from tests.factories import free_port
 from tests.waiting import eventually
 
@@ -138,22 +135,8 @@ class World:
 
         await eventually(polling, within=60)
 
-    def admin_api(self) -> k8s.ApiClient:
-        configuration = k8s.Configuration()
-        configuration.host = self.sandbox.sandbox.url
-        configuration.ssl_ca_cert = str(self.sandbox.state.dir / "ca.crt")
-        configuration.api_key = {"authorization": f"Bearer {self.sandbox.sandbox.admin_token}"}
-        return k8s.ApiClient(configuration)
-
-    def _jobs(self) -> list[dict[str, Any]]:
-        raw: Any = k8s.BatchV1Api(self.admin_api()).list_namespaced_job(
-            "levers9", label_selector=job_selector(POOL), _preload_content=False
-        )
-        jobs: list[dict[str, Any]] = json.loads(raw.data)["items"]
-        return jobs
-
     async def worker_jobs(self) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._jobs)
+        return await asyncio.to_thread(list_worker_jobs, self.sandbox)
 
     def task_command(self, task_id: str) -> tuple[str, ...]:
         """A task that leaves one line per run in `task_runs` (a run twice leaves two)."""

@@ -13,30 +13,16 @@ import kubernetes_validate
 import pytest
 
 from levers9.manifests import (
-    WorkerJobSpec,
     namespace,
     worker_job,
     worker_job_name,
     worker_token_secret,
 )
-from tests.factories import MARKER
+from tests.factories import MARKER, worker_job_spec
 
 K8S_VERSION = "1.33.0"
 
-SPEC = WorkerJobSpec(
-    pool_name="gke-rtx6000",
-    worker_id="a1b2c3d4",
-    node_name="gke-gpu-4x-1",
-    gpus=2,
-    image="us-central1-docker.pkg.dev/demo/levers9/worker:latest",
-    namespace="levers9",
-    flavor="gke",
-    host_network=True,
-    tunnel=False,
-    images_path="/var/lib/levers9/images",
-    durable_disks_path="/var/lib/levers9/disks",
-    gateway_address="203.0.113.10:7443",
-)
+SPEC = worker_job_spec()
 
 
 def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:

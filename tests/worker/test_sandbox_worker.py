@@ -17,6 +17,7 @@ from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.sandbox.cluster import Cluster
 from levers9.sandbox.registry import Registry
 from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
+from tests.factories import worker_job_spec
 from tests.sandbox.cluster.kit import GPU_2X, fast_scenario
 from tests.worker.kit import AUTH, TOKEN
 from tests.worker.recording_gateway import RecordingGateway
@@ -36,18 +37,10 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 def _worker_spec(gateway_address: str) -> WorkerJobSpec:
-    return WorkerJobSpec(
-        pool_name="gke-rtx6000",
+    return worker_job_spec(
         worker_id="w1",
         node_name=GPU_2X,
-        gpus=2,
         image=WORKER_IMAGE,
-        namespace="levers9",
-        flavor="gke",
-        host_network=True,
-        tunnel=False,
-        images_path="/var/lib/levers9/images",
-        durable_disks_path="/var/lib/levers9/disks",
         gateway_address=gateway_address,
         advertised_host=EXTERNAL_IP,
     )

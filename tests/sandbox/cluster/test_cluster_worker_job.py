@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 
-from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
+from levers9.manifests import worker_job, worker_token_secret
 from levers9.sandbox.cluster import Cluster
 from levers9.sandbox.cluster.objects import condition
 from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
+from tests.factories import worker_job_spec
 from tests.sandbox.cluster.kit import GPU_2X, PYTHON_IMAGE, python, wait_for
 
 AGENT = """
@@ -37,19 +38,8 @@ print(json.dumps({
 async def test_the_worker_job_runs_with_its_cards_and_token(cluster: Cluster) -> None:
     registry = cluster.registry
     registry.create(NAMESPACES, {"metadata": {"name": "levers9"}})
-    spec = WorkerJobSpec(
-        pool_name="gke-rtx6000",
-        worker_id="w1",
-        node_name=GPU_2X,
-        gpus=2,
-        image=PYTHON_IMAGE,
-        namespace="levers9",
-        flavor="gke",
-        host_network=True,
-        tunnel=False,
-        images_path="/var/lib/levers9/images",
-        durable_disks_path="/var/lib/levers9/disks",
-        gateway_address="127.0.0.1:7443",
+    spec = worker_job_spec(
+        worker_id="w1", node_name=GPU_2X, image=PYTHON_IMAGE, gateway_address="127.0.0.1:7443"
     )
     job = worker_job(spec)
     job["spec"]["template"]["spec"]["containers"][0]["command"] = python(AGENT)
