@@ -154,4 +154,6 @@ class PoolActivities:
             start_signal="allowlisted",
             start_signal_args=[start.cidrs],
         )
+        if running:  # a rerun of attach: the rule's tags and upkeep follow what it says now
+            await handle.signal("attached", start.input)
         return not running

@@ -66,6 +66,21 @@ class EgressAllowlistWorkflow:
         """Attach appended these itself."""
         self._allowlist, _ = appended(self._allowlist, cidrs)
 
+    @workflow.signal
+    def attached(self, update: EgressInput) -> None:
+        """Attach ran again (perhaps for another node pool of the cluster): its network tags
+        join the rule's, and a pool without the tunnel turns the firewall rule's upkeep on. A
+        tunnel-only attach never turns it off: another pool of the cluster may need the rule."""
+        tags = sorted({*self._input.target_tags, *update.target_tags})
+        self._input = self._input.model_copy(
+            update={
+                "network": update.network,
+                "target_tags": tags,
+                "eks_cluster": update.eks_cluster,
+                "firewall": self._input.firewall or update.firewall,
+            }
+        )
+
     @workflow.query
     def allowlist(self) -> Allowlist:
         return Allowlist(
