@@ -531,6 +531,22 @@ def parse_pool(name: str, block: Any) -> PoolConfig:
     if not isinstance(block, Mapping):
         raise ConfigError([f"{prefix}: must be a map"])
     if block.get("provider") != PROVIDER:
+        kube = block.get("kubernetes")
+        only_credentials = (
+            set(block) == {"kubernetes"}
+            and isinstance(kube, Mapping)
+            and bool(kube)
+            and set(kube) <= {"credentials", "credentialsFile"}
+        )
+        if only_credentials:
+            # The spec's line, and why: a private values file for a pool of another name.
+            raise ConfigError(
+                [
+                    INVALID_PROVIDER,
+                    f"{prefix}: only credentials here: a private values file names a pool"
+                    " the other values files do not have (check the pool's name in both)",
+                ]
+            )
         raise ConfigError([INVALID_PROVIDER])
     try:
         return PoolConfig.model_validate(block)

@@ -189,6 +189,27 @@ def test_invalid_provider_skips_only_that_pool(caplog: pytest.LogCaptureFixture)
     assert [(p.pool_name, p.error) for p in values.problems] == [("old-aws", INVALID_PROVIDER)]
 
 
+def test_a_private_file_naming_another_pool_says_so(tmp_path: Path) -> None:
+    """The spec's `invalid provider name`, then why: the key's pool name is not the block's."""
+    public = write_yaml(tmp_path / "values.yaml", values_doc({"gke-rtx6000": spec_pool()}))
+    private = write_json(tmp_path / "private.json", private_values("gke-rtx600"))  # a typo
+    values = load([public, private])
+    assert [(p.pool_name, p.error) for p in values.problems] == [
+        (
+            "gke-rtx6000",
+            f"{PREFIX}.kubernetes: flavor gke needs credentials (the service-account key, from a"
+            " private values file) or credentialsFile",
+        ),
+        ("gke-rtx600", INVALID_PROVIDER),
+        (
+            "gke-rtx600",
+            "config.worker.pools.gke-rtx600: only credentials here: a private values file names"
+            " a pool the other values files do not have (check the pool's name in both)",
+        ),
+    ]
+    assert MARKER not in str(values.problems)
+
+
 def test_bad_pool_name_and_shape() -> None:
     values = parse_values(values_doc({"GKE_pool": spec_pool(), "flat": "not a map"}))
     assert not values.pools
