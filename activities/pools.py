@@ -10,7 +10,7 @@ import asyncio
 from kubernetes import client as k8s
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -19,6 +19,7 @@ from activities.kube_clients import KubeClients, UnknownPool
 from levers9.cloud import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.config import ControlplaneSettings
 from levers9.models import MACHINE_WORKFLOW, WORKER_WORKFLOW, reconcile_schedule_id
+from levers9.temporal import is_running
 
 
 class PoolRecords(BaseModel):
@@ -140,12 +141,7 @@ class PoolActivities:
         """True when it was not running (started now)."""
         cluster = start.input.cluster.cluster
         handle = self._client.get_workflow_handle(egress_workflow_id(cluster))
-        try:
-            running = (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND:
-                raise
-            running = False
+        running = await is_running(handle)
         await self._client.start_workflow(
             EGRESS_WORKFLOW,
             start.input,

@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 import grpc
 from grpc import aio
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -33,6 +33,7 @@ from levers9.models import (
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.telemetry import span
+from levers9.temporal import is_running
 from levers9.tokens import worker_token
 
 T = TypeVar("T")
@@ -106,13 +107,7 @@ class TaskActivities:
         handle = self._client.get_workflow_handle(
             worker_workflow_id(input.pool_name, input.worker_id)
         )
-        try:
-            described = await handle.describe()
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return True
-            raise
-        return described.status != WorkflowExecutionStatus.RUNNING
+        return not await is_running(handle)
 
     @activity.defn
     async def worker_route(self, input: WorkerTaskInput) -> WorkerTaskInput | None:
@@ -121,13 +116,12 @@ class TaskActivities:
         handle = self._client.get_workflow_handle(
             worker_workflow_id(input.pool_name, input.worker_id)
         )
+        if not await is_running(handle):
+            return None
         try:
-            described = await handle.describe()
-            if described.status != WorkflowExecutionStatus.RUNNING:
-                return None
             record = await handle.query("record", result_type=WorkerRecord)
         except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # it ended since
                 return None
             raise
         if record is None or record.address is None:

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import IndexedValueType
@@ -29,6 +29,8 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
     TLSConfig,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -85,6 +87,16 @@ async def connect(settings: ControlplaneSettings, runtime: Runtime | None = None
         interceptors=telemetry.interceptors(),
         runtime=runtime,
     )
+
+
+async def is_running(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the handle's workflow runs now; False once it ended, or if it never existed."""
+    try:
+        return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
