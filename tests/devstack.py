@@ -40,9 +40,10 @@ class Dev:
     def env(self) -> dict[str, str]:
         return read_env_file(self.home / ".levers9" / "dev" / "env")
 
-    def kubectl(self, *args: str) -> str:
+    def sourced(self, *argv: str) -> str:
+        """A command run with this stack's env file sourced, as a user runs it; its stdout."""
         result = subprocess.run(
-            ["kubectl", *args],
+            list(argv),
             env={**os.environ, **self.env},
             capture_output=True,
             text=True,
@@ -50,6 +51,9 @@ class Dev:
         )
         assert result.returncode == 0, result.stderr
         return result.stdout
+
+    def kubectl(self, *args: str) -> str:
+        return self.sourced("kubectl", *args)
 
     def run(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 120
@@ -64,16 +68,8 @@ class Dev:
         )
 
     def temporal(self, *args: str) -> str:
-        """The Temporal CLI on this stack's dev server (its env file, as a user sources it)."""
-        result = subprocess.run(
-            [str(BIN / "temporal"), *args],
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+        """The Temporal CLI on this stack's dev server."""
+        return self.sourced(str(BIN / "temporal"), *args)
 
     def processes(self) -> list[dict[str, object]]:
         result = self.run("dev", "status", "-o", "json")

@@ -15,7 +15,6 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -23,65 +22,24 @@ from levers9.capacity import NODE_LABEL
 from levers9.models import TaskInput
 from levers9.sandbox.scenario import NodeSpec
 from levers9.tasks_client import TERMINAL, start_task, task_record
-from levers9.temporal import list_worker_records
 from tests.controlplane import POOL
-from tests.reliability.world import World, world
+from tests.reliability.world import SETTLE_S, World, live, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
 SEEDS = range(10)
-SETTLE_S = 90
 
 
 @pytest.fixture(scope="module")
 async def crashy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     async with world(tmp_path_factory.mktemp("crash")) as started:
-        await _settled(started)
+        await settled(started)
         yield started
 
 
-def _live(job: dict[str, Any]) -> bool:
-    status = job.get("status") or {}
-    ended = {c["type"] for c in status.get("conditions") or () if c.get("status") == "True"}
-    return not ({"Complete", "Failed"} & ended) and not job["metadata"].get("deletionTimestamp")
-
-
-async def _settled(w: World) -> None:
-    """Every Ready, schedulable GPU node has exactly one live worker Job, and the records
-    agree with the Jobs (all available)."""
-    seen: dict[str, object] = {}
-
-    async def agree() -> bool:
-        jobs = [j for j in await w.worker_jobs() if _live(j)]
-        records = await list_worker_records(w.settings, POOL, include_ended=False)
-        gpu_nodes = {
-            spec.name
-            for spec in w.sandbox.cluster.node_specs()
-            if spec.gpus.count and spec.ready and not spec.unschedulable
-        }
-        on_nodes = Counter(j["metadata"]["labels"][NODE_LABEL] for j in jobs)
-        seen.update(
-            nodes=sorted(gpu_nodes),
-            jobs=dict(on_nodes),
-            records={r.job_name: r.state for r in records},
-            job_names=sorted(j["metadata"]["name"] for j in jobs),
-        )
-        return (
-            set(on_nodes) == gpu_nodes
-            and all(n == 1 for n in on_nodes.values())
-            and {r.job_name for r in records} == {j["metadata"]["name"] for j in jobs}
-            and all(r.state == "available" for r in records)
-        )
-
-    try:
-        await eventually(agree, within=SETTLE_S)
-    except TimeoutError:
-        raise AssertionError(f"did not settle: {seen}") from None
-
-
 async def _invariants(w: World) -> None:
-    jobs = [j for j in await w.worker_jobs() if _live(j)]
+    jobs = [j for j in await w.worker_jobs() if live(j)]
     twice = [
         n for n, c in Counter(j["metadata"]["labels"][NODE_LABEL] for j in jobs).items() if c > 1
     ]
@@ -154,5 +112,5 @@ async def test_kill9_then_restart_loses_and_duplicates_nothing(crashy: World, se
         assert record is not None
         assert (record.state, record.reason) == ("succeeded", ""), record
         assert crashy.runs(task_id) == 1, f"task {task_id} ran {crashy.runs(task_id)} times"
-    await _settled(crashy)
+    await settled(crashy)
     await _invariants(crashy)

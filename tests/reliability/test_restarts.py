@@ -33,8 +33,7 @@ from levers9.sandbox.scenario import NodeSpec
 from levers9.tasks_client import TERMINAL, start_task, task_record
 from levers9.temporal import list_worker_records
 from tests.controlplane import POOL
-from tests.reliability.test_crash import _live, _settled
-from tests.reliability.world import World, world
+from tests.reliability.world import World, live, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -47,7 +46,7 @@ async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     async with world(
         tmp_path_factory.mktemp("restarts"), LEVERS9_WORKER_RECORD_TTL_MINUTES=TTL_MINUTES
     ) as started:
-        await _settled(started)
+        await settled(started)
         yield started
 
 
@@ -93,12 +92,12 @@ async def test_kubernetes_faults_are_retried_without_duplicates(plane: World) ->
             }
         )
     )
-    await _settled(plane)
+    await settled(plane)
     jobs = [j for j in await plane.worker_jobs() if j["metadata"]["labels"][NODE_LABEL] == name]
     assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
     # Removing the node deletes its worker's Job through the delete faults.
     await plane.sandbox.cluster.remove_node(name)
-    await _settled(plane)
+    await settled(plane)
     requests = await asyncio.to_thread(admin.requests)
     rules = await asyncio.to_thread(admin.call, "GET", "/_sandbox/faults")
     fired = {(r["verb"], r["resource"], r["status"], r["drop"]): r["fired"] for r in rules["rules"]}
@@ -110,7 +109,7 @@ async def test_kubernetes_faults_are_retried_without_duplicates(plane: World) ->
 
 async def test_gateway_restart_keeps_the_records(plane: World) -> None:
     before = await _workers(plane)
-    jobs_before = {j["metadata"]["name"] for j in await plane.worker_jobs() if _live(j)}
+    jobs_before = {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)}
     restarted = datetime.now(UTC)
     plane.controlplane.stop()
     await asyncio.sleep(2)
@@ -125,7 +124,7 @@ async def test_gateway_restart_keeps_the_records(plane: World) -> None:
 
     await eventually(heard_again, within=90)
     assert await _workers(plane) == before
-    assert {j["metadata"]["name"] for j in await plane.worker_jobs() if _live(j)} == jobs_before
+    assert {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)} == jobs_before
 
 
 def _agent_pid(worker_id: str) -> int:
@@ -161,7 +160,7 @@ async def test_a_silent_worker_expires_and_is_replaced(plane: World) -> None:
     records = await list_worker_records(plane.settings, POOL, include_ended=True)
     [gone] = [r for r in records if r.worker_id == worker_id]
     assert gone.reason == "no heartbeat within the record TTL"
-    await _settled(plane)
+    await settled(plane)
     now = await _workers(plane)
     assert worker_id not in now
     assert node in now.values()  # a fresh worker on the same node
@@ -209,7 +208,7 @@ async def test_temporal_server_restart_mid_flow(plane: World) -> None:
 
     await eventually(firing, within=30)
     assert plane.controlplane.alive()  # it rode out the server's absence
-    await _settled(plane)
+    await settled(plane)
 
 
 async def _registrations(w: World, workers: dict[str, str]) -> Counter[str]:
@@ -233,7 +232,7 @@ async def test_tunnel_workers_open_their_tunnels_again_after_a_gateway_restart(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     async with world(tmp_path_factory.mktemp("tunnel-restart"), tunnel=True) as w:
-        await _settled(w)
+        await settled(w)
         before = await _workers(w)
         registrations = await _registrations(w, before)
         w.controlplane.stop()
@@ -246,5 +245,5 @@ async def test_tunnel_workers_open_their_tunnels_again_after_a_gateway_restart(
             return all(now[worker] > registrations[worker] for worker in before)
 
         await eventually(registered_again, within=90)
-        await _settled(w)
+        await settled(w)
         assert await _workers(w) == before

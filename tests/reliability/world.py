@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,15 +30,17 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from levers9 import devvalues
+from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
 from levers9.sandbox.serve import RunningSandbox, start
-from levers9.temporal import connect
-from tests.controlplane import list_worker_jobs, quick_scenario
+from levers9.temporal import connect, list_worker_records
+from tests.controlplane import POOL, list_worker_jobs, quick_scenario
 from tests.factories import free_port
 from tests.waiting import eventually
 
 BIN = Path(sys.executable).parent
 TOKEN_SECRET = "reliability-token-secret-0123456789"
+SETTLE_S = 90
 
 
 @dataclass
@@ -222,3 +225,43 @@ async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> As
         with contextlib.suppress(Exception):
             await running.close()
         temporal.stop()
+
+
+def live(job: dict[str, Any]) -> bool:
+    """A worker Job neither finished nor being deleted."""
+    status = job.get("status") or {}
+    ended = {c["type"] for c in status.get("conditions") or () if c.get("status") == "True"}
+    return not ({"Complete", "Failed"} & ended) and not job["metadata"].get("deletionTimestamp")
+
+
+async def settled(w: World) -> None:
+    """Every Ready, schedulable GPU node has exactly one live worker Job, and the records
+    agree with the Jobs (all available)."""
+    seen: dict[str, object] = {}
+
+    async def agree() -> bool:
+        jobs = [j for j in await w.worker_jobs() if live(j)]
+        records = await list_worker_records(w.settings, POOL, include_ended=False)
+        gpu_nodes = {
+            spec.name
+            for spec in w.sandbox.cluster.node_specs()
+            if spec.gpus.count and spec.ready and not spec.unschedulable
+        }
+        on_nodes = Counter(j["metadata"]["labels"][NODE_LABEL] for j in jobs)
+        seen.update(
+            nodes=sorted(gpu_nodes),
+            jobs=dict(on_nodes),
+            records={r.job_name: r.state for r in records},
+            job_names=sorted(j["metadata"]["name"] for j in jobs),
+        )
+        return (
+            set(on_nodes) == gpu_nodes
+            and all(n == 1 for n in on_nodes.values())
+            and {r.job_name for r in records} == {j["metadata"]["name"] for j in jobs}
+            and all(r.state == "available" for r in records)
+        )
+
+    try:
+        await eventually(agree, within=SETTLE_S)
+    except TimeoutError:
+        raise AssertionError(f"did not settle: {seen}") from None
