@@ -64,10 +64,6 @@ REROUTES = 10
 class _NeverStarted(Exception):
     """RunTask did not get through and the worker is gone: the task may go elsewhere."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
 
 @workflow.defn(name=TASK_WORKFLOW)
 class TaskWorkflow:
@@ -111,7 +107,7 @@ class TaskWorkflow:
             try:
                 return await self._run_on_worker(input, self._placement)
             except _NeverStarted as never:
-                reason = never.reason
+                reason = str(never)
                 self._update(state="queued", worker_id=None, node_name=None, address=None)
             finally:
                 pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
@@ -174,9 +170,10 @@ class TaskWorkflow:
         """`call` on the worker. A tunnelled worker's calls run on the queue of the replica
         holding its tunnel; when no replica picks one up (that replica is gone and the worker
         reconnected to another), the route is read again from the worker's record."""
-        route = self._route
-        assert route is not None
-        for _ in range(REROUTES):
+        reroutes = 0
+        while True:
+            route = self._route
+            assert route is not None
             try:
                 return await workflow.execute_activity_method(
                     call,
@@ -188,7 +185,8 @@ class TaskWorkflow:
                     summary=summary,
                 )
             except ActivityError as exc:
-                if not (route.task_queue and _not_picked_up(exc)):
+                # The caller ends the task with this error when it cannot be routed again.
+                if not (route.task_queue and _not_picked_up(exc)) or reroutes == REROUTES:
                     raise
                 fresh: WorkerTaskInput | None = await workflow.execute_activity_method(
                     TaskActivities.worker_route,
@@ -199,8 +197,8 @@ class TaskWorkflow:
                 )
                 if fresh is None:
                     raise
-                self._route = route = fresh
-        raise ApplicationError(f"worker {route.worker_id}: no controlplane replica reaches it")
+                self._route = fresh
+                reroutes += 1
 
     async def _worker_ended(self, on_worker: WorkerTaskInput) -> bool:
         with contextlib.suppress(ActivityError):  # unknown: treat as alive (never run twice)
