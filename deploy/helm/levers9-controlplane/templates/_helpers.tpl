@@ -52,7 +52,10 @@ the Secret; everything else to the ConfigMap. The controlplane merges the two fi
 {{- define "levers9.publicConfig" -}}
 {{- $config := .Values.config | default dict -}}
 {{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
-{{- $public := omit $cp "temporalApiKey" "workerTokenSecret" "apiToken" -}}
+{{- $public := $cp -}}
+{{- range include "levers9.secretSettings" . | fromJsonArray -}}
+{{- $_ := unset $public . -}}
+{{- end -}}
 {{- $listen := printf "0.0.0.0:%v" .Values.gateway.port -}}
 {{- if and (hasKey $public "gatewayListen") (not (hasSuffix (printf ":%v" .Values.gateway.port) $public.gatewayListen)) -}}
 {{- fail (printf "config.controlplane.gatewayListen %s must listen on gateway.port (%v), which the Service and the container port use" $public.gatewayListen .Values.gateway.port) -}}
@@ -83,7 +86,12 @@ the Secret; everything else to the ConfigMap. The controlplane merges the two fi
 {{- define "levers9.privateConfig" -}}
 {{- $config := .Values.config | default dict -}}
 {{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
-{{- $private := pick $cp "temporalApiKey" "workerTokenSecret" "apiToken" -}}
+{{- $private := dict -}}
+{{- range include "levers9.secretSettings" . | fromJsonArray -}}
+{{- if hasKey $cp . -}}
+{{- $_ := set $private . (get $cp .) -}}
+{{- end -}}
+{{- end -}}
 {{- $pools := dict -}}
 {{- range $name, $pool := (($config.worker | default dict).pools | default dict) -}}
 {{- if and (kindIs "map" $pool) (kindIs "map" $pool.kubernetes) (hasKey $pool.kubernetes "credentials") -}}
