@@ -24,38 +24,27 @@ from levers9.sandbox.server import Sandbox, SandboxOptions, start_sandbox
 T = TypeVar("T")
 
 
-class SandboxThread:
-    """Runs `start_sandbox(options)` on a private event loop in a daemon thread."""
+class LoopThread:
+    """A private event loop running in a daemon thread: `run` runs a coroutine there and
+    waits; `call` runs a plain function there. For synchronous callers of asyncio servers."""
 
-    def __init__(self, options: SandboxOptions | None = None) -> None:
-        self._options = options
+    def __init__(self, name: str = "levers9-loop") -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="levers9-sandbox", daemon=True
-        )
-        self._sandbox: Sandbox | None = None
-
-    @property
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            raise RuntimeError("the sandbox is not running; call start() first")
-        return self._sandbox
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
-    def start(self) -> Sandbox:
+    def start(self) -> None:
         self._thread.start()
-        self._sandbox = self.run(start_sandbox(self._options))
-        return self._sandbox
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = 60) -> T:
-        """Runs a coroutine on the emulator's loop and waits for its result."""
+        """Runs a coroutine on the loop and waits for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Runs `fn(*args, **kwargs)` on the emulator's thread and returns its result."""
+        """Runs `fn(*args, **kwargs)` on the loop's thread and returns its result."""
         future: Future[T] = Future()
 
         def invoke() -> None:
@@ -67,14 +56,36 @@ class SandboxThread:
         self._loop.call_soon_threadsafe(invoke)
         return future.result()
 
-    def stop(self) -> None:
-        if self._sandbox is not None:
-            self.run(self._sandbox.close())
-            self._sandbox = None
+    def close(self) -> None:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
         self._loop.close()
+
+
+class SandboxThread(LoopThread):
+    """Runs `start_sandbox(options)` on a LoopThread; `sandbox` once started."""
+
+    def __init__(self, options: SandboxOptions | None = None) -> None:
+        super().__init__("levers9-sandbox")
+        self._options = options
+        self._sandbox: Sandbox | None = None
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            raise RuntimeError("the sandbox is not running; call start() first")
+        return self._sandbox
+
+    def start(self) -> None:
+        super().start()
+        self._sandbox = self.run(start_sandbox(self._options))
+
+    def stop(self) -> None:
+        if self._sandbox is not None:
+            self.run(self._sandbox.close())
+            self._sandbox = None
+        self.close()
 
     def __enter__(self) -> SandboxThread:
         self.start()

@@ -38,13 +38,13 @@ from levers9.gateway.task_logs import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
+from levers9.sandbox.threaded import LoopThread
 from levers9.tokens import operator_token, worker_token
 from levers9.worker.driver import DriverSetup
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.tasks import TaskManager
-from tests.reliability.servers import LoopThread
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
 KEY = json.dumps(
@@ -249,6 +249,7 @@ def _methods(*services: Any) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def loop() -> Iterator[LoopThread]:
     thread = LoopThread()
+    thread.start()
     yield thread
     thread.close()
 
@@ -269,10 +270,10 @@ def gateway(dev_env: WorkflowEnvironment, loop: LoopThread) -> Iterator[Served]:
         holder["gateway"] = gateway
         return await gateway.start("127.0.0.1:0")
 
-    port = loop.call(start())
+    port = loop.run(start())
     services = gateway_pb2.DESCRIPTOR.services_by_name
     yield Served(loop, port, _methods(services["Gateway"], services["Tasks"]))
-    loop.call(holder["gateway"].stop(grace=0))
+    loop.run(holder["gateway"].stop(grace=0))
 
 
 @pytest.fixture(scope="module")
@@ -288,11 +289,11 @@ def agent(loop: LoopThread, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         holder["tasks"] = tasks
         return await WorkerServer.start(WorkerService(tasks), WORKER_TOKEN, "127.0.0.1")
 
-    server = loop.call(start())
+    server = loop.run(start())
     port = int(server.advertised_address.rsplit(":", 1)[1])
     yield Served(loop, port, _methods(worker_pb2.DESCRIPTOR.services_by_name["WorkerService"]))
-    loop.call(holder["tasks"].shutdown(grace_s=1))
-    loop.call(server.stop(0))
+    loop.run(holder["tasks"].shutdown(grace_s=1))
+    loop.run(server.stop(0))
 
 
 def _gateway_metadata() -> st.SearchStrategy[list[tuple[str, str]]]:
