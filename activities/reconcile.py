@@ -149,7 +149,6 @@ class ReconcileActivities:
                         ]
                     ),
                 )
-            activity.heartbeat()
 
         await asyncio.gather(*(tell(node) for node in nodes))
 

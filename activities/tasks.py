@@ -6,7 +6,6 @@ The token is computed here from the controlplane's secret, so it never passes th
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -18,6 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
 from levers9.gateway.convert import task_report
 from levers9.gateway.reports import TaskReport
@@ -88,17 +88,11 @@ class TaskActivities:
             task_queue=self._settings.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
-        update: asyncio.Future[Placement] = asyncio.ensure_future(
-            handle.execute_update("place", request, result_type=Placement)
-        )
-        try:
-            while True:
-                done, _ = await asyncio.wait({update}, timeout=PLACE_HEARTBEAT_S)
-                if done:
-                    return update.result()
-                activity.heartbeat()
-        finally:
-            update.cancel()
+        async with heartbeating(PLACE_HEARTBEAT_S):
+            placement: Placement = await handle.execute_update(
+                "place", request, result_type=Placement
+            )
+        return placement
 
     @activity.defn
     async def worker_ended(self, input: WorkerTaskInput) -> bool:
