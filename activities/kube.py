@@ -236,7 +236,17 @@ class KubeActivities:
                 label_selector=f"{WORKER_ID_LABEL}={input.worker_id}",
             )
         )
-        return pod_state(job, pods)
+        state = pod_state(job, pods)
+        if input.node_name and (state.job_failed or state.phase == "Failed"):
+            # Pod GC fails the pods of a deleted node, and the Job fails with them: that is the
+            # node leaving, not the worker failing (the machine stops it for the same reason).
+            try:
+                k8s.CoreV1Api(api).read_node(input.node_name, _preload_content=False)
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return state.model_copy(update={"node_gone": True})
+        return state
 
 
 def pod_state(job: dict[str, Any], pods: list[dict[str, Any]]) -> PodState:

@@ -179,6 +179,7 @@ class PodState(_Record):
     message: str | None = None
     job_failed: bool = False
     job_exists: bool = True
+    node_gone: bool = False  # the Job failed because its node left the cluster
 
 
 class WorkerJobInput(_Record):

@@ -149,6 +149,8 @@ class WorkerWorkflow:
             )
             if not pod.job_exists:
                 return await self._end(input, "expired", "its Job was deleted", None)
+            if pod.node_gone:  # as the machine's `gone` says, whichever sees it first
+                return await self._end(input, "stopped", f"its node {input.node_name} is gone", job)
             if pod.job_failed or pod.phase == "Failed":
                 return await self._end(input, "failed", pod.message or "the worker pod failed", job)
             self._pending_condition(input, pod)

@@ -20,8 +20,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities, KubeObserver, kube_error
 from levers9.models import WorkerJobInput
+from levers9.sandbox.scenario import NodeSpec
 from levers9.tokens import token_matches
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +72,43 @@ async def test_delete_twice(cp: Controlplane) -> None:
     assert await env.run(activities.delete_worker_job, JOB) is True
     assert await env.run(activities.delete_worker_job, JOB) is False
     assert await cp.worker_jobs() == []
+
+
+async def test_a_job_failed_by_its_node_leaving_says_the_node_is_gone(cp: Controlplane) -> None:
+    """Pod GC fails the pods of a deleted node and the Job (backoffLimit 0) fails with them:
+    `describe_worker_pod` tells that apart from the worker failing on its own."""
+    base = cp.sandbox.cluster.node_specs()[0]
+    node = "gke-demo-gpu-leaving-1"
+    await cp.sandbox.cluster.add_node(
+        NodeSpec.model_validate(
+            {
+                **base.model_dump(),
+                "name": node,
+                "internal_ip": "127.0.12.1",
+                "external_ip": "127.0.22.1",
+                "gpus": {"count": 1},
+            }
+        )
+    )
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    job = JOB.model_copy(update={"worker_id": "1eaf1eaf", "node_name": node, "gpus": 1})
+    await env.run(activities.create_worker_job, job)
+
+    async def scheduled() -> bool:
+        return (await env.run(activities.describe_worker_pod, job)).exists
+
+    await eventually(scheduled, within=20)
+    healthy = await env.run(activities.describe_worker_pod, job)
+    assert (healthy.node_gone, healthy.job_failed) == (False, False)
+    await cp.sandbox.cluster.remove_node(node)
+
+    async def failed() -> bool:
+        return (await env.run(activities.describe_worker_pod, job)).job_failed
+
+    await eventually(failed, within=20)
+    assert (await env.run(activities.describe_worker_pod, job)).node_gone
+    await env.run(activities.delete_worker_job, job)
 
 
 async def test_observation_is_a_constant_number_of_lists(cp: Controlplane) -> None:

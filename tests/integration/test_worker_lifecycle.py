@@ -198,6 +198,19 @@ async def test_image_pull_backoff_then_job_failed(
     assert (final.state, final.reason) == ("failed", "exit code 1")
 
 
+async def test_node_gone_while_pending_stops_the_record_as_the_machine_would(
+    time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
+) -> None:
+    handle = await _start(time_env, task_queue)
+    await time_env.sleep(5)
+    cluster.pod = PodState(
+        exists=False, job_failed=True, message="BackoffLimitExceeded", node_gone=True
+    )
+    final = await handle.result()
+    assert (final.state, final.reason) == ("stopped", "its node gke-node is gone")
+    assert cluster.deleted == [final.worker_id], "the failed Job is cleaned up"
+
+
 async def test_job_deleted_while_pending_expires_the_record(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
