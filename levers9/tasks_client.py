@@ -8,6 +8,7 @@ not survive clients left behind on loops that `asyncio.run` already closed.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from temporalio.client import Client
@@ -76,3 +77,30 @@ def check_report(record: TaskRecord) -> dict[str, object]:
     if record.state != "succeeded":
         report["reason"] = record.reason or f"task {record.state}"
     return report
+
+
+def check_mismatch(report: dict[str, object], gpu: str) -> str | None:
+    """Why a check whose task completed still failed: the card the container saw is not the
+    `--gpu` asked for, or the matmul on it disagreed with the CPU. None when it passed, or when
+    the container saw no card at all (the sandbox has none; `cuda` false says so)."""
+    seen = [str(report[k]) for k in ("device", "nvidia_smi") if report.get(k)]
+    if seen and not any(gpu_type_matches(gpu, name) for name in seen):
+        return f"the container saw {seen[0]!r}, not a {gpu}: check --gpu and the pool's selector"
+    if report.get("matmul_ok") is False:
+        return "the matmul on the GPU disagreed with the CPU's"
+    return None
+
+
+def gpu_type_matches(gpu: str, name: str) -> bool:
+    """`RTXPro6000` names "NVIDIA RTX PRO 6000 Blackwell Server Edition", `L4` "NVIDIA L4"
+    (not "NVIDIA L40S"): letters and digits alike, the model number not run on into another."""
+    wanted = _squash(gpu)
+    text = _squash(name)
+    return bool(wanted) and any(
+        not (text[end : end + 1].isdigit() or text[start - 1 : start].isdigit())
+        for start, end in ((m.start(), m.end()) for m in re.finditer(re.escape(wanted), text))
+    )
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())

@@ -17,7 +17,7 @@ from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput
 from levers9.operations import failure_message, start_pool_removal
-from levers9.tasks_client import PROBE_COMMAND, check_report, new_task_id
+from levers9.tasks_client import PROBE_COMMAND, check_mismatch, check_report, new_task_id
 from levers9.temporal import connect, list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
@@ -61,9 +61,13 @@ def check(
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
         raise typer.Exit(1)
-    word = "COMPLETE" if record.state == "succeeded" else "FAILED"
-    console.print(f"{word} {json.dumps(check_report(record), indent=2)}", highlight=False)
-    if record.state != "succeeded":
+    report = check_report(record)
+    mismatch = check_mismatch(report, gpu) if record.state == "succeeded" else None
+    if mismatch:
+        report["reason"] = mismatch
+    word = "COMPLETE" if record.state == "succeeded" and not mismatch else "FAILED"
+    console.print(f"{word} {json.dumps(report, indent=2)}", highlight=False)
+    if word == "FAILED":
         raise typer.Exit(1)
 
 
