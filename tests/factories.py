@@ -16,6 +16,8 @@ import yaml
 from levers9 import devvalues
 from levers9.manifests import WorkerJobSpec
 from levers9.sandbox import pki
+from levers9.sandbox.cluster.cluster import Cluster
+from levers9.sandbox.scenario import NodeSpec
 
 MARKER = "MARKER-5f3c9e-never-log-me"
 """Put inside secrets; no log, dump or error may ever contain it."""
@@ -118,3 +120,12 @@ def worker_job_spec(**overrides: Any) -> WorkerJobSpec:
         "gateway_address": "203.0.113.10:7443",
     }
     return WorkerJobSpec(**{**fields, **overrides})
+
+
+async def add_gpu_node(
+    cluster: Cluster, name: str, gpus: int, internal_ip: str, external_ip: str
+) -> None:
+    """A GPU node like the scenario's first, with its own name, `gpus` cards and addresses."""
+    base = cluster.node_specs()[0].model_dump()
+    spec = {**base, "name": name, "internal_ip": internal_ip, "external_ip": external_ip}
+    await cluster.add_node(NodeSpec.model_validate({**spec, "gpus": {"count": gpus}}))

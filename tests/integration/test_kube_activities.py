@@ -20,9 +20,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.kube import KubeActivities, KubeObserver, kube_error
 from levers9.models import WorkerJobInput
-from levers9.sandbox.scenario import NodeSpec
 from levers9.tokens import token_matches
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
+from tests.factories import add_gpu_node
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -77,19 +77,8 @@ async def test_delete_twice(cp: Controlplane) -> None:
 async def test_a_job_failed_by_its_node_leaving_says_the_node_is_gone(cp: Controlplane) -> None:
     """Pod GC fails the pods of a deleted node and the Job (backoffLimit 0) fails with them:
     `describe_worker_pod` tells that apart from the worker failing on its own."""
-    base = cp.sandbox.cluster.node_specs()[0]
     node = "gke-demo-gpu-leaving-1"
-    await cp.sandbox.cluster.add_node(
-        NodeSpec.model_validate(
-            {
-                **base.model_dump(),
-                "name": node,
-                "internal_ip": "127.0.12.1",
-                "external_ip": "127.0.22.1",
-                "gpus": {"count": 1},
-            }
-        )
-    )
+    await add_gpu_node(cp.sandbox.cluster, node, 1, "127.0.12.1", "127.0.22.1")
     activities = KubeActivities(cp.clients, cp.settings)
     env = ActivityEnvironment()
     job = JOB.model_copy(update={"worker_id": "1eaf1eaf", "node_name": node, "gpus": 1})

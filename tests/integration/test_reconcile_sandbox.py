@@ -26,12 +26,12 @@ from temporalio.testing import WorkflowEnvironment
 from levers9 import logs
 from levers9.capacity import GPU, NODE_LABEL
 from levers9.models import MachineRecord, ReconcilePoolInput
-from levers9.sandbox.scenario import NodeSpec
 from levers9.temporal import (
     list_machine_records,
     list_worker_records,
 )
 from tests.controlplane import POOL, Controlplane, reconciling
+from tests.factories import add_gpu_node
 from tests.waiting import eventually
 from workflows.reconcile_pool import ReconcilePoolWorkflow
 
@@ -155,18 +155,7 @@ async def test_cordon_and_uncordon(cp: Controlplane) -> None:
 
 
 async def test_added_node_becomes_a_machine(cp: Controlplane) -> None:
-    base = cp.sandbox.cluster.node_specs()[0]
-    await cp.sandbox.cluster.add_node(
-        NodeSpec.model_validate(
-            {
-                **base.model_dump(),
-                "name": "gke-demo-gpu-extra-1",
-                "internal_ip": "127.0.11.1",
-                "external_ip": "127.0.21.1",
-                "gpus": {"count": 2},
-            }
-        )
-    )
+    await add_gpu_node(cp.sandbox.cluster, "gke-demo-gpu-extra-1", 2, "127.0.11.1", "127.0.21.1")
 
     async def worker_added() -> bool:
         return _cards_by_node(await cp.worker_jobs()).get("gke-demo-gpu-extra-1") == [2]
@@ -233,18 +222,7 @@ async def test_403_stops_reconcile_with_the_fix_and_repairs(
 async def test_two_passes_at_once_add_one_worker(
     dev_env: WorkflowEnvironment, cp: Controlplane
 ) -> None:
-    base = cp.sandbox.cluster.node_specs()[0]
-    await cp.sandbox.cluster.add_node(
-        NodeSpec.model_validate(
-            {
-                **base.model_dump(),
-                "name": "gke-demo-gpu-race-1",
-                "internal_ip": "127.0.11.2",
-                "external_ip": "127.0.21.2",
-                "gpus": {"count": 1},
-            }
-        )
-    )
+    await add_gpu_node(cp.sandbox.cluster, "gke-demo-gpu-race-1", 1, "127.0.11.2", "127.0.21.2")
     await asyncio.gather(
         *(
             dev_env.client.execute_workflow(

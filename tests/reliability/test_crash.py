@@ -20,9 +20,9 @@ import pytest
 
 from levers9.capacity import NODE_LABEL
 from levers9.models import TaskInput
-from levers9.sandbox.scenario import NodeSpec
 from levers9.tasks_client import TERMINAL, start_task, task_record
 from tests.controlplane import POOL
+from tests.factories import add_gpu_node
 from tests.reliability.world import SETTLE_S, World, live, settled, world
 from tests.waiting import eventually
 
@@ -49,19 +49,14 @@ async def _invariants(w: World) -> None:
 async def _chaos(w: World, rng: random.Random, seed: int) -> list[str]:
     """The seed's cluster changes and tasks, started before the kill lands; the task ids."""
     extra = f"gke-demo-gpu-extra-{seed}"
-    base = w.sandbox.cluster.node_specs()[0]
     action = rng.choice(["add-node", "remove-added", "not-ready", "tasks-only"])
     if action == "add-node":
-        await w.sandbox.cluster.add_node(
-            NodeSpec.model_validate(
-                {
-                    **base.model_dump(),
-                    "name": extra,
-                    "internal_ip": f"127.0.11.{seed + 1}",
-                    "external_ip": f"127.0.21.{seed + 1}",
-                    "gpus": {"count": rng.choice([1, 2])},
-                }
-            )
+        await add_gpu_node(
+            w.sandbox.cluster,
+            extra,
+            rng.choice([1, 2]),
+            f"127.0.11.{seed + 1}",
+            f"127.0.21.{seed + 1}",
         )
     elif action == "remove-added":
         added = [s.name for s in w.sandbox.cluster.node_specs() if "-extra-" in s.name]

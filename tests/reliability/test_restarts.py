@@ -29,10 +29,10 @@ import pytest
 from levers9.capacity import NODE_LABEL
 from levers9.models import TaskInput, reconcile_schedule_id, worker_workflow_id
 from levers9.sandbox.admin_client import SandboxAdmin
-from levers9.sandbox.scenario import NodeSpec
 from levers9.tasks_client import TERMINAL, start_task, task_record
 from levers9.temporal import list_worker_records
 from tests.controlplane import POOL
+from tests.factories import add_gpu_node
 from tests.reliability.world import World, live, settled, world
 from tests.waiting import eventually
 
@@ -79,19 +79,8 @@ async def test_kubernetes_faults_are_retried_without_duplicates(plane: World) ->
         {"verb": "delete", "resource": "jobs", "status": 429, "retryAfterSeconds": 1, "times": 1},
     ):
         await asyncio.to_thread(admin.add_fault, rule)
-    base = plane.sandbox.cluster.node_specs()[0]
     name = "gke-demo-gpu-faulty-1"
-    await plane.sandbox.cluster.add_node(
-        NodeSpec.model_validate(
-            {
-                **base.model_dump(),
-                "name": name,
-                "internal_ip": "127.0.12.1",
-                "external_ip": "127.0.22.1",
-                "gpus": {"count": 2},
-            }
-        )
-    )
+    await add_gpu_node(plane.sandbox.cluster, name, 2, "127.0.12.1", "127.0.22.1")
     await settled(plane)
     jobs = [j for j in await plane.worker_jobs() if j["metadata"]["labels"][NODE_LABEL] == name]
     assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
