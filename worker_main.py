@@ -28,6 +28,7 @@ from levers9.gateway.task_logs import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
+from levers9.rpc import tls
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
 from workflows import WORKFLOWS
 
@@ -119,7 +120,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     worker, replica, gateway = serving(
         client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN
     )
-    await gateway.start(settings.gateway_listen)
+    await gateway.start(settings.gateway_listen, tls.gateway_server_credentials(settings))
     try:
         async with worker, replica:
             log.info("temporal worker started", task_queue=settings.task_queue)
@@ -146,6 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             error="config.controlplane.workerTokenSecret: required to start workers"
             " (or workerTokenSecretFile; LEVERS9_WORKER_TOKEN_SECRET[_FILE])",
         )
+        return 2
+    try:
+        tls.check_gateway_settings(values.settings)
+    except tls.TlsError as exc:
+        logs.get_logger("levers9.controlplane").error("invalid values", error=str(exc))
         return 2
 
     async def _main() -> None:

@@ -32,6 +32,7 @@ from levers9.capacity import (
 from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
+from levers9.rpc import tls
 from levers9.telemetry import span
 from levers9.tokens import worker_token
 
@@ -179,7 +180,7 @@ class KubeActivities:
         pool = self._clients.pool(input.pool_name)
         api = self._clients.api(input.pool_name)
         core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
-        spec = worker_spec(input, pool, self._settings.gateway_advertised_address)
+        spec = worker_spec(input, pool, self._settings)
         _create_or_exists(lambda: core.create_namespace(_body(manifests.namespace(spec.namespace))))
         _create_or_exists(
             lambda: batch.create_namespaced_job(spec.namespace, _body(manifests.worker_job(spec)))
@@ -285,9 +286,10 @@ def pod_state(job: dict[str, Any], pods: list[dict[str, Any]]) -> PodState:
 
 
 def worker_spec(
-    input: WorkerJobInput, pool: PoolConfig, gateway_address: str
+    input: WorkerJobInput, pool: PoolConfig, settings: ControlplaneSettings
 ) -> manifests.WorkerJobSpec:
     kube = pool.kubernetes
+    ca = tls.gateway_ca_pem(settings)
     return manifests.WorkerJobSpec(
         pool_name=input.pool_name,
         worker_id=input.worker_id,
@@ -300,8 +302,10 @@ def worker_spec(
         tunnel=kube.tunnel,
         images_path=pool.images_path,
         durable_disks_path=pool.durable_disks_path,
-        gateway_address=gateway_address,
+        gateway_address=settings.gateway_advertised_address,
         advertised_host=input.external_ip,
+        gateway_tls=settings.gateway_uses_tls(),
+        gateway_ca=ca.decode() if ca else "",
     )
 
 

@@ -326,6 +326,26 @@ class ControlplaneSettings(BaseSettings):
             "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
         ),
     )
+    gateway_tls: bool = Field(
+        default=False, validation_alias=AliasChoices("gatewayTls", "LEVERS9_GATEWAY_TLS")
+    )
+    """Dial the gateway with TLS (the CLI, and the workers through their Job's environment);
+    on by itself when any gatewayTls file is set."""
+    gateway_tls_cert_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("gatewayTlsCertFile", "LEVERS9_GATEWAY_TLS_CERT_FILE"),
+    )
+    """The gateway's certificate (chain, PEM): with gatewayTlsKeyFile, the gateway serves TLS."""
+    gateway_tls_key_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("gatewayTlsKeyFile", "LEVERS9_GATEWAY_TLS_KEY_FILE"),
+    )
+    gateway_tls_ca_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("gatewayTlsCaFile", "LEVERS9_GATEWAY_TLS_CA_FILE"),
+    )
+    """The CA that issued the gateway's certificate, trusted by workers and the CLI; the
+    system's roots when unset (a publicly trusted certificate)."""
     replica_id: str = Field(
         default_factory=socket.gethostname,
         validation_alias=AliasChoices("replicaId", "LEVERS9_REPLICA_ID"),
@@ -391,6 +411,11 @@ class ControlplaneSettings(BaseSettings):
             raise ValueError("set either workerTokenSecret or workerTokenSecretFile, not both")
         if self.temporal_tls_key_file is not None and self.temporal_tls_cert_file is None:
             raise ValueError("temporalTlsKeyFile needs temporalTlsCertFile (mTLS uses both)")
+        if (self.gateway_tls_cert_file is None) != (self.gateway_tls_key_file is None):
+            raise ValueError(
+                "gatewayTlsCertFile and gatewayTlsKeyFile go together (the gateway serves TLS"
+                " with both)"
+            )
         return self
 
     def token_secret(self) -> SecretStr | None:
@@ -428,6 +453,10 @@ class ControlplaneSettings(BaseSettings):
 
     def cli_gateway_address(self) -> str:
         return self.gateway_address or self.gateway_advertised_address
+
+    def gateway_uses_tls(self) -> bool:
+        files = (self.gateway_tls_cert_file, self.gateway_tls_ca_file)
+        return self.gateway_tls or any(f is not None for f in files)
 
 
 @dataclass(frozen=True)

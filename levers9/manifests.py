@@ -49,6 +49,9 @@ class WorkerJobSpec:
     gateway_address: str
     advertised_host: str | None = None
     """The node's external IP, which the worker advertises (never the node name)."""
+    gateway_tls: bool = False
+    gateway_ca: str = ""
+    """The CA (PEM, public) the worker trusts for the gateway's TLS; system roots when empty."""
 
     @property
     def job_name(self) -> str:
@@ -87,6 +90,10 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
     ]
     if spec.advertised_host:
         plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))
+    if spec.gateway_tls:
+        plain.append(("LEVERS9_GATEWAY_TLS", "true"))
+    if spec.gateway_ca:
+        plain.append(("LEVERS9_GATEWAY_CA", spec.gateway_ca))
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain]
     env += [
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

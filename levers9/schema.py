@@ -99,6 +99,7 @@ def chart_properties() -> dict[str, Any]:
             {"enabled": {"type": "boolean"}, "port": _PORT, "podAnnotations": {"type": "boolean"}}
         ),
         "temporalTls": _closed({"existingSecret": {"type": "string"}}),
+        "gatewayTls": _closed({"existingSecret": {"type": "string"}, "caKey": {"type": "string"}}),
         "google": _closed(
             {"credentialsSecret": {"type": "string"}, "credentialsKey": {"type": "string"}}
         ),

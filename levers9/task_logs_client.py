@@ -13,6 +13,8 @@ from grpc import aio
 
 from levers9.config import ControlplaneSettings
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.rpc import tls
+from levers9.worker.gateway import gateway_channel
 
 
 class LogStreamUnavailable(Exception):
@@ -35,7 +37,8 @@ async def stream_task_logs(
     metadata = (("authorization", f"Bearer {token.get_secret_value()}"),)
     request = gateway_pb2.StreamTaskLogsRequest(task_id=task_id, follow=follow, offset=offset)
     try:
-        async with aio.insecure_channel(address) as channel:
+        credentials = tls.gateway_client_credentials(settings)
+        async with gateway_channel(address, credentials) as channel:
             stub = gateway_pb2_grpc.TasksStub(channel)
             async for chunk in stub.StreamTaskLogs(request, metadata=metadata):
                 text = decoder.decode(chunk.data)

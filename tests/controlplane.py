@@ -31,6 +31,7 @@ from activities.kube_clients import KubeClients
 from levers9 import devvalues, telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.server import Gateway
+from levers9.rpc import tls
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import sync_reconcile_schedules
@@ -111,6 +112,11 @@ class Controlplane:
             "LEVERS9_GATEWAY_ADDRESS": self.settings.gateway_advertised_address,
             "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
             "LEVERS9_HOME": str(self.sandbox.state.dir.parent / "no-dev-stack"),
+            **(
+                {"LEVERS9_GATEWAY_TLS_CA_FILE": str(self.settings.gateway_tls_ca_file)}
+                if self.settings.gateway_tls_ca_file
+                else {}
+            ),
         }
 
     async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -162,7 +168,9 @@ class Controlplane:
             # worker_main's client carries these; the tests' shared client does not.
             interceptors=telemetry.interceptors(),
         )
-        await gateway.start(self.settings.gateway_listen)
+        await gateway.start(
+            self.settings.gateway_listen, tls.gateway_server_credentials(self.settings)
+        )
         self.gateway = gateway
         try:
             async with worker, replica:

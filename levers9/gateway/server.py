@@ -66,8 +66,9 @@ class Gateway:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
 
-    async def start(self, listen: str) -> int:
-        """Serves on `listen` (`host:port`, port 0 for any); returns the bound port."""
+    async def start(self, listen: str, tls: grpc.ServerCredentials | None = None) -> int:
+        """Serves on `listen` (`host:port`, port 0 for any), with TLS when `tls` is given;
+        returns the bound port."""
         if self._server is not None:
             raise GatewayError("the gateway is already started")
         server = grpc.aio.server(
@@ -87,11 +88,11 @@ class Gateway:
         if self._task_logs is not None:
             gateway_pb2_grpc.add_TasksServicer_to_server(self._task_logs, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-        port = _bind(server, listen)
+        port = _bind(server, listen, tls)
         await server.start()
         await checker.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health = server, checker
-        log.info("gateway listening", address=listen, port=port)
+        log.info("gateway listening", address=listen, port=port, tls=tls is not None)
         return port
 
     async def stop(self, grace: float | None = STOP_GRACE_S) -> None:
@@ -106,9 +107,12 @@ class Gateway:
         log.info("gateway stopped")
 
 
-def _bind(server: grpc.aio.Server, listen: str) -> int:
+def _bind(server: grpc.aio.Server, listen: str, tls: grpc.ServerCredentials | None) -> int:
     try:
-        port = server.add_insecure_port(listen)
+        if tls is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, tls)
     except RuntimeError:
         port = 0
     if port == 0:

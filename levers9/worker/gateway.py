@@ -8,7 +8,8 @@ knows the worker and answers NOT_FOUND or UNAUTHENTICATED: the worker registers 
 task's end is reported, retried for as long as the controlplane would wait on the worker's
 record; GetTask remains the fallback. Every call presents the worker's token.
 
-The channel is plaintext gRPC today; `gateway_channel` is where TLS credentials go.
+The channel is TLS when the Job says so (`LEVERS9_GATEWAY_TLS`, `LEVERS9_GATEWAY_CA`), plaintext
+otherwise.
 """
 
 from __future__ import annotations

@@ -28,10 +28,11 @@ def run(env: Mapping[str, str]) -> int:
     try:
         settings = WorkerSettings.from_env(env)
         paths = HostPaths.from_env(env)
+        credentials = settings.gateway_credentials()
     except (SettingsError, HostPathsError) as error:
         log.error("worker cannot start", error=str(error))
         return 1
-    return asyncio.run(_serve(Agent(settings, paths, env)))
+    return asyncio.run(_serve(Agent(settings, paths, env, gateway_credentials=credentials)))
 
 
 async def _serve(agent: Agent) -> int:

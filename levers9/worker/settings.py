@@ -15,6 +15,8 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | task output and results; a fresh temporary directory when unset |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
+| `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
+| `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
 | `LEVERS9_LOG_LEVEL` | `INFO` unless set (read by `main`, before anything can fail) |
 
 Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`).
@@ -26,7 +28,10 @@ import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
 
+import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from levers9.rpc import tls
 
 PREFIX = "LEVERS9_"
 
@@ -53,6 +58,8 @@ class WorkerSettings(BaseModel):
     gpu_product: str = ""
     work_dir: Path | None = None
     tunnel: bool = False
+    gateway_tls: bool = False
+    gateway_ca: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
@@ -69,6 +76,17 @@ class WorkerSettings(BaseModel):
                 f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in error.errors()
             )
             raise SettingsError(f"the worker's environment is incomplete: {problems}") from None
+
+    def gateway_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS to the gateway when the Job says so (a CA given implies it); SettingsError when
+        the CA is not a PEM certificate."""
+        if not (self.gateway_tls or self.gateway_ca):
+            return None
+        ca = self.gateway_ca.encode() or None
+        try:
+            return tls.channel_credentials(ca, f"{PREFIX}GATEWAY_CA")
+        except tls.TlsError as error:
+            raise SettingsError(str(error)) from None
 
     def address_to_advertise(self) -> str:
         """The IP the controlplane dials: the node's external IP, else the node's address.

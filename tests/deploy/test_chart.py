@@ -18,6 +18,7 @@ import yaml
 from levers9 import devvalues
 from levers9.config import load
 from levers9.gateway.server import SERVICE_NAME
+from levers9.rpc import tls
 from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
 from tests.deploy.chart import CHART, ROOT, find, helm, render, secret_data, write_json
 
@@ -195,6 +196,41 @@ def test_temporal_mtls_and_google_identity_are_mounted_files(
     assert settings["temporalTls"] is True
     for key in ("temporalTlsCertFile", "temporalTlsKeyFile", "temporalTlsServerCaFile"):
         assert settings[key].startswith(mounts["temporal-tls"] + "/"), key
+
+
+def test_gateway_tls_from_a_secret_of_yours_serves_from_the_mounted_files(
+    pool_values: Path, private_values: Path, tmp_path: Path
+) -> None:
+    docs = render([pool_values, private_values], "--set", "gatewayTls.existingSecret=gw-tls")
+    spec = find(docs, "Deployment")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["gateway-tls"]["secret"]["secretName"] == "gw-tls"
+    # The kubelet's gRPC probe speaks no TLS.
+    assert container["readinessProbe"]["tcpSocket"] == {"port": 7443}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": 7443}
+    pod = tmp_path / "pod"
+    pod_files = _materialize(docs, pod)
+    # The Secret is the user's (cert-manager's layout): written where the pod mounts it.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    authority = mint_certificate_authority("gateway-ca", hosts=("203.0.113.7",))
+    mounted = pod / mounts["gateway-tls"].lstrip("/")
+    mounted.mkdir(parents=True, exist_ok=True)
+    for key, pem in (("tls.crt", authority.cert_pem), ("tls.key", authority.key_pem)):
+        (mounted / key).write_bytes(pem)
+    (mounted / "ca.crt").write_bytes(authority.ca_pem)
+    settings = load(pod_files).settings
+    assert settings.gateway_uses_tls()
+    in_pod = settings.model_copy(
+        update={
+            name: pod / str(getattr(settings, name)).lstrip("/")
+            for name in ("gateway_tls_cert_file", "gateway_tls_key_file", "gateway_tls_ca_file")
+        }
+    )
+    assert tls.gateway_server_credentials(in_pod) is not None
+    assert tls.gateway_ca_pem(in_pod) == authority.ca_pem
+    plain = find(render([pool_values]), "Deployment")["spec"]["template"]["spec"]
+    assert "grpc" in plain["containers"][0]["readinessProbe"]
 
 
 def test_a_token_secret_in_the_values_replaces_the_generated_one(

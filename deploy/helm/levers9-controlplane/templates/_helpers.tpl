@@ -70,6 +70,14 @@ the Secret; everything else to the ConfigMap. The controlplane merges the two fi
 {{- $_ := set $public "temporalTlsKeyFile" "/etc/levers9/temporal-tls/tls.key" -}}
 {{- $_ := set $public "temporalTlsServerCaFile" "/etc/levers9/temporal-tls/ca.crt" -}}
 {{- end -}}
+{{- if .Values.gatewayTls.existingSecret -}}
+{{- $_ := set $public "gatewayTls" true -}}
+{{- $_ := set $public "gatewayTlsCertFile" "/etc/levers9/gateway-tls/tls.crt" -}}
+{{- $_ := set $public "gatewayTlsKeyFile" "/etc/levers9/gateway-tls/tls.key" -}}
+{{- if .Values.gatewayTls.caKey -}}
+{{- $_ := set $public "gatewayTlsCaFile" (printf "/etc/levers9/gateway-tls/%s" .Values.gatewayTls.caKey) -}}
+{{- end -}}
+{{- end -}}
 {{- $pools := dict -}}
 {{- range $name, $pool := (($config.worker | default dict).pools | default dict) -}}
 {{- if and (kindIs "map" $pool) (kindIs "map" $pool.kubernetes) -}}

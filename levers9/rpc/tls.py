@@ -1,0 +1,105 @@
+"""TLS for the gateway: the controlplane serves it with a certificate and key, workers and the
+CLI dial it trusting a CA (the gateway certificate's issuer, or the system's roots when none is
+given). Only the channel to the gateway is covered: a pool with `tunnel: true` then carries every
+worker call inside it; without the tunnel the controlplane still dials workers in plaintext.
+
+Every file and PEM is checked before gRPC sees it, so a wrong path, a file that is not PEM, or a
+key that does not belong to the certificate fails at start with the setting named, not as a
+handshake error on the first worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+if TYPE_CHECKING:
+    from levers9.config import ControlplaneSettings
+
+
+class TlsError(ValueError):
+    """A certificate, key or CA cannot be used; the message names the setting."""
+
+
+def read_pem(path: Path, setting: str) -> bytes:
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as error:
+        raise TlsError(f"{setting}: cannot read {path}: {error.strerror}") from None
+
+
+def certificates(pem: bytes, setting: str) -> list[x509.Certificate]:
+    """The PEM's certificates (at least one), or a TlsError naming `setting`."""
+    try:
+        found = x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        found = []
+    if not found:
+        raise TlsError(f"{setting}: not a PEM certificate (-----BEGIN CERTIFICATE-----)")
+    return found
+
+
+def server_credentials(cert_file: Path, key_file: Path) -> grpc.ServerCredentials:
+    """The gateway's certificate chain and key, checked to belong together."""
+    cert_pem = read_pem(cert_file, "gatewayTlsCertFile")
+    key_pem = read_pem(key_file, "gatewayTlsKeyFile")
+    leaf = certificates(cert_pem, "gatewayTlsCertFile")[0]
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise TlsError(
+            "gatewayTlsKeyFile: not an unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"
+        ) from None
+    if _public_der(key.public_key()) != _public_der(leaf.public_key()):
+        raise TlsError(
+            "gatewayTlsKeyFile: the key does not belong to gatewayTlsCertFile's certificate"
+        )
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+
+
+def _public_der(key: Any) -> bytes:
+    der: bytes = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return der
+
+
+def channel_credentials(ca_pem: bytes | None, setting: str) -> grpc.ChannelCredentials:
+    """TLS to the gateway, trusting `ca_pem` (checked) or, without one, the system's roots."""
+    if ca_pem:
+        certificates(ca_pem, setting)
+    return grpc.ssl_channel_credentials(root_certificates=ca_pem or None)
+
+
+def gateway_ca_pem(settings: ControlplaneSettings) -> bytes | None:
+    """The gateway's CA as workers and the CLI trust it; None for the system's roots."""
+    if settings.gateway_tls_ca_file is None:
+        return None
+    pem = read_pem(settings.gateway_tls_ca_file, "gatewayTlsCaFile")
+    certificates(pem, "gatewayTlsCaFile")
+    return pem
+
+
+def gateway_client_credentials(settings: ControlplaneSettings) -> grpc.ChannelCredentials | None:
+    """How the CLI dials the gateway: TLS when the gateway serves it, plaintext otherwise."""
+    if not settings.gateway_uses_tls():
+        return None
+    return channel_credentials(gateway_ca_pem(settings), "gatewayTlsCaFile")
+
+
+def gateway_server_credentials(settings: ControlplaneSettings) -> grpc.ServerCredentials | None:
+    cert, key = settings.gateway_tls_cert_file, settings.gateway_tls_key_file
+    if cert is None or key is None:
+        return None
+    return server_credentials(cert, key)
+
+
+def check_gateway_settings(settings: ControlplaneSettings) -> None:
+    """Reads and checks every gateway TLS file the settings name (a TlsError otherwise), so a
+    wrong one stops the controlplane's start, not the first worker's handshake."""
+    gateway_server_credentials(settings)
+    gateway_ca_pem(settings)
