@@ -38,6 +38,9 @@ async def stream_task_logs(
     request = gateway_pb2.StreamTaskLogsRequest(task_id=task_id, follow=follow, offset=offset)
     try:
         credentials = tls.gateway_client_credentials(settings)
+    except tls.TlsError as exc:
+        raise LogStreamUnavailable(str(exc)) from None
+    try:
         async with gateway_channel(address, credentials) as channel:
             stub = gateway_pb2_grpc.TasksStub(channel)
             async for chunk in stub.StreamTaskLogs(request, metadata=metadata):

@@ -9,6 +9,9 @@ The tests of this module share one controlplane and run in order.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -86,6 +89,36 @@ async def test_the_cli_streams_a_task_over_tls(cp: Controlplane) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "over\ntls\n" in done.stdout
     assert "no log stream" not in done.stderr
+
+
+async def test_a_cli_without_the_ca_falls_back_to_the_record_and_says_why(
+    cp: Controlplane, tmp_path: Path
+) -> None:
+    done = await cp.cli("run", "--pool", POOL, "--", "echo", "kept")
+    assert done.returncode == 0, done.stdout + done.stderr
+    task_id = done.stdout.split()[1]
+    not_pem = tmp_path / "ca.crt"
+    not_pem.write_text("not a certificate")
+    cases = {
+        "LEVERS9_GATEWAY_TLS_CA_FILE": "gatewayTlsCaFile: not a PEM certificate",
+        "": "did not answer",  # plaintext to a TLS gateway
+    }
+    for variable, why in cases.items():
+        env = {k: v for k, v in cp.cli_env().items() if k != "LEVERS9_GATEWAY_TLS_CA_FILE"}
+        if variable:
+            env[variable] = str(not_pem)
+        logs = await asyncio.to_thread(
+            subprocess.run,
+            [str(Path(sys.executable).parent / "levers9"), "task", "logs", task_id],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert logs.returncode == 0, logs.stderr
+        assert logs.stdout == "kept\n"
+        assert "no log stream, showing the record's tail" in logs.stderr
+        assert why in logs.stderr
 
 
 async def _health(channel: aio.Channel) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
