@@ -34,7 +34,7 @@ from levers9.gateway.server import Gateway
 from levers9.rpc import tls
 from levers9.sandbox.scenario import Images, Scenario
 from levers9.sandbox.serve import RunningSandbox, start
-from levers9.temporal import sync_reconcile_schedules
+from levers9.temporal import list_worker_records, sync_reconcile_schedules
 from levers9.tokens import operator_token
 from tests.factories import free_port
 from worker_main import serving
@@ -256,3 +256,9 @@ async def reconciling(
             yield plane
         finally:
             await sync_reconcile_schedules(client, [], plane.settings)
+
+
+async def workers_available(plane: Controlplane, count: int = 3) -> bool:
+    """Exactly `count` live worker records, every one `available`."""
+    records = await list_worker_records(plane.settings, POOL, include_ended=False)
+    return len(records) == count and all(r.state == "available" for r in records)

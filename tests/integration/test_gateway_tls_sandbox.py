@@ -24,8 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.gateway.server import SERVICE_NAME
 from levers9.rpc import tls
 from levers9.sandbox import pki
-from levers9.temporal import list_worker_records
-from tests.controlplane import POOL, Controlplane, reconciling
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -60,12 +59,7 @@ async def cp(
         gatewayTlsKeyFile=files["gatewayTlsKeyFile"],
         gatewayTlsCaFile=files["gatewayTlsCaFile"],
     ) as plane:
-
-        async def available() -> bool:
-            records = await list_worker_records(plane.settings, POOL, include_ended=False)
-            return len(records) == 3 and all(r.state == "available" for r in records)
-
-        await eventually(available, within=WITHIN)
+        await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 
 

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.models import WorkerRecord
 from levers9.sandbox import aws, registries, worker_image
 from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
-from tests.controlplane import POOL, Controlplane, environment, reconciling
+from tests.controlplane import POOL, Controlplane, environment, reconciling, workers_available
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -55,11 +55,7 @@ async def cp(
             async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
                 plane.gar = gar  # type: ignore[attr-defined]
 
-                async def available() -> bool:
-                    records = await list_worker_records(plane.settings, POOL, include_ended=False)
-                    return len(records) == 3 and all(r.state == "available" for r in records)
-
-                await eventually(available, within=WITHIN)
+                await eventually(lambda: workers_available(plane), within=WITHIN)
                 yield plane
 
 

@@ -22,8 +22,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.tasks_client import task_record
-from levers9.temporal import connect, list_worker_records
-from tests.controlplane import POOL, Controlplane, reconciling
+from levers9.temporal import connect
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -37,12 +37,7 @@ async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
     async with reconciling(dev_env.client, tmp_path_factory.mktemp("tasks")) as plane:
-
-        async def available() -> bool:
-            records = await list_worker_records(plane.settings, POOL, include_ended=False)
-            return len(records) == 3 and all(r.state == "available" for r in records)
-
-        await eventually(available, within=WITHIN)
+        await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 
 

@@ -18,8 +18,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import task_workflow_id
 from levers9.telemetry import tracing_wanted
-from levers9.temporal import connect, list_worker_records
-from tests.controlplane import POOL, Controlplane, reconciling
+from levers9.temporal import connect
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -44,12 +44,7 @@ async def cp(
     spans: InMemorySpanExporter,
 ) -> AsyncIterator[Controlplane]:
     async with reconciling(dev_env.client, tmp_path_factory.mktemp("otel")) as plane:
-
-        async def available() -> bool:
-            records = await list_worker_records(plane.settings, POOL, include_ended=False)
-            return len(records) == 3 and all(r.state == "available" for r in records)
-
-        await eventually(available, within=60)
+        await eventually(lambda: workers_available(plane), within=60)
         yield plane
 
 

@@ -34,7 +34,7 @@ from levers9.tasks_client import task_record
 from levers9.temporal import connect, list_worker_records
 from levers9.tokens import worker_token
 from levers9.tunnel.mux import StreamRefused
-from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -48,13 +48,8 @@ async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
     async with reconciling(dev_env.client, tmp_path_factory.mktemp("tunnel"), tunnel=True) as plane:
-        await eventually(lambda: _available(plane, 3), within=WITHIN)
+        await eventually(lambda: workers_available(plane, 3), within=WITHIN)
         yield plane
-
-
-async def _available(cp: Controlplane, count: int) -> bool:
-    records = await list_worker_records(cp.settings, POOL, include_ended=False)
-    return len(records) == count and all(r.state == "available" for r in records)
 
 
 async def _workers(cp: Controlplane) -> list[WorkerRecord]:
