@@ -236,6 +236,12 @@ class StopWorker(_Record):
     delete_job: bool = True
 
 
+def node_gone_reason(node_name: str) -> str:
+    """A worker record's end reason when its node left the cluster: the same whether the
+    machine (told by reconcile) or the worker (its Job failed by pod GC) sees it first."""
+    return f"its node {node_name} is gone"
+
+
 class PoolInput(_Record):
     pool_name: str
     state: PoolState | None = None

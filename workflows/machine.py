@@ -10,12 +10,12 @@ passes at once can never add two workers. It lives while the node matches the po
 
 from __future__ import annotations
 
-import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import FailureError
+
+from workflows.steps import stop_workers
 
 with workflow.unsafe.imports_passed_through():
     from levers9.capacity import NodeCapacity
@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         MachineRecord,
         StopWorker,
         WorkerInput,
+        node_gone_reason,
         worker_workflow_id,
     )
     from workflows.worker import WorkerWorkflow
@@ -90,10 +91,10 @@ class MachineWorkflow:
                 # its record expired, ten minutes later. Patched: machines that were already
                 # told `gone` under the old code replay as they ran.
                 if workflow.patched(STOP_WORKERS_WHEN_GONE):
-                    await self._stop_workers(
-                        input,
-                        self._gone_request
-                        or StopWorker(reason=f"its node {input.node_name} is gone"),
+                    await stop_workers(
+                        input.pool_name,
+                        self._workers(),
+                        self._gone_request or StopWorker(reason=node_gone_reason(input.node_name)),
                     )
                 return
             for worker_id in self._ended_workers:
@@ -116,17 +117,6 @@ class MachineWorkflow:
                         capacity=self._capacity,
                     )
                 )
-
-    async def _stop_workers(self, input: MachineInput, request: StopWorker) -> None:
-        """Ends the records of this node's workers (the one it started, and any its last
-        observation saw), deleting their Jobs unless the request says otherwise."""
-        observed = self._capacity.workers if self._capacity else ()
-        for worker_id in sorted({*observed, *filter(None, [self._worker_id])}):
-            handle = workflow.get_external_workflow_handle(
-                worker_workflow_id(input.pool_name, worker_id)
-            )
-            with contextlib.suppress(FailureError):  # it ended on its own meanwhile
-                await handle.signal("stop", request)
 
     async def _reconcile(self, input: MachineInput) -> None:
         capacity = self._capacity
@@ -190,9 +180,6 @@ class MachineWorkflow:
         capacity = self._capacity
         if capacity is None:
             return None
-        workers = set(capacity.workers)
-        if self._worker_id is not None:
-            workers.add(self._worker_id)
         return MachineRecord(
             pool_name=self._pool,
             node_name=capacity.name,
@@ -204,9 +191,14 @@ class MachineWorkflow:
             free_gpus=capacity.free.gpus,
             free_cpu_millis=capacity.free.cpu_millis,
             free_memory_bytes=capacity.free.memory_bytes,
-            workers=tuple(sorted(workers)),
+            workers=self._workers(),
             observed_at=workflow.now(),
         )
+
+    def _workers(self) -> tuple[str, ...]:
+        """This node's workers: the one it started, and any its last observation saw."""
+        observed = self._capacity.workers if self._capacity else ()
+        return tuple(sorted({*observed, *filter(None, [self._worker_id])}))
 
     def _publish(self, input: MachineInput) -> None:
         record = self._record()

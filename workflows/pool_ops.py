@@ -22,7 +22,7 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
-from workflows.steps import step
+from workflows.steps import step, stop_workers
 
 with workflow.unsafe.imports_passed_through():
     from activities.images import ImageActivities
@@ -36,23 +36,11 @@ with workflow.unsafe.imports_passed_through():
         RemovePoolResult,
     )
     from levers9.logs import KV_EXTRA
-    from levers9.models import StopWorker, machine_workflow_id, worker_workflow_id
+    from levers9.models import StopWorker, machine_workflow_id
 
 COPY_TIMEOUT = timedelta(minutes=20)
 SETTLE_ROUNDS = 30
 SETTLE_INTERVAL = timedelta(seconds=2)
-
-
-async def _stop_workers(pool_name: str, workers: list[str], request: StopWorker) -> list[str]:
-    stopped = []
-    for worker_id in workers:
-        handle = workflow.get_external_workflow_handle(worker_workflow_id(pool_name, worker_id))
-        try:
-            await handle.signal("stop", request)
-        except FailureError:  # it ended on its own meanwhile
-            continue
-        stopped.append(worker_id)
-    return stopped
 
 
 @workflow.defn(name=IMAGE_RECOPY_WORKFLOW)
@@ -62,7 +50,7 @@ class ImageRecopyWorkflow:
         target = await step(PoolActivities.recopy_target, input.pool_name)
         copied = await step(ImageActivities.copy_image, target, start_to_close=COPY_TIMEOUT)
         records: PoolRecords = await step(PoolActivities.pool_records, input.pool_name)
-        stopped = await _stop_workers(
+        stopped = await stop_workers(
             input.pool_name, records.workers, StopWorker(reason="image recopied")
         )
         for _ in range(SETTLE_ROUNDS):
@@ -115,7 +103,7 @@ class RemovePoolWorkflow:
                     if not (isinstance(cause, ApplicationError) and cause.type == "PoolNotLoaded"):
                         raise
                     reachable = False
-            await _stop_workers(pool, records.workers, stop)
+            await stop_workers(pool, records.workers, stop)
             # Running when listed, so ended by this removal (by its machine or just now).
             workers.update(records.workers)
             if not records.workers and not records.machines:

@@ -24,11 +24,12 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
-    ApplicationError,
     FailureError,
     TimeoutType,
 )
 from temporalio.exceptions import TimeoutError as ActivityTimeout
+
+from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
     from activities.tasks import TaskActivities
@@ -141,7 +142,7 @@ class TaskWorkflow:
                 f" cards {','.join(map(str, placement.gpu_indices)) or 'none'}",
             )
         except ActivityError as exc:
-            reason = f"worker lost before the task started: {_why(exc)}"
+            reason = f"worker lost before the task started: {failure_reason(exc)}"
             if workflow.patched(PLACE_AGAIN) and await self._worker_ended(on_worker):
                 raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
             return self._finish("failed", reason)
@@ -159,7 +160,7 @@ class TaskWorkflow:
                         "GetTask: no report yet, ask the worker",
                     )
                 except ActivityError as exc:
-                    return self._finish("lost", f"worker lost mid-task: {_why(exc)}")
+                    return self._finish("lost", f"worker lost mid-task: {failure_reason(exc)}")
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
@@ -239,7 +240,3 @@ class TaskWorkflow:
 def _not_picked_up(exc: ActivityError) -> bool:
     cause = exc.cause
     return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
-
-
-def _why(exc: ActivityError) -> str:
-    return exc.cause.message if isinstance(exc.cause, ApplicationError) else str(exc)

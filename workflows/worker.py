@@ -18,7 +18,9 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, FailureError
+
+from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import KubeActivities
@@ -36,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRegistration,
         WorkerSlotInput,
         machine_workflow_id,
+        node_gone_reason,
         pool_workflow_id,
     )
 
@@ -122,7 +125,7 @@ class WorkerWorkflow:
                 summary=f"create worker Job on {input.node_name} taking {input.gpus} cards",
             )
         except ActivityError as exc:
-            return await self._end(input, "failed", _reason(exc), None)
+            return await self._end(input, "failed", failure_reason(exc), None)
         self._set(input, "pending")
         ended = await self._follow_pending(input, job)
         if ended is not None:
@@ -150,7 +153,7 @@ class WorkerWorkflow:
             if not pod.job_exists:
                 return await self._end(input, "expired", "its Job was deleted", None)
             if pod.node_gone:  # as the machine's `gone` says, whichever sees it first
-                return await self._end(input, "stopped", f"its node {input.node_name} is gone", job)
+                return await self._end(input, "stopped", node_gone_reason(input.node_name), job)
             if pod.job_failed or pod.phase == "Failed":
                 return await self._end(input, "failed", pod.message or "the worker pod failed", job)
             self._pending_condition(input, pod)
@@ -323,7 +326,3 @@ class WorkerWorkflow:
             await machine.signal("worker_ended", input.worker_id)
         assert self._record is not None
         return self._record
-
-
-def _reason(exc: ActivityError) -> str:
-    return exc.cause.message if isinstance(exc.cause, ApplicationError) else str(exc)
