@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from levers9 import logs
 from levers9.models import TaskInput
-from levers9.sandbox.scenario import NodeSpec
 from levers9.tasks_client import TERMINAL, start_task, task_record
 from tests.controlplane import POOL
+from tests.factories import add_gpu_node
 from tests.reliability.world import World, world
 
 LONG_LIVED = ("PoolWorkflow", "MachineWorkflow", "WorkerWorkflow", "EgressAllowlistWorkflow")
@@ -93,17 +93,13 @@ class Soak:
             await cluster.set_node_ready(name, True)
         elif len(added) < 6:
             self.added += 1
-            base = cluster.node_specs()[0]
-            await cluster.add_node(
-                NodeSpec.model_validate(
-                    {
-                        **base.model_dump(),
-                        "name": f"gke-demo-gpu-soak-{self.added}",
-                        "internal_ip": f"127.0.13.{self.added % 250 + 1}",
-                        "external_ip": f"127.0.23.{self.added % 250 + 1}",
-                        "gpus": {"count": self.rng.choice([1, 2, 4])},
-                    }
-                )
+            host = self.added % 250 + 1
+            await add_gpu_node(
+                cluster,
+                f"gke-demo-gpu-soak-{self.added}",
+                self.rng.choice([1, 2, 4]),
+                f"127.0.13.{host}",
+                f"127.0.23.{host}",
             )
         else:
             action = "none"
