@@ -8,6 +8,7 @@ are permanent and say what to do (the spec's troubleshooting rows), 429/5xx/time
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
 from levers9.rpc import tls
+from levers9.rpc.worker_tls import worker_ca
 from levers9.telemetry import span
 from levers9.tokens import worker_token
 
@@ -165,7 +167,8 @@ class KubeActivities:
 
     @activity.defn
     async def create_worker_job(self, input: WorkerJobInput) -> str:
-        """Namespace, Job, then its token Secret owned by the Job; returns the Job's name."""
+        """Namespace, Job, then its token Secret owned by the Job (with the certificate the
+        worker serves TLS with, issued here); returns the Job's name."""
         return await self._call(input.pool_name, "create worker Job", lambda: self._create(input))
 
     def _create(self, input: WorkerJobInput) -> str:
@@ -187,8 +190,15 @@ class KubeActivities:
         )
         raw: Any = batch.read_namespaced_job(spec.job_name, spec.namespace, _preload_content=False)
         job = json.loads(raw.data)
-        token = worker_token(secret_value.get_secret_value(), spec.worker_id)
-        secret = manifests.worker_token_secret(spec, token, job_uid=job["metadata"]["uid"])
+        secret_text = secret_value.get_secret_value()
+        token = worker_token(secret_text, spec.worker_id)
+        serving = None
+        if not spec.tunnel:
+            issued = worker_ca(secret_text).issue(spec.worker_id, dt.datetime.now(dt.UTC))
+            serving = (issued.cert_pem, issued.key_pem)
+        secret = manifests.worker_token_secret(
+            spec, token, job_uid=job["metadata"]["uid"], tls=serving
+        )
         _create_or_exists(lambda: core.create_namespaced_secret(spec.namespace, _body(secret)))
         return spec.job_name
 

@@ -32,6 +32,7 @@ from levers9.models import (
 )
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.rpc.worker_tls import worker_channel
 from levers9.telemetry import span
 from levers9.temporal import is_running
 from levers9.tokens import worker_token
@@ -173,17 +174,23 @@ class TaskActivities:
         metadata = (("authorization", f"Bearer {token}"),)
         address = self._address(input)
         tunnel = bool(input.task_queue)
-        with span(f"worker {rpc}", worker_id=input.worker_id, address=address, tunnel=tunnel):
-            return await self._call_at(input, address, metadata, call)
+        # A tunnel's end is this replica's own; the tunnel rides the gateway's channel.
+        tls = input.tls and not tunnel
+        channel = worker_channel(address, input.worker_id, tls, secret.get_secret_value())
+        with span(
+            f"worker {rpc}", worker_id=input.worker_id, address=address, tunnel=tunnel, tls=tls
+        ):
+            return await self._call_at(input, address, channel, metadata, call)
 
     async def _call_at(
         self,
         input: WorkerTaskInput,
         address: str,
+        channel: aio.Channel,
         metadata: Metadata,
         call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
     ) -> T:
-        async with aio.insecure_channel(address) as channel:
+        async with channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             try:
                 return await call(stub, metadata)

@@ -4,7 +4,8 @@ One privileged worker per machine, pinned to its node by required node affinity 
 `kubernetes.io/hostname` (not `spec.nodeName`, which skips the scheduler and makes the kubelet
 fail the pod as `OutOf...` when a neighbour got there first), taking every free card of the node
 as an `nvidia.com/gpu` limit. The worker token comes from a per-worker Secret owned by the Job,
-never inline in the manifest.
+never inline in the manifest; without the tunnel, the same Secret carries the certificate and key
+WorkerService serves TLS with (`levers9.rpc.worker_tls`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from levers9.capacity import GPU, MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LA
 
 WORKER_COMMAND = ("levers9-worker",)
 TOKEN_KEY = "token"
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 TERMINATION_GRACE_S = 30
 
@@ -99,12 +102,16 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
         for name, path in _FIELD_ENV
     ]
-    env.append(
-        {
-            "name": "LEVERS9_WORKER_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": TOKEN_KEY}},
-        }
-    )
+    from_secret = [("LEVERS9_WORKER_TOKEN", TOKEN_KEY)]
+    if not spec.tunnel:  # a tunnelled worker serves on a unix socket inside the tunnel
+        from_secret += [
+            ("LEVERS9_WORKER_TLS_CERT", TLS_CERT_KEY),
+            ("LEVERS9_WORKER_TLS_KEY", TLS_KEY_KEY),
+        ]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": key}}}
+        for name, key in from_secret
+    ]
     return env
 
 
@@ -179,9 +186,13 @@ def worker_job(spec: WorkerJobSpec) -> dict[str, Any]:
 
 
 def worker_token_secret(
-    spec: WorkerJobSpec, token: str, job_uid: str | None = None
+    spec: WorkerJobSpec,
+    token: str,
+    job_uid: str | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The Secret the worker reads its token from; owned by the Job once it exists."""
+    """The Secret the worker reads its token from, and with `tls` (certificate, key; PEM) what
+    it serves TLS with; owned by the Job once it exists."""
     metadata: dict[str, Any] = {
         "name": spec.secret_name,
         "namespace": spec.namespace,
@@ -203,7 +214,8 @@ def worker_token_secret(
         "kind": "Secret",
         "type": "Opaque",
         "metadata": metadata,
-        "stringData": {TOKEN_KEY: token},
+        "stringData": {TOKEN_KEY: token}
+        | ({TLS_CERT_KEY: tls[0], TLS_KEY_KEY: tls[1]} if tls else {}),
     }
 
 

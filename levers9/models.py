@@ -124,6 +124,9 @@ class WorkerRegistration(_Record):
     task_queue: str | None = None
     """Tunnelled: the task queue of the controlplane replica holding the worker's tunnel
     session; calls to the worker run there (`address` is that replica's end of the tunnel)."""
+    tls: bool = False
+    """WorkerService serves TLS with the certificate its Secret carries (levers9.rpc.worker_tls):
+    calls to it verify the worker's name against the worker CA."""
 
 
 class WorkerHeartbeat(_Record):
@@ -164,6 +167,9 @@ class WorkerRecord(_Record):
     address: str | None = None
     task_queue: str | None = None
     """Tunnelled: the queue of the controlplane replica holding its session."""
+    tls: bool = False
+    """Dialed with TLS (its Job carries a certificate); false for tunnelled workers and those of
+    an older controlplane, until replaced."""
     visible_devices: tuple[int, ...] = ()
     last_heartbeat: datetime | None = None
     idle_since: datetime | None = None
@@ -227,6 +233,8 @@ class WorkerSlotInput(_Record):
     node_gpus: int = 0
     task_queue: str | None = None
     """Tunnelled workers: where calls to it run (WorkerRegistration.task_queue)."""
+    tls: bool = False
+    """Dial it with TLS (WorkerRegistration.tls)."""
 
 
 class StopWorker(_Record):
@@ -276,6 +284,8 @@ class TaskRecord(_Record):
     node_name: str | None = None
     address: str | None = None
     """The worker's advertised address (node external IP:port), once placed."""
+    tls: bool = False
+    """The worker serves TLS (the gateway's log relay dials it so)."""
     gpu_indices: tuple[int, ...] = ()
     phases: tuple[TaskPhase, ...] = ()
     exit_code: int | None = None
@@ -296,6 +306,8 @@ class WorkerTaskInput(_Record):
     gpu_indices: tuple[int, ...] = ()
     task_queue: str | None = None
     """Tunnelled workers: the queue of the replica holding the tunnel (the activity runs there)."""
+    tls: bool = False
+    """Dial the worker with TLS (WorkerRegistration.tls)."""
 
 
 def pool_workflow_id(pool_name: str) -> str:

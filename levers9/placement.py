@@ -24,6 +24,7 @@ class Slot(BaseModel):
     address: str
     devices: tuple[int, ...]
     task_queue: str | None = None
+    tls: bool = False
     node_gpus: int = 0
     """Cards of its node: a worker that holds fewer (a neighbour had the rest) can give way to
     one that takes them all, once it drains."""
@@ -52,6 +53,7 @@ class Placement(BaseModel):
     address: str
     gpu_indices: tuple[int, ...]
     task_queue: str | None = None
+    tls: bool = False
 
 
 class PoolState(BaseModel):
@@ -109,6 +111,7 @@ class PoolState(BaseModel):
                 node_name=slot.node_name,
                 address=slot.address,
                 task_queue=slot.task_queue,
+                tls=slot.tls,
                 gpu_indices=cards,
             )
             self.placed[waiting.task_id] = placement

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import functools
 import json
 import os
@@ -15,6 +16,7 @@ import yaml
 
 from levers9 import devvalues
 from levers9.manifests import WorkerJobSpec
+from levers9.rpc.worker_tls import worker_ca
 from levers9.sandbox import pki
 from levers9.sandbox.cluster.cluster import Cluster
 from levers9.sandbox.scenario import NodeSpec
@@ -101,6 +103,17 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port in {low}-{low + _PORT_BLOCK - 1}")
+
+
+WORKER_CA_SECRET = "worker-ca-secret-for-tests"
+"""The worker token secret whose CA issues the certificates of workers the tests start."""
+
+
+def worker_tls(worker_id: str) -> tuple[str, str]:
+    """A worker's serving certificate and key (PEM), as `create_worker_job` puts them in its
+    Secret, issued by WORKER_CA_SECRET's CA."""
+    issued = worker_ca(WORKER_CA_SECRET).issue(worker_id, dt.datetime.now(dt.UTC))
+    return issued.cert_pem, issued.key_pem
 
 
 def worker_job_spec(**overrides: Any) -> WorkerJobSpec:

@@ -39,6 +39,7 @@ class PoolWorkflow:
                 node_name=slot.node_name,
                 address=slot.address,
                 task_queue=slot.task_queue,
+                tls=slot.tls,
                 devices=slot.devices,
                 node_gpus=slot.node_gpus,
             )

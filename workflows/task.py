@@ -109,7 +109,9 @@ class TaskWorkflow:
                 return await self._run_on_worker(input, self._placement)
             except _NeverStarted as never:
                 reason = str(never)
-                self._update(state="queued", worker_id=None, node_name=None, address=None)
+                self._update(
+                    state="queued", worker_id=None, node_name=None, address=None, tls=False
+                )
             finally:
                 pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
                 with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
@@ -122,6 +124,7 @@ class TaskWorkflow:
             worker_id=placement.worker_id,
             node_name=placement.node_name,
             address=placement.address,
+            tls=placement.tls,
             gpu_indices=placement.gpu_indices,
             phases=(TaskPhase(name="placement", at=workflow.now()),),
         )
@@ -132,6 +135,7 @@ class TaskWorkflow:
             task=input,
             gpu_indices=placement.gpu_indices,
             task_queue=placement.task_queue,
+            tls=placement.tls,
         )
         self._route = on_worker
         try:

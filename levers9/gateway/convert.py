@@ -74,6 +74,7 @@ def registration(
         visible_devices=tuple(request.visible_devices),
         gpu_product=request.gpu_product,
         agent_version=request.agent_version,
+        tls=request.tls and tunnel is None,
     )
 
 

@@ -3,7 +3,8 @@
 The spec's firewall rule exists for this: "the controlplane dials each worker to stream logs".
 The CLI never reaches a worker itself; it asks the gateway with the operator token, and the
 gateway finds the task's worker in the task record (Temporal), dials the worker's advertised
-address with that worker's own token, and relays `WorkerService/StreamLogs` chunk by chunk.
+address with that worker's own token (over TLS checked against the worker CA when the worker
+registered it), and relays `WorkerService/StreamLogs` chunk by chunk.
 
 - A task not yet placed is waited for (with `follow`), polling its record.
 - The worker unreachable, or gone mid-stream: UNAVAILABLE naming the worker and its address,
@@ -27,6 +28,7 @@ from levers9.gateway.auth import bearer_token
 from levers9.gateway.errors import Unauthenticated
 from levers9.models import TaskRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
+from levers9.rpc.worker_tls import worker_channel
 from levers9.tasks_client import TERMINAL, task_record
 from levers9.tokens import operator_token_matches, worker_token
 
@@ -73,12 +75,15 @@ class TaskLogsService(gateway_pb2_grpc.TasksServicer):
         record = await self._placed(request.task_id, request.follow, context)
         if record is None or record.worker_id is None or record.address is None:
             return  # ended without ever running: there is no output to relay
-        token = worker_token(self._secret.get_secret_value(), record.worker_id)
+        secret = self._secret.get_secret_value()
+        token = worker_token(secret, record.worker_id)
         upstream = worker_pb2.StreamLogsRequest(
             task_id=request.task_id, follow=request.follow, offset=request.offset
         )
         try:
-            async with aio.insecure_channel(record.address) as channel:
+            async with worker_channel(
+                record.address, record.worker_id, record.tls, secret
+            ) as channel:
                 stub = worker_pb2_grpc.WorkerServiceStub(channel)
                 call = stub.StreamLogs(upstream, metadata=(("authorization", f"Bearer {token}"),))
                 async for chunk in call:

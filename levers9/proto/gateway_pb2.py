@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from levers9.proto import worker_pb2 as levers9_dot_proto_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1alevers9/proto/worker.proto\"\xda\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse\"\xc2\x02\n\x0bTunnelFrame\x12\x11\n\tstream_id\x18\x01 \x01(\r\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x17.levers9.v1.TunnelHelloH\x00\x12(\n\x05ready\x18\x03 \x01(\x0b\x32\x17.levers9.v1.TunnelReadyH\x00\x12&\n\x04open\x18\x04 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12*\n\x06opened\x18\x05 \x01(\x0b\x32\x18.levers9.v1.TunnelOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x06 \x01(\x0cH\x00\x12\x10\n\x06window\x18\x07 \x01(\rH\x00\x12$\n\x03\x66in\x18\x08 \x01(\x0b\x32\x15.levers9.v1.TunnelFinH\x00\x12(\n\x05reset\x18\t \x01(\x0b\x32\x17.levers9.v1.TunnelResetH\x00\x42\x06\n\x04kind\"3\n\x0bTunnelHello\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"!\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\nTunnelOpen\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06\x63redit\x18\x02 \x01(\r\"\x1e\n\x0cTunnelOpened\x12\x0e\n\x06\x63redit\x18\x01 \x01(\r\"\x0b\n\tTunnelFin\"\x1d\n\x0bTunnelReset\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x32T\n\x05Tasks\x12K\n\x0eStreamTaskLogs\x12!.levers9.v1.StreamTaskLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x32\xa7\x02\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponse\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1alevers9/proto/worker.proto\"\xe7\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\x12\x0b\n\x03tls\x18\x0b \x01(\x08\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse\"\xc2\x02\n\x0bTunnelFrame\x12\x11\n\tstream_id\x18\x01 \x01(\r\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x17.levers9.v1.TunnelHelloH\x00\x12(\n\x05ready\x18\x03 \x01(\x0b\x32\x17.levers9.v1.TunnelReadyH\x00\x12&\n\x04open\x18\x04 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12*\n\x06opened\x18\x05 \x01(\x0b\x32\x18.levers9.v1.TunnelOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x06 \x01(\x0cH\x00\x12\x10\n\x06window\x18\x07 \x01(\rH\x00\x12$\n\x03\x66in\x18\x08 \x01(\x0b\x32\x15.levers9.v1.TunnelFinH\x00\x12(\n\x05reset\x18\t \x01(\x0b\x32\x17.levers9.v1.TunnelResetH\x00\x42\x06\n\x04kind\"3\n\x0bTunnelHello\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"!\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\nTunnelOpen\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06\x63redit\x18\x02 \x01(\r\"\x1e\n\x0cTunnelOpened\x12\x0e\n\x06\x63redit\x18\x01 \x01(\r\"\x0b\n\tTunnelFin\"\x1d\n\x0bTunnelReset\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x32T\n\x05Tasks\x12K\n\x0eStreamTaskLogs\x12!.levers9.v1.StreamTaskLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x32\xa7\x02\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponse\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'levers9.proto.gateway_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERREQUEST']._serialized_start=72
-  _globals['_REGISTERREQUEST']._serialized_end=290
-  _globals['_REGISTERRESPONSE']._serialized_start=292
-  _globals['_REGISTERRESPONSE']._serialized_end=337
-  _globals['_HEARTBEATREQUEST']._serialized_start=339
-  _globals['_HEARTBEATREQUEST']._serialized_end=446
-  _globals['_HEARTBEATRESPONSE']._serialized_start=448
-  _globals['_HEARTBEATRESPONSE']._serialized_end=467
-  _globals['_REPORTTASKREQUEST']._serialized_start=469
-  _globals['_REPORTTASKREQUEST']._serialized_end=566
-  _globals['_REPORTTASKRESPONSE']._serialized_start=568
-  _globals['_REPORTTASKRESPONSE']._serialized_end=588
-  _globals['_TUNNELFRAME']._serialized_start=591
-  _globals['_TUNNELFRAME']._serialized_end=913
-  _globals['_TUNNELHELLO']._serialized_start=915
-  _globals['_TUNNELHELLO']._serialized_end=966
-  _globals['_TUNNELREADY']._serialized_start=968
-  _globals['_TUNNELREADY']._serialized_end=1001
-  _globals['_TUNNELOPEN']._serialized_start=1003
-  _globals['_TUNNELOPEN']._serialized_end=1047
-  _globals['_TUNNELOPENED']._serialized_start=1049
-  _globals['_TUNNELOPENED']._serialized_end=1079
-  _globals['_TUNNELFIN']._serialized_start=1081
-  _globals['_TUNNELFIN']._serialized_end=1092
-  _globals['_TUNNELRESET']._serialized_start=1094
-  _globals['_TUNNELRESET']._serialized_end=1123
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1125
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1197
-  _globals['_TASKS']._serialized_start=1199
-  _globals['_TASKS']._serialized_end=1283
-  _globals['_GATEWAY']._serialized_start=1286
-  _globals['_GATEWAY']._serialized_end=1581
+  _globals['_REGISTERREQUEST']._serialized_end=303
+  _globals['_REGISTERRESPONSE']._serialized_start=305
+  _globals['_REGISTERRESPONSE']._serialized_end=350
+  _globals['_HEARTBEATREQUEST']._serialized_start=352
+  _globals['_HEARTBEATREQUEST']._serialized_end=459
+  _globals['_HEARTBEATRESPONSE']._serialized_start=461
+  _globals['_HEARTBEATRESPONSE']._serialized_end=480
+  _globals['_REPORTTASKREQUEST']._serialized_start=482
+  _globals['_REPORTTASKREQUEST']._serialized_end=579
+  _globals['_REPORTTASKRESPONSE']._serialized_start=581
+  _globals['_REPORTTASKRESPONSE']._serialized_end=601
+  _globals['_TUNNELFRAME']._serialized_start=604
+  _globals['_TUNNELFRAME']._serialized_end=926
+  _globals['_TUNNELHELLO']._serialized_start=928
+  _globals['_TUNNELHELLO']._serialized_end=979
+  _globals['_TUNNELREADY']._serialized_start=981
+  _globals['_TUNNELREADY']._serialized_end=1014
+  _globals['_TUNNELOPEN']._serialized_start=1016
+  _globals['_TUNNELOPEN']._serialized_end=1060
+  _globals['_TUNNELOPENED']._serialized_start=1062
+  _globals['_TUNNELOPENED']._serialized_end=1092
+  _globals['_TUNNELFIN']._serialized_start=1094
+  _globals['_TUNNELFIN']._serialized_end=1105
+  _globals['_TUNNELRESET']._serialized_start=1107
+  _globals['_TUNNELRESET']._serialized_end=1136
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1138
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1210
+  _globals['_TASKS']._serialized_start=1212
+  _globals['_TASKS']._serialized_end=1296
+  _globals['_GATEWAY']._serialized_start=1299
+  _globals['_GATEWAY']._serialized_end=1594
 # @@protoc_insertion_point(module_scope)

@@ -35,6 +35,7 @@ class RegisterRequest(_message.Message):
     GPU_PRODUCT_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     TUNNEL_FIELD_NUMBER: _builtins.int
+    TLS_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     worker_id: _builtins.str
     node_name: _builtins.str
@@ -47,6 +48,10 @@ class RegisterRequest(_message.Message):
     tunnel: _builtins.bool
     """The worker serves over its tunnel (Gateway.Tunnel, opened first on this same channel):
     the gateway records the address and task queue of its end of the session instead.
+    """
+    tls: _builtins.bool
+    """WorkerService serves TLS with the certificate the worker's Secret carries, issued by the
+    controlplane's worker CA for `<worker_id>.worker.levers9`; calls to it verify that name.
     """
     @_builtins.property
     def visible_devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -63,10 +68,11 @@ class RegisterRequest(_message.Message):
         gpu_product: _builtins.str = ...,
         agent_version: _builtins.str = ...,
         tunnel: _builtins.bool = ...,
+        tls: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "tunnel", b"tunnel", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "tls", b"tls", "tunnel", b"tunnel", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,7 +1,7 @@
 """TLS for the gateway: the controlplane serves it with a certificate and key, workers and the
 CLI dial it trusting a CA (the gateway certificate's issuer, or the system's roots when none is
-given). Only the channel to the gateway is covered: a pool with `tunnel: true` then carries every
-worker call inside it; without the tunnel the controlplane still dials workers in plaintext.
+given). A pool with `tunnel: true` carries every worker call inside this channel; without the
+tunnel the controlplane dials workers with TLS of their own (`levers9.rpc.worker_tls`).
 
 Every file and PEM is checked before gRPC sees it, so a wrong path, a file that is not PEM, or a
 key that does not belong to the certificate fails at start with the setting named, not as a
@@ -47,18 +47,22 @@ def server_credentials(cert_file: Path, key_file: Path) -> grpc.ServerCredential
     """The gateway's certificate chain and key, checked to belong together."""
     cert_pem = read_pem(cert_file, "gatewayTlsCertFile")
     key_pem = read_pem(key_file, "gatewayTlsKeyFile")
-    leaf = certificates(cert_pem, "gatewayTlsCertFile")[0]
+    check_key_pair(cert_pem, key_pem, "gatewayTlsCertFile", "gatewayTlsKeyFile")
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+
+
+def check_key_pair(cert_pem: bytes, key_pem: bytes, cert_setting: str, key_setting: str) -> None:
+    """The PEM certificate (chain) and unencrypted key load and belong together; a TlsError
+    naming the setting otherwise."""
+    leaf = certificates(cert_pem, cert_setting)[0]
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError):
         raise TlsError(
-            "gatewayTlsKeyFile: not an unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"
+            f"{key_setting}: not an unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)"
         ) from None
     if _public_der(key.public_key()) != _public_der(leaf.public_key()):
-        raise TlsError(
-            "gatewayTlsKeyFile: the key does not belong to gatewayTlsCertFile's certificate"
-        )
-    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
+        raise TlsError(f"{key_setting}: the key does not belong to {cert_setting}'s certificate")
 
 
 def _public_der(key: Any) -> bytes:

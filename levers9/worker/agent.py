@@ -65,6 +65,7 @@ class Agent:
         """Serves until `stop` is set; raises a `StartupError` when the worker cannot start."""
         settings = self._settings
         host = "" if settings.tunnel else settings.address_to_advertise()
+        serving_tls = settings.worker_credentials()
         # ldconfig blocks for a moment; the loop may already serve others (tests, sandbox).
         driver = await asyncio.to_thread(register_driver_libraries, self._paths)
         smi = NvidiaSmi.find(driver.bin_dirs)
@@ -95,10 +96,14 @@ class Agent:
                 )
             else:
                 server = await WorkerServer.start(
-                    WorkerService(tasks), token, host, settings.worker_port
+                    WorkerService(tasks), token, host, settings.worker_port, serving_tls
                 )
             self.gateway, self.server, self.tunnel = gateway, server, tunnel
-            log.info("serving WorkerService", address=server.advertised_address)
+            log.info(
+                "serving WorkerService",
+                address=server.advertised_address,
+                tls=serving_tls is not None,
+            )
             registration = Registration(
                 node_name=settings.node_name,
                 pod_uid=settings.pod_uid,
@@ -107,6 +112,7 @@ class Agent:
                 gpu_product=product,
                 agent_version=_version(),
                 tunnel=tunnel is not None,
+                tls=serving_tls is not None,
             )
             registering = asyncio.create_task(self._serve(gateway, registration, tasks))
             try:

@@ -58,6 +58,8 @@ class Registration:
     gpu_product: str
     agent_version: str
     tunnel: bool = False
+    tls: bool = False
+    """WorkerService serves TLS (the certificate from the worker's Secret)."""
 
     def request(self, pool_name: str, worker_id: str) -> gateway_pb2.RegisterRequest:
         return gateway_pb2.RegisterRequest(
@@ -71,6 +73,7 @@ class Registration:
             gpu_product=self.gpu_product,
             agent_version=self.agent_version,
             tunnel=self.tunnel,
+            tls=self.tls,
         )
 
 

@@ -14,6 +14,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
+import grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -53,8 +54,14 @@ class WorkerServer:
 
     @classmethod
     async def start(
-        cls, service: WorkerService, token: str, advertised_host: str, port: int = 0
+        cls,
+        service: WorkerService,
+        token: str,
+        advertised_host: str,
+        port: int = 0,
+        credentials: grpc.ServerCredentials | None = None,
     ) -> WorkerServer:
+        """Serves on `advertised_host` (or what binds there): TLS with `credentials`."""
         server = aio.server(
             interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"]), MalformedRequests()]
         )
@@ -63,7 +70,10 @@ class WorkerServer:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         listen = join_host_port(bind_host(advertised_host), port)
         try:
-            bound = server.add_insecure_port(listen)
+            if credentials is None:
+                bound = server.add_insecure_port(listen)
+            else:
+                bound = server.add_secure_port(listen, credentials)
         except RuntimeError as error:
             raise ServeError(
                 f"WorkerService cannot listen on {listen}: {error} (LEVERS9_WORKER_PORT taken?)"

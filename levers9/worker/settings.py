@@ -17,6 +17,8 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
+| `LEVERS9_WORKER_TLS_CERT` | WorkerService's certificate (PEM) from its Secret: TLS when set |
+| `LEVERS9_WORKER_TLS_KEY` | its key (PEM), from the same Secret; unused in tunnel mode |
 | `LEVERS9_LOG_LEVEL` | `INFO` unless set (read by `main`, before anything can fail) |
 
 Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`).
@@ -31,7 +33,7 @@ from pathlib import Path
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from levers9.rpc import tls
+from levers9.rpc import tls, worker_tls
 
 PREFIX = "LEVERS9_"
 
@@ -60,6 +62,8 @@ class WorkerSettings(BaseModel):
     tunnel: bool = False
     gateway_tls: bool = False
     gateway_ca: str = ""
+    worker_tls_cert: str = ""
+    worker_tls_key: SecretStr = SecretStr("")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
@@ -85,6 +89,20 @@ class WorkerSettings(BaseModel):
         ca = self.gateway_ca.encode() or None
         try:
             return tls.channel_credentials(ca, f"{PREFIX}GATEWAY_CA")
+        except tls.TlsError as error:
+            raise SettingsError(str(error)) from None
+
+    def worker_credentials(self) -> grpc.ServerCredentials | None:
+        """WorkerService's TLS, from the certificate and key the worker's Secret carries; None
+        without them (a Job of an older controlplane) or in tunnel mode (a unix socket only the
+        tunnel reaches). SettingsError when they are not a certificate and its key."""
+        if self.tunnel:
+            return None
+        key = self.worker_tls_key.get_secret_value()
+        if not (self.worker_tls_cert or key):
+            return None
+        try:
+            return worker_tls.server_credentials(self.worker_tls_cert, key, PREFIX)
         except tls.TlsError as error:
             raise SettingsError(str(error)) from None
 

@@ -67,6 +67,15 @@ def test_registration(agent: Agent) -> None:
     assert record.worker_id == agent.worker_id
     assert record.address == "203.0.113.7:50051"
     assert (record.gpus, record.visible_devices) == (4, (0, 1, 2, 3))
+    assert not record.tls
+
+
+def test_a_tls_worker_is_dialed_with_tls_unless_tunnelled(agent: Agent) -> None:
+    assert convert.registration(agent.register(tls=True)).tls
+    tunnelled = convert.registration(
+        agent.register(tls=True, tunnel=True, advertised_address=""), ("unix:/tmp/t.sock", "q1")
+    )
+    assert (tunnelled.address, tunnelled.tls) == ("unix:/tmp/t.sock", False)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never an invented device);
 `levers9 run` prints the task's output and result, a task sees only its cards; `run --wait 0`
 prints DEADLINE_EXCEEDED and the task still completes; a worker shut down mid-task fails the
-task with the reason, never silently.
+task with the reason, never silently. Without the tunnel, the controlplane reaches every worker
+over TLS that it checks against its own worker CA.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -11,6 +12,7 @@ The tests of this module share one sandbox and one controlplane and run in order
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
@@ -18,11 +20,16 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
+from cryptography import x509
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.rpc.worker_tls import server_name, worker_ca, worker_channel
 from levers9.tasks_client import task_record
-from levers9.temporal import connect
+from levers9.temporal import connect, list_worker_records
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
@@ -39,6 +46,48 @@ async def cp(
     async with reconciling(dev_env.client, tmp_path_factory.mktemp("tasks")) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
+
+
+async def test_workers_serve_tls_with_the_certificate_the_controlplane_issued(
+    cp: Controlplane,
+) -> None:
+    """Every worker's Secret (read with kubectl) carries a certificate for its own name from
+    the CA of this controlplane's secret; the worker refuses plaintext, answers TLS checked as
+    the controlplane checks it, and fails the handshake for any other worker's name."""
+    secret = cp.settings.token_secret()
+    assert secret is not None
+    ca = worker_ca(secret.get_secret_value())
+    records = await list_worker_records(cp.settings, POOL, include_ended=False)
+    assert len(records) == 3
+    listed = await cp.cli("worker", "list", "--pool", POOL, "-o", "json")
+    assert [w["tls"] for w in json.loads(listed.stdout)] == [True] * 3
+    for record in records:
+        assert record.address is not None
+        listed = json.loads(
+            await cp.kubectl(
+                "-n", "levers9", "get", "secret", f"{record.job_name}-token", "-o", "json"
+            )
+        )
+        cert = x509.load_pem_x509_certificate(base64.b64decode(listed["data"]["tls.crt"]))
+        cert.verify_directly_issued_by(ca.cert)
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert names.get_values_for_type(x509.DNSName) == [server_name(record.worker_id)]
+
+        check = health_pb2.HealthCheckRequest()
+        async with aio.insecure_channel(record.address) as plaintext:
+            with pytest.raises(aio.AioRpcError) as refused:
+                await health_pb2_grpc.HealthStub(plaintext).Check(check, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        mine = worker_channel(record.address, record.worker_id, True, secret.get_secret_value())
+        async with mine:
+            reply = await health_pb2_grpc.HealthStub(mine).Check(check, timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        other = next(r.worker_id for r in records if r.worker_id != record.worker_id)
+        theirs = worker_channel(record.address, other, True, secret.get_secret_value())
+        async with theirs:
+            with pytest.raises(aio.AioRpcError) as mismatched:
+                await health_pb2_grpc.HealthStub(theirs).Check(check, timeout=5)
+        assert mismatched.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:

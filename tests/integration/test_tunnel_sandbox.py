@@ -67,14 +67,18 @@ async def test_workers_are_reached_only_through_their_tunnels(cp: Controlplane) 
         # The record points at the gateway's end of the session, on this replica's queue.
         assert record.address == endpoint[0]
         assert record.task_queue == endpoint[1] == cp.settings.replica_task_queue
+        assert not record.tls, "the tunnel's end is dialed in-process; the tunnel carries TLS"
     pods = json.loads(await cp.kubectl("get", "pods", "-n", "levers9", "-o", "json"))["items"]
     assert len(pods) == 3
+    secrets = json.loads(await cp.kubectl("get", "secrets", "-n", "levers9", "-o", "json"))
+    assert [sorted(s["data"]) for s in secrets["items"]] == [["token"]] * 3, "no certificate"
     for pod in pods:
         assert pod["spec"].get("hostNetwork", False) is False
         assert pod["status"]["podIP"] != pod["status"]["hostIP"]
         # WorkerService listens on a unix socket only: the tunnel is the one way in.
         log = await cp.kubectl("logs", "-n", "levers9", pod["metadata"]["name"])
         assert "serving WorkerService address=unix:" in log
+        assert " tls=false\n" in log
         assert "tunnel ready session_id=" in log
 
 

@@ -16,12 +16,17 @@ NEEDLE_LENGTH = 32
 def key_needles(key_json: str) -> list[str]:
     """What would betray a service-account key: its id and every line of its private key."""
     key = json.loads(key_json)
+    return [key["private_key_id"], *pem_needles(key["private_key"])]
+
+
+def pem_needles(pem: str) -> list[str]:
+    """What would betray a PEM private key: the start of each of its body lines."""
     lines = [
         line
-        for line in key["private_key"].splitlines()
+        for line in pem.splitlines()
         if line and not line.startswith("-----") and len(line) >= NEEDLE_LENGTH
     ]
-    return [key["private_key_id"], *(line[:NEEDLE_LENGTH] for line in lines)]
+    return [line[:NEEDLE_LENGTH] for line in lines]
 
 
 def _decoded_strings(node: Any) -> Iterator[str]:

@@ -3,7 +3,8 @@ no secret is anywhere an operator reads: every workflow history, as `temporal wo
 json` prints it for each workflow `temporal workflow list` finds (payloads decoded), every log
 file of the stack and every pod's log hold neither the service-account keys (the pool's, the
 controlplane's own Google key) nor any token (each worker's, the operator's, the secret that
-signs them): zero hits. The scanner itself is shown to find each needle where it does belong.
+signs them) nor any TLS key (each worker's serving key, the worker CA's): zero hits. The
+scanner itself is shown to find each needle where it does belong.
 
 The same histories then replay with the current workflow code (`temporalio.worker.Replayer`):
 a change that would break running workflows fails here.
@@ -12,18 +13,21 @@ a change that would break running workflows fails here.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from levers9.rpc.worker_tls import worker_ca
 from levers9.tokens import operator_token, worker_token
 from tests.devstack import Dev
-from tests.reliability.secrets_scan import corpus_of_json, hits, key_needles
+from tests.reliability.secrets_scan import corpus_of_json, hits, key_needles, pem_needles
 from workflows import WORKFLOWS
 from workflows.attach import AttachClusterWorkflow
 
@@ -50,6 +54,7 @@ class Demo:
             for w in self.workflows
         }
 
+    @functools.cache  # noqa: B019 (one Demo per module)
     def needles(self) -> dict[str, list[str]]:
         private = json.loads((self.state / "private.json").read_text())
         pool_key = private["config"]["worker"]["pools"]["gke-rtx6000"]["kubernetes"]["credentials"]
@@ -58,6 +63,19 @@ class Demo:
             w["id"].rsplit(":", 1)[1] for w in self.workflows if w["type"] == "WorkerWorkflow"
         ]
         assert worker_ids, "the demo started no worker"
+        # Each running worker's serving key, from its Secret (base64 there, as the API has it).
+        listed = json.loads(self.dev.kubectl("-n", "levers9", "get", "secrets", "-o", "json"))
+        serving_keys = [
+            base64.b64decode(s["data"]["tls.key"]).decode()
+            for s in listed["items"]
+            if "tls.key" in s.get("data", {})
+        ]
+        assert serving_keys, "no worker Secret carries a serving key"
+        ca_key = worker_ca(secret).key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
         return {
             "the pool's service-account key": key_needles(pool_key),
             "the controlplane's Google key": key_needles(
@@ -66,6 +84,8 @@ class Demo:
             "worker tokens": [worker_token(secret, w) for w in worker_ids],
             "the operator token": [operator_token(secret)],
             "the token secret": [secret],
+            "workers' serving keys": [n for key in serving_keys for n in pem_needles(key)],
+            "the worker CA's key": pem_needles(ca_key.decode()),
         }
 
 
@@ -93,6 +113,7 @@ def test_the_scanner_finds_each_secret_where_it_belongs(demo: Demo) -> None:
         demo.dev.kubectl("-n", "levers9", "get", "secrets", "-o", "json")
     )  # the Job's token Secrets, data base64-encoded as the API returns it
     assert hits(corpus_of_json(json.dumps(tokens)), needles["worker tokens"])
+    assert hits(corpus_of_json(json.dumps(tokens)), needles["workers' serving keys"])
     # A history's base64 payloads are searched decoded: a planted token is found.
     payload = json.dumps({"token": needles["worker tokens"][0]}).encode()
     planted = json.dumps({"data": base64.b64encode(payload).decode()})

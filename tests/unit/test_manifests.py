@@ -18,7 +18,7 @@ from levers9.manifests import (
     worker_job_name,
     worker_token_secret,
 )
-from tests.factories import MARKER, worker_job_spec
+from tests.factories import MARKER, worker_job_spec, worker_tls
 
 K8S_VERSION = "1.33.0"
 
@@ -36,9 +36,10 @@ def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
         worker_job(SPEC),
         worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True)),
         worker_token_secret(SPEC, "t0k3n", job_uid="5e0c5b6e-0000-4000-8000-000000000001"),
+        worker_token_secret(SPEC, "t0k3n", tls=worker_tls("a1b2c3d4")),
         namespace("levers9"),
     ],
-    ids=["job-gke", "job-generic-tunnel", "secret", "namespace"],
+    ids=["job-gke", "job-generic-tunnel", "secret", "secret-tls", "namespace"],
 )
 def test_valid_against_kubernetes_schema(manifest: dict[str, Any]) -> None:
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
@@ -109,10 +110,30 @@ def test_env_downward_api_and_token_by_reference() -> None:
     }
 
 
+def test_serving_certificate_by_reference_unless_tunnelled() -> None:
+    [container] = _pod_spec(worker_job(SPEC))["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    secret = "worker-gke-rtx6000-a1b2c3d4-token"
+    assert env["LEVERS9_WORKER_TLS_CERT"]["valueFrom"] == {
+        "secretKeyRef": {"name": secret, "key": "tls.crt"}
+    }
+    assert env["LEVERS9_WORKER_TLS_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": secret, "key": "tls.key"}
+    }
+    [tunnelled] = _pod_spec(worker_job(dataclasses.replace(SPEC, tunnel=True)))["containers"]
+    assert not {"LEVERS9_WORKER_TLS_CERT", "LEVERS9_WORKER_TLS_KEY"} & {
+        e["name"] for e in tunnelled["env"]
+    }
+
+
 def test_token_only_in_the_secret() -> None:
     assert MARKER not in json.dumps(worker_job(SPEC))
     secret = worker_token_secret(SPEC, MARKER, job_uid="uid-1")
     assert secret["stringData"] == {"token": MARKER}
+    cert, key = worker_tls("a1b2c3d4")
+    with_tls = worker_token_secret(SPEC, MARKER, tls=(cert, key))
+    assert with_tls["stringData"] == {"token": MARKER, "tls.crt": cert, "tls.key": key}
+    assert key not in json.dumps(worker_job(SPEC))
     [owner] = secret["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
         "Job",

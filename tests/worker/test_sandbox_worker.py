@@ -2,22 +2,25 @@
 scenario's 2-GPU node, runs `levers9-worker` as the sandbox kubelet runs it (a local process
 with the node's paths mapped), finds its cards `nvidia0`/`nvidia1` in the kubelet's
 checkpoint, logs the spec's two start lines, registers with a gateway on 127.0.0.1 at the
-node's external IP, and runs a task on the cards it was given."""
+node's external IP, serves TLS with the certificate its Secret carries (plaintext refused), and
+runs a task on the cards it was given."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from grpc import aio
 
 from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
 from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.rpc.worker_tls import worker_channel
 from levers9.sandbox.cluster import Cluster
 from levers9.sandbox.registry import Registry
 from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
-from tests.factories import worker_job_spec
+from tests.factories import WORKER_CA_SECRET, worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, fast_scenario
 from tests.worker.kit import AUTH, TOKEN
 from tests.worker.recording_gateway import RecordingGateway
@@ -54,7 +57,7 @@ async def test_the_worker_job_registers_with_its_cards(
     assert (cluster.node_root(GPU_2X) / "usr/local/nvidia/lib64").is_dir()
     spec = _worker_spec(gateway.address)
     registry.create(NAMESPACES, {"metadata": {"name": spec.namespace}})
-    registry.create(SECRETS, worker_token_secret(spec, TOKEN))
+    registry.create(SECRETS, worker_token_secret(spec, TOKEN, tls=worker_tls("w1")))
     registry.create(JOBS, worker_job(spec))
 
     await gateway.wait_for(lambda calls: len(calls.registers) == 1, within=20)
@@ -63,6 +66,7 @@ async def test_the_worker_job_registers_with_its_cards(
     assert list(request.visible_devices) == [0, 1]
     assert request.advertised_address.startswith(f"{EXTERNAL_IP}:")
     assert request.node_name == GPU_2X
+    assert request.tls, "the certificate in its Secret: WorkerService serves TLS"
 
     [pod] = registry.list(PODS, spec.namespace).items()
     assert request.pod_uid == pod["metadata"]["uid"]
@@ -70,7 +74,14 @@ async def test_the_worker_job_registers_with_its_cards(
     messages = [line.split(maxsplit=2)[2] for line in log.splitlines()]
     assert list(SPEC_LINES) == messages[:2]
 
-    async with aio.insecure_channel(request.advertised_address) as channel:
+    async with aio.insecure_channel(request.advertised_address) as plaintext:
+        with pytest.raises(aio.AioRpcError) as refused:
+            await worker_pb2_grpc.WorkerServiceStub(plaintext).GetTask(
+                worker_pb2.GetTaskRequest(task_id="t"), metadata=AUTH, timeout=5
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    address = request.advertised_address
+    async with worker_channel(address, "w1", True, WORKER_CA_SECRET) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
         code = "import os; print(os.environ['NVIDIA_VISIBLE_DEVICES'])"
         task = worker_pb2.TaskSpec(

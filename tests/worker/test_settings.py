@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from levers9.worker.settings import SettingsError, WorkerSettings
+from tests.factories import worker_tls
 from tests.worker.kit import TOKEN
 
 BASE = {
@@ -50,3 +51,27 @@ def test_no_address_at_all_is_an_error() -> None:
 
 def test_the_token_stays_out_of_reprs() -> None:
     assert TOKEN not in repr(WorkerSettings.from_env(BASE))
+
+
+def test_serving_tls_from_the_secret_and_never_in_tunnel_mode() -> None:
+    cert, key = worker_tls("w1")
+    tls_env = {**BASE, "LEVERS9_WORKER_TLS_CERT": cert, "LEVERS9_WORKER_TLS_KEY": key}
+    settings = WorkerSettings.from_env(tls_env)
+    assert settings.worker_credentials() is not None
+    assert key not in repr(settings)
+    assert WorkerSettings.from_env(BASE).worker_credentials() is None, "an older Job: plaintext"
+    tunnelled = WorkerSettings.from_env({**tls_env, "LEVERS9_TUNNEL": "true"})
+    assert tunnelled.worker_credentials() is None
+
+
+def test_a_broken_serving_certificate_names_the_variable() -> None:
+    cert, _ = worker_tls("w1")
+    _, other_key = worker_tls("w1")
+    settings = WorkerSettings.from_env(
+        {**BASE, "LEVERS9_WORKER_TLS_CERT": cert, "LEVERS9_WORKER_TLS_KEY": other_key}
+    )
+    with pytest.raises(SettingsError, match="LEVERS9_WORKER_TLS_KEY: the key does not belong"):
+        settings.worker_credentials()
+    only_cert = WorkerSettings.from_env({**BASE, "LEVERS9_WORKER_TLS_CERT": cert})
+    with pytest.raises(SettingsError, match="LEVERS9_WORKER_TLS_KEY is not set"):
+        only_cert.worker_credentials()

@@ -14,7 +14,7 @@ from levers9.manifests import worker_job, worker_token_secret
 from levers9.sandbox.cluster import Cluster
 from levers9.sandbox.cluster.objects import condition
 from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
-from tests.factories import worker_job_spec
+from tests.factories import worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, PYTHON_IMAGE, python, wait_for
 
 AGENT = """
@@ -44,7 +44,7 @@ async def test_the_worker_job_runs_with_its_cards_and_token(cluster: Cluster) ->
     job = worker_job(spec)
     job["spec"]["template"]["spec"]["containers"][0]["command"] = python(AGENT)
     registry.create(JOBS, job)
-    registry.create(SECRETS, worker_token_secret(spec, "worker-token"))
+    registry.create(SECRETS, worker_token_secret(spec, "worker-token", tls=worker_tls("w1")))
 
     def complete() -> bool:
         cond = condition(registry.get(JOBS, "levers9", spec.job_name), "Complete")
