@@ -250,30 +250,35 @@ def test_config_check_masks_the_key(dev: Dev) -> None:
 @pytest.mark.timeout(600)
 def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
     stack = Dev(tmp_path)
-    assert stack.run("dev", "up", *stack.ports).returncode == 0
-    pids = [int(str(row["pid"])) for row in stack.processes()]
-    assert len(pids) == 6
-    key_before = _dev_key(tmp_path)
-    nodes_before = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
-    assert stack.run("dev", "down").returncode == 0
-    again = stack.run("dev", "up", *stack.ports)
-    assert again.returncode == 0, again.stderr
-    assert _dev_key(tmp_path) == key_before, "a restarted sandbox keeps its key and CA"
-    assert "gke-demo-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
-    assert "pushed the worker image" not in again.stdout, "the registries keep their images"
-    assert "seeded moto" in again.stdout, "moto's state is memory only: seeded again"
-    nodes = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
-    assert nodes != nodes_before
-    assert SandboxAdmin(tmp_path / ".levers9" / "dev" / "sandbox").access()["egressIp"] == nodes[0]
-    down = stack.run("dev", "down")
-    assert down.returncode == 0, down.stderr
-    assert "stopped: worker, temporal, sandbox, moto, gar, ecr" in down.stdout
-    assert not _pids_mentioning(str(tmp_path))
-    assert "nothing is running" in stack.run("dev", "status").stdout
-    logs = "".join(p.read_text() for p in (tmp_path / ".levers9" / "dev" / "logs").iterdir())
-    secret_line = _dev_key(tmp_path)["private_key"].splitlines()[1]
-    assert secret_line not in logs
-    assert "loaded controller gpu_type=RTXPro6000 mode=external pool_name=gke-rtx6000" in logs
+    try:
+        assert stack.run("dev", "up", *stack.ports).returncode == 0
+        pids = [int(str(row["pid"])) for row in stack.processes()]
+        assert len(pids) == 6
+        key_before = _dev_key(tmp_path)
+        nodes_before = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
+        assert stack.run("dev", "down").returncode == 0
+        again = stack.run("dev", "up", *stack.ports)
+        assert again.returncode == 0, again.stderr
+        assert _dev_key(tmp_path) == key_before, "a restarted sandbox keeps its key and CA"
+        assert "gke-demo-gpu-4x" in stack.kubectl("get", "nodes", "-o", "name")
+        assert "pushed the worker image" not in again.stdout, "the registries keep their images"
+        assert "seeded moto" in again.stdout, "moto's state is memory only: seeded again"
+        nodes = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
+        assert nodes != nodes_before
+        assert (
+            SandboxAdmin(tmp_path / ".levers9" / "dev" / "sandbox").access()["egressIp"] == nodes[0]
+        )
+        down = stack.run("dev", "down")
+        assert down.returncode == 0, down.stderr
+        assert "stopped: worker, temporal, sandbox, moto, gar, ecr" in down.stdout
+        assert not _pids_mentioning(str(tmp_path))
+        assert "nothing is running" in stack.run("dev", "status").stdout
+        logs = "".join(p.read_text() for p in (tmp_path / ".levers9" / "dev" / "logs").iterdir())
+        secret_line = _dev_key(tmp_path)["private_key"].splitlines()[1]
+        assert secret_line not in logs
+        assert "loaded controller gpu_type=RTXPro6000 mode=external pool_name=gke-rtx6000" in logs
+    finally:
+        stack.run("dev", "down")  # what a failed or timed-out step left running
 
 
 def test_kubectl_sees_the_default_scenario(dev: Dev) -> None:
