@@ -1,8 +1,9 @@
 """Warm dispatch on the sandbox: submit -> task process started, and submit -> result of `true`,
 p50 and p95 over N runs (target: p50 submit -> started at most 300 ms; the spec's warm figure is
-2 s). Runs against the dev stack, so start it first:
+2 s). Runs against the dev stack, attached (the demo attaches the pool; a bare `dev up` gets
+the 403 until `deploy/gke/attach-gke-pool.sh` runs), so start it first:
 
-    levers9 dev up && python benchmarks/dispatch.py [--runs 50] [--pool gke-rtx6000]
+    levers9 dev demo && python benchmarks/dispatch.py [--runs 50] [--pool gke-rtx6000]
 
 "started" is the worker's own `container.start` phase (same machine, same clock); "result" is
 when the CLI's client first sees the record ended (polled every 20 ms).

@@ -31,9 +31,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc import aio
 
+from levers9 import certificates
 from levers9.rpc.tls import TlsError, check_key_pair
 
 CA_NAME = "levers9 worker CA"
@@ -66,23 +66,13 @@ class WorkerCa:
     def issue(self, worker_id: str, now: dt.datetime) -> WorkerCertificate:
         """A serving certificate for `worker_id` with a fresh key."""
         key = ec.generate_private_key(ec.SECP256R1())
-        name = server_name(worker_id)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1))
-            .not_valid_after(min(now + WORKER_VALIDITY, CA_NOT_AFTER))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-            .sign(self.key, hashes.SHA256())
+        cert = certificates.serving_certificate(
+            self.key,
+            self.cert,
+            key.public_key(),
+            [x509.DNSName(server_name(worker_id))],
+            now - dt.timedelta(hours=1),
+            min(now + WORKER_VALIDITY, CA_NOT_AFTER),
         )
         key_pem = key.private_bytes(
             serialization.Encoding.PEM,
@@ -107,33 +97,7 @@ def worker_ca(secret: str) -> WorkerCa:
     )
     order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256's n
     key = ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(CA_NOT_BEFORE)
-        .not_valid_after(CA_NOT_AFTER)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    cert = certificates.ca_certificate(key, CA_NAME, 1, CA_NOT_BEFORE, CA_NOT_AFTER)
     return WorkerCa(key, cert)
 
 

@@ -13,9 +13,10 @@ import json
 from dataclasses import dataclass
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
+
+from levers9 import certificates
 
 _VALIDITY = dt.timedelta(days=365)
 
@@ -52,34 +53,12 @@ def mint_certificate_authority(
     """Mints a CA and a serving certificate for `hosts` (IPs or DNS names) signed by it."""
     now = dt.datetime.now(dt.UTC)
     ca_key = _private_key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    ca_cert = certificates.ca_certificate(
+        ca_key,
+        common_name,
+        x509.random_serial_number(),
+        now - dt.timedelta(minutes=5),
+        now + _VALIDITY,
     )
     names: list[x509.GeneralName] = []
     for host in hosts:
@@ -88,24 +67,8 @@ def mint_certificate_authority(
         except ValueError:
             names.append(x509.DNSName(host))
     key = _private_key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
+    cert = certificates.serving_certificate(
+        ca_key, ca_cert, key.public_key(), names, now - dt.timedelta(minutes=5), now + _VALIDITY
     )
     return CertificateAuthority(
         ca_pem=ca_cert.public_bytes(serialization.Encoding.PEM),
