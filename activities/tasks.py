@@ -174,11 +174,15 @@ class TaskActivities:
         metadata = (("authorization", f"Bearer {token}"),)
         address = self._address(input)
         tunnel = bool(input.task_queue)
-        # A tunnel's end is this replica's own; the tunnel rides the gateway's channel.
-        tls = input.tls and not tunnel
-        channel = worker_channel(address, input.worker_id, tls, secret.get_secret_value())
+        # `tls` is never set for a tunnelled worker (gateway.convert.registration): its end of
+        # the tunnel is this replica's own, and the tunnel rides the gateway's channel.
+        channel = worker_channel(address, input.worker_id, input.tls, secret.get_secret_value())
         with span(
-            f"worker {rpc}", worker_id=input.worker_id, address=address, tunnel=tunnel, tls=tls
+            f"worker {rpc}",
+            worker_id=input.worker_id,
+            address=address,
+            tunnel=tunnel,
+            tls=input.tls,
         ):
             return await self._call_at(input, address, channel, metadata, call)
 
