@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.temporal import ensure_search_attributes
 
 BIN = Path(sys.executable).parent
+# How long a server may take to answer after it is spawned. The SDK's default is 5 s; on a busy
+# shared machine the time-skipping server once missed it and every test of that worker errored.
+SERVER_START = timedelta(seconds=60)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +31,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_existing_path=str(BIN / "temporal"),
         data_converter=pydantic_data_converter,
         dev_server_extra_args=["--headless"],
+        dev_server_startup_timeout=SERVER_START,
     )
     async with env:
         await ensure_search_attributes(env.client, "default")
@@ -39,6 +44,7 @@ async def time_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"),
         data_converter=pydantic_data_converter,
+        test_server_startup_timeout=SERVER_START,
     )
     async with env:
         yield env
