@@ -8,13 +8,13 @@ from typing import Any
 from temporalio.client import Client
 
 from activities.aws import AwsActivities
+from activities.dispatch import TaskActivities, TunnelEndpoints
 from activities.gcp import GcpActivities, gcp_clients
 from activities.images import ImageActivities
 from activities.kube import KubeActivities, KubeObserver
 from activities.kube_clients import KubeClients
 from activities.pools import PoolActivities
 from activities.reconcile import ReconcileActivities
-from activities.tasks import TaskActivities, TunnelEndpoints
 from levers9.config import ControlplaneSettings
 
 

@@ -23,10 +23,10 @@ from temporalio.client import Client
 
 from levers9.cli.runtime import honour_dev_env
 from levers9.config import ControlplaneSettings, parse_settings
-from levers9.models import TaskInput
-from levers9.sandbox.synthetic import cpu_model
-from levers9.tasks_client import TERMINAL, new_task_id, start_task, task_record
+from levers9.models import TERMINAL, TaskInput
+from levers9.task_records import new_task_id, start_task, task_record
 from levers9.temporal import connect
+from sandbox.synthetic import cpu_model
 
 POLL_S = 0.02
 

@@ -23,9 +23,9 @@ from typing import Any
 
 from kubernetes import client
 
-from levers9.sandbox.store import Store
-from levers9.sandbox.synthetic import cpu_model, load
-from levers9.sandbox.threaded import SandboxThread
+from sandbox.store import Store
+from sandbox.synthetic import cpu_model, load
+from sandbox.threaded import SandboxThread
 
 
 def list_all(core: Any, page_size: int, raw: bool) -> tuple[int, int]:

@@ -36,11 +36,11 @@ from activities.reconcile import ReconcileActivities
 from levers9.capacity import NodeCapacity, PoolView
 from levers9.config import ControlplaneSettings, parse_pool
 from levers9.models import ReconcilePoolResult
-from levers9.sandbox.resources import PODS
-from levers9.sandbox.server import SandboxOptions
-from levers9.sandbox.synthetic import NAMESPACE_COUNT, cpu_model, load
-from levers9.sandbox.threaded import SandboxThread
 from levers9.temporal import ensure_search_attributes, sync_reconcile_schedules
+from sandbox.resources import PODS
+from sandbox.server import SandboxOptions
+from sandbox.synthetic import NAMESPACE_COUNT, cpu_model, load
+from sandbox.threaded import SandboxThread
 from workflows import WORKFLOWS
 
 POOL = "bench"

@@ -32,14 +32,14 @@ from levers9 import logs
 from levers9.gateway.server import Gateway
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import worker_pb2, worker_pb2_grpc
-from levers9.sandbox.synthetic import cpu_model
 from levers9.tokens import worker_token
 from levers9.worker.driver import DriverSetup
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
-from levers9.worker.tasks import TaskManager
+from levers9.worker.supervisor import TaskManager
 from levers9.worker.tunnel import TunnelClient
+from sandbox.synthetic import cpu_model
 
 Metadata = tuple[tuple[str, str], ...]
 SECRET = "benchmark-secret"

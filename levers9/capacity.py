@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from levers9.contract import GPU
 from levers9.quantity import millicores, whole
 
-GPU = "nvidia.com/gpu"
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 MANAGED_BY = "app.kubernetes.io/managed-by"

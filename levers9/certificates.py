@@ -1,7 +1,7 @@
 """X.509 the project mints: a CA that signs serving certificates, and those certificates (pure).
 
 Two users: the worker CA (`levers9.rpc.worker_tls`, P-256, derived from the token secret) and the
-sandbox's cluster CA (`levers9.sandbox.pki`, RSA, as GKE's). Both are real X.509 that gRPC,
+sandbox's cluster CA (`sandbox.pki`, RSA, as GKE's). Both are real X.509 that gRPC,
 kubectl and the Kubernetes client verify.
 """
 

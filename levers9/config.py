@@ -40,6 +40,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from levers9.contract import DNS_LABEL
 from levers9.tokens import operator_token
 
 POOLS_PATH = ("config", "worker", "pools")
@@ -47,7 +48,6 @@ CONTROLPLANE_PATH = ("config", "controlplane")
 PROVIDER = "kubernetes"
 INVALID_PROVIDER = "invalid provider name"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _SA_KEY_FIELDS = ("client_email", "private_key", "token_uri")
 
@@ -159,7 +159,7 @@ class KubernetesConfig(_Model):
     @field_validator("namespace")
     @classmethod
     def _dns_label(cls, value: str) -> str:
-        if not _DNS_LABEL.match(value):
+        if not DNS_LABEL.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid namespace name (a DNS-1123 label)")
         return value
 

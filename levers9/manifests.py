@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from levers9.capacity import GPU, MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
+from levers9.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
+from levers9.contract import DEVICE_PLUGIN_DIR, GPU
 
 WORKER_COMMAND = ("levers9-worker",)
 TOKEN_KEY = "token"
 TLS_CERT_KEY = "tls.crt"
 TLS_KEY_KEY = "tls.key"
-DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 TERMINATION_GRACE_S = 30
 
 # Downward-API fields the agent needs: which pod it is (to find its cards in the kubelet

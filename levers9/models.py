@@ -269,6 +269,10 @@ class TaskInput(_Record):
     env: dict[str, str] = {}
 
 
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
+"""Task states a task never leaves (`TaskRecord.state`)."""
+
+
 class TaskRecord(_Record):
     """The task record: `levers9 task get` reads it (query, and the memo when it ended)."""
 

@@ -39,6 +39,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings
+from levers9.errors import Unreachable
 from levers9.logs import get_logger
 from levers9.models import (
     MACHINE_WORKFLOW,
@@ -78,15 +79,34 @@ async def connect(settings: ControlplaneSettings, runtime: Runtime | None = None
     levers9 process uses (workers made from it inherit the interceptor); `runtime` is the
     controlplane's, with its metrics endpoint."""
     api_key = settings.temporal_api_key
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        api_key=api_key.get_secret_value() if api_key else None,
-        tls=_tls(settings),
-        data_converter=pydantic_data_converter,
-        interceptors=telemetry.interceptors(),
-        runtime=runtime,
-    )
+    try:
+        return await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            api_key=api_key.get_secret_value() if api_key else None,
+            tls=_tls(settings),
+            data_converter=pydantic_data_converter,
+            interceptors=telemetry.interceptors(),
+            runtime=runtime,
+        )
+    except RuntimeError as exc:
+        if not str(exc).startswith("Failed client connect"):
+            raise
+        raise Unreachable(
+            f"cannot reach Temporal at {settings.temporal_address}"
+            f" ({_connect_reason(str(exc))}): set TEMPORAL_ADDRESS (temporalAddress), or start"
+            " the dev stack with levers9 dev up"
+        ) from None
+
+
+def _connect_reason(message: str) -> str:
+    """The OS's words from the SDK's `Failed client connect: ... message: "..."`."""
+    marker = 'message: "'
+    start = message.rfind(marker)
+    if start < 0:
+        return message.removeprefix("Failed client connect: ").strip()[:200]
+    end = message.find('"', start + len(marker))
+    return message[start + len(marker) : end if end > 0 else None].lower()
 
 
 async def is_running(handle: WorkflowHandle[Any, Any]) -> bool:

@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from levers9.sandbox import aws, registries, worker_image
-from levers9.sandbox.gcp.env import cloud_env
-from levers9.sandbox.scenario import Scenario
-from levers9.sandbox.serve import RunningSandbox, start
+from sandbox import aws, registries, worker_image
+from sandbox.gcp.env import cloud_env
+from sandbox.scenario import Scenario
+from sandbox.serve import RunningSandbox, start
 from tests.controlplane import quick_scenario
 
 BIN = Path(sys.executable).parent

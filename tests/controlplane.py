@@ -28,14 +28,15 @@ from temporalio.worker import Worker
 
 from activities.kube import job_selector
 from activities.kube_clients import KubeClients
-from levers9 import devvalues, telemetry
+from levers9 import telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.server import Gateway
 from levers9.rpc import tls
-from levers9.sandbox.scenario import Images, Scenario
-from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import list_worker_records, sync_reconcile_schedules
 from levers9.tokens import operator_token
+from sandbox import devvalues
+from sandbox.scenario import Images, Scenario
+from sandbox.serve import RunningSandbox, start
 from tests.factories import free_port
 from worker_main import serving
 

@@ -14,12 +14,11 @@ from typing import Any
 
 import yaml
 
-from levers9 import devvalues
 from levers9.manifests import WorkerJobSpec
 from levers9.rpc.worker_tls import worker_ca
-from levers9.sandbox import pki
-from levers9.sandbox.cluster.cluster import Cluster
-from levers9.sandbox.scenario import NodeSpec
+from sandbox import devvalues, pki
+from sandbox.cluster.cluster import Cluster
+from sandbox.scenario import NodeSpec
 
 MARKER = "MARKER-5f3c9e-never-log-me"
 """Put inside secrets; no log, dump or error may ever contain it."""

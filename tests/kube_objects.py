@@ -6,12 +6,12 @@ from typing import Any
 
 from levers9.capacity import (
     ACCELERATOR_LABEL,
-    GPU,
     MANAGED_BY,
     NODE_LABEL,
     POOL_LABEL,
     WORKER_ID_LABEL,
 )
+from levers9.contract import GPU
 
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
 

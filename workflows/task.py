@@ -32,10 +32,11 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
-    from activities.tasks import TaskActivities
+    from activities.dispatch import TaskActivities
     from levers9.gateway.reports import TaskPhase, TaskReport
     from levers9.models import (
         TASK_WORKFLOW,
+        TERMINAL,
         PlaceRequest,
         TaskInput,
         TaskRecord,
@@ -52,7 +53,6 @@ WORKER_TIMEOUT = timedelta(seconds=30)
 RUN_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=10)
 POLL_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=6)
 POLL_EVERY = timedelta(seconds=5)
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
 PLACEMENTS = 3
 PLACE_AGAIN = "place-again-when-the-worker-is-gone"
 ENDED_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=5)

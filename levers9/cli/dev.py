@@ -16,7 +16,8 @@ from rich.status import Status
 
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
-from levers9.devstack import (
+from levers9.temporal import wait_for_passes, wait_for_workers
+from sandbox.devstack import (
     DEFAULT_ECR_PORT,
     DEFAULT_GAR_PORT,
     DEFAULT_GATEWAY_PORT,
@@ -29,7 +30,6 @@ from levers9.devstack import (
     is_running,
     temporal_binary,
 )
-from levers9.temporal import wait_for_passes, wait_for_workers
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
 

@@ -17,7 +17,7 @@ from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput
 from levers9.operations import failure_message, start_pool_removal
-from levers9.tasks_client import PROBE_COMMAND, check_mismatch, check_report, new_task_id
+from levers9.task_records import PROBE_COMMAND, check_mismatch, check_report, new_task_id
 from levers9.temporal import connect, list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from levers9.cli.output import fail
-from levers9.config import ConfigError, ControlplaneSettings, parse_settings
-from levers9.devstack import state_home
+if TYPE_CHECKING:
+    from levers9.config import ControlplaneSettings
+
+
+def state_home() -> Path:
+    """`$LEVERS9_HOME`, else `.levers9` in the current directory (the dev stack's state)."""
+    return Path(os.environ.get("LEVERS9_HOME") or ".levers9").absolute()
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -34,6 +39,9 @@ def honour_dev_env() -> None:
 
 def settings_from_env() -> ControlplaneSettings:
     """Controlplane settings from the environment (and the dev env file)."""
+    from levers9.cli.output import fail
+    from levers9.config import ConfigError, parse_settings
+
     try:
         return parse_settings({})
     except ConfigError as exc:

@@ -11,9 +11,10 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, console, fail, render
-from levers9.devstack import DevStack, is_running, state_home
-from levers9.sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
-from levers9.sandbox.scenario import Scenario
+from levers9.cli.runtime import state_home
+from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from sandbox.devstack import DevStack, is_running
+from sandbox.scenario import Scenario
 
 app = typer.Typer(help="The sandbox: a local GKE-like cluster kubectl and the client drive.")
 node_app = typer.Typer(help="Scenario commands for nodes of a running sandbox.")
@@ -72,7 +73,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the sandbox in the foreground until Ctrl-C."""
-    from levers9.sandbox.serve import serve as run
+    from sandbox.serve import serve as run
 
     try:
         loaded = Scenario.load(scenario)
@@ -195,7 +196,7 @@ def replace_eks_nodes(
     """The controlplane's EKS nodes are replaced (new public IPs); its egress IP follows."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from levers9.sandbox import aws
+    from sandbox import aws
 
     admin = _admin(state_dir)
     # The sandbox's state is `<home>/dev/sandbox`; the dev stack beside it records moto.

@@ -10,13 +10,13 @@ from typing import Annotated
 
 import typer
 
+from levers9.cli.log_stream import LogStreamUnavailable, stream_task_logs
 from levers9.cli.output import Output, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
 from levers9.cli.worker import ago
 from levers9.config import ControlplaneSettings
-from levers9.models import TaskInput, TaskRecord
-from levers9.task_logs_client import LogStreamUnavailable, stream_task_logs
-from levers9.tasks_client import TERMINAL, list_tasks, new_task_id, start_task, task_record
+from levers9.models import TERMINAL, TaskInput, TaskRecord
+from levers9.task_records import list_tasks, new_task_id, start_task, task_record
 from levers9.temporal import connect
 
 app = typer.Typer(help="Tasks: what users run on the workers, and their records.")

@@ -11,26 +11,17 @@ from collections.abc import Iterable
 from pydantic import SecretStr
 
 from levers9.gateway.errors import Unauthenticated
+from levers9.rpc import bearer
 from levers9.tokens import token_matches
-
-AUTHORIZATION = "authorization"
-_SCHEME = "bearer "
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]]) -> str:
-    """The one bearer token in the call metadata; `Unauthenticated` when absent or ambiguous."""
-    values = [value for key, value in metadata if key.lower() == AUTHORIZATION]
-    if not values:
-        raise Unauthenticated("missing worker token: send `authorization: Bearer <token>`")
-    if len(values) > 1:
-        raise Unauthenticated("more than one authorization header; send exactly one")
-    [value] = values
-    if not isinstance(value, str) or not value[: len(_SCHEME)].lower() == _SCHEME:
-        raise Unauthenticated("authorization is not a bearer token: send `Bearer <token>`")
-    token = value[len(_SCHEME) :].strip()
-    if not token:
-        raise Unauthenticated("empty bearer token")
-    return token
+    """The one bearer token in the call metadata (`levers9.rpc.bearer`); `Unauthenticated`
+    when absent or ambiguous."""
+    try:
+        return bearer.token(metadata)
+    except bearer.BearerError as exc:
+        raise Unauthenticated(str(exc)) from None
 
 
 def authenticate(

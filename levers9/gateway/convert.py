@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
 from levers9.models import WorkerHeartbeat, WorkerRegistration
@@ -30,7 +31,6 @@ MAX_PHASE_ERROR_BYTES = 2 * 1024
 _MAX_UNIX_MS = 253_402_300_799_999
 
 # Pool names and worker ids end up in Job names and labels: DNS labels.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NODE_NAME = re.compile(r"[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
 _POD_UID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -46,8 +46,8 @@ _STATE_NAMES: dict[worker_pb2.TaskState.ValueType, TaskState] = {
 
 def check_worker(pool_name: str, worker_id: str) -> None:
     """The ids every call carries; they name the worker record `worker:<pool>:<worker-id>`."""
-    _match("pool_name", pool_name, _DNS_LABEL, "a pool name (lowercase DNS label)")
-    _match("worker_id", worker_id, _DNS_LABEL, "a worker id (lowercase DNS label)")
+    _match("pool_name", pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")
+    _match("worker_id", worker_id, DNS_LABEL, "a worker id (lowercase DNS label)")
 
 
 def registration(

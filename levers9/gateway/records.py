@@ -16,7 +16,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.gateway.reports import TaskReport
-from levers9.models import WorkerHeartbeat, WorkerRegistration, worker_workflow_id
+from levers9.models import (
+    WorkerHeartbeat,
+    WorkerRegistration,
+    task_workflow_id,
+    worker_workflow_id,
+)
 
 REGISTER_SIGNAL = "register"
 HEARTBEAT_SIGNAL = "heartbeat"
@@ -25,10 +30,6 @@ REPORT_SIGNAL = "report"
 # timeout; this bounds the whole signal below the agent's call deadline, so the agent hears
 # UNAVAILABLE and retries rather than timing out blind.
 SIGNAL_DEADLINE = timedelta(seconds=5)
-
-
-def task_workflow_id(task_id: str) -> str:
-    return f"task:{task_id}"
 
 
 class RecordNotFound(Exception):

@@ -16,9 +16,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
+from levers9.gateway.log_relay import TaskLogsService, TaskRecords
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
-from levers9.gateway.task_logs import TaskLogsService, TaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc

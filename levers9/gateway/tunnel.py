@@ -34,10 +34,8 @@ from levers9.proto import gateway_pb2
 from levers9.tunnel.bridge import LocalListener
 from levers9.tunnel.frames import Frame
 from levers9.tunnel.mux import Session, Stream
-from levers9.tunnel.wire import from_proto, to_proto
+from levers9.tunnel.wire import WORKER_TARGET, from_proto, to_proto
 
-WORKER_TARGET = "worker"
-"""The worker's own WorkerService, whatever socket it listens on."""
 HELLO_TIMEOUT_S = 10.0
 
 log = get_logger(__name__)

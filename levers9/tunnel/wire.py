@@ -7,6 +7,9 @@ from __future__ import annotations
 from levers9.proto import gateway_pb2
 from levers9.tunnel.frames import Frame, FrameKind
 
+WORKER_TARGET = "worker"
+"""The tunnel target of the worker's own WorkerService, whatever socket it listens on."""
+
 
 def to_proto(frame: Frame) -> gateway_pb2.TunnelFrame:
     sid = frame.stream_id

@@ -29,7 +29,7 @@ from levers9.worker.server import ServeError, WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.settings import SettingsError, WorkerSettings
 from levers9.worker.smi import NvidiaSmi, NvidiaSmiError
-from levers9.worker.tasks import TaskManager
+from levers9.worker.supervisor import TaskManager
 from levers9.worker.tunnel import TunnelClient
 
 log = get_logger("levers9.worker")

@@ -8,31 +8,16 @@ The health service stays open: probes carry no token.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
 
+from levers9.rpc import bearer
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-
-AUTHORIZATION = "authorization"
-BEARER = "Bearer "
-
-
-def bearer(token: str) -> tuple[tuple[str, str]]:
-    """The call metadata that presents `token`."""
-    return ((AUTHORIZATION, BEARER + token),)
-
-
-def presented_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
-    """The token of an `authorization: Bearer` entry; None without one."""
-    for key, value in metadata or ():
-        if key.lower() == AUTHORIZATION:
-            text = value.decode(errors="replace") if isinstance(value, bytes) else value
-            return text[len(BEARER) :] if text.startswith(BEARER) else None
-    return None
 
 
 class TokenInterceptor(aio.ServerInterceptor):
@@ -53,10 +38,13 @@ class TokenInterceptor(aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefixes):
             return handler
-        token = presented_token(handler_call_details.invocation_metadata)
-        if token is not None and hmac.compare_digest(token.encode(), self._token):
+        try:
+            token = bearer.token(handler_call_details.invocation_metadata)
+        except bearer.BearerError as exc:
+            return _denied(handler, str(exc))
+        if hmac.compare_digest(token.encode(), self._token):
             return handler
-        return _denied(handler, "missing token" if token is None else "wrong token")
+        return _denied(handler, "wrong token")
 
 
 def _denied(

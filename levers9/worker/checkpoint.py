@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from levers9.capacity import GPU
-from levers9.manifests import DEVICE_PLUGIN_DIR
+from levers9.contract import DEVICE_PLUGIN_DIR, GPU
 
 CHECKPOINT_PATH = f"{DEVICE_PLUGIN_DIR}/kubelet_internal_checkpoint"
 """Node path of the checkpoint."""

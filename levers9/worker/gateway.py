@@ -26,7 +26,7 @@ from grpc import aio
 
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
-from levers9.worker.auth import bearer
+from levers9.rpc import bearer
 from levers9.worker.backoff import Backoff
 
 log = get_logger("levers9.worker.gateway")
@@ -103,7 +103,7 @@ class GatewayClient:
         rng: random.Random | None = None,
     ) -> None:
         self._stub = gateway_pb2_grpc.GatewayStub(channel)
-        self._metadata = bearer(token)
+        self._metadata = bearer.metadata(token)
         self._pool_name = pool_name
         self._worker_id = worker_id
         self._backoff = backoff or Backoff()

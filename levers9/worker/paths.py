@@ -3,7 +3,7 @@
 In the worker Job a path such as `/usr/local/nvidia/lib64` or the mounted
 `/var/lib/kubelet/device-plugins` is simply itself. In the sandbox the kubelet runs the worker
 image's container as a local process with no filesystem of its own, and says where things are
-(`levers9.sandbox.cluster.podenv`): `LEVERS9_SANDBOX_MOUNTS` maps each volume's mountPath to a
+(`sandbox.cluster.podenv`): `LEVERS9_SANDBOX_MOUNTS` maps each volume's mountPath to a
 directory, and everything else of the node lives under `LEVERS9_SANDBOX_ROOT`. The agent
 always speaks in node paths (they are what the spec's log lines quote) and asks `HostPaths`
 where to read or write.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-# The sandbox kubelet's contract (levers9/sandbox/cluster/podenv.py). Spelled out here rather
+# The sandbox kubelet's contract (sandbox/cluster/podenv.py). Spelled out here rather
 # than imported: the agent ships in the worker image and must not depend on the sandbox.
 ROOT_ENV = "LEVERS9_SANDBOX_ROOT"
 MOUNTS_ENV = "LEVERS9_SANDBOX_MOUNTS"

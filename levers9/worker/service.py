@@ -1,5 +1,5 @@
 """WorkerService: what the controlplane calls on this worker (RunTask, GetTask, CancelTask,
-StreamLogs, Exec), over `tasks.TaskManager`. Errors map to gRPC codes the caller can act on:
+StreamLogs, Exec), over `supervisor.TaskManager`. Errors map to gRPC codes the caller can act on:
 an unknown task is NOT_FOUND, a malformed one INVALID_ARGUMENT, Exec on an ended task
 FAILED_PRECONDITION, a task while the worker shuts down UNAVAILABLE.
 """
@@ -18,7 +18,7 @@ from grpc import aio
 
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.runtime import StartError
-from levers9.worker.tasks import (
+from levers9.worker.supervisor import (
     InvalidTask,
     ShuttingDown,
     TaskManager,

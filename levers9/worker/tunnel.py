@@ -27,16 +27,15 @@ from grpc import aio
 
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.rpc import bearer
 from levers9.tunnel.bridge import dial, dial_unix
 from levers9.tunnel.frames import Frame
 from levers9.tunnel.mux import Session, Stream, StreamRefused
-from levers9.tunnel.wire import from_proto, to_proto
-from levers9.worker.auth import bearer
+from levers9.tunnel.wire import WORKER_TARGET, from_proto, to_proto
 from levers9.worker.backoff import Backoff
 
 log = get_logger("levers9.worker")
 
-WORKER_TARGET = "worker"
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
 READY_TIMEOUT_S = 15.0
 
@@ -65,7 +64,7 @@ class TunnelClient:
         rng: random.Random | None = None,
     ) -> None:
         self._stub = gateway_pb2_grpc.GatewayStub(channel)
-        self._metadata = bearer(token)
+        self._metadata = bearer.metadata(token)
         self._pool_name = pool_name
         self._worker_id = worker_id
         self._socket_path = socket_path

@@ -15,11 +15,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from levers9 import devvalues
 from levers9.config import load
 from levers9.gateway.server import SERVICE_NAME
 from levers9.rpc import tls
-from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
+from sandbox import devvalues
+from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from tests.deploy.chart import CHART, ROOT, find, helm, render, secret_data, write_json
 
 K8S_VERSION = "1.33.0"

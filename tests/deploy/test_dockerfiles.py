@@ -24,8 +24,8 @@ from packaging.specifiers import SpecifierSet
 
 from levers9.config import ControlplaneSettings
 from levers9.manifests import WORKER_COMMAND, worker_job
-from levers9.sandbox import worker_image
 from levers9.worker.driver import BIN_DIRS, LIB_DIRS
+from sandbox import worker_image
 from tests.deploy.chart import find, render, tool
 from tests.factories import worker_job_spec
 

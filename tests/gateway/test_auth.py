@@ -22,8 +22,8 @@ def test_bearer_scheme_is_case_insensitive(scheme: str) -> None:
 @pytest.mark.parametrize(
     ("metadata", "problem"),
     [
-        ([], "missing worker token"),
-        ([("x-other", "Bearer t")], "missing worker token"),
+        ([], "missing token"),
+        ([("x-other", "Bearer t")], "missing token"),
         ([("authorization", f"Bearer {TOKEN}")] * 2, "more than one"),
         ([("authorization", f"Basic {TOKEN}")], "not a bearer token"),
         ([("authorization", TOKEN)], "not a bearer token"),

@@ -18,10 +18,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
-from levers9.gateway.records import TemporalWorkerRecords, task_workflow_id
+from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.reports import TaskPhase, TaskReport
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
-from levers9.models import WorkerHeartbeat, WorkerRegistration
+from levers9.models import WorkerHeartbeat, WorkerRegistration, task_workflow_id
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
 from tests.gateway.conftest import LOOPBACK, Recorders, Serving
 

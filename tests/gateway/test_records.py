@@ -21,9 +21,9 @@ from levers9.gateway.records import (
     RecordNotFound,
     RecordsUnavailable,
     TemporalWorkerRecords,
-    task_workflow_id,
 )
 from levers9.gateway.service import TEMPORAL_UNAVAILABLE
+from levers9.models import task_workflow_id
 from tests.gateway.agents import Agent
 from tests.gateway.conftest import LOOPBACK, Recorders, serve
 

@@ -35,11 +35,10 @@ from activities.aws import AwsActivities
 from activities.gcp import GcpActivities, gcp_clients
 from activities.kube_clients import KubeClients, build_api_client
 from activities.pools import PoolActivities
-from levers9 import devvalues
 from levers9.cloud import Allowlist, egress_workflow_id
 from levers9.config import ControlplaneSettings, parse_pool
-from levers9.sandbox import aws, registries
-from levers9.sandbox.gcp.container import network_tag
+from sandbox import aws, devvalues, registries
+from sandbox.gcp.container import network_tag
 from tests.cloud import BIN, OFFICE, CloudWorld, cloud_world, run
 from tests.controlplane import trusting
 from tests.waiting import eventually

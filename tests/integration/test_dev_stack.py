@@ -30,8 +30,8 @@ from kubernetes import client as k8s
 from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
-from levers9.sandbox import aws, registries, worker_image
-from levers9.sandbox.admin_client import SandboxAdmin
+from sandbox import aws, registries, worker_image
+from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.gateway.server import SERVICE_NAME
 from levers9.rpc import tls
-from levers9.sandbox import pki
+from sandbox import pki
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 

@@ -18,9 +18,9 @@ from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput
-from levers9.sandbox.scenario import Scenario
-from levers9.tasks_client import start_task, task_record
+from levers9.task_records import start_task, task_record
 from levers9.temporal import connect, list_worker_records
+from sandbox.scenario import Scenario
 from tests.controlplane import POOL, Controlplane, quick_scenario, reconciling
 from tests.waiting import eventually
 from workflows.pool import RESERVE_AFTER

@@ -18,8 +18,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import WorkerRecord
-from levers9.sandbox import aws, registries, worker_image
 from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
+from sandbox import aws, registries, worker_image
 from tests.controlplane import POOL, Controlplane, environment, reconciling, workers_available
 from tests.waiting import eventually
 

@@ -24,7 +24,8 @@ from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from levers9 import logs
-from levers9.capacity import GPU, NODE_LABEL
+from levers9.capacity import NODE_LABEL
+from levers9.contract import GPU
 from levers9.models import MachineRecord, ReconcilePoolInput
 from levers9.temporal import (
     list_machine_records,

@@ -30,21 +30,21 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from levers9 import devvalues
 from levers9.config import INVALID_PROVIDER, ConfigError, Values, load, parse_values
+from levers9.gateway.log_relay import TemporalTaskRecords
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_logs import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import gateway_pb2, worker_pb2
-from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
-from levers9.sandbox.threaded import LoopThread
 from levers9.tokens import operator_token, worker_token
 from levers9.worker.driver import DriverSetup
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
-from levers9.worker.tasks import TaskManager
+from levers9.worker.supervisor import TaskManager
+from sandbox import devvalues
+from sandbox.pki import mint_certificate_authority, mint_service_account_key
+from sandbox.threaded import LoopThread
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
 KEY = json.dumps(

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from levers9.capacity import NODE_LABEL
-from levers9.models import TaskInput
-from levers9.tasks_client import TERMINAL, start_task, task_record
+from levers9.models import TERMINAL, TaskInput
+from levers9.task_records import start_task, task_record
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
 from tests.reliability.world import SETTLE_S, World, live, settled, world

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from levers9.capacity import NODE_LABEL
-from levers9.models import TaskInput, reconcile_schedule_id, worker_workflow_id
-from levers9.sandbox.admin_client import SandboxAdmin
-from levers9.tasks_client import TERMINAL, start_task, task_record
+from levers9.models import TERMINAL, TaskInput, reconcile_schedule_id, worker_workflow_id
+from levers9.task_records import start_task, task_record
 from levers9.temporal import list_worker_records
+from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
 from tests.reliability.world import World, live, settled, world

@@ -29,11 +29,11 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSyste
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from levers9 import devvalues
 from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
-from levers9.sandbox.serve import RunningSandbox, start
 from levers9.temporal import connect, list_worker_records
+from sandbox import devvalues
+from sandbox.serve import RunningSandbox, start
 from tests.controlplane import POOL, list_worker_jobs, quick_scenario
 from tests.factories import free_port
 from tests.waiting import eventually

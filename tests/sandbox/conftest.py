@@ -19,9 +19,9 @@ import pytest
 import urllib3
 from kubernetes import client
 
-from levers9.sandbox.resources import NAMESPACES
-from levers9.sandbox.server import Sandbox, SandboxOptions
-from levers9.sandbox.threaded import SandboxThread
+from sandbox.resources import NAMESPACES
+from sandbox.server import Sandbox, SandboxOptions
+from sandbox.threaded import SandboxThread
 from tests.sandbox.factories import HISTORY, api_client
 
 Call = Callable[..., Any]

@@ -11,8 +11,8 @@ from typing import Any
 from google.auth import crypt, jwt
 from kubernetes import client
 
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import NODES, PODS
+from sandbox.registry import Registry
+from sandbox.resources import NODES, PODS
 
 HISTORY = 500  # watch events the test emulator keeps per resource: small, so tests outrun it
 

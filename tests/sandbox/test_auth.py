@@ -17,9 +17,9 @@ from google.auth.exceptions import RefreshError
 from google.oauth2 import service_account
 from kubernetes import client
 
-from levers9.sandbox import pki
-from levers9.sandbox.access import DEVELOPER
-from levers9.sandbox.server import Sandbox
+from sandbox import pki
+from sandbox.access import DEVELOPER
+from sandbox.server import Sandbox
 from tests.sandbox.factories import Api, api_client, status_of, unique
 
 Call = Callable[..., Any]

@@ -14,8 +14,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from levers9.sandbox import aws
-from levers9.sandbox.aws import AwsSandboxError, ControlplaneAws, LocalMoto
+from sandbox import aws
+from sandbox.aws import AwsSandboxError, ControlplaneAws, LocalMoto
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
-from levers9.sandbox.resources import PODS
-from levers9.sandbox.server import Sandbox
+from sandbox.resources import PODS
+from sandbox.server import Sandbox
 from tests.sandbox.factories import HISTORY, Api, pod_manifest, seed_pod, status_of
 
 Call = Callable[..., Any]

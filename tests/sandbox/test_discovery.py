@@ -10,7 +10,7 @@ from typing import Any
 
 import urllib3
 
-from levers9.sandbox.discovery import AGGREGATED_V2
+from sandbox.discovery import AGGREGATED_V2
 
 Http = Callable[..., urllib3.BaseHTTPResponse]
 

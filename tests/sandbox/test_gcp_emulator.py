@@ -31,11 +31,11 @@ from google.iam.v1 import policy_pb2
 from google.oauth2 import service_account
 from kubernetes import client as k8s
 
-from levers9.sandbox.access import DEVELOPER
-from levers9.sandbox.gcp.container import network_tag
-from levers9.sandbox.gcp.env import cloud_env
-from levers9.sandbox.scenario import Scenario
-from levers9.sandbox.serve import RunningSandbox, start
+from sandbox.access import DEVELOPER
+from sandbox.gcp.container import network_tag
+from sandbox.gcp.env import cloud_env
+from sandbox.scenario import Scenario
+from sandbox.serve import RunningSandbox, start
 from tests.controlplane import trusting
 from tests.sandbox.factories import api_client, unique
 

@@ -12,10 +12,10 @@ import yaml
 from kubernetes import client as k8s
 
 from activities.kube_clients import build_api_client
-from levers9 import devvalues
 from levers9.config import ConfigError, parse_pool
-from levers9.sandbox.kubeconfig import kubeconfig
-from levers9.sandbox.server import Sandbox
+from sandbox import devvalues
+from sandbox.kubeconfig import kubeconfig
+from sandbox.server import Sandbox
 
 
 def _pool(sandbox: Sandbox, credentials: str) -> object:

@@ -16,10 +16,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from levers9 import devvalues
 from levers9.config import merge_values, parse_values
-from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
-from levers9.sandbox.server import Sandbox
+from sandbox import devvalues
+from sandbox.pki import mint_certificate_authority, mint_service_account_key
+from sandbox.server import Sandbox
 from tests.deploy.chart import ROOT, helm_binary, write_json
 
 DEPLOY = ROOT / "deploy" / "eks" / "deploy.sh"

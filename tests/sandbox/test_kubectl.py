@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox.kubeconfig import write_kubeconfig
-from levers9.sandbox.resources import DAEMON_SETS, DEPLOYMENTS, JOBS, NODES, PODS
-from levers9.sandbox.server import Sandbox
+from sandbox.kubeconfig import write_kubeconfig
+from sandbox.resources import DAEMON_SETS, DEPLOYMENTS, JOBS, NODES, PODS
+from sandbox.server import Sandbox
 from tests.sandbox.factories import jwt_assertion, seed_node, seed_pod, unique
 
 Call = Callable[..., Any]

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox import errors
-from levers9.sandbox.patch import PatchType, apply_patch
+from sandbox import errors
+from sandbox.patch import PatchType, apply_patch
 
 POD: dict[str, Any] = {
     "metadata": {"name": "p", "labels": {"a": "1", "b": "2"}, "finalizers": ["x"]},

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from levers9.sandbox import errors
-from levers9.sandbox.protobuf import decode_object
+from sandbox import errors
+from sandbox.protobuf import decode_object
 
 
 def varint(value: int) -> bytes:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from levers9.sandbox import registries, worker_image
-from levers9.sandbox.registries import LocalRegistry, RegistryError
+from sandbox import registries, worker_image
+from sandbox.registries import LocalRegistry, RegistryError
 
 pytestmark = pytest.mark.integration
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox import errors
-from levers9.sandbox.options import DeleteOptions
-from levers9.sandbox.patch import PatchType
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import DEPLOYMENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
+from sandbox import errors
+from sandbox.options import DeleteOptions
+from sandbox.patch import PatchType
+from sandbox.registry import Registry
+from sandbox.resources import DEPLOYMENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
 from tests.sandbox.factories import pod_manifest, seed_node, seed_pod
 
 NS = "levers9"

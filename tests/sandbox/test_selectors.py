@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from levers9.sandbox import errors
-from levers9.sandbox.resources import PODS
-from levers9.sandbox.selectors import FieldSelector, LabelSelector
+from sandbox import errors
+from sandbox.resources import PODS
+from sandbox.selectors import FieldSelector, LabelSelector
 
 LABELS = {"app": "model", "tier": "gpu", "cards": "4"}
 

@@ -1,5 +1,5 @@
 """Starting the emulator: `start_sandbox` in the caller's event loop (HTTPS on 127.0.0.1 with
-its own CA, closed cleanly), and `python -m levers9.sandbox.server` in the foreground, which
+its own CA, closed cleanly), and `python -m sandbox.server` in the foreground, which
 writes a kubeconfig and ca.crt that kubectl uses as they are, and stops on SIGTERM."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from levers9.sandbox.server import start_sandbox
+from sandbox.server import start_sandbox
 
 
 async def test_start_sandbox_in_the_running_loop() -> None:
@@ -38,7 +38,7 @@ async def test_start_sandbox_in_the_running_loop() -> None:
 def test_foreground_server_writes_kubeconfig_and_stops_on_sigterm(tmp_path: Path) -> None:
     state = tmp_path / "state"
     server = subprocess.Popen(
-        [sys.executable, "-m", "levers9.sandbox.server", "--port", "0", "--state-dir", str(state)],
+        [sys.executable, "-m", "sandbox.server", "--port", "0", "--state-dir", str(state)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

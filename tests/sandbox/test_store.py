@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox import errors
-from levers9.sandbox.resources import NODES, PODS
-from levers9.sandbox.selectors import FieldSelector, LabelSelector
-from levers9.sandbox.store import Store, StoredEvent
-from levers9.sandbox.watches import Watch
+from sandbox import errors
+from sandbox.resources import NODES, PODS
+from sandbox.selectors import FieldSelector, LabelSelector
+from sandbox.store import Store, StoredEvent
+from sandbox.watches import Watch
 
 
 def pod(name: str, ns: str = "a", node: str = "", **labels: str) -> dict[str, Any]:

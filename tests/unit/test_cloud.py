@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from levers9 import devvalues
 from levers9.cloud import (
     ClusterInfo,
     ClusterRef,
@@ -24,7 +23,8 @@ from levers9.cloud import (
     values_block,
 )
 from levers9.config import load, parse_pool
-from levers9.sandbox.pki import mint_certificate_authority, mint_service_account_key
+from sandbox import devvalues
+from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
 KEY = mint_service_account_key(

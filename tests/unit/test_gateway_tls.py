@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from levers9.config import ControlplaneSettings
 from levers9.rpc import tls
-from levers9.sandbox import pki
 from levers9.worker.settings import SettingsError, WorkerSettings
+from sandbox import pki
 from tests.factories import values_doc, write_yaml
 
 ROOT = Path(__file__).parents[2]

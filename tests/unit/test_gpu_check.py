@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from levers9.tasks_client import check_mismatch, gpu_type_matches
+from levers9.task_records import check_mismatch, gpu_type_matches
 
 SPEC_RUN: dict[str, object] = {
     "host": "runc",

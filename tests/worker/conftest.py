@@ -16,7 +16,7 @@ from levers9.worker.driver import DriverSetup
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
-from levers9.worker.tasks import TaskManager
+from levers9.worker.supervisor import TaskManager
 from tests.worker.kit import TOKEN
 from tests.worker.recording_gateway import RecordingGateway
 

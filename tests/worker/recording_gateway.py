@@ -14,7 +14,7 @@ import grpc
 from grpc import aio
 
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
-from levers9.worker.auth import presented_token
+from levers9.rpc import bearer
 
 HEARTBEAT_SECONDS = 1
 
@@ -39,7 +39,7 @@ class _Servicer(gateway_pb2_grpc.GatewayServicer):
     async def Register(
         self, request: gateway_pb2.RegisterRequest, context: aio.ServicerContext[Any, Any]
     ) -> gateway_pb2.RegisterResponse:
-        self._calls.registers.append((request, presented_token(context.invocation_metadata())))
+        self._calls.registers.append((request, _presented(context)))
         self._known.add(request.worker_id)
         self._record()
         return gateway_pb2.RegisterResponse(heartbeat_seconds=HEARTBEAT_SECONDS)
@@ -116,3 +116,11 @@ class RecordingGateway:
         trace: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+def _presented(context: aio.ServicerContext[Any, Any]) -> str | None:
+    """The bearer token the agent presented; None without a usable one."""
+    try:
+        return bearer.token(context.invocation_metadata())
+    except bearer.BearerError:
+        return None

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from grpc import aio
 
-from levers9.manifests import DEVICE_PLUGIN_DIR
+from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.agent import Agent
 from levers9.worker.checkpoint import CHECKPOINT_PATH

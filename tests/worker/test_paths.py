@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from levers9.sandbox.cluster import podenv
 from levers9.worker import paths as worker_paths
 from levers9.worker.paths import HostPaths, HostPathsError
+from sandbox.cluster import podenv
 
 
 def test_the_contract_is_the_sandbox_kubelets() -> None:

@@ -17,9 +17,9 @@ from grpc import aio
 from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc.worker_tls import worker_channel
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
+from sandbox.cluster import Cluster
+from sandbox.registry import Registry
+from sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
 from tests.factories import WORKER_CA_SECRET, worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, fast_scenario
 from tests.worker.kit import AUTH, TOKEN

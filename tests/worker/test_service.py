@@ -22,7 +22,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from levers9.proto import worker_pb2
-from levers9.worker.auth import bearer
+from levers9.rpc import bearer
 from tests.waiting import eventually
 from tests.worker.conftest import ServedWorker
 from tests.worker.kit import AUTH
@@ -282,7 +282,7 @@ async def test_exec_in_an_unknown_task_is_not_found(served: ServedWorker) -> Non
 
 
 @pytest.mark.parametrize(
-    "metadata", [(), bearer("l9w1.someone-else"), (("authorization", "token"),)]
+    "metadata", [(), bearer.metadata("l9w1.someone-else"), (("authorization", "token"),)]
 )
 async def test_calls_without_the_worker_token_are_unauthenticated(
     served: ServedWorker, metadata: tuple[tuple[str, str], ...]

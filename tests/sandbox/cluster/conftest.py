@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.scenario import Scenario
+from sandbox.cluster import Cluster
+from sandbox.registry import Registry
+from sandbox.scenario import Scenario
 from tests.sandbox.cluster.kit import MakeCluster, fast_scenario
 
 

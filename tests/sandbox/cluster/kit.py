@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.objects import condition
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import PODS
-from levers9.sandbox.scenario import Images, ProcessImage, Scenario, Timing
+from sandbox.cluster import Cluster
+from sandbox.cluster.objects import condition
+from sandbox.registry import Registry
+from sandbox.resources import PODS
+from sandbox.scenario import Images, ProcessImage, Scenario, Timing
 
 T = TypeVar("T")
 MakeCluster = Callable[[Scenario], Awaitable[Cluster]]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.objects import condition
-from levers9.sandbox.options import DeleteOptions
-from levers9.sandbox.patch import PatchType
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import DEPLOYMENTS, JOBS, NODES, PODS, REPLICA_SETS
-from levers9.sandbox.scenario import Gpus
+from sandbox.cluster import Cluster
+from sandbox.cluster.objects import condition
+from sandbox.options import DeleteOptions
+from sandbox.patch import PatchType
+from sandbox.registry import Registry
+from sandbox.resources import DEPLOYMENTS, JOBS, NODES, PODS, REPLICA_SETS
+from sandbox.scenario import Gpus
 from tests.sandbox.cluster.kit import GPU_4X, job_manifest, pod, python, wait_for
 
 

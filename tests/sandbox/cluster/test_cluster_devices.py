@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.devices import (
+from sandbox.cluster import Cluster
+from sandbox.cluster.devices import (
     CHECKPOINT,
     ContainerAllocateResponse,
     DeviceManager,
     checksum,
 )
-from levers9.sandbox.patch import PatchType
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import DEPLOYMENTS, PODS
-from levers9.sandbox.scenario import Gpus
+from sandbox.patch import PatchType
+from sandbox.registry import Registry
+from sandbox.resources import DEPLOYMENTS, PODS
+from sandbox.scenario import Gpus
 from tests.sandbox.cluster.kit import (
     GPU_4X,
     GPU_TOLERATION,

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.jobs import TRACKING_FINALIZER
-from levers9.sandbox.cluster.objects import condition
-from levers9.sandbox.cluster.podenv import MountError, inside
-from levers9.sandbox.options import DeleteOptions
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import JOBS, LEASES, NODES, PODS, SECRETS
+from sandbox.cluster import Cluster
+from sandbox.cluster.jobs import TRACKING_FINALIZER
+from sandbox.cluster.objects import condition
+from sandbox.cluster.podenv import MountError, inside
+from sandbox.options import DeleteOptions
+from sandbox.registry import Registry
+from sandbox.resources import JOBS, LEASES, NODES, PODS, SECRETS
 from tests.sandbox.cluster.kit import (
     CPU_NODE,
     job_manifest,

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox import registries, worker_image
-from levers9.sandbox.cluster.images import ImageSet
-from levers9.sandbox.registries import LocalRegistry
-from levers9.sandbox.resources import PODS
-from levers9.sandbox.scenario import Scenario
+from sandbox import registries, worker_image
+from sandbox.cluster.images import ImageSet
+from sandbox.registries import LocalRegistry
+from sandbox.resources import PODS
+from sandbox.scenario import Scenario
 from tests.sandbox.cluster.kit import CPU_NODE, MakeCluster, fast_scenario, phase, pod, wait_for
 
 pytestmark = pytest.mark.integration

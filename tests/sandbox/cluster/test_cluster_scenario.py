@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.images import ImageSet, normalize
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import DEPLOYMENTS, NODES
-from levers9.sandbox.scenario import Scenario
+from sandbox.cluster import Cluster
+from sandbox.cluster.images import ImageSet, normalize
+from sandbox.registry import Registry
+from sandbox.resources import DEPLOYMENTS, NODES
+from sandbox.scenario import Scenario
 from tests.sandbox.cluster.kit import GPU_4X, MakeCluster, fast_scenario
 
 

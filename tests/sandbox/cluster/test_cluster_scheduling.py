@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.predicates import matches_node_affinity, tolerates
-from levers9.sandbox.cluster.requests import pod_requests
-from levers9.sandbox.patch import PatchType
-from levers9.sandbox.registry import Registry
-from levers9.sandbox.resources import DEPLOYMENTS, EVENTS, NODES, PODS
+from sandbox.cluster import Cluster
+from sandbox.cluster.predicates import matches_node_affinity, tolerates
+from sandbox.cluster.requests import pod_requests
+from sandbox.patch import PatchType
+from sandbox.registry import Registry
+from sandbox.resources import DEPLOYMENTS, EVENTS, NODES, PODS
 from tests.sandbox.cluster.kit import (
     CPU_NODE,
     GPU_1X,

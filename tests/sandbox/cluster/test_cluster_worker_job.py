@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 
 from levers9.manifests import worker_job, worker_token_secret
-from levers9.sandbox.cluster import Cluster
-from levers9.sandbox.cluster.objects import condition
-from levers9.sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
+from sandbox.cluster import Cluster
+from sandbox.cluster.objects import condition
+from sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
 from tests.factories import worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, PYTHON_IMAGE, python, wait_for
 

@@ -1,0 +1,208 @@
+"""A task's I/O: ask the pool for cards (Update on PoolWorkflow), and the worker's WorkerService
+(RunTask, GetTask) at its advertised address, with the worker's own token.
+
+The token is computed here from the controlplane's secret, so it never passes through Temporal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
+
+import grpc
+from grpc import aio
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.heartbeat import heartbeating
+from levers9.config import ControlplaneSettings
+from levers9.gateway.convert import task_report
+from levers9.gateway.reports import TaskReport
+from levers9.models import (
+    POOL_WORKFLOW,
+    PlaceRequest,
+    PoolInput,
+    WorkerRecord,
+    WorkerTaskInput,
+    pool_workflow_id,
+    worker_workflow_id,
+)
+from levers9.placement import Placement
+from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.rpc import bearer
+from levers9.rpc.worker_tls import worker_channel
+from levers9.telemetry import span
+from levers9.temporal import is_running
+from levers9.tokens import worker_token
+
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+PLACE_HEARTBEAT_S = 5.0
+RPC_TIMEOUT_S = 15.0
+# A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
+PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+class TunnelEndpoints(Protocol):
+    """The tunnel sessions this process holds (`levers9.gateway.tunnel.TunnelHub`)."""
+
+    def endpoint(self, pool_name: str, worker_id: str) -> tuple[str, str] | None: ...
+
+
+class TaskActivities:
+    """Temporal client and settings injected."""
+
+    def __init__(
+        self,
+        client: Client,
+        settings: ControlplaneSettings,
+        tunnels: TunnelEndpoints | None = None,
+    ) -> None:
+        self._client = client
+        self._settings = settings
+        self._tunnels = tunnels
+
+    def _address(self, input: WorkerTaskInput) -> str:
+        """Where the worker answers: a tunnelled worker's current session on this replica
+        (re-homed after a gateway restart), else the address it advertised."""
+        if input.task_queue and self._tunnels is not None:
+            endpoint = self._tunnels.endpoint(input.pool_name, input.worker_id)
+            if endpoint is None:
+                raise ApplicationError(
+                    f"worker {input.worker_id} has no tunnel session on this replica yet"
+                    " (it reconnects with backoff)",
+                    type="WorkerUNAVAILABLE",
+                )
+            return endpoint[0]
+        return input.address
+
+    @activity.defn
+    async def place_task(self, request: PlaceRequest) -> Placement:
+        """Waits (heartbeating) until the pool places the task on one worker's free cards."""
+        pool_name = request.pool_name
+        handle = await self._client.start_workflow(
+            POOL_WORKFLOW,
+            PoolInput(pool_name=pool_name),
+            id=pool_workflow_id(pool_name),
+            task_queue=self._settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        async with heartbeating(PLACE_HEARTBEAT_S):
+            placement: Placement = await handle.execute_update(
+                "place", request, result_type=Placement
+            )
+        return placement
+
+    @activity.defn
+    async def worker_ended(self, input: WorkerTaskInput) -> bool:
+        """Whether the worker's record has ended (stopped, expired, wound down): a worker that
+        is gone cannot be running the task, so the task may be placed elsewhere."""
+        handle = self._client.get_workflow_handle(
+            worker_workflow_id(input.pool_name, input.worker_id)
+        )
+        return not await is_running(handle)
+
+    @activity.defn
+    async def worker_route(self, input: WorkerTaskInput) -> WorkerTaskInput | None:
+        """Where a tunnelled worker is reached now (the replica queue holding its session and
+        that replica's end of it), from its record; None once the record has ended."""
+        handle = self._client.get_workflow_handle(
+            worker_workflow_id(input.pool_name, input.worker_id)
+        )
+        if not await is_running(handle):
+            return None
+        try:
+            record = await handle.query("record", result_type=WorkerRecord)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:  # it ended since
+                return None
+            raise
+        if record is None or record.address is None:
+            return input
+        return input.model_copy(update={"address": record.address, "task_queue": record.task_queue})
+
+    @activity.defn
+    async def run_task(self, input: WorkerTaskInput) -> bool:
+        """RunTask on the worker; True when it was already running (a retried call)."""
+        task = input.task
+        spec = worker_pb2.TaskSpec(
+            task_id=task.task_id,
+            image=task.image,
+            command=list(task.command),
+            env=dict(task.env),
+            gpu_indices=list(input.gpu_indices),
+        )
+        response = await self._call(
+            input,
+            "RunTask",
+            lambda stub, md: stub.RunTask(
+                worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
+            ),
+        )
+        return bool(response.already_running)
+
+    @activity.defn
+    async def get_task(self, input: WorkerTaskInput) -> TaskReport:
+        """GetTask on the worker: the fallback when a report signal was lost."""
+        status = await self._call(
+            input,
+            "GetTask",
+            lambda stub, md: stub.GetTask(
+                worker_pb2.GetTaskRequest(task_id=input.task.task_id),
+                metadata=md,
+                timeout=RPC_TIMEOUT_S,
+            ),
+        )
+        return task_report(
+            gateway_pb2.ReportTaskRequest(
+                pool_name=input.pool_name, worker_id=input.worker_id, status=status
+            )
+        )
+
+    async def _call(
+        self,
+        input: WorkerTaskInput,
+        rpc: str,
+        call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
+    ) -> T:
+        secret = self._settings.token_secret()
+        if secret is None:
+            raise ApplicationError("no worker token secret", non_retryable=True)
+        token = worker_token(secret.get_secret_value(), input.worker_id)
+        metadata = bearer.metadata(token)
+        address = self._address(input)
+        tunnel = bool(input.task_queue)
+        # `tls` is never set for a tunnelled worker (gateway.convert.registration): its end of
+        # the tunnel is this replica's own, and the tunnel rides the gateway's channel.
+        channel = worker_channel(address, input.worker_id, input.tls, secret.get_secret_value())
+        with span(
+            f"worker {rpc}",
+            worker_id=input.worker_id,
+            address=address,
+            tunnel=tunnel,
+            tls=input.tls,
+        ):
+            return await self._call_at(input, address, channel, metadata, call)
+
+    async def _call_at(
+        self,
+        input: WorkerTaskInput,
+        address: str,
+        channel: aio.Channel,
+        metadata: Metadata,
+        call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
+    ) -> T:
+        async with channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            try:
+                return await call(stub, metadata)
+            except aio.AioRpcError as error:
+                code = error.code()
+                text = f"worker {input.worker_id} at {address}: {code.name} {error.details()}"
+                permanent = code in PERMANENT or code == grpc.StatusCode.NOT_FOUND
+                raise ApplicationError(
+                    text, type=f"Worker{code.name}", non_retryable=permanent
+                ) from None

@@ -1,8 +1,0 @@
-"""The simulated cluster behind the sandbox's API: scheduler, kubelets, Job, ReplicaSet and
-Deployment controllers, node lifecycle, GPUs. `Cluster` starts and stops them as one."""
-
-from __future__ import annotations
-
-from levers9.sandbox.cluster.cluster import Cluster
-
-__all__ = ["Cluster"]

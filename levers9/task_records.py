@@ -1,0 +1,104 @@
+"""Tasks from the user's side: start one, read its record, list them (through Temporal only; the
+CLI never holds a worker's token or the cluster's key).
+
+A command does all its Temporal calls with one client on one event loop: the SDK's runtime does
+not survive clients left behind on loops that `asyncio.run` already closed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
+
+from levers9.config import ControlplaneSettings
+from levers9.models import (
+    POOL_NAME,
+    TASK_WORKFLOW,
+    TaskInput,
+    TaskRecord,
+    task_workflow_id,
+)
+from levers9.temporal import list_memo_records
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def start_task(client: Client, settings: ControlplaneSettings, task: TaskInput) -> None:
+    await client.start_workflow(
+        TASK_WORKFLOW,
+        task,
+        id=task_workflow_id(task.task_id),
+        task_queue=settings.task_queue,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, task.pool_name)]),
+    )
+
+
+async def task_record(client: Client, task_id: str) -> TaskRecord | None:
+    """The record as the task workflow holds it now (running or ended); None if unknown."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    try:
+        record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return record
+
+
+async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:
+    query = f"WorkflowType='{TASK_WORKFLOW}'"
+    if pool_name:
+        query += f" AND PoolName='{pool_name}'"
+    records = await list_memo_records(settings, query, TaskRecord)
+    return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+
+PROBE_COMMAND = ("levers9-probe",)
+CHECK_KEYS = ("host", "nvidia_smi", "cuda", "device", "matmul_ok")
+
+
+def check_report(record: TaskRecord) -> dict[str, object]:
+    """The GPU check's JSON, in the spec's key order: what the probe saw, and the runtime."""
+    try:
+        seen = json.loads(record.result_json) if record.result_json else {}
+    except ValueError:
+        seen = {"unparsed": record.result_json}
+    result = {"host": record.host or None, **seen}
+    report: dict[str, object] = {key: result.get(key) for key in CHECK_KEYS}
+    if record.state != "succeeded":
+        report["reason"] = record.reason or f"task {record.state}"
+    return report
+
+
+def check_mismatch(report: dict[str, object], gpu: str) -> str | None:
+    """Why a check whose task completed still failed: the card the container saw is not the
+    `--gpu` asked for, or the matmul on it disagreed with the CPU. None when it passed, or when
+    the container saw no card at all (the sandbox has none; `cuda` false says so)."""
+    seen = [str(report[k]) for k in ("device", "nvidia_smi") if report.get(k)]
+    if seen and not any(gpu_type_matches(gpu, name) for name in seen):
+        return f"the container saw {seen[0]!r}, not a {gpu}: check --gpu and the pool's selector"
+    if report.get("matmul_ok") is False:
+        return "the matmul on the GPU disagreed with the CPU's"
+    return None
+
+
+def gpu_type_matches(gpu: str, name: str) -> bool:
+    """`RTXPro6000` names "NVIDIA RTX PRO 6000 Blackwell Server Edition", `L4` "NVIDIA L4"
+    (not "NVIDIA L40S"): letters and digits alike, the model number not run on into another."""
+    wanted = _squash(gpu)
+    text = _squash(name)
+    return bool(wanted) and any(
+        not (text[end : end + 1].isdigit() or text[start - 1 : start].isdigit())
+        for start, end in ((m.start(), m.end()) for m in re.finditer(re.escape(wanted), text))
+    )
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())

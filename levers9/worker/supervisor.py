@@ -1,0 +1,351 @@
+"""Tasks on this worker: their records, their cards, their phases, their end.
+
+A task is accepted once per id (a retried RunTask finds the record and starts nothing), gets
+the cards it names if they are this worker's and free (else it fails with the spec's
+`not enough GPUs available: requested=<n> visible=<m>`), runs in the runtime, and on exit keeps
+its exit code, result JSON and log tail until the controlplane fetches them; every end is also
+reported to the gateway. Phases carry timestamps: `worker.gpu_assignment`, `container.start`,
+`container.exit` (and `task.result` when the result file is unusable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeAlias
+
+from levers9.logs import get_logger
+from levers9.proto import worker_pb2
+from levers9.worker.output import TaskOutput
+from levers9.worker.runtime import Container, ContainerSpec, Runtime, StartError
+
+log = get_logger("levers9.worker.supervisor")
+
+State: TypeAlias = worker_pb2.TaskState.ValueType
+RUNNING: State = worker_pb2.TASK_STATE_RUNNING
+SUCCEEDED: State = worker_pb2.TASK_STATE_SUCCEEDED
+FAILED: State = worker_pb2.TASK_STATE_FAILED
+CANCELLED: State = worker_pb2.TASK_STATE_CANCELLED
+LOST: State = worker_pb2.TASK_STATE_LOST
+
+GPU_ASSIGNMENT = "worker.gpu_assignment"
+CONTAINER_START = "container.start"
+CONTAINER_EXIT = "container.exit"
+TASK_RESULT = "task.result"
+SHUT_DOWN = "worker shut down"
+
+CANCEL_GRACE_S = 10.0
+KEEP_FINISHED = 256
+RESULT_LIMIT_BYTES = 1 << 20  # well under gRPC's 4 MiB message limit
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+Reporter = Callable[[worker_pb2.TaskStatus], None]
+
+
+class TaskNotFound(LookupError):
+    pass
+
+
+class TaskNotRunning(RuntimeError):
+    pass
+
+
+class InvalidTask(ValueError):
+    pass
+
+
+class ShuttingDown(RuntimeError):
+    pass
+
+
+@dataclass
+class TaskRecord:
+    spec: worker_pb2.TaskSpec
+    directory: Path
+    output: TaskOutput
+    host: str
+    clock: Callable[[], float]
+    state: State = RUNNING
+    exit_code: int = 0
+    result_json: str = ""
+    reason: str = ""
+    phases: list[worker_pb2.Phase] = field(default_factory=list)
+    cards: tuple[int, ...] = ()
+    container: Container | None = None
+    ending: tuple[State, str] | None = None
+    """Set when the agent ends the task (cancel, shutdown): the state and reason to record."""
+    fetched: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id
+
+    @property
+    def result_path(self) -> Path:
+        return self.directory / "result.json"
+
+    def phase(self, name: str, error: str = "") -> None:
+        at = int(self.clock() * 1000)
+        self.phases.append(worker_pb2.Phase(name=name, at_unix_ms=at, error=error))
+
+    def status(self) -> worker_pb2.TaskStatus:
+        return worker_pb2.TaskStatus(
+            task_id=self.task_id,
+            state=self.state,
+            exit_code=self.exit_code,
+            result_json=self.result_json,
+            reason=self.reason,
+            phases=self.phases,
+            log_tail=self.output.tail(),
+            host=self.host,
+        )
+
+
+class TaskManager:
+    """The worker's tasks (see module doc)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        visible: Sequence[int],
+        work_dir: Path,
+        report: Reporter,
+        *,
+        clock: Callable[[], float] = time.time,
+        keep_finished: int = KEEP_FINISHED,
+    ) -> None:
+        self._runtime = runtime
+        self._visible = tuple(visible)
+        self._dir = work_dir / "tasks"
+        self._report = report
+        self._clock = clock
+        self._keep = keep_finished
+        self._records: dict[str, TaskRecord] = {}
+        self._finished: list[str] = []
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._idle_since: float | None = clock()
+        self._closed = False
+
+    @property
+    def visible(self) -> tuple[int, ...]:
+        return self._visible
+
+    @property
+    def running(self) -> int:
+        return sum(1 for r in self._records.values() if r.state == RUNNING)
+
+    @property
+    def idle_since(self) -> float | None:
+        """When the last task ended (or the agent started); None while tasks run."""
+        return self._idle_since
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    async def run(self, spec: worker_pb2.TaskSpec) -> bool:
+        """Accepts and starts a task; True when a task of that id was already accepted."""
+        if not spec.task_id:
+            raise InvalidTask("task_id is required")
+        if spec.task_id in self._records:
+            return True
+        if not spec.command:
+            raise InvalidTask("command is required")
+        if self._closed:
+            raise ShuttingDown("the worker is shutting down")
+        record = self._accept(spec)
+        problem = self._assign(record)
+        if problem is not None:
+            reason, detail = problem
+            record.phase(GPU_ASSIGNMENT, detail)
+            self._finish(record, FAILED, reason)
+            return False
+        record.phase(GPU_ASSIGNMENT)
+        await self._start(record)
+        return False
+
+    def status(self, task_id: str) -> worker_pb2.TaskStatus:
+        record = self._record(task_id)
+        status = record.status()
+        if record.state != RUNNING:
+            record.fetched = True
+            self._evict()
+        return status
+
+    def output(self, task_id: str) -> TaskOutput:
+        return self._record(task_id).output
+
+    async def cancel(self, task_id: str) -> bool:
+        """Kills the task's process group; False when it had already ended."""
+        record = self._record(task_id)
+        if record.state != RUNNING or record.ending is not None:
+            return False
+        record.ending = (CANCELLED, "cancelled")
+        if record.container is not None:
+            await record.container.stop(CANCEL_GRACE_S)
+        await record.finished.wait()
+        return True
+
+    async def exec(self, task_id: str, command: Sequence[str]) -> asyncio.subprocess.Process:
+        record = self._record(task_id)
+        if record.state != RUNNING or record.container is None:
+            raise TaskNotRunning(f"task {task_id} is not running")
+        return await self._runtime.exec(record.container, command)
+
+    async def shutdown(self, grace_s: float, reason: str = SHUT_DOWN) -> None:
+        """Kills every running task and records it LOST with `reason`."""
+        self._closed = True
+        running = [r for r in self._records.values() if r.state == RUNNING]
+        for record in running:
+            record.ending = (LOST, reason)
+        await asyncio.gather(
+            *(r.container.stop(grace_s) for r in running if r.container is not None)
+        )
+        await asyncio.gather(*(r.finished.wait() for r in running))
+
+    # -- a task's life -----------------------------------------------------------------------
+
+    def _accept(self, spec: worker_pb2.TaskSpec) -> TaskRecord:
+        directory = self._dir / _directory_name(spec.task_id)
+        shutil.rmtree(directory, ignore_errors=True)  # a task id reused after eviction
+        record = TaskRecord(
+            spec=spec,
+            directory=directory,
+            output=TaskOutput(directory / "output.log"),
+            host=self._runtime.host,
+            clock=self._clock,
+        )
+        self._records[spec.task_id] = record
+        self._idle_since = None
+        log.info("task accepted", task_id=spec.task_id, gpu_indices=list(spec.gpu_indices))
+        return record
+
+    def _assign(self, record: TaskRecord) -> tuple[str, str] | None:
+        """Gives the task its cards; (reason, detail) when it cannot have them."""
+        wanted = tuple(sorted(set(record.spec.gpu_indices)))
+        busy = {c for r in self._records.values() if r.state == RUNNING for c in r.cards}
+        foreign = [c for c in wanted if c not in self._visible]
+        taken = [c for c in wanted if c in busy]
+        if foreign or taken:
+            free = len([c for c in self._visible if c not in busy])
+            visible = len(self._visible) if foreign else free
+            reason = f"not enough GPUs available: requested={len(wanted)} visible={visible}"
+            shown = ",".join(map(str, self._visible)) or "none"
+            detail = (
+                f"cards {foreign} are not this worker's (visible: {shown})"
+                if foreign
+                else f"cards {taken} are in use by other tasks"
+            )
+            return reason, detail
+        record.cards = wanted
+        return None
+
+    async def _start(self, record: TaskRecord) -> None:
+        spec = record.spec
+        container_spec = ContainerSpec(
+            task_id=spec.task_id,
+            image=spec.image,
+            command=tuple(spec.command),
+            env=dict(spec.env),
+            gpu_indices=record.cards,
+            result_path=record.result_path,
+            work_dir=record.directory / "work",
+        )
+        try:
+            container = await self._runtime.start(container_spec, record.output.write)
+        except StartError as error:
+            record.phase(CONTAINER_START, str(error))
+            self._finish(record, FAILED, str(error))
+            return
+        record.container = container
+        record.phase(CONTAINER_START)
+        watcher = asyncio.create_task(self._watch(record, container), name=spec.task_id)
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, record: TaskRecord, container: Container) -> None:
+        if record.ending is not None:  # cancelled or shut down while it was starting
+            await container.stop(CANCEL_GRACE_S)
+        code = await container.wait()
+        record.exit_code = code
+        record.phase(CONTAINER_EXIT)
+        record.result_json = self._result(record)
+        if record.ending is not None:
+            state, reason = record.ending
+        elif code == 0:
+            state, reason = SUCCEEDED, ""
+        else:
+            state, reason = FAILED, f"exited with code {code}"
+        self._finish(record, state, reason)
+
+    def _result(self, record: TaskRecord) -> str:
+        path = record.result_path
+        if not path.exists():
+            return ""
+        try:
+            with path.open("rb") as reader:
+                data = reader.read(RESULT_LIMIT_BYTES + 1)
+            if len(data) > RESULT_LIMIT_BYTES:
+                raise ValueError(f"larger than {RESULT_LIMIT_BYTES} bytes")
+            text = data.decode()
+            json.loads(text)
+        except (OSError, ValueError) as error:
+            record.phase(TASK_RESULT, f"result file not used: {error}")
+            return ""
+        return text.strip()
+
+    def _finish(self, record: TaskRecord, state: State, reason: str) -> None:
+        record.state = state
+        record.reason = reason
+        record.cards = ()
+        record.output.close()
+        record.finished.set()
+        self._finished.append(record.task_id)
+        if self.running == 0:
+            self._idle_since = self._clock()
+        log.info(
+            "task ended",
+            task_id=record.task_id,
+            state=worker_pb2.TaskState.Name(state),
+            exit_code=record.exit_code,
+            reason=reason,
+        )
+        self._report(record.status())
+        self._evict()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _record(self, task_id: str) -> TaskRecord:
+        record = self._records.get(task_id)
+        if record is None:
+            raise TaskNotFound(f"task {task_id} is not known to this worker")
+        return record
+
+    def _evict(self) -> None:
+        """Forgets the oldest finished tasks beyond `keep_finished`: fetched ones first, and
+        unfetched ones too once there are four times as many (memory stays bounded)."""
+        while len(self._finished) > self._keep:
+            fetched = [t for t in self._finished if self._records[t].fetched]
+            if fetched:
+                victim = fetched[0]
+            elif len(self._finished) > 4 * self._keep:
+                victim = self._finished[0]
+            else:
+                return
+            self._finished.remove(victim)
+            record = self._records.pop(victim)
+            with contextlib.suppress(OSError):
+                shutil.rmtree(record.directory)
+
+
+def _directory_name(task_id: str) -> str:
+    # Task ids come from the controlplane; the directory name must be safe whatever they hold.
+    digest = hashlib.sha256(task_id.encode()).hexdigest()[:12]
+    return f"{_UNSAFE.sub('_', task_id)[:64]}-{digest}"

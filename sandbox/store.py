@@ -1,0 +1,560 @@
+"""The emulator's storage: versioned objects in memory, list pages, and watch fan-out.
+
+This is the layer under the API semantics (`sandbox.registry`), playing etcd plus the
+apiserver's watch cache. It is generic: it knows metadata (name, namespace, uid,
+resourceVersion, creationTimestamp, ownerReferences, labels) and the field labels a
+`Resource` declares, nothing about pods or jobs.
+
+API (all methods are synchronous and atomic; call them on the event loop's thread only — the
+store is not thread-safe, and needs no locks because nothing in it awaits):
+
+    store = Store(history_limit=10_000)
+    obj = store.create(PODS, {"metadata": {"name": "p", "namespace": "ns"}, ...})
+    obj = store.get(PODS, "ns", "p")                   # a fresh dict; raises ApiError 404
+    page = store.list(PODS, "ns", labels=LabelSelector.parse("app=x"),
+                      fields=FieldSelector.parse("spec.nodeName=n1"), limit=500,
+                      continue_token=None)             # page.items(), page.raw_items,
+                                                       # page.resource_version, page.continue_token
+    obj = store.update(PODS, obj, expected_rv=7)       # 409 Conflict when the rv moved on
+    last = store.delete(PODS, "ns", "p")               # the final state, at the deletion's rv
+    async with store.watch(PODS, "ns", since="42") as watch:   # 410 when 42 is compacted away
+        async for event in watch:                      # StoredEvent: type, rv, object()
+            ...
+    store.add_listener(callback)                       # sync callback per committed event
+
+Objects are kept as their JSON serialization, so a read returns a private copy (a controller
+may mutate what it got), a list page is the join of stored bytes (no per-request
+re-serialization), and one event's bytes fan out to every watcher. Lists are ordered by key
+(`namespace/name`), as etcd orders them, so `continue` tokens are stable; namespace and
+indexed-field (`spec.nodeName`) lookups avoid scanning the whole resource.
+
+Resource versions are one global counter. A watch replays from a bounded per-resource history;
+asking for a version older than the history holds is 410 Expired, as from a compacted etcd.
+Continue tokens resume after the last key against the live data (not an MVCC snapshot):
+objects changed between pages show their current state.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import builtins
+import datetime as dt
+import json
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox import errors
+from sandbox.resources import Resource, extract_fields
+from sandbox.selectors import FieldSelector, LabelSelector
+from sandbox.watches import StoredEvent as StoredEvent
+from sandbox.watches import Watch as Watch
+from sandbox.watches import dumps as dumps
+from sandbox.watches import matches
+
+Listener = Callable[["StoredEvent"], None]
+
+DEFAULT_HISTORY = 10_000
+DEFAULT_WATCH_QUEUE = 100_000
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class _Entry:
+    raw: bytes
+    rv: int
+    uid: str
+    labels: dict[str, str]
+    fields: dict[str, str]
+    owners: tuple[str, ...]
+    created: str
+
+
+@dataclass
+class ListPage:
+    """One page of a list: the stored bytes of its items and the ListMeta values."""
+
+    raw_items: list[bytes]
+    resource_version: int
+    continue_token: str | None = None
+    remaining: int | None = None
+
+    def items(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in self.raw_items]
+
+
+@dataclass
+class _Table:
+    """Everything stored for one resource."""
+
+    resource: Resource
+    history_limit: int
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    by_namespace: dict[str, set[str]] = field(default_factory=dict)
+    index: dict[str, dict[str, set[str]]] = field(default_factory=dict)
+    # Sorted key lists are built on the first list call and then kept up to date, so bulk
+    # loading pays nothing and steady-state lists pay no sort.
+    sorted_all: list[str] | None = None
+    sorted_ns: dict[str, list[str]] = field(default_factory=dict)
+    history: deque[StoredEvent] = field(default_factory=deque)
+    floor: int = 0  # the newest resourceVersion no longer in `history`
+    watchers: set[Watch] = field(default_factory=set)
+
+    def add_key(self, key: str, ns: str, entry: _Entry) -> None:
+        self.entries[key] = entry
+        self.by_namespace.setdefault(ns, set()).add(key)
+        if self.sorted_all is not None:
+            bisect.insort(self.sorted_all, key)
+        ns_keys = self.sorted_ns.get(ns)
+        if ns_keys is not None:
+            bisect.insort(ns_keys, key)
+        self._index(key, entry.fields, add=True)
+
+    def remove_key(self, key: str, ns: str) -> _Entry:
+        entry = self.entries.pop(key)
+        members = self.by_namespace.get(ns)
+        if members is not None:
+            members.discard(key)
+            if not members:
+                del self.by_namespace[ns]
+        for keys in (self.sorted_all, self.sorted_ns.get(ns)):
+            if keys is not None:
+                i = bisect.bisect_left(keys, key)
+                if i < len(keys) and keys[i] == key:
+                    del keys[i]
+        if ns not in self.by_namespace:
+            self.sorted_ns.pop(ns, None)
+        self._index(key, entry.fields, add=False)
+        return entry
+
+    def reindex(self, key: str, old: dict[str, str], new: dict[str, str]) -> None:
+        if any(old.get(f) != new.get(f) for f in self.resource.indexed_fields):
+            self._index(key, old, add=False)
+            self._index(key, new, add=True)
+
+    def _index(self, key: str, fields: dict[str, str], *, add: bool) -> None:
+        for name in self.resource.indexed_fields:
+            values = self.index.setdefault(name, {})
+            value = fields.get(name, "")
+            if add:
+                values.setdefault(value, set()).add(key)
+            else:
+                keys = values.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del values[value]
+
+    def sorted_keys(self, namespace: str | None) -> list[str]:
+        if namespace is None:
+            if self.sorted_all is None:
+                self.sorted_all = sorted(self.entries)
+            return self.sorted_all
+        keys = self.sorted_ns.get(namespace)
+        if keys is None:
+            keys = sorted(self.by_namespace.get(namespace, ()))
+            if keys:
+                self.sorted_ns[namespace] = keys
+        return keys
+
+    def record(self, event: StoredEvent) -> None:
+        if len(self.history) >= self.history_limit:
+            self.floor = self.history.popleft().rv
+        self.history.append(event)
+
+
+class Store:
+    """In-memory object storage with resourceVersions, list pages and watches (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        history_limit: int = DEFAULT_HISTORY,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self._history_limit = history_limit
+        self._now = now
+        self._rv = 1
+        self._tables: dict[Resource, _Table] = {}
+        self._uids: dict[str, tuple[Resource, str]] = {}
+        self._dependents: dict[str, set[tuple[Resource, str]]] = {}
+        self._listeners: list[Listener] = []
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        """The newest resourceVersion handed out (every write takes the next one)."""
+        return self._rv
+
+    def now(self) -> dt.datetime:
+        return self._now()
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        """A private copy of the object; raises ApiError 404 when absent."""
+        result: dict[str, Any] = json.loads(self.get_raw(resource, namespace, name))
+        return result
+
+    def get_raw(self, resource: Resource, namespace: str | None, name: str) -> bytes:
+        entry = self._table(resource).entries.get(_key(resource, namespace, name))
+        if entry is None:
+            raise errors.not_found(resource, name)
+        return entry.raw
+
+    def exists(self, resource: Resource, namespace: str | None, name: str) -> bool:
+        return _key(resource, namespace, name) in self._table(resource).entries
+
+    def count(self, resource: Resource, namespace: str | None = None) -> int:
+        table = self._table(resource)
+        if namespace is None:
+            return len(table.entries)
+        return len(table.by_namespace.get(namespace, ()))
+
+    def namespaces_in_use(self, resource: Resource) -> list[str]:
+        return sorted(self._table(resource).by_namespace)
+
+    def locate_uid(self, uid: str) -> tuple[Resource, str, str] | None:
+        """Which object holds `uid`, as (resource, namespace, name)."""
+        found = self._uids.get(uid)
+        if found is None:
+            return None
+        resource, key = found
+        ns, name = _split(resource, key)
+        return resource, ns, name
+
+    def dependents(self, owner_uid: str) -> list[tuple[Resource, str, str]]:
+        """Objects whose ownerReferences name `owner_uid`, as (resource, namespace, name)."""
+        out = [(r, *_split(r, key)) for r, key in self._dependents.get(owner_uid, ())]
+        return sorted(out, key=lambda t: (t[0].plural, t[1], t[2]))
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        labels: LabelSelector | None = None,
+        fields: FieldSelector | None = None,
+        limit: int = 0,
+        continue_token: str | None = None,
+    ) -> ListPage:
+        """A page of matching objects in key order; `limit=0` means all of them."""
+        table = self._table(resource)
+        ns = namespace if resource.namespaced else None
+        token_rv, start = (0, "")
+        if continue_token:
+            token_rv, start = _decode_continue(continue_token)
+        keys = self._candidate_keys(table, ns, fields)
+        prefix = f"{ns}/" if ns is not None else ""
+        begin = bisect.bisect_left(keys, prefix + start) if start else 0
+        selective = not ((labels is None or labels.empty) and (fields is None or fields.empty))
+        raw: builtins.list[bytes] = []
+        last_key = ""
+        more = False
+        for i in range(begin, len(keys)):
+            entry = table.entries[keys[i]]
+            if selective and not matches(entry.labels, entry.fields, labels, fields):
+                continue
+            if limit and len(raw) == limit:
+                more = True
+                break
+            raw.append(entry.raw)
+            last_key = keys[i]
+        page_rv = token_rv or self._rv
+        page = ListPage(raw, page_rv)
+        if more:
+            page.continue_token = _encode_continue(page_rv, last_key[len(prefix) :])
+            if not selective:
+                page.remaining = len(keys) - bisect.bisect_right(keys, last_key)
+        return page
+
+    def _candidate_keys(
+        self, table: _Table, namespace: str | None, fields: FieldSelector | None
+    ) -> builtins.list[str]:
+        if fields is not None:
+            for name in table.resource.indexed_fields:
+                value = fields.equality(name)
+                if value is not None:
+                    keys = table.index.get(name, {}).get(value, set())
+                    if namespace is not None:
+                        prefix = f"{namespace}/"
+                        return sorted(k for k in keys if k.startswith(prefix))
+                    return sorted(keys)
+        return table.sorted_keys(namespace)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def create(self, resource: Resource, obj: dict[str, Any]) -> dict[str, Any]:
+        """Stores a new object, assigning uid, creationTimestamp and resourceVersion.
+
+        The object must already name itself (`metadata.name`, and `metadata.namespace` for a
+        namespaced resource); raises ApiError 409 AlreadyExists when the key is taken.
+        """
+        table = self._table(resource)
+        meta = dict(obj.get("metadata") or {})
+        ns = str(meta.get("namespace", "")) if resource.namespaced else ""
+        name = str(meta.get("name", ""))
+        key = _key(resource, ns, name)
+        if key in table.entries:
+            raise errors.already_exists(resource, name)
+        self._rv += 1
+        meta["uid"] = meta.get("uid") or str(uuid.uuid4())
+        meta["resourceVersion"] = str(self._rv)
+        meta["creationTimestamp"] = meta.get("creationTimestamp") or rfc3339(self._now())
+        stored = {**obj, "metadata": meta}
+        entry = self._entry(resource, stored, meta)
+        table.add_key(key, ns, entry)
+        self._uids[entry.uid] = (resource, key)
+        self._link_owners(resource, key, (), entry.owners)
+        self._commit(
+            table,
+            StoredEvent(
+                "ADDED",
+                resource,
+                ns,
+                name,
+                self._rv,
+                entry.uid,
+                entry.raw,
+                entry.labels,
+                entry.fields,
+                owners=entry.owners,
+            ),
+        )
+        return stored
+
+    def update(
+        self, resource: Resource, obj: dict[str, Any], *, expected_rv: int | None = None
+    ) -> dict[str, Any]:
+        """Replaces an object; uid and creationTimestamp are kept from the stored one.
+
+        Raises 404 when absent and 409 Conflict when `expected_rv` is not the stored version.
+        """
+        table = self._table(resource)
+        meta = dict(obj.get("metadata") or {})
+        ns = str(meta.get("namespace", "")) if resource.namespaced else ""
+        name = str(meta.get("name", ""))
+        key = _key(resource, ns, name)
+        old = table.entries.get(key)
+        if old is None:
+            raise errors.not_found(resource, name)
+        if expected_rv is not None and expected_rv != old.rv:
+            raise errors.conflict(resource, name)
+        self._rv += 1
+        meta["uid"] = old.uid
+        meta["creationTimestamp"] = old.created
+        meta["resourceVersion"] = str(self._rv)
+        stored = {**obj, "metadata": meta}
+        entry = self._entry(resource, stored, meta)
+        table.entries[key] = entry
+        table.reindex(key, old.fields, entry.fields)
+        self._link_owners(resource, key, old.owners, entry.owners)
+        self._commit(
+            table,
+            StoredEvent(
+                "MODIFIED",
+                resource,
+                ns,
+                name,
+                self._rv,
+                entry.uid,
+                entry.raw,
+                entry.labels,
+                entry.fields,
+                old.raw,
+                old.labels,
+                old.fields,
+                entry.owners,
+            ),
+        )
+        return stored
+
+    def delete(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
+        """Removes an object; returns its final state stamped with the deletion's version."""
+        table = self._table(resource)
+        ns = (namespace or "") if resource.namespaced else ""
+        key = _key(resource, ns, name)
+        if key not in table.entries:
+            raise errors.not_found(resource, name)
+        old = table.remove_key(key, ns)
+        self._uids.pop(old.uid, None)
+        self._link_owners(resource, key, old.owners, ())
+        self._rv += 1
+        final: dict[str, Any] = json.loads(old.raw)
+        final["metadata"]["resourceVersion"] = str(self._rv)
+        raw = dumps(final)
+        self._commit(
+            table,
+            StoredEvent(
+                "DELETED",
+                resource,
+                ns,
+                name,
+                self._rv,
+                old.uid,
+                raw,
+                old.labels,
+                old.fields,
+                old.raw,
+                old.labels,
+                old.fields,
+                old.owners,
+            ),
+        )
+        return final
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Calls `listener` synchronously after every committed write (after watchers saw it).
+
+        A listener may write to the store itself (the garbage collector does); its writes are
+        committed and fanned out before the outer write returns. Returns an unsubscribe.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    # -- watch -------------------------------------------------------------------------------
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        since: str | None = None,
+        labels: LabelSelector | None = None,
+        fields: FieldSelector | None = None,
+        queue_limit: int = DEFAULT_WATCH_QUEUE,
+    ) -> Watch:
+        """Subscribes to changes.
+
+        `since` is a resourceVersion: None, "" or "0" start with synthetic ADDED events for
+        what exists now (the apiserver's "get state and start at most recent"); a number
+        replays history after it, raising ApiError 410 when that history is gone.
+        """
+        table = self._table(resource)
+        ns = namespace if resource.namespaced else None
+        watch = Watch(
+            resource,
+            ns,
+            labels or LabelSelector(),
+            fields or FieldSelector(),
+            queue_limit,
+            table.watchers.discard,
+        )
+        if since in (None, "", "0"):
+            watch.preload(self._snapshot_events(table, ns))
+        else:
+            start = _parse_rv(str(since))
+            if start < table.floor:
+                raise errors.gone_too_old(start, table.floor + 1)
+            watch.preload(e for e in table.history if e.rv > start)
+        table.watchers.add(watch)
+        return watch
+
+    def _snapshot_events(self, table: _Table, namespace: str | None) -> Iterator[StoredEvent]:
+        resource = table.resource
+        for key in table.sorted_keys(namespace):
+            entry = table.entries[key]
+            ns, name = _split(resource, key)
+            yield StoredEvent(
+                "ADDED",
+                resource,
+                ns,
+                name,
+                entry.rv,
+                entry.uid,
+                entry.raw,
+                entry.labels,
+                entry.fields,
+            )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _table(self, resource: Resource) -> _Table:
+        table = self._tables.get(resource)
+        if table is None:
+            table = self._tables[resource] = _Table(resource, self._history_limit)
+        return table
+
+    def _entry(self, resource: Resource, obj: dict[str, Any], meta: dict[str, Any]) -> _Entry:
+        owners = tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or ())
+        return _Entry(
+            raw=dumps(obj),
+            rv=self._rv,
+            uid=str(meta["uid"]),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+            fields=extract_fields(resource, obj),
+            owners=owners,
+            created=str(meta.get("creationTimestamp") or ""),
+        )
+
+    def _link_owners(
+        self, resource: Resource, key: str, old: Iterable[str], new: Iterable[str]
+    ) -> None:
+        old_set, new_set = set(old), set(new)
+        for uid in old_set - new_set:
+            members = self._dependents.get(uid)
+            if members is not None:
+                members.discard((resource, key))
+                if not members:
+                    del self._dependents[uid]
+        for uid in new_set - old_set:
+            self._dependents.setdefault(uid, set()).add((resource, key))
+
+    def _commit(self, table: _Table, event: StoredEvent) -> None:
+        table.record(event)
+        for watch in list(table.watchers):
+            watch.offer(event)
+        for listener in list(self._listeners):
+            listener(event)
+
+
+def _key(resource: Resource, namespace: str | None, name: str) -> str:
+    return f"{namespace or ''}/{name}" if resource.namespaced else name
+
+
+def _split(resource: Resource, key: str) -> tuple[str, str]:
+    if not resource.namespaced:
+        return "", key
+    ns, _, name = key.partition("/")
+    return ns, name
+
+
+def _parse_rv(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise errors.bad_request(f"invalid resource version: {text}") from None
+    if value < 0:
+        raise errors.bad_request(f"invalid resource version: {text}")
+    return value
+
+
+def parse_resource_version(text: str) -> int:
+    """A resourceVersion from a request, as an int; 400 when it is not one."""
+    return _parse_rv(text)
+
+
+def _encode_continue(rv: int, start: str) -> str:
+    token = {"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"}
+    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[int, str]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded))
+        rv, start = int(data["rv"]), str(data["start"])
+        if data.get("v") != "meta.k8s.io/v1" or not start.endswith("\x00"):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise errors.bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion "
+            "(version meta.k8s.io/v1)"
+        ) from None
+    return rv, start
