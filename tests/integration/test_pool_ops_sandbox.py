@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.models import WorkerRecord
+from levers9.models import MACHINE_WORKFLOW, RECONCILE_POOL_WORKFLOW, WorkerRecord
 from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
 from sandbox import aws, registries, worker_image
 from tests.controlplane import POOL, Controlplane, environment, reconciling, workers_available
@@ -59,6 +60,21 @@ async def cp(
                 yield plane
 
 
+async def _settled(dev_env: WorkflowEnvironment, cp: Controlplane, before: datetime) -> bool:
+    """No pass nor machine of this controlplane runs, and passes ran here before the removal."""
+    queue = f"TaskQueue='{cp.settings.task_queue}'"
+    types = f"(WorkflowType='{RECONCILE_POOL_WORKFLOW}' OR WorkflowType='{MACHINE_WORKFLOW}')"
+    running = f"{queue} AND {types} AND ExecutionStatus='Running'"
+    ran = (
+        f"{queue} AND WorkflowType='{RECONCILE_POOL_WORKFLOW}'"
+        f" AND ExecutionStatus='Completed' AND StartTime < '{before.isoformat()}'"
+    )
+    client = dev_env.client
+    return not [w async for w in client.list_workflows(running)] and bool(
+        [w async for w in client.list_workflows(ran)]
+    )
+
+
 async def _workers(cp: Controlplane, include_ended: bool = False) -> list[WorkerRecord]:
     return await list_worker_records(cp.settings, POOL, include_ended=include_ended)
 
@@ -94,7 +110,10 @@ async def test_recopy_copies_latest_and_restarts_every_worker_at_once(cp: Contro
     await eventually(fresh, within=WITHIN)
 
 
-async def test_pool_remove_leaves_nothing_running(cp: Controlplane) -> None:
+async def test_pool_remove_leaves_nothing_running(
+    dev_env: WorkflowEnvironment, cp: Controlplane
+) -> None:
+    before = datetime.now(UTC)
     done = await cp.cli("pool", "remove", "--pool", POOL, "--delete-namespace")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"pool {POOL} removed: schedule deleted, 3 worker records ended" in done.stdout
@@ -105,7 +124,8 @@ async def test_pool_remove_leaves_nothing_running(cp: Controlplane) -> None:
     assert await cp.worker_jobs() == []
     namespaces = await cp.kubectl("get", "namespaces", "-o", "name")
     assert "namespace/levers9" not in namespaces.split()
-    # Nothing comes back: no schedule, so no reconcile creates workers again.
-    await asyncio.sleep(3)
+    # Nothing comes back: no schedule, so no reconcile creates workers again. What could have
+    # (a pass, or a machine, still running when the removal began) has ended by now.
+    await eventually(lambda: _settled(dev_env, cp, before), within=WITHIN)
     assert await _workers(cp) == []
     assert await cp.worker_jobs() == []

@@ -16,6 +16,7 @@ from temporalio.worker import Worker
 
 from levers9.models import PlaceRequest, PoolInput, WorkerSlotInput, pool_workflow_id
 from levers9.placement import Placement, PoolState
+from tests.waiting import eventually
 from workflows.pool import PoolWorkflow
 
 pytestmark = pytest.mark.integration
@@ -95,8 +96,15 @@ async def test_continues_as_new_with_state_and_survives_a_worker_restart(
         assert (await _place(latest, "two", 2)).worker_id == "w2"
         # A 4-card task waits until `held` gives its cards back, then takes the whole worker.
         four = asyncio.create_task(_place(latest, "four", 4))
-        await asyncio.sleep(0.5)
+
+        async def four_waits() -> bool:
+            state = await latest.query(PoolWorkflow.state)
+            return [w.task_id for w in state.waiting] == ["four"]
+
+        # The workflow has taken the request and decided it must wait: not placed, in the queue.
+        await eventually(four_waits, within=15)
         assert not four.done()
+        assert "four" not in (await latest.query(PoolWorkflow.state)).placed
         await latest.signal(PoolWorkflow.release, "held")
         placement = await asyncio.wait_for(four, timeout=15)
         assert placement.worker_id == "w4"

@@ -17,6 +17,7 @@ import asyncio
 import io
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ from levers9.temporal import (
     list_machine_records,
     list_worker_records,
 )
-from tests.controlplane import POOL, Controlplane, reconciling
+from tests.controlplane import POOL, Controlplane, passes_completed, reconciling
 from tests.factories import add_gpu_node
 from tests.waiting import eventually
 from workflows.reconcile_pool import ReconcilePoolWorkflow
@@ -72,6 +73,10 @@ def _cards_by_node(jobs: list[dict[str, Any]]) -> dict[str, list[int]]:
 async def _cordon(cp: Controlplane, node: str, patch: dict[str, Any]) -> None:
     """`kubectl cordon|uncordon`, as the admin (the pool's key may not change nodes)."""
     await cp.admin(lambda api: k8s.CoreV1Api(api).patch_node(node, patch))
+
+
+def _unable_lines(log_lines: io.StringIO) -> int:
+    return log_lines.getvalue().count("unable to reconcile cluster nodes pool_name=gke-rtx6000")
 
 
 async def _records(cp: Controlplane) -> dict[str, MachineRecord]:
@@ -119,7 +124,7 @@ async def test_workers_go_pending_to_available(
 
 
 async def test_scaled_down_neighbour_frees_cards_without_a_second_worker(
-    cp: Controlplane,
+    dev_env: WorkflowEnvironment, cp: Controlplane
 ) -> None:
     await cp.admin(
         lambda api: k8s.AppsV1Api(api).patch_namespaced_deployment_scale(
@@ -132,7 +137,8 @@ async def test_scaled_down_neighbour_frees_cards_without_a_second_worker(
         return record is not None and record.free_gpus == 2 and record.free_cpu_millis > 180_000
 
     await eventually(freed, within=WITHIN)
-    await asyncio.sleep(3)  # a few more passes
+    # Passes that saw the freed cards, each of which could have added a second worker.
+    await passes_completed(dev_env.client, cp, datetime.now(UTC), count=3)
     assert _cards_by_node(await cp.worker_jobs())[NODE_4X] == [2], (
         "the 2-card worker keeps its cards"
     )
@@ -206,9 +212,15 @@ async def test_403_stops_reconcile_with_the_fix_and_repairs(
         line = next(ln for ln in log_lines.getvalue().splitlines() if "unable to reconcile" in ln)
         assert 'error="403 Forbidden' in line
         assert "rerun deploy/gke/attach-gke-pool.sh" in line
-        # A change the controlplane cannot see while it gets 403s.
+        # A change the controlplane cannot see while it gets 403s: a pass tried after it (its
+        # 403 logged again) and left the record as it was.
         await _cordon(cp, NODE_1X, {"spec": {"unschedulable": True}})
-        await asyncio.sleep(2)
+        seen = _unable_lines(log_lines)
+
+        async def tried_again() -> bool:
+            return _unable_lines(log_lines) > seen
+
+        await eventually(tried_again, within=WITHIN)
         assert (await _records(cp))[NODE_1X].status == before[NODE_1X].status
     finally:
         cp.sandbox.sandbox.policy.update({"egressIp": "127.0.0.1"})
@@ -240,5 +252,6 @@ async def test_two_passes_at_once_add_one_worker(
         return "gke-demo-gpu-race-1" in _cards_by_node(await cp.worker_jobs())
 
     await eventually(worker_added, within=WITHIN)
-    await asyncio.sleep(2)
+    # Scheduled passes after both racing ones: none of them adds a second worker either.
+    await passes_completed(dev_env.client, cp, datetime.now(UTC), count=2)
     assert _cards_by_node(await cp.worker_jobs())["gke-demo-gpu-race-1"] == [1]

@@ -197,7 +197,7 @@ async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> As
         env,
         directory / "temporal.log",
     )
-    argv = [sys.executable, "-m", "worker_main"]
+    argv = [sys.executable, "-P", "-m", "worker_main"]
     for path in values:
         argv += ["--values", str(path)]
     controlplane = Process("worker_main", argv, env, directory / "worker_main.log")

@@ -1,0 +1,208 @@
+"""Every `workflow.patched(...)` branch replays both ways.
+
+A patch is `if workflow.patched(ID): new else: old`: workflows that reached that point under the
+old code must replay with the new code through the old branch, and the ones that ran the new
+branch through the new. For each patch of the workflows the test drives the workflow, on the dev
+server with its activities replaced, to the patched point twice:
+
+- as the old code ran it: `workflow.patched` answers False while it runs, so the history has no
+  marker and the old branch's commands (the code before the patch, by the form of a patch);
+- as the new code runs it: the history has the patch's marker and the new branch's commands.
+
+Each history then replays with the real code. The check can fail: the old history replayed by
+code whose branch is unguarded (`patched` always True) is a nondeterminism error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+from temporalio import activity, workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
+from levers9.capacity import MachineStatus, NodeCapacity, Resources
+from levers9.models import MachineInput, PlaceRequest, TaskInput, TaskRecord, WorkerTaskInput
+from levers9.placement import Placement
+from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
+from workflows.task import PLACE_AGAIN, PLACEMENTS, TaskWorkflow
+
+pytestmark = pytest.mark.integration
+
+POOL = "patches"
+
+
+@activity.defn(name="place_task")
+async def place_task(request: PlaceRequest) -> Placement:
+    return Placement(
+        task_id=request.task_id,
+        worker_id="w1",
+        node_name="node-1",
+        address="127.0.20.1:40000",
+        gpu_indices=(0,),
+    )
+
+
+@activity.defn(name="run_task")
+async def run_task(input: WorkerTaskInput) -> bool:
+    raise ApplicationError("connection refused", type="WorkerUnavailable", non_retryable=True)
+
+
+@activity.defn(name="worker_ended")
+async def worker_ended(input: WorkerTaskInput) -> bool:
+    return True
+
+
+async def _machine_gone(client: Client, task_queue: str) -> str:
+    """A machine with one worker whose node is gone (the reconcile's `gone` signal)."""
+    workflow_id = f"machine:{POOL}:{uuid.uuid4().hex[:8]}"
+    capacity = NodeCapacity(
+        name="node-1",
+        machine=True,
+        status=MachineStatus.HEALTHY,
+        gpu_type="RTXPro6000",
+        total_gpus=1,
+        free=Resources(gpus=0),
+        worker_gpus=1,
+        workers=("w1",),
+        external_ip="127.0.20.1",
+    )
+    handle = await client.start_workflow(
+        MachineWorkflow.run,
+        MachineInput(pool_name=POOL, node_name="node-1", capacity=capacity),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    await handle.signal(MachineWorkflow.gone)
+    await handle.result()
+    return workflow_id
+
+
+async def _task_never_started(client: Client, task_queue: str) -> str:
+    """A task whose RunTask never gets through, its worker gone."""
+    task_id = uuid.uuid4().hex[:12]
+    workflow_id = f"task:{task_id}"
+    await client.execute_workflow(
+        TaskWorkflow.run,
+        TaskInput(task_id=task_id, pool_name=POOL, command=("true",), gpus=1),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    return workflow_id
+
+
+@dataclass(frozen=True)
+class Patch:
+    patch_id: str
+    drive: Callable[[Client, str], Awaitable[str]]
+    new_branch: EventType.ValueType
+    """An event only the new branch makes."""
+
+
+PATCHES = {
+    STOP_WORKERS_WHEN_GONE: Patch(
+        STOP_WORKERS_WHEN_GONE,
+        _machine_gone,
+        EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED,
+    ),
+    PLACE_AGAIN: Patch(
+        PLACE_AGAIN, _task_never_started, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ),
+}
+WORKFLOWS = [MachineWorkflow, TaskWorkflow]
+
+
+def test_every_patch_in_the_workflows_is_covered() -> None:
+    from pathlib import Path
+
+    import workflows
+
+    source = "".join(p.read_text() for p in Path(workflows.__file__).parent.glob("*.py"))
+    assert source.count("workflow.patched(") == len(PATCHES)
+
+
+async def _history(
+    env: WorkflowEnvironment, patch: Patch, monkeypatch: pytest.MonkeyPatch, old: bool
+) -> WorkflowHistory:
+    task_queue = f"tq-{uuid.uuid4()}"
+    with monkeypatch.context() as m:
+        if old:
+            m.setattr(workflow, "patched", lambda patch_id: False)
+        async with Worker(
+            env.client,
+            task_queue=task_queue,
+            workflows=WORKFLOWS,
+            activities=[place_task, run_task, worker_ended],
+        ):
+            workflow_id = await patch.drive(env.client, task_queue)
+    return await env.client.get_workflow_handle(workflow_id).fetch_history()
+
+
+def _markers(history: WorkflowHistory) -> list[bytes]:
+    """The recorded markers (a patch's carries its id), serialized."""
+    return [
+        e.marker_recorded_event_attributes.SerializeToString()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    ]
+
+
+def _count(history: WorkflowHistory, event_type: EventType.ValueType) -> int:
+    return sum(1 for e in history.events if e.event_type == event_type)
+
+
+async def _replay(history: WorkflowHistory) -> str | None:
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    return None if result.replay_failure is None else str(result.replay_failure)
+
+
+@pytest.mark.parametrize("patch_id", list(PATCHES))
+async def test_both_branches_replay(
+    dev_env: WorkflowEnvironment, patch_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch = PATCHES[patch_id]
+    old = await _history(dev_env, patch, monkeypatch, old=True)
+    new = await _history(dev_env, patch, monkeypatch, old=False)
+
+    # Each history went through its own branch.
+    assert _markers(old) == []
+    assert any(patch_id.encode() in marker for marker in _markers(new))
+    assert _count(new, patch.new_branch) > _count(old, patch.new_branch)
+
+    assert await _replay(old) is None, "workflows of the old code replay through the old branch"
+    assert await _replay(new) is None, "workflows of the new code replay through the new branch"
+
+    # Unguarded, the new branch would break the old workflows.
+    with monkeypatch.context() as m:
+        m.setattr(workflow, "patched", lambda patch_id: True)
+        failure = await _replay(old)
+    assert failure is not None
+    assert "Nondeterminism" in failure
+
+
+async def test_the_branches_do_what_the_patches_say(
+    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old branch of PLACE_AGAIN fails the task at the first lost worker; the new one places
+    it again, PLACEMENTS times, before it gives up."""
+    patch = PATCHES[PLACE_AGAIN]
+    ended = {}
+    for old in (True, False):
+        history = await _history(dev_env, patch, monkeypatch, old=old)
+        completed = history.events[-1].workflow_execution_completed_event_attributes
+        [record] = await pydantic_data_converter.decode(completed.result.payloads, [TaskRecord])
+        assert isinstance(record, TaskRecord)
+        ended[old] = record
+    assert ended[True].state == ended[False].state == "failed"
+    assert ended[True].reason is not None
+    assert ended[True].reason.startswith("worker lost before the task started")
+    assert ended[False].reason is not None
+    assert ended[False].reason.startswith(f"placed {PLACEMENTS} times, never started")
