@@ -22,9 +22,9 @@ from activities.kube_clients import KubeClients
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, load
-from levers9.gateway.log_relay import TemporalTaskRecords
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
+from levers9.gateway.task_service import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
@@ -81,9 +81,8 @@ def serving(
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
     )
-    gateway = Gateway(
-        TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client), tunnels=tunnels
-    )
+    tasks = TemporalTaskRecords(client, settings.task_queue)
+    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=tasks, tunnels=tunnels)
     return worker, replica, gateway
 
 

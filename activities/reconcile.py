@@ -25,10 +25,7 @@ from levers9.capacity import NodeCapacity
 from levers9.config import ControlplaneSettings
 from levers9.logs import get_logger
 from levers9.models import (
-    GPU_TYPE,
     MACHINE_WORKFLOW,
-    NODE_NAME,
-    POOL_NAME,
     POOL_WORKFLOW,
     MachineInput,
     ObservePoolInput,
@@ -40,6 +37,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
+from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
 
 SIGNAL_CONCURRENCY = 32

@@ -23,8 +23,8 @@ from temporalio.client import Client
 
 from levers9.cli.runtime import honour_dev_env
 from levers9.config import ControlplaneSettings, parse_settings
-from levers9.models import TERMINAL, TaskInput
-from levers9.task_records import new_task_id, start_task, task_record
+from levers9.models import TERMINAL, TaskInput, new_task_id
+from levers9.task_records import start_task, task_record
 from levers9.temporal import connect
 from sandbox.synthetic import cpu_model
 
@@ -36,7 +36,7 @@ async def one(client: Client, settings: ControlplaneSettings, pool: str) -> tupl
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=("true",), gpus=1)
     submitted = datetime.now(UTC)
     began = time.perf_counter()
-    await start_task(client, settings, task)
+    await start_task(client, settings.task_queue, task)
     while True:
         record = await task_record(client, task.task_id)
         if record is not None and record.state in TERMINAL:

@@ -110,7 +110,7 @@ class Soak:
         task_id = f"soak{len(self.tasks):05d}"
         await start_task(
             self.w.client,
-            self.w.settings,
+            self.w.settings.task_queue,
             TaskInput(task_id=task_id, pool_name=POOL, command=self.w.task_command(task_id)),
         )
         self.tasks.append(task_id)

@@ -25,8 +25,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
-from cryptography import x509
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -67,6 +65,8 @@ class _Model(BaseModel):
         populate_by_name=True,
         hide_input_in_errors=True,
         str_strip_whitespace=True,
+        # Built when first used: the CLI validates its settings only, not the values models.
+        defer_build=True,
     )
 
 
@@ -100,6 +100,8 @@ def generic_kubeconfig(text: str) -> dict[str, Any] | None:
     when they are a bearer token. ValueError when they look like a document but are not one."""
     if not (text.lstrip().startswith("{") or "\n" in text.strip()):
         return None
+    import yaml
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -147,6 +149,8 @@ class KubernetesConfig(_Model):
     def _pem_certificate(cls, value: str | None) -> str | None:
         if value is None:
             return None
+        from cryptography import x509
+
         try:
             x509.load_pem_x509_certificate(base64.b64decode(value, validate=True))
         except (binascii.Error, ValueError):
@@ -499,6 +503,8 @@ def read_values_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             [f"{path}: not UTF-8 text (byte {exc.start}): values files are YAML or JSON"]
         ) from None
+    import yaml  # values files only: the CLI's settings come from the environment
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

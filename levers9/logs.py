@@ -19,7 +19,6 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, TextIO
 
-import structlog
 from pydantic import SecretBytes, SecretStr
 
 KV_EXTRA = "kv"
@@ -80,14 +79,32 @@ class LineFormatter(logging.Formatter):
         return line
 
 
+_wanted: tuple[str, TextIO] | None = None
+"""What `setup` asked for, kept for structlog when it is loaded after `setup` (lazily: a CLI
+command that logs nothing never loads it)."""
+
+
 def setup(level: str = "INFO", stream: TextIO | None = None) -> None:
     """Configures structlog and the stdlib root logger; safe to call more than once."""
+    global _wanted
     out = stream or sys.stderr
     handler = logging.StreamHandler(out)
     handler.setFormatter(LineFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    _wanted = (level, out)
+    if "structlog" in sys.modules:
+        _configure_structlog(level, out)
+    if "temporalio" in sys.modules:
+        quiet_sdk_messages()
+
+
+def _configure_structlog(level: str, out: TextIO) -> None:
+    global _wanted
+    import structlog
+
+    _wanted = None
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -98,7 +115,12 @@ def setup(level: str = "INFO", stream: TextIO | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
-    # The SDK appends workflow/activity info to every message; we want the spec's lines verbatim.
+
+
+def quiet_sdk_messages() -> None:
+    """The SDK appends workflow/activity info to every message; the spec's lines are verbatim.
+    `setup` calls this when the SDK is loaded; `levers9.temporal` when it loads the SDK later
+    (the CLI and the agent never load it to log)."""
     from temporalio import activity, workflow
 
     workflow.logger.workflow_info_on_message = False
@@ -107,4 +129,8 @@ def setup(level: str = "INFO", stream: TextIO | None = None) -> None:
 
 def get_logger(name: str = "levers9") -> Any:
     """A structlog logger; `log.info("loaded controller", gpu_type=..., ...)`."""
+    import structlog
+
+    if _wanted is not None:
+        _configure_structlog(*_wanted)
     return structlog.get_logger(name)

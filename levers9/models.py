@@ -6,21 +6,15 @@ without breaking running workflows. Inputs carry pool *names*, never credentials
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.common import SearchAttributeKey
 
 from levers9.capacity import NodeCapacity
 from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
 from levers9.placement import PoolState
-
-POOL_NAME = SearchAttributeKey.for_keyword("PoolName")
-NODE_NAME = SearchAttributeKey.for_keyword("NodeName")
-WORKER_STATE = SearchAttributeKey.for_keyword("WorkerState")
-GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
-SEARCH_ATTRIBUTES = (POOL_NAME, NODE_NAME, WORKER_STATE, GPU_TYPE)
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"
@@ -316,6 +310,11 @@ class WorkerTaskInput(_Record):
 
 def pool_workflow_id(pool_name: str) -> str:
     return f"pool:{pool_name}"
+
+
+def new_task_id() -> str:
+    """A task id as `levers9 run` picks one: twelve hex digits."""
+    return uuid.uuid4().hex[:12]
 
 
 def task_workflow_id(task_id: str) -> str:

@@ -7,37 +7,50 @@ not survive clients left behind on loops that `asyncio.run` already closed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import uuid
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.config import ControlplaneSettings
 from levers9.models import (
-    POOL_NAME,
     TASK_WORKFLOW,
     TaskInput,
     TaskRecord,
     task_workflow_id,
 )
+from levers9.search_attributes import POOL_NAME
 from levers9.temporal import list_memo_records
 
 
-def new_task_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-async def start_task(client: Client, settings: ControlplaneSettings, task: TaskInput) -> None:
+async def start_task(client: Client, task_queue: str, task: TaskInput) -> None:
+    """Starts the task's record (TaskWorkflow) on the controlplane's task queue."""
     await client.start_workflow(
         TASK_WORKFLOW,
         task,
         id=task_workflow_id(task.task_id),
-        task_queue=settings.task_queue,
+        task_queue=task_queue,
         search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, task.pool_name)]),
     )
+
+
+async def task_ended(client: Client, task_id: str, timeout_s: float) -> TaskRecord | None:
+    """The record once the task has ended, or as it is after `timeout_s` (the workflow's
+    result is long-polled: no polling here); None if unknown."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id), result_type=TaskRecord)
+    try:
+        async with asyncio.timeout(timeout_s):
+            result: TaskRecord = await handle.result()
+            return result
+    except (TimeoutError, WorkflowFailureError):
+        return await task_record(client, task_id)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 async def task_record(client: Client, task_id: str) -> TaskRecord | None:

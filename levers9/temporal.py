@@ -40,18 +40,17 @@ from temporalio.service import RPCError, RPCStatusCode
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings
 from levers9.errors import Unreachable
-from levers9.logs import get_logger
+from levers9.logs import get_logger, quiet_sdk_messages
 from levers9.models import (
     MACHINE_WORKFLOW,
-    POOL_NAME,
     RECONCILE_POOL_WORKFLOW,
-    SEARCH_ATTRIBUTES,
     WORKER_WORKFLOW,
     MachineRecord,
     ReconcilePoolInput,
     WorkerRecord,
     reconcile_schedule_id,
 )
+from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
 
 RECONCILE_PREFIX = "reconcile:"
 MEMO_TASK_QUEUE = "levers9.taskQueue"
@@ -59,6 +58,8 @@ RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
 PASS_POLL_S = 1.0
 
 log = get_logger(__name__)
+
+quiet_sdk_messages()
 
 
 def _tls(settings: ControlplaneSettings) -> bool | TLSConfig:

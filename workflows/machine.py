@@ -21,11 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from levers9.capacity import NodeCapacity
     from levers9.logs import KV_EXTRA
     from levers9.models import (
-        GPU_TYPE,
         MACHINE_WORKFLOW,
-        NODE_NAME,
-        POOL_NAME,
-        WORKER_STATE,
         MachineInput,
         MachineRecord,
         StopWorker,
@@ -33,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         node_gone_reason,
         worker_workflow_id,
     )
+    from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME, WORKER_STATE
     from workflows.worker import WorkerWorkflow
 
 MAX_HISTORY_EVENTS = 2_000

@@ -27,7 +27,6 @@ with workflow.unsafe.imports_passed_through():
     from levers9.logs import KV_EXTRA
     from levers9.manifests import worker_job_name
     from levers9.models import (
-        WORKER_STATE,
         WORKER_WORKFLOW,
         PodState,
         StopWorker,
@@ -41,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         node_gone_reason,
         pool_workflow_id,
     )
+    from levers9.search_attributes import WORKER_STATE
 
 KUBE_TIMEOUT = timedelta(seconds=60)
 KUBE_RETRY = RetryPolicy(

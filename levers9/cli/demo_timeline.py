@@ -10,8 +10,8 @@ from datetime import datetime
 from levers9.cli.output import Output, console, render
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
-from levers9.models import TaskInput, TaskRecord
-from levers9.task_records import PROBE_COMMAND, check_report, new_task_id
+from levers9.models import TaskInput, TaskRecord, new_task_id
+from levers9.task_records import PROBE_COMMAND, check_report
 from levers9.timeline import Row, first, since
 from sandbox.devstack import DevStack
 

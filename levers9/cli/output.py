@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from rich.console import Console
 from rich.table import Table
@@ -50,3 +51,14 @@ def render(
 def fail(lines: Sequence[str]) -> None:
     for line in lines:
         errors.print(f"[red]error:[/red] {line}", highlight=False, markup=True, soft_wrap=True)
+
+
+def ago(moment: datetime | None, now: datetime) -> str:
+    """`42s`, `3m`, `2h`: how long ago, as kubectl prints ages."""
+    if moment is None:
+        return ""
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -15,9 +15,9 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
-from levers9.models import TaskInput
+from levers9.models import TaskInput, new_task_id
 from levers9.operations import failure_message, start_pool_removal
-from levers9.task_records import PROBE_COMMAND, check_mismatch, check_report, new_task_id
+from levers9.task_records import PROBE_COMMAND, check_mismatch, check_report
 from levers9.temporal import connect, list_reconcile_schedules
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)

@@ -1,4 +1,10 @@
-"""`levers9 run` and `levers9 task ...`: run a task on a pool's workers and read its record."""
+"""`levers9 run` and `levers9 task ...`: run a task on a pool's workers and read its record.
+
+With an operator token (`levers9 dev up` writes one; LEVERS9_API_TOKEN[_FILE]) every call goes
+to the controlplane's gateway (`levers9.cli.gateway_api`): the command loads no Temporal SDK,
+and `run` waits for the task's end there instead of polling. Without a token, or when the
+gateway cannot be reached, the record is read from Temporal directly, as before.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,28 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Annotated
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
 
-from levers9.cli.log_stream import LogStreamUnavailable, stream_task_logs
-from levers9.cli.output import Output, console, errors, fail, render
+from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, stream_task_logs
+from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
-from levers9.cli.worker import ago
 from levers9.config import ControlplaneSettings
-from levers9.models import TERMINAL, TaskInput, TaskRecord
-from levers9.task_records import list_tasks, new_task_id, start_task, task_record
-from levers9.temporal import connect
+from levers9.models import TERMINAL, TaskInput, TaskRecord, new_task_id
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 app = typer.Typer(help="Tasks: what users run on the workers, and their records.")
 
+T = TypeVar("T")
+
 POLL_S = 0.5
+"""How soon a record not yet known is asked for again."""
+WAIT_STEP_S = 30.0
+"""The longest one wait for a task's end lasts before the command asks again."""
 DEADLINE_EXIT = 4
 COLUMNS = [
     ("task_id", "TASK"),
@@ -33,6 +45,107 @@ COLUMNS = [
     ("age", "AGE"),
     ("command", "COMMAND"),
 ]
+
+
+class Tasks(Protocol):
+    """Where the command submits tasks and reads their records."""
+
+    async def submit(self, task: TaskInput) -> None: ...
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        """The record now, or once the task ended (at most `wait_s` from now)."""
+
+
+class GatewayTasks:
+    """Through the controlplane's gateway, with the operator token."""
+
+    def __init__(self, settings: ControlplaneSettings) -> None:
+        self._settings = settings
+
+    async def submit(self, task: TaskInput) -> None:
+        from levers9.cli.gateway_api import submit_task
+
+        await submit_task(self._settings, task)
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        from levers9.cli.gateway_api import task_record
+
+        return await task_record(self._settings, task_id, wait_s)
+
+
+class TemporalTasks:
+    """Straight from Temporal, with the controlplane's Temporal settings (one client, one loop:
+    the SDK's runtime does not survive clients left on loops `asyncio.run` already closed)."""
+
+    def __init__(self, settings: ControlplaneSettings) -> None:
+        self._settings = settings
+        self._client: Client | None = None
+
+    async def client(self) -> Client:
+        if self._client is None:
+            from levers9.temporal import connect
+
+            self._client = await connect(self._settings)
+        return self._client
+
+    async def submit(self, task: TaskInput) -> None:
+        from levers9.task_records import start_task
+
+        await start_task(await self.client(), self._settings.task_queue, task)
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        from levers9.task_records import task_ended, task_record
+
+        client = await self.client()
+        if wait_s > 0:
+            return await task_ended(client, task_id, wait_s)
+        return await task_record(client, task_id)
+
+
+class Fallback:
+    """The gateway, and Temporal once the gateway cannot be reached (said once, on stderr)."""
+
+    def __init__(self, settings: ControlplaneSettings) -> None:
+        self._gateway: Tasks | None = GatewayTasks(settings)
+        self._temporal = TemporalTasks(settings)
+
+    def _fell_back(self, exc: GatewayUnavailable) -> Tasks:
+        errors.print(f"asking Temporal directly: {exc}", highlight=False)
+        self._gateway = None
+        return self._temporal
+
+    async def submit(self, task: TaskInput) -> None:
+        if self._gateway is not None:
+            try:
+                return await self._gateway.submit(task)
+            except GatewayUnavailable as exc:
+                self._fell_back(exc)
+        await self._temporal.submit(task)
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        if self._gateway is not None:
+            try:
+                return await self._gateway.record(task_id, wait_s)
+            except GatewayUnavailable as exc:
+                self._fell_back(exc)
+        return await self._temporal.record(task_id, wait_s)
+
+
+def _answered(call: Coroutine[Any, Any, T]) -> T:
+    """Runs the command's calls; the gateway's refusal (an invalid field, say) is one line and
+    exit status 1, not a traceback."""
+    try:
+        return asyncio.run(call)
+    except GatewayRefused as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+
+
+def tasks_for(settings: ControlplaneSettings) -> Tasks:
+    """The gateway when the command holds an operator token, else Temporal."""
+    if settings.operator_token() is None:
+        return TemporalTasks(settings)
+    return Fallback(settings)
 
 
 class _LogFollower:
@@ -53,7 +166,7 @@ class _LogFollower:
             async for text in stream_task_logs(settings, task_id, follow=True):
                 console.out(text, end="", highlight=False)
                 self.streamed += len(text)
-        except LogStreamUnavailable as exc:
+        except GatewayUnavailable as exc:
             self.problem = str(exc)
             lead = (
                 "log stream ended" if self.streamed else "no log stream, showing the record's tail"
@@ -77,9 +190,9 @@ async def submit_and_follow(
     settings: ControlplaneSettings, task: TaskInput, wait_s: float, show_logs: bool
 ) -> TaskRecord | None:
     """Starts the task, streams its output (the record's tail when no stream can be had) and
-    polls its record until it ends or `wait_s` passes; None when it is still running."""
-    client = await connect(settings)
-    await start_task(client, settings, task)
+    waits for its end, at most `wait_s`; None when it is still running then."""
+    tasks = tasks_for(settings)
+    await tasks.submit(task)
     console.print(f"task {task.task_id} submitted to pool {task.pool_name}", highlight=False)
     follower = _LogFollower(settings, task.task_id) if show_logs else None
     deadline = time.monotonic() + wait_s
@@ -93,7 +206,8 @@ async def submit_and_follow(
 
     try:
         while True:
-            record = await task_record(client, task.task_id)
+            remaining = deadline - time.monotonic()
+            record = await tasks.record(task.task_id, min(max(remaining, 0), WAIT_STEP_S))
             if record is not None:
                 show_tail(record)
             if record is not None and record.state in TERMINAL:
@@ -103,7 +217,8 @@ async def submit_and_follow(
                 return record
             if time.monotonic() >= deadline:
                 return None
-            await asyncio.sleep(POLL_S)
+            if record is None:
+                await asyncio.sleep(POLL_S)
     finally:
         if follower is not None:
             follower.cancel()
@@ -133,7 +248,7 @@ def run(
     task = TaskInput(
         task_id=new_task_id(), pool_name=pool, command=tuple(command), gpus=gpus, image=image
     )
-    record = asyncio.run(submit_and_follow(settings, task, wait, show_logs=True))
+    record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
     if record is None:
         console.print(
             f"DEADLINE_EXCEEDED: task {task.task_id} is still running;"
@@ -146,7 +261,7 @@ def run(
 
 
 async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:
-    return await task_record(await connect(settings), task_id)
+    return await tasks_for(settings).record(task_id)
 
 
 @app.command()
@@ -154,7 +269,7 @@ def get(
     task_id: str, output: Annotated[Output, typer.Option("-o", "--output")] = Output.table
 ) -> None:
     """The task record: state, worker, phases, exit code, result."""
-    record = asyncio.run(_record(settings_from_env(), task_id))
+    record = _answered(_record(settings_from_env(), task_id))
     if record is None:
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
@@ -174,7 +289,7 @@ async def _print_logs(settings: ControlplaneSettings, task_id: str, follow: bool
         async for text in stream_task_logs(settings, task_id, follow=follow):
             console.out(text, end="", highlight=False)
         return True
-    except LogStreamUnavailable as exc:
+    except GatewayUnavailable as exc:
         if str(exc).startswith("NOT_FOUND: no task"):
             return False
         errors.print(f"no log stream, showing the record's tail: {exc}", highlight=False)
@@ -193,7 +308,7 @@ def logs(
     ] = False,
 ) -> None:
     """The task's output, streamed from its worker (the record's tail once the worker is gone)."""
-    if not asyncio.run(_print_logs(settings_from_env(), task_id, follow)):
+    if not _answered(_print_logs(settings_from_env(), task_id, follow)):
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
 
@@ -204,6 +319,8 @@ def list_(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
 ) -> None:
     """Tasks, newest first."""
+    from levers9.task_records import list_tasks
+
     records = asyncio.run(list_tasks(settings_from_env(), pool))
     if output is Output.json:
         render([json.loads(r.model_dump_json()) for r in records], COLUMNS, output)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from levers9.cli.output import Output, render
+from levers9.cli.output import Output, ago, render
 from levers9.cli.runtime import settings_from_env
 from levers9.temporal import list_worker_records
 
@@ -25,17 +25,6 @@ COLUMNS = [
     ("address", "ADDRESS"),
     ("note", "CONDITION / REASON"),
 ]
-
-
-def ago(moment: datetime | None, now: datetime) -> str:
-    """`42s`, `3m`, `2h`: how long ago, as kubectl prints ages."""
-    if moment is None:
-        return ""
-    seconds = max(0, int((now - moment).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 @app.command("list")

@@ -1,4 +1,4 @@
-"""Worker requests checked and turned into the records the workflows get (pure).
+"""Worker and CLI requests checked and turned into the records the workflows get (pure).
 
 Every check names the proto field it rejects (`advertised_address: ...`), and bounds what a
 worker may send: the records travel as Temporal signals, whose payloads must stay well under
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
-from levers9.models import WorkerHeartbeat, WorkerRegistration
+from levers9.models import TaskInput, WorkerHeartbeat, WorkerRegistration
 from levers9.proto import gateway_pb2, worker_pb2
 
 MAX_GPUS = 64
@@ -27,6 +27,9 @@ MAX_REASON_BYTES = 16 * 1024
 MAX_LOG_TAIL_BYTES = 64 * 1024
 MAX_PHASES = 64
 MAX_PHASE_ERROR_BYTES = 2 * 1024
+MAX_COMMAND_BYTES = 128 * 1024
+MAX_COMMAND_ARGS = 4096
+MAX_IMAGE_CHARS = 1024
 # datetime cannot hold later instants; a worker's clock is never there.
 _MAX_UNIX_MS = 253_402_300_799_999
 
@@ -48,6 +51,35 @@ def check_worker(pool_name: str, worker_id: str) -> None:
     """The ids every call carries; they name the worker record `worker:<pool>:<worker-id>`."""
     _match("pool_name", pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")
     _match("worker_id", worker_id, DNS_LABEL, "a worker id (lowercase DNS label)")
+
+
+def check_task_id(task_id: str) -> None:
+    _match("task_id", task_id, _TASK_ID, "a task id (letters, digits, . _ -; at most 128)")
+
+
+def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
+    """A task as the CLI submits it; the record starts from exactly this."""
+    check_task_id(request.task_id)
+    _match("pool_name", request.pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")
+    command = tuple(request.command)
+    if not command:
+        raise InvalidRequest("command", "missing: give the command after --")
+    if len(command) > MAX_COMMAND_ARGS:
+        raise InvalidRequest("command", f"{len(command)} arguments, at most {MAX_COMMAND_ARGS}")
+    if any("\0" in arg for arg in command):
+        raise InvalidRequest("command", "an argument holds a NUL byte")
+    _check_size("command", "".join(command), MAX_COMMAND_BYTES)
+    if not 0 <= request.gpus <= MAX_GPUS:
+        raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
+    if len(request.image) > MAX_IMAGE_CHARS or any(ch.isspace() for ch in request.image):
+        raise InvalidRequest("image", f"{shown(request.image)} is not an image reference")
+    return TaskInput(
+        task_id=request.task_id,
+        pool_name=request.pool_name,
+        command=command,
+        gpus=request.gpus,
+        image=request.image,
+    )
 
 
 def registration(

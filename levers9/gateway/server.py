@@ -2,7 +2,8 @@
 
 The controlplane process starts one (`worker_main.py`, `levers9 dev up`):
 
-    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=TemporalTaskRecords(client))
+    tasks = TemporalTaskRecords(client, settings.task_queue)
+    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=tasks)
     port = await gateway.start(settings.gateway_listen)
     try:
         ...
@@ -16,9 +17,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
-from levers9.gateway.log_relay import TaskLogsService, TaskRecords
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
+from levers9.gateway.task_service import TaskRecords, TasksService
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
@@ -61,7 +62,7 @@ class Gateway:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
         self._service = GatewayService(records, secret, heartbeat_seconds, tunnels)
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
-        self._task_logs = TaskLogsService(tasks, secret) if tasks is not None else None
+        self._tasks = TasksService(tasks, secret) if tasks is not None else None
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
@@ -85,8 +86,8 @@ class Gateway:
         )
         checker = health.aio.HealthServicer()
         gateway_pb2_grpc.add_GatewayServicer_to_server(self._service, server)
-        if self._task_logs is not None:
-            gateway_pb2_grpc.add_TasksServicer_to_server(self._task_logs, server)
+        if self._tasks is not None:
+            gateway_pb2_grpc.add_TasksServicer_to_server(self._tasks, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()

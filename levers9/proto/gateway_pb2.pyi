@@ -395,3 +395,105 @@ class StreamTaskLogsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamTaskLogsRequest: _TypeAlias = StreamTaskLogsRequest  # noqa: Y015
+
+@_typing.final
+class SubmitTaskRequest(_message.Message):
+    """A task as `levers9 run` submits it; the gateway starts its record (TaskWorkflow)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """the caller's id: a retried submit starts nothing twice"""
+    pool_name: _builtins.str
+    gpus: _builtins.int
+    image: _builtins.str
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        gpus: _builtins.int = ...,
+        image: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "gpus", b"gpus", "image", b"image", "pool_name", b"pool_name", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTaskRequest: _TypeAlias = SubmitTaskRequest  # noqa: Y015
+
+@_typing.final
+class SubmitTaskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTaskResponse: _TypeAlias = SubmitTaskResponse  # noqa: Y015
+
+@_typing.final
+class GetTaskRecordRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    WAIT_SECONDS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    wait_seconds: _builtins.float
+    """> 0: answer when the task has ended or after this many seconds (at most 60), whichever
+    comes first; 0: answer now.
+    """
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        wait_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "wait_seconds", b"wait_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskRecordRequest: _TypeAlias = GetTaskRecordRequest  # noqa: Y015
+
+@_typing.final
+class GetTaskRecordResponse(_message.Message):
+    """The record as `levers9 task get -o json` prints it (levers9.models.TaskRecord): one schema,
+    the record's own.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_JSON_FIELD_NUMBER: _builtins.int
+    record_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        record_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_json", b"record_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskRecordResponse: _TypeAlias = GetTaskRecordResponse  # noqa: Y015

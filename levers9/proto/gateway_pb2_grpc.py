@@ -27,8 +27,9 @@ if _version_not_supported:
 
 
 class TasksStub:
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     def __init__(self, channel):
@@ -42,14 +43,37 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.SubmitTask = channel.unary_unary(
+                '/levers9.v1.Tasks/SubmitTask',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.SubmitTaskRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.SubmitTaskResponse.FromString,
+                _registered_method=True)
+        self.GetTaskRecord = channel.unary_unary(
+                '/levers9.v1.Tasks/GetTaskRecord',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     def StreamTaskLogs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskRecord(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -63,6 +87,16 @@ def add_TasksServicer_to_server(servicer, server):
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.LogChunk.SerializeToString,
             ),
+            'SubmitTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTask,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.SubmitTaskRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.SubmitTaskResponse.SerializeToString,
+            ),
+            'GetTaskRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskRecord,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'levers9.v1.Tasks', rpc_method_handlers)
@@ -72,8 +106,9 @@ def add_TasksServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Tasks:
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     @staticmethod
@@ -93,6 +128,60 @@ class Tasks:
             '/levers9.v1.Tasks/StreamTaskLogs',
             levers9_dot_proto_dot_gateway__pb2.StreamTaskLogsRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/SubmitTask',
+            levers9_dot_proto_dot_gateway__pb2.SubmitTaskRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.SubmitTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/GetTaskRecord',
+            levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,8 +30,9 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class TasksStub:
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     @_typing.overload
@@ -39,19 +40,25 @@ class TasksStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TasksAsyncStub: ...
     StreamTaskLogs: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]
+    SubmitTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]
+    GetTaskRecord: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]
 
 @_typing.type_check_only
 class TasksAsyncStub(TasksStub):
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     StreamTaskLogs: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]  # type: ignore[assignment]
+    SubmitTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]  # type: ignore[assignment]
+    GetTaskRecord: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]  # type: ignore[assignment]
 
 class TasksServicer(metaclass=_abc_1.ABCMeta):
-    """The controlplane dials the task's worker (its advertised address, the node's external IP)
-    and relays the output; a task not yet placed is waited for when `follow` is set.
+    """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
+    token. StreamTaskLogs: the controlplane dials the task's worker (its advertised address) and
+    relays the output; a task not yet placed is waited for when `follow` is set.
     """
 
     @_abc_1.abstractmethod
@@ -60,6 +67,20 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.StreamTaskLogsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_worker_pb2.LogChunk], _abc.AsyncIterator[_worker_pb2.LogChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def SubmitTask(
+        self,
+        request: _gateway_pb2.SubmitTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.SubmitTaskResponse, _abc.Awaitable[_gateway_pb2.SubmitTaskResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTaskRecord(
+        self,
+        request: _gateway_pb2.GetTaskRecordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GetTaskRecordResponse, _abc.Awaitable[_gateway_pb2.GetTaskRecordResponse]]: ...
 
 def add_TasksServicer_to_server(servicer: TasksServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 if TYPE_CHECKING:
+    from cryptography import x509
+
     from levers9.config import ControlplaneSettings
 
 
@@ -34,6 +34,8 @@ def read_pem(path: Path, setting: str) -> bytes:
 
 def certificates(pem: bytes, setting: str) -> list[x509.Certificate]:
     """The PEM's certificates (at least one), or a TlsError naming `setting`."""
+    from cryptography import x509  # only with TLS files: a plaintext CLI never loads it
+
     try:
         found = x509.load_pem_x509_certificates(pem)
     except ValueError:
@@ -54,6 +56,8 @@ def server_credentials(cert_file: Path, key_file: Path) -> grpc.ServerCredential
 def check_key_pair(cert_pem: bytes, key_pem: bytes, cert_setting: str, key_setting: str) -> None:
     """The PEM certificate (chain) and unencrypted key load and belong together; a TlsError
     naming the setting otherwise."""
+    from cryptography.hazmat.primitives import serialization
+
     leaf = certificates(cert_pem, cert_setting)[0]
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
@@ -66,6 +70,8 @@ def check_key_pair(cert_pem: bytes, key_pem: bytes, cert_setting: str, key_setti
 
 
 def _public_der(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     der: bytes = key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )

@@ -20,9 +20,10 @@ from pathlib import Path
 import grpc
 
 from levers9.logs import get_logger
+from levers9.rpc.channel import gateway_channel
 from levers9.worker.devices import DeviceError, resolve_visible_devices
 from levers9.worker.driver import register_driver_libraries
-from levers9.worker.gateway import GatewayClient, Registration, gateway_channel
+from levers9.worker.gateway import GatewayClient, Registration
 from levers9.worker.paths import HostPaths
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import ServeError, WorkerServer

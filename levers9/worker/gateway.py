@@ -38,15 +38,6 @@ FORGOTTEN = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATE
 REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED})
 
 
-def gateway_channel(
-    address: str, credentials: grpc.ChannelCredentials | None = None
-) -> aio.Channel:
-    """A channel to the gateway: TLS when `credentials` are given, plaintext otherwise."""
-    if credentials is not None:
-        return aio.secure_channel(address, credentials)
-    return aio.insecure_channel(address)
-
-
 @dataclass(frozen=True)
 class Registration:
     """What the worker tells the gateway about itself, beyond its pool and id."""

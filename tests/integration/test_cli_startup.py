@@ -1,7 +1,8 @@
 """The CLI starts at once: `levers9 --help` imports no command group (each is imported when it
-runs), `levers9 task ...` imports neither the cloud SDKs nor the emulator, and the help lines of
-the top-level table say what each group's own help says. The CPU-seconds this costs are measured
-in benchmarks/cli.py (no timing is asserted here: these machines are shared)."""
+runs), `levers9 run` and `levers9 task ...` load neither the Temporal SDK, the cloud SDKs nor
+the emulator, and the help lines of the top-level table say what each group's own help says.
+The CPU-seconds this costs are measured in benchmarks/cli.py (no timing is asserted here: these
+machines are shared)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,14 @@ def test_help_imports_no_command_group() -> None:
     assert heavy == []
 
 
-def test_task_commands_import_neither_cloud_sdks_nor_the_emulator() -> None:
-    modules = _imported("task", "get", "--help")
+@pytest.mark.parametrize("args", [("task", "get", "--help"), ("run", "--help")])
+def test_task_commands_load_neither_the_temporal_sdk_nor_cloud_sdks(args: tuple[str, ...]) -> None:
+    """`run` and `task get` ask the gateway (tests/integration/test_tasks_sandbox.py); the SDK
+    is loaded only when they fall back to Temporal."""
+    modules = _imported(*args)
     assert "levers9.cli.task" in modules
-    assert "temporalio.client" in modules, "task get reads Temporal"
-    unneeded = sorted(m for m in modules if m.startswith(CLOUD))
+    assert "grpc" in modules, "the gateway's client is loaded"
+    unneeded = sorted(m for m in modules if m.startswith((*CLOUD, "temporalio", "structlog")))
     assert unneeded == []
 
 

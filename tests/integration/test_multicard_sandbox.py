@@ -38,7 +38,7 @@ async def cp(dev_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Cont
 
 async def test_four_card_task_waits_for_one_worker_with_four(cp: Controlplane) -> None:
     task = TaskInput(task_id=uuid.uuid4().hex[:12], pool_name=POOL, command=("true",), gpus=4)
-    await start_task(await connect(cp.settings), cp.settings, task)
+    await start_task(await connect(cp.settings), cp.settings.task_queue, task)
 
     async def placed() -> bool:
         record = await task_record(await connect(cp.settings), task.task_id)
@@ -94,7 +94,7 @@ async def test_four_card_task_is_not_starved_by_a_stream_of_one_card_tasks(
                     command=("sleep", "2"),
                     gpus=1,
                 )
-                await start_task(client, cp.settings, small)
+                await start_task(client, cp.settings.task_queue, small)
                 sent += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stream_stop.wait(), timeout=1)
@@ -104,7 +104,7 @@ async def test_four_card_task_is_not_starved_by_a_stream_of_one_card_tasks(
         # reservation lets that worker idle, wind down and make room for a 4-card one.
         streaming = asyncio.create_task(stream())
         await asyncio.sleep(3)
-        await start_task(client, cp.settings, big)
+        await start_task(client, cp.settings.task_queue, big)
         await cp.admin(
             lambda api: k8s.AppsV1Api(api).patch_namespaced_deployment_scale(
                 "model-server", "default", {"spec": {"replicas": 0}}

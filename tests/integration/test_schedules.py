@@ -24,13 +24,13 @@ from activities.kube_clients import KubeClients
 from activities.reconcile import ReconcileActivities
 from levers9.config import ControlplaneSettings
 from levers9.models import (
-    POOL_NAME,
     ObservePoolInput,
     ObservePoolResult,
     ReconcilePoolInput,
     ReconcilePoolResult,
 )
 from levers9.observation import fingerprints
+from levers9.search_attributes import POOL_NAME
 from levers9.temporal import (
     MEMO_TASK_QUEUE,
     ensure_search_attributes,

@@ -222,6 +222,100 @@ async def test_wait_zero_prints_deadline_exceeded_and_the_task_completes(
     assert json.loads(got.stdout)["exit_code"] == 0
 
 
+def _with(cp: Controlplane, **changes: str) -> dict[str, str]:
+    return {**cp.cli_env(), **changes}
+
+
+async def _levers9(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(BIN / "levers9"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+async def test_run_and_get_go_through_the_gateway(cp: Controlplane) -> None:
+    """With the operator token the CLI needs no Temporal: pointed at a Temporal that is not
+    there, `run` and `task get` still answer, from the gateway."""
+    env = _with(cp, TEMPORAL_ADDRESS="127.0.0.1:9")
+    done = await _levers9(env, "run", "--pool", POOL, "--", "echo", "via the gateway")
+    assert done.returncode == 0, done.stderr
+    assert "via the gateway" in done.stdout
+    assert "asking Temporal directly" not in done.stderr
+    task_id = done.stdout.split()[1]
+    got = await _levers9(env, "task", "get", task_id, "-o", "json")
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout)["state"] == "succeeded"
+
+
+async def test_an_unreachable_gateway_falls_back_to_temporal_and_says_so(cp: Controlplane) -> None:
+    env = _with(cp, LEVERS9_GATEWAY_ADDRESS="127.0.0.1:9")
+    done = await _levers9(env, "run", "--pool", POOL, "--", "echo", "via temporal")
+    assert done.returncode == 0, done.stderr
+    assert "asking Temporal directly: the gateway at 127.0.0.1:9 did not answer" in done.stderr
+    assert "succeeded exit_code=0" in done.stdout
+
+
+async def test_the_gateway_refuses_a_bad_submit_naming_the_field(cp: Controlplane) -> None:
+    bad = await _levers9(cp.cli_env(), "run", "--pool", "Not_A_Pool", "--", "true")
+    assert bad.returncode == 1
+    assert "INVALID_ARGUMENT: pool_name: 'Not_A_Pool' is not a pool name" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    missing = await _levers9(cp.cli_env(), "task", "get", "nosuchtask0")
+    assert missing.returncode == 1
+    assert "no task nosuchtask0" in missing.stderr
+
+
+async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> None:
+    """The gateway's Tasks service, called as any client would: each wrong field is named, a
+    wrong token is refused without quoting it, a wait returns the ended record."""
+    from levers9.proto import gateway_pb2, gateway_pb2_grpc
+    from levers9.rpc import bearer
+    from levers9.tokens import operator_token
+    from tests.controlplane import TOKEN_SECRET
+
+    metadata = bearer.metadata(operator_token(TOKEN_SECRET))
+    submit = gateway_pb2.SubmitTaskRequest
+    cases = [
+        (submit(task_id="t1", pool_name=POOL), "command: missing"),
+        (submit(task_id="", pool_name=POOL, command=["true"]), "task_id: missing"),
+        (submit(task_id="t/1", pool_name=POOL, command=["true"]), "task_id: 't/1' is not"),
+        (submit(task_id="t1", pool_name=POOL, command=["true"], gpus=-1), "gpus: -1 is not"),
+        (submit(task_id="t1", pool_name=POOL, command=["a\0b"]), "command: an argument holds"),
+        (submit(task_id="t1", pool_name=POOL, command=["true"], image="a b"), "image: 'a b'"),
+    ]
+    async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
+        stub = gateway_pb2_grpc.TasksStub(channel)
+        for request, problem in cases:
+            with pytest.raises(aio.AioRpcError) as refused:
+                await stub.SubmitTask(request, metadata=metadata, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, problem
+            assert (refused.value.details() or "").startswith(problem)
+        forged = bearer.metadata("l9o1.forged")
+        with pytest.raises(aio.AioRpcError) as denied:
+            await stub.SubmitTask(cases[0][0], metadata=forged, timeout=10)
+        assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "l9o1.forged" not in (denied.value.details() or "")
+        for wait in (-1.0, float("nan")):
+            asked = gateway_pb2.GetTaskRecordRequest(task_id="t1", wait_seconds=wait)
+            with pytest.raises(aio.AioRpcError) as invalid:
+                await stub.GetTaskRecord(asked, metadata=metadata, timeout=10)
+            assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        task = submit(task_id="api-wait-1", pool_name=POOL, command=["sh", "-c", "sleep 1"])
+        await stub.SubmitTask(task, metadata=metadata, timeout=10)
+        await stub.SubmitTask(task, metadata=metadata, timeout=10)  # a retry starts nothing
+        wait_for_end = gateway_pb2.GetTaskRecordRequest(task_id="api-wait-1", wait_seconds=30)
+        reply = await stub.GetTaskRecord(wait_for_end, metadata=metadata, timeout=40)
+    record = json.loads(reply.record_json)
+    assert record["state"] == "succeeded"
+    assert record["exit_code"] == 0
+
+
+# Last: it shuts a worker down, and the module's other tests want all three.
 async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlplane) -> None:
     done = await cp.cli("run", "--pool", POOL, "--gpus", "1", "--wait", "3", "--", "sleep", "60")
     assert done.returncode == 4

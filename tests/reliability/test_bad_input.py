@@ -31,9 +31,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.config import INVALID_PROVIDER, ConfigError, Values, load, parse_values
-from levers9.gateway.log_relay import TemporalTaskRecords
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
+from levers9.gateway.task_service import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.tokens import operator_token, worker_token
@@ -264,7 +264,7 @@ def gateway(dev_env: WorkflowEnvironment, loop: LoopThread) -> Iterator[Served]:
         gateway = Gateway(
             TemporalWorkerRecords(client),
             SecretStr(SECRET),
-            tasks=TemporalTaskRecords(client),
+            tasks=TemporalTaskRecords(client, "bad-input-queue"),
             tunnels=TunnelHub(SecretStr(SECRET), "bad-input-replica-x"),
         )
         holder["gateway"] = gateway

@@ -73,7 +73,7 @@ async def _chaos(w: World, rng: random.Random, seed: int) -> list[str]:
         task_id = f"s{seed}t{i}{rng.randrange(16**6):06x}"
         await start_task(
             w.client,
-            w.settings,
+            w.settings.task_queue,
             TaskInput(task_id=task_id, pool_name=POOL, command=w.task_command(task_id)),
         )
         tasks.append(task_id)

@@ -160,7 +160,7 @@ async def test_temporal_server_restart_mid_flow(plane: World) -> None:
     task_id = "restart-mid-flow"
     await start_task(
         plane.client,
-        plane.settings,
+        plane.settings.task_queue,
         TaskInput(
             task_id=task_id,
             pool_name=POOL,

@@ -1,6 +1,10 @@
-"""`levers9.v1.Tasks/StreamTaskLogs`: the CLI's log stream, relayed by the controlplane.
+"""`levers9.v1.Tasks`: the CLI's way in, with the operator token. It submits a task (the gateway
+starts its record, TaskWorkflow), reads its record (waiting for its end when asked, so
+`levers9 run` needs no polling), and streams its output. The CLI then needs neither Temporal's
+credentials nor the Temporal SDK, and starts in a fraction of the time (benchmarks/cli.py).
 
-The spec's firewall rule exists for this: "the controlplane dials each worker to stream logs".
+StreamTaskLogs, the log relay. The spec's firewall rule exists for this: "the controlplane dials
+each worker to stream logs".
 The CLI never reaches a worker itself; it asks the gateway with the operator token, and the
 gateway finds the task's worker in the task record (Temporal), dials the worker's advertised
 address with that worker's own token (over TLS checked against the worker CA when the worker
@@ -9,58 +13,82 @@ registered it), and relays `WorkerService/StreamLogs` chunk by chunk.
 - A task not yet placed is waited for (with `follow`), polling its record.
 - The worker unreachable, or gone mid-stream: UNAVAILABLE naming the worker and its address,
   and where the record's tail is (`levers9 task logs <id>`).
-- No such task: NOT_FOUND. A wrong or missing operator token: UNAUTHENTICATED.
+- No such task: NOT_FOUND. A wrong or missing operator token: UNAUTHENTICATED. A malformed
+  submit (no command, a pool name that is no DNS label, a bad task id): INVALID_ARGUMENT
+  naming the field.
 Tokens never appear in a message or a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
 from pydantic import SecretStr
 from temporalio.client import Client
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from levers9.gateway.auth import bearer_token
-from levers9.gateway.errors import Unauthenticated
-from levers9.models import TERMINAL, TaskRecord
+from levers9.gateway.convert import check_task_id, submitted_task
+from levers9.gateway.errors import InvalidRequest, Unauthenticated
+from levers9.models import TERMINAL, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
-from levers9.task_records import task_record
+from levers9.task_records import start_task, task_ended, task_record
 from levers9.tokens import operator_token_matches, worker_token
 
-PLACEMENT_POLL_S = 0.5
-"""How often a follower re-reads the record of a task that is not placed yet."""
+PLACEMENT_POLL_S = (0.02, 0.5)
+"""How often a follower re-reads the record of a task not placed yet: from the first value,
+doubling up to the second (a warm pool places in tens of milliseconds; a queued task may wait
+hours)."""
 
 Context = grpc.aio.ServicerContext[gateway_pb2.StreamTaskLogsRequest, worker_pb2.LogChunk]
+
+
+MAX_WAIT_S = 60.0
+"""The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
 
 
 class TaskRecords(Protocol):
     async def get(self, task_id: str) -> TaskRecord | None: ...
 
+    async def start(self, task: TaskInput) -> None:
+        """Starts the task's record; a second start of the same id starts nothing."""
+
+    async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
+        """The record once the task has ended, or as it is after `timeout_s`."""
+
 
 class TemporalTaskRecords:
     """Task records as the task workflows hold them."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
+        self._task_queue = task_queue
 
     async def get(self, task_id: str) -> TaskRecord | None:
         return await task_record(self._client, task_id)
 
+    async def start(self, task: TaskInput) -> None:
+        with contextlib.suppress(WorkflowAlreadyStartedError):
+            await start_task(self._client, self._task_queue, task)
 
-class TaskLogsService(gateway_pb2_grpc.TasksServicer):
+    async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
+        return await task_ended(self._client, task_id, timeout_s)
+
+
+class TasksService(gateway_pb2_grpc.TasksServicer):
     def __init__(self, records: TaskRecords, secret: SecretStr) -> None:
         self._records = records
         self._secret = secret
 
-    async def StreamTaskLogs(
-        self, request: gateway_pb2.StreamTaskLogsRequest, context: Context
-    ) -> AsyncIterator[worker_pb2.LogChunk]:
+    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
             token = bearer_token(context.invocation_metadata() or ())
         except Unauthenticated as exc:
@@ -71,6 +99,47 @@ class TaskLogsService(gateway_pb2_grpc.TasksServicer):
                 "operator token does not match this controlplane's secret: use the token"
                 " `levers9 dev up` wrote (LEVERS9_API_TOKEN_FILE), or LEVERS9_API_TOKEN",
             )
+
+    async def SubmitTask(
+        self,
+        request: gateway_pb2.SubmitTaskRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.SubmitTaskResponse:
+        await self._authorize(context)
+        try:
+            task = submitted_task(request)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._records.start(task)
+        return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def GetTaskRecord(
+        self,
+        request: gateway_pb2.GetTaskRecordRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.GetTaskRecordResponse:
+        await self._authorize(context)
+        try:
+            check_task_id(request.task_id)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        wait = request.wait_seconds
+        if not math.isfinite(wait) or wait < 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "wait_seconds: a number of seconds, 0 or more"
+            )
+        if wait > 0:
+            record = await self._records.ended(request.task_id, min(wait, MAX_WAIT_S))
+        else:
+            record = await self._records.get(request.task_id)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}")
+        return gateway_pb2.GetTaskRecordResponse(record_json=record.model_dump_json())
+
+    async def StreamTaskLogs(
+        self, request: gateway_pb2.StreamTaskLogsRequest, context: Context
+    ) -> AsyncIterator[worker_pb2.LogChunk]:
+        await self._authorize(context)
         if not request.task_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id is required")
         record = await self._placed(request.task_id, request.follow, context)
@@ -106,6 +175,7 @@ class TaskLogsService(gateway_pb2_grpc.TasksServicer):
 
     async def _placed(self, task_id: str, follow: bool, context: Context) -> TaskRecord | None:
         """The record once the task has a worker; None when it ended without one."""
+        pause, longest = PLACEMENT_POLL_S
         while True:
             record = await self._records.get(task_id)
             if record is None:
@@ -114,4 +184,5 @@ class TaskLogsService(gateway_pb2_grpc.TasksServicer):
                 return record
             if record.state in TERMINAL or not follow:
                 return None
-            await asyncio.sleep(PLACEMENT_POLL_S)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)

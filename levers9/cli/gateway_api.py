@@ -1,0 +1,141 @@
+"""The CLI's side of `levers9.v1.Tasks` on the controlplane's gateway: submit a task, read its
+record (waiting for its end), stream its output as its worker writes it. The CLI holds the
+operator token; it never dials a worker, never holds a worker's token, and on this path never
+loads the Temporal SDK (what makes `levers9 run` and `levers9 task get` start at once).
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+from grpc import aio
+
+from levers9.config import ControlplaneSettings
+from levers9.models import TaskInput, TaskRecord
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.rpc import bearer, tls
+from levers9.rpc.channel import gateway_channel
+
+T = TypeVar("T")
+CALL_TIMEOUT_S = 10.0
+"""Past any honest answer of the gateway (a wait adds its own seconds)."""
+
+
+class GatewayUnavailable(Exception):
+    """The gateway cannot be asked (no operator token, unreachable, TLS files unusable); the
+    message says why and what to do. The caller may fall back to Temporal."""
+
+
+class GatewayRefused(Exception):
+    """The gateway answered no (not found, invalid, unauthenticated); the message is its own."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+def _metadata(settings: ControlplaneSettings) -> tuple[tuple[str, str]]:
+    token = settings.operator_token()
+    if token is None:
+        raise GatewayUnavailable(
+            "no operator token: set LEVERS9_API_TOKEN or LEVERS9_API_TOKEN_FILE"
+            " (`levers9 dev up` writes one)"
+        )
+    return bearer.metadata(token.get_secret_value())
+
+
+def _credentials(settings: ControlplaneSettings) -> grpc.ChannelCredentials | None:
+    try:
+        return tls.gateway_client_credentials(settings)
+    except tls.TlsError as exc:
+        raise GatewayUnavailable(str(exc)) from None
+
+
+def _translate(exc: aio.AioRpcError, address: str) -> Exception:
+    details = exc.details() or ""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith("worker"):
+        return GatewayUnavailable(
+            f"the gateway at {address} did not answer ({details});"
+            " set LEVERS9_GATEWAY_ADDRESS to where it listens"
+        )
+    if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return GatewayUnavailable(f"the gateway at {address} is older than this CLI ({details})")
+    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return GatewayUnavailable(f"{exc.code().name}: {details}")
+    return GatewayRefused(exc.code(), details)
+
+
+async def _unary(
+    settings: ControlplaneSettings,
+    call: Callable[[gateway_pb2_grpc.TasksAsyncStub, tuple[tuple[str, str]]], Awaitable[T]],
+) -> T:
+    metadata = _metadata(settings)
+    address = settings.cli_gateway_address()
+    try:
+        async with gateway_channel(address, _credentials(settings)) as channel:
+            return await call(gateway_pb2_grpc.TasksStub(channel), metadata)
+    except aio.AioRpcError as exc:
+        raise _translate(exc, address) from None
+
+
+async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
+    """Starts the task's record through the gateway (a retried submit starts nothing twice)."""
+    request = gateway_pb2.SubmitTaskRequest(
+        task_id=task.task_id,
+        pool_name=task.pool_name,
+        command=list(task.command),
+        gpus=task.gpus,
+        image=task.image,
+    )
+    await _unary(
+        settings, lambda stub, md: stub.SubmitTask(request, metadata=md, timeout=CALL_TIMEOUT_S)
+    )
+
+
+async def task_record(
+    settings: ControlplaneSettings, task_id: str, wait_s: float = 0.0
+) -> TaskRecord | None:
+    """The record now, or (`wait_s` > 0) once the task has ended or `wait_s` has passed; None
+    when the controlplane knows no such task."""
+    request = gateway_pb2.GetTaskRecordRequest(task_id=task_id, wait_seconds=wait_s)
+    try:
+        reply = await _unary(
+            settings,
+            lambda stub, md: stub.GetTaskRecord(
+                request, metadata=md, timeout=CALL_TIMEOUT_S + wait_s
+            ),
+        )
+    except GatewayRefused as exc:
+        if exc.code == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+    return TaskRecord.model_validate_json(reply.record_json)
+
+
+async def stream_task_logs(
+    settings: ControlplaneSettings, task_id: str, *, follow: bool, offset: int = 0
+) -> AsyncIterator[str]:
+    """The task's output from `offset`, decoded as it arrives (UTF-8, a character split across
+    chunks is kept for the next one); with `follow`, until the task's process exits."""
+    metadata = _metadata(settings)
+    address = settings.cli_gateway_address()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    request = gateway_pb2.StreamTaskLogsRequest(task_id=task_id, follow=follow, offset=offset)
+    try:
+        async with gateway_channel(address, _credentials(settings)) as channel:
+            stub = gateway_pb2_grpc.TasksStub(channel)
+            async for chunk in stub.StreamTaskLogs(request, metadata=metadata):
+                text = decoder.decode(chunk.data)
+                if text:
+                    yield text
+    except aio.AioRpcError as exc:
+        translated = _translate(exc, address)
+        if isinstance(translated, GatewayRefused):
+            raise GatewayUnavailable(str(translated)) from None
+        raise translated from None
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
