@@ -174,13 +174,14 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
 
     async def _placed(self, task_id: str, follow: bool, context: Context) -> TaskRecord | None:
-        """The record once the task has a worker; None when it ended without one."""
+        """The record once the task runs on its worker (placed is not enough: the worker knows
+        the task only once RunTask got through); None when it ended without running."""
         pause, longest = PLACEMENT_POLL_S
         while True:
             record = await self._records.get(task_id)
             if record is None:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id}")
-            if record.address is not None:
+            if record.address is not None and record.state not in ("queued", "placed"):
                 return record
             if record.state in TERMINAL or not follow:
                 return None
