@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The two Debian packages the sandbox's cloud side runs on, installed when missing:
+# The Debian packages the sandbox and the worker's image cache run on, installed when missing:
 #   docker-registry  the CNCF distribution registry: `levers9 dev up` runs two of them on
 #                    127.0.0.1 as the controlplane's ECR and the project's Artifact Registry
-#   skopeo           copies images between them, as the attach script copies the worker image
-# Idempotent: with both present it does nothing and needs no root. Without them it needs root
+#   skopeo           copies images between them, as the attach script copies the worker image,
+#                    and pulls tasks' images into a worker's cache (levers9/worker/images.py)
+#   umoci            unpacks a cached image into a root filesystem; builds the tests' images
+#   busybox-static   the one static binary of the tests' smallest image
+# Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
 
 missing=()
 command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 say() { echo "install-tools: $*" >&2; }
