@@ -102,6 +102,7 @@ class ProcessRuntime:
             raise StartError("the task has no command")
         env = self.environment(spec)
         spec.work_dir.mkdir(parents=True, exist_ok=True)
+        spec.result_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             process = await asyncio.create_subprocess_exec(
                 *spec.command,

@@ -91,7 +91,8 @@ class TaskRecord:
 
     @property
     def result_path(self) -> Path:
-        return self.directory / "result.json"
+        """In a folder of its own: the runc runtime mounts that folder (only) in the container."""
+        return self.directory / "result" / "result.json"
 
     def phase(self, name: str, error: str = "") -> None:
         at = int(self.clock() * 1000)

@@ -1,0 +1,465 @@
+"""The runc runtime (`host: "runc"`): each task in an OCI container of its own image.
+
+For each task: its image from the node's cache (`images.ImageCache`: pulled and unpacked once
+per digest), a bundle under the task's directory whose root is an overlay (the cached root
+filesystem read-only below, a writable layer of the task's own above), and a `config.json`
+made from the image by `umoci raw runtime-config` (which honours the image's Entrypoint, Cmd,
+Env, WorkingDir and User as Docker does, resolving a user name in the image's /etc/passwd),
+then narrowed here:
+
+- its own PID, mount, IPC and UTS namespaces; the host's network unless the pool runs on the
+  pod network (tunnel mode), where the container joins the worker's own network namespace;
+- runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits;
+- device nodes for its cards only: `/dev/nvidiaN` for each of its indices, plus
+  `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the
+  node has them, with cgroup device rules that allow those and nothing else of the host's;
+- the driver's directories (`/usr/local/nvidia`) read-only, `NVIDIA_VISIBLE_DEVICES` as the
+  process runtime sets it, and the task's own directory at `/levers9` for its result file;
+- an environment of the image's, the task's and those few variables only: nothing of the
+  agent's (its token never sits in any environment a task can read), and none of the agent's
+  files (its Secret, its /proc) inside the container.
+
+The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from levers9.logs import get_logger
+from levers9.worker.driver import DriverSetup
+from levers9.worker.images import (
+    ImageCache,
+    ImageConfig,
+    ImagePullError,
+    ImageReferenceError,
+    PulledImage,
+)
+from levers9.worker.runtime import Container, ContainerSpec, StartError, visible_devices
+
+log = get_logger("levers9.worker")
+
+HOST = "runc"
+NVIDIA_MAJOR = 195
+CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+DRIVER_ROOT = "/usr/local/nvidia"
+TASK_MOUNT = "/levers9"
+"""The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
+RUNNING_WITHIN_S = 30.0
+"""How long runc may take to create a container before the start is a failure."""
+NOFILE = 1_048_576
+SHM_DEFAULT_BYTES = 8 * 1024**3
+"""/dev/shm's cap without a memory limit (tmpfs: nothing is reserved)."""
+_CHUNK = 64 * 1024
+_DRAIN_S = 2.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per container; None: unlimited."""
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = 32768
+
+
+@dataclass(frozen=True)
+class Device:
+    path: str
+    major: int
+    minor: int
+
+
+def card_devices(dev_root: Path, indices: Sequence[int]) -> list[Device]:
+    """The device nodes a task holding the cards `indices` gets (StartError for a card whose
+    node is missing: the driver is not loaded on this node)."""
+    found = []
+    for index in indices:
+        found.append(_device(dev_root, f"nvidia{index}", required=True))
+    for name in CONTROL_DEVICES:
+        device = _device(dev_root, name, required=False)
+        if device is not None and indices:
+            found.append(device)
+    return [d for d in found if d is not None]
+
+
+def _device(dev_root: Path, name: str, required: bool) -> Device | None:
+    path = dev_root / name
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        if required:
+            raise StartError(
+                f"card {name.removeprefix('nvidia')}: {path} is missing on this node"
+                " (is the NVIDIA driver loaded?)"
+            ) from None
+        return None
+    if not stat.S_ISCHR(info.st_mode):
+        raise StartError(f"{path} is not a character device")
+    return Device(f"/dev/{name}", os.major(info.st_rdev), os.minor(info.st_rdev))
+
+
+def container_config(
+    base: Mapping[str, Any],
+    spec: ContainerSpec,
+    image: ImageConfig,
+    devices: Sequence[Device],
+    *,
+    driver_dirs: Sequence[Path] = (),
+    limits: Limits = Limits(),
+    network_namespace: str | None = None,
+    resolv_conf: Path | None = Path("/etc/resolv.conf"),
+) -> dict[str, Any]:
+    """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure)."""
+    config: dict[str, Any] = json.loads(json.dumps(base))
+    process = config["process"]
+    if spec.command:
+        process["args"] = [*image.entrypoint, *spec.command]
+    if not process.get("args"):
+        raise StartError("the task gives no command and its image has neither Entrypoint nor Cmd")
+    env = dict(e.split("=", 1) for e in process.get("env") or [] if "=" in e)
+    env.update(spec.env)
+    env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(spec.gpu_indices)
+    env["LEVERS9_TASK_ID"] = spec.task_id
+    env["LEVERS9_RESULT_PATH"] = f"{TASK_MOUNT}/{spec.result_path.name}"
+    if driver_dirs:
+        env["PATH"] = ":".join(
+            [f"{DRIVER_ROOT}/bin", *[p for p in env.get("PATH", "").split(":") if p]]
+        )
+        env["LD_LIBRARY_PATH"] = ":".join(
+            [f"{DRIVER_ROOT}/lib64", *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]]
+        )
+    process["env"] = [f"{k}={v}" for k, v in env.items()]
+    process["terminal"] = False
+    process["noNewPrivileges"] = True
+    # As many as the agent may open (Docker gives 1048576), not umoci's 1024: data loaders and
+    # NCCL open many files; above the agent's own hard limit runc's init is refused.
+    nofile = min(NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    process["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}]
+    config["root"] = {"path": "rootfs", "readonly": False}
+    config["hostname"] = f"task-{spec.task_id}"[:63]
+
+    mounts = [m for m in config.get("mounts") or [] if m.get("destination") != TASK_MOUNT]
+    for mount in mounts:
+        if mount.get("destination") == "/dev/shm":
+            # PyTorch's DataLoader and NCCL share tensors through /dev/shm: 64 MiB (Docker's
+            # and umoci's default) is the classic "bus error"; it counts against the limit.
+            size = limits.memory_bytes or SHM_DEFAULT_BYTES
+            options = [o for o in mount.get("options", []) if not o.startswith("size=")]
+            mount["options"] = [*options, f"size={size}"]
+    mounts.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
+    for directory in driver_dirs:
+        mounts.append(_bind(str(directory), DRIVER_ROOT, read_only=True))
+    if network_namespace is None and resolv_conf is not None and resolv_conf.exists():
+        mounts.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
+    config["mounts"] = mounts
+
+    linux = config.setdefault("linux", {})
+    namespaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
+    for kind in ("pid", "ipc", "uts", "mount"):
+        if not any(n.get("type") == kind for n in namespaces):
+            namespaces.append({"type": kind})
+    if network_namespace is not None:
+        namespaces.append({"type": "network", "path": network_namespace})
+    linux["namespaces"] = namespaces
+    linux["devices"] = [
+        {
+            "path": d.path,
+            "type": "c",
+            "major": d.major,
+            "minor": d.minor,
+            "fileMode": 0o666,
+            "uid": 0,
+            "gid": 0,
+        }
+        for d in devices
+    ]
+    resources = linux.setdefault("resources", {})
+    resources["devices"] = [
+        {"allow": False, "access": "rwm"},
+        *(
+            {"allow": True, "type": "c", "major": d.major, "minor": d.minor, "access": "rwm"}
+            for d in devices
+        ),
+    ]
+    if limits.memory_bytes is not None:
+        resources["memory"] = {"limit": limits.memory_bytes, "swap": limits.memory_bytes}
+    if limits.cpus is not None:
+        period = 100_000
+        resources["cpu"] = {"quota": int(limits.cpus * period), "period": period}
+    if limits.pids is not None:
+        resources["pids"] = {"limit": limits.pids}
+    return config
+
+
+def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
+    options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
+    return {"type": "bind", "source": source, "destination": destination, "options": options}
+
+
+class RuncContainer:
+    """One task's running container."""
+
+    def __init__(
+        self,
+        runtime: RuncRuntime,
+        container_id: str,
+        bundle: Path,
+        process: asyncio.subprocess.Process,
+        pump: asyncio.Task[None],
+        image: PulledImage,
+        release: contextlib.ExitStack,
+    ) -> None:
+        self.id = container_id
+        self.image = image
+        self._runtime = runtime
+        self._bundle = bundle
+        self._process = process
+        self._pump = pump
+        self._release = release
+        self._code: int | None = None
+
+    async def wait(self) -> int:
+        if self._code is not None:
+            return self._code
+        code = await self._process.wait()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._pump), _DRAIN_S)
+        if not self._pump.done():
+            self._pump.cancel()
+        await self._runtime._remove(self.id, self._bundle)
+        self._release.close()
+        self._code = 128 - code if code < 0 else code
+        return self._code
+
+    async def stop(self, grace_s: float) -> int:
+        if self._process.returncode is None:
+            await self._runtime._signal(self.id, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._process.wait()), max(grace_s, 0))
+            except TimeoutError:
+                await self._runtime._signal(self.id, signal.SIGKILL)
+        return await self.wait()
+
+
+class RuncRuntime:
+    """Runs tasks in runc containers (see the module's docstring)."""
+
+    def __init__(
+        self,
+        images: ImageCache,
+        driver: DriverSetup | None,
+        state_dir: Path,
+        *,
+        default_image: str = "",
+        dev_root: Path = Path("/dev"),
+        driver_root: Path = Path(DRIVER_ROOT),
+        limits: Limits = Limits(),
+        network_namespace: str | None = None,
+        runc: str = "runc",
+        umoci: str = "umoci",
+    ) -> None:
+        self._images = images
+        self._driver = driver
+        self._state = state_dir
+        self._default_image = default_image
+        self._dev_root = dev_root
+        self._driver_root = driver_root
+        self._limits = limits
+        self._network = network_namespace
+        self._runc, self._umoci = runc, umoci
+        state_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        reference = spec.image or self._default_image
+        if not reference:
+            raise StartError("the task names no image and the pool has no default image")
+        try:
+            image = await self._images.pull(reference)
+        except (ImagePullError, ImageReferenceError) as error:
+            raise StartError(str(error)) from None
+        release = contextlib.ExitStack()
+        release.enter_context(self._images.in_use(image.digest))
+        try:
+            return await self._start(spec, image, output, release)
+        except BaseException:
+            release.close()
+            raise
+
+    async def _start(
+        self,
+        spec: ContainerSpec,
+        image: PulledImage,
+        output: Callable[[bytes], None],
+        release: contextlib.ExitStack,
+    ) -> RuncContainer:
+        container_id = f"l9-{spec.task_id}"
+        bundle = spec.work_dir.parent / "bundle"
+        spec.work_dir.mkdir(parents=True, exist_ok=True)
+        devices = card_devices(self._dev_root, spec.gpu_indices)
+        base = await self._runtime_config(image, bundle)
+        # The result folder is the container user's to write (the image's User, often not root).
+        results = spec.result_path.parent
+        results.mkdir(parents=True, exist_ok=True)
+        user = base.get("process", {}).get("user", {})
+        os.chown(results, int(user.get("uid", 0)), int(user.get("gid", 0)))
+        driver_dirs = [self._driver_root] if self._driver_root.is_dir() else []
+        config = container_config(
+            base,
+            spec,
+            image.config,
+            devices,
+            driver_dirs=driver_dirs,
+            limits=self._limits,
+            network_namespace=self._network,
+        )
+        await self._overlay(image.rootfs, bundle)
+        release.callback(_unmount, bundle / "rootfs")
+        (bundle / "config.json").write_text(json.dumps(config))
+        process = await asyncio.create_subprocess_exec(
+            self._runc,
+            "--root",
+            str(self._state),
+            "run",
+            "--bundle",
+            str(bundle),
+            container_id,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        assert process.stdout is not None
+        pump = asyncio.create_task(_pump(process.stdout, output))
+        await self._running(container_id, process)
+        log.info(
+            "container started",
+            task_id=spec.task_id,
+            image=image.reference,
+            digest=image.digest,
+            cached=image.cached,
+            cards=list(spec.gpu_indices),
+        )
+        return RuncContainer(self, container_id, bundle, process, pump, image, release)
+
+    async def _running(self, container_id: str, process: asyncio.subprocess.Process) -> None:
+        """Returns once runc has created the container (so `exec` finds it) or the container
+        has already ended; `runc run` forks it a moment after it is spawned."""
+        deadline = asyncio.get_running_loop().time() + RUNNING_WITHIN_S
+        while process.returncode is None:
+            state = await asyncio.create_subprocess_exec(
+                self._runc,
+                "--root",
+                str(self._state),
+                "state",
+                container_id,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            out, _ = await state.communicate()
+            if state.returncode == 0 and json.loads(out).get("status") in ("running", "stopped"):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                await self._signal(container_id, signal.SIGKILL)
+                raise StartError(f"runc did not create the container within {RUNNING_WITHIN_S} s")
+            await asyncio.sleep(0.01)
+
+    async def _runtime_config(self, image: PulledImage, bundle: Path) -> dict[str, Any]:
+        """umoci's runtime config for the image (its user resolved in the cached root)."""
+        await asyncio.to_thread(shutil.rmtree, bundle, True)
+        await asyncio.to_thread(bundle.mkdir, parents=True)
+        target = bundle / "image-config.json"
+        tag = f"sha256-{image.digest.removeprefix('sha256:')}"
+        await _run(
+            self._umoci,
+            "raw",
+            "runtime-config",
+            "--image",
+            f"{self._images.layout}:{tag}",
+            "--rootfs",
+            str(image.rootfs),
+            str(target),
+        )
+        document: dict[str, Any] = json.loads(target.read_text())
+        return document
+
+    async def _overlay(self, lower: Path, bundle: Path) -> None:
+        upper, work, root = bundle / "upper", bundle / "overlay-work", bundle / "rootfs"
+        for folder in (upper, work, root):
+            folder.mkdir(parents=True, exist_ok=True)
+        await _run(
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir={lower},upperdir={upper},workdir={work}",
+            str(root),
+        )
+
+    async def _signal(self, container_id: str, sig: signal.Signals) -> None:
+        with contextlib.suppress(StartError):
+            await _run(self._runc, "--root", str(self._state), "kill", container_id, sig.name)
+
+    async def _remove(self, container_id: str, bundle: Path) -> None:
+        with contextlib.suppress(StartError):
+            await _run(self._runc, "--root", str(self._state), "delete", "--force", container_id)
+
+    async def exec(
+        self, container: Container, command: Sequence[str]
+    ) -> asyncio.subprocess.Process:
+        if not isinstance(container, RuncContainer):
+            raise StartError("not a container of the runc runtime")
+        if not command:
+            raise StartError("exec needs a command")
+        return await asyncio.create_subprocess_exec(
+            self._runc,
+            "--root",
+            str(self._state),
+            "exec",
+            container.id,
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+
+
+async def _run(*argv: str) -> None:
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+    except FileNotFoundError:
+        raise StartError(f"{argv[0]} is not installed on this worker") from None
+    _, err = await process.communicate()
+    if process.returncode != 0:
+        words = err.decode(errors="replace").strip().splitlines()
+        raise StartError(f"{argv[0]} {argv[1]}: {words[-1] if words else 'failed'}")
+
+
+def _unmount(root: Path) -> None:
+    """The task's overlay, once its container is gone (lazily: nothing may hold it by then)."""
+    subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False, timeout=30)
+
+
+async def _pump(stream: asyncio.StreamReader, output: Callable[[bytes], None]) -> None:
+    while chunk := await stream.read(_CHUNK):
+        output(chunk)

@@ -1,0 +1,188 @@
+"""The runc runtime with the real runc, umoci and skopeo and a real registry: a task runs in its
+image (its Cmd, Env, WorkingDir and User honoured, the command replacing Cmd), in its own PID
+namespace, sees only its own cards' device nodes and nothing of the agent's environment or
+files, writes its result where the agent reads it, is stopped by SIGTERM then SIGKILL, dies at
+its memory limit, and `exec` runs inside it. Root only (runc creates namespaces and mounts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from levers9.worker.images import ImageCache
+from levers9.worker.runc_runtime import NVIDIA_MAJOR, Limits, RuncContainer, RuncRuntime
+from levers9.worker.runtime import ContainerSpec, StartError
+from sandbox.registries import LocalRegistry
+from sandbox.task_images import build_busybox, push
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)"),
+]
+AGENT_SECRET = "l9w1.the-agents-own-token"
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegistry, str]]:
+    with LocalRegistry(tmp_path_factory.mktemp("registry")) as registry:
+        layout = tmp_path_factory.mktemp("build") / "layout"
+        build_busybox(layout, "bb", marker="runc")
+        push(layout, "bb", f"{registry.address}/tasks/busybox:bb")
+        yield registry, f"{registry.address}/tasks/busybox:bb"
+
+
+@pytest.fixture
+def devices(tmp_path: Path) -> Path:
+    """A node's /dev as the NVIDIA driver makes it: four cards and the control device."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for index in range(4):
+        os.mknod(dev / f"nvidia{index}", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, index))
+    os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, 255))
+    return dev
+
+
+@pytest.fixture
+def runtime(image: tuple[LocalRegistry, str], tmp_path: Path, devices: Path) -> RuncRuntime:
+    registry, _ = image
+    cache = ImageCache(tmp_path / "images", insecure=[registry.address])
+    return RuncRuntime(
+        cache,
+        None,
+        tmp_path / "runc",
+        dev_root=devices,
+        driver_root=tmp_path / "no-driver",
+        limits=Limits(memory_bytes=64 * 1024**2, cpus=1, pids=256),
+    )
+
+
+def _spec(tmp_path: Path, image: str, *command: str, cards: tuple[int, ...] = ()) -> ContainerSpec:
+    task = tmp_path / "task"
+    return ContainerSpec(
+        task_id=f"t{abs(hash(command)) % 10**8}",
+        image=image,
+        command=command,
+        env={"TASK_VAR": "mine"},
+        gpu_indices=cards,
+        result_path=task / "result.json",
+        work_dir=task / "work",
+    )
+
+
+def _mounts_under(path: Path) -> str:
+    return "".join(
+        line for line in Path("/proc/mounts").read_text().splitlines(True) if str(path) in line
+    )
+
+
+async def _run(runtime: RuncRuntime, spec: ContainerSpec) -> tuple[int, str]:
+    out = bytearray()
+    container = await runtime.start(spec, out.extend)
+    code = await asyncio.wait_for(container.wait(), 60)
+    return code, out.decode()
+
+
+async def test_the_image_config_is_honoured(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    code, out = await _run(runtime, _spec(tmp_path, image[1]))
+    assert (code, out) == (0, "hello from busybox\n"), "the image's Cmd"
+    script = 'id -u; pwd; echo "$IMAGE_GREETING $TASK_VAR"; cat /etc/levers9-marker; exit 3'
+    code, out = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", script))
+    assert code == 3
+    assert out.splitlines() == ["1000", "/work", "hello mine", "runc"]
+
+
+async def test_own_pid_namespace_and_nothing_of_the_agent(
+    runtime: RuncRuntime,
+    image: tuple[LocalRegistry, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LEVERS9_WORKER_TOKEN", AGENT_SECRET)
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    (secret_dir / "token").write_text(AGENT_SECRET)
+    script = (
+        "ps -o pid,comm; echo ---; env; echo ---; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n';"
+        f" echo ---; cat {secret_dir}/token /proc/{os.getpid()}/environ 2>&1; true"
+    )
+    code, out = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", script))
+    assert code == 0
+    processes, env, _environs, files = out.split("---\n")
+    pids = [line.split()[0] for line in processes.splitlines()[1:]]
+    assert pids[0] == "1", "the task's command is PID 1 of its own namespace"
+    assert len(pids) <= 3, processes
+    assert "TASK_VAR=mine" in env.splitlines()
+    assert "LEVERS9_WORKER" not in out
+    assert AGENT_SECRET not in out
+    assert "No such file or directory" in files
+
+
+async def test_only_its_own_cards(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    spec = _spec(
+        tmp_path,
+        image[1],
+        "sh",
+        "-c",
+        "ls /dev | grep nvidia; echo $NVIDIA_VISIBLE_DEVICES",
+        cards=(1, 3),
+    )
+    code, out = await _run(runtime, spec)
+    assert code == 0
+    assert out.splitlines() == ["nvidia1", "nvidia3", "nvidiactl", "1,3"]
+    none = _spec(tmp_path, image[1], "sh", "-c", "ls /dev | grep -c nvidia; true")
+    assert await _run(runtime, none) == (0, "0\n")
+
+
+async def test_a_missing_card_node_fails_the_start(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    with pytest.raises(StartError, match=r"card 7: .*nvidia7 is missing on this node"):
+        await runtime.start(_spec(tmp_path, image[1], "true", cards=(7,)), lambda _: None)
+
+
+async def test_the_result_file_reaches_the_agent(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path, image[1], "sh", "-c", 'echo \'{"ok": true}\' > "$LEVERS9_RESULT_PATH"')
+    assert await _run(runtime, spec) == (0, "")
+    assert spec.result_path.read_text() == '{"ok": true}\n'
+
+
+async def test_stop_and_exec(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    container = await runtime.start(_spec(tmp_path, image[1], "sleep", "60"), lambda _: None)
+    assert isinstance(container, RuncContainer)
+    try:
+        process = await runtime.exec(container, ["cat", "/etc/levers9-marker"])
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        assert (process.returncode, out) == (0, b"runc")
+    finally:
+        code = await asyncio.wait_for(container.stop(grace_s=1), 30)
+    assert code in (128 + 15, 128 + 9)
+    assert " overlay " not in _mounts_under(tmp_path), "the task's overlay is gone with it"
+
+
+async def test_over_its_memory_limit_it_is_killed(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    grow = 'x=a; while true; do x="$x$x"; done'
+    code, _ = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", grow))
+    assert code == 128 + 9
+
+
+async def test_a_missing_image_fails_the_start_naming_it(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    missing = f"{image[0].address}/tasks/busybox:nope"
+    with pytest.raises(StartError, match=f"cannot pull {missing}: .*manifest unknown"):
+        await runtime.start(_spec(tmp_path, missing, "true"), lambda _: None)
