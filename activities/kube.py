@@ -316,6 +316,8 @@ def worker_spec(
         advertised_host=input.external_ip,
         gateway_tls=settings.gateway_uses_tls(),
         gateway_ca=ca.decode() if ca else "",
+        registry_mirrors=settings.registry_mirrors,
+        insecure_registries=settings.insecure_registries,
     )
 
 

@@ -38,7 +38,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from levers9.contract import DNS_LABEL
+from levers9.contract import DNS_LABEL, host_list, registry_mirrors
 from levers9.tokens import operator_token
 
 POOLS_PATH = ("config", "worker", "pools")
@@ -440,16 +440,10 @@ class ControlplaneSettings(BaseSettings):
 
     def mirrors(self) -> dict[str, str]:
         """`registry_mirrors` parsed; a malformed entry names the setting and the form."""
-        mirrors: dict[str, str] = {}
-        for entry in filter(None, (e.strip() for e in self.registry_mirrors.split(","))):
-            host, sep, target = entry.partition("=")
-            if not sep or not host or not target:
-                raise ValueError(f"LEVERS9_REGISTRY_MIRRORS entry {entry!r} is not host=host:port")
-            mirrors[host] = target
-        return mirrors
+        return registry_mirrors(self.registry_mirrors)
 
     def insecure(self) -> frozenset[str]:
-        return frozenset(filter(None, (h.strip() for h in self.insecure_registries.split(","))))
+        return host_list(self.insecure_registries)
 
     @property
     def replica_task_queue(self) -> str:

@@ -14,3 +14,20 @@ checkpoint in it to learn which cards the kubelet gave its pod."""
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """An RFC 1123 label, as Kubernetes names are: pool names and worker ids become parts of object
 names and labels. Use with `fullmatch` (a `$` would let a trailing newline through)."""
+
+
+def registry_mirrors(text: str, setting: str = "LEVERS9_REGISTRY_MIRRORS") -> dict[str, str]:
+    """`host=host:port,...`: where a registry host is served instead (the dev stack's Artifact
+    Registry on loopback); a malformed entry names the setting and the form (ValueError)."""
+    mirrors: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        host, sep, target = entry.partition("=")
+        if not sep or not host or not target:
+            raise ValueError(f"{setting} entry {entry!r} is not host=host:port")
+        mirrors[host] = target
+    return mirrors
+
+
+def host_list(text: str) -> frozenset[str]:
+    """`host:port,...` (the registries spoken to over plain HTTP)."""
+    return frozenset(filter(None, (h.strip() for h in text.split(","))))

@@ -55,6 +55,9 @@ class WorkerJobSpec:
     gateway_tls: bool = False
     gateway_ca: str = ""
     """The CA (PEM, public) the worker trusts for the gateway's TLS; system roots when empty."""
+    registry_mirrors: str = ""
+    """The controlplane's `registryMirrors`: where the worker pulls tasks' images from too."""
+    insecure_registries: str = ""
 
     @property
     def job_name(self) -> str:
@@ -97,6 +100,10 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         plain.append(("LEVERS9_GATEWAY_TLS", "true"))
     if spec.gateway_ca:
         plain.append(("LEVERS9_GATEWAY_CA", spec.gateway_ca))
+    if spec.registry_mirrors:
+        plain.append(("LEVERS9_REGISTRY_MIRRORS", spec.registry_mirrors))
+    if spec.insecure_registries:
+        plain.append(("LEVERS9_INSECURE_REGISTRIES", spec.insecure_registries))
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain]
     env += [
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

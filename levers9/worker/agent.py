@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -22,10 +23,13 @@ import grpc
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
 from levers9.worker.devices import DeviceError, resolve_visible_devices
-from levers9.worker.driver import register_driver_libraries
+from levers9.worker.driver import DriverSetup, register_driver_libraries
 from levers9.worker.gateway import GatewayClient, Registration
+from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
 from levers9.worker.process_runtime import ProcessRuntime
+from levers9.worker.runc_runtime import DRIVER_ROOT, RuncRuntime
+from levers9.worker.runtime import ByImage
 from levers9.worker.server import ServeError, WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.settings import SettingsError, WorkerSettings
@@ -81,9 +85,8 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            tasks = TaskManager(
-                ProcessRuntime(driver, self._env), visible, work_dir, gateway.report
-            )
+            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(driver, work_dir))
+            tasks = TaskManager(runtime, visible, work_dir, gateway.report)
             tunnel: TunnelClient | None = None
             if settings.tunnel:
                 # A short private path: a unix socket's name has a 107-byte limit.
@@ -149,6 +152,35 @@ class Agent:
         finally:
             holding.cancel()
             await asyncio.gather(holding, return_exceptions=True)
+
+    def _images(self, driver: DriverSetup, work_dir: Path) -> tuple[RuncRuntime | None, str]:
+        """The runc runtime over the node's image cache, or None and why there is none."""
+        settings = self._settings
+        if not settings.images_path:
+            return None, "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"
+        for tool in ("runc", "umoci", "skopeo"):
+            if shutil.which(tool) is None:
+                return None, f"{tool} is not installed in the worker image"
+        cache = ImageCache(
+            self._paths.map(settings.images_path),
+            max_bytes=settings.image_cache_bytes,
+            mirrors=settings.mirrors(),
+            insecure=sorted(settings.insecure()),
+        )
+        log.info(
+            "image cache ready",
+            images_path=settings.images_path,
+            cached=len(cache.cached()),
+            max_bytes=settings.image_cache_bytes,
+        )
+        runtime = RuncRuntime(
+            cache,
+            driver,
+            work_dir / "runc",
+            dev_root=self._paths.map("/dev"),
+            driver_root=self._paths.map(DRIVER_ROOT),
+        )
+        return runtime, ""
 
     def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:
         if self._settings.work_dir is not None:

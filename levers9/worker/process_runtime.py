@@ -38,6 +38,8 @@ _DRAIN_S = 2.0  # how long output may keep flowing once the group is gone
 class ProcessContainer:
     """One running task process."""
 
+    host = HOST
+
     def __init__(
         self,
         process: asyncio.subprocess.Process,
@@ -78,6 +80,9 @@ class ProcessRuntime:
 
     @property
     def host(self) -> str:
+        return HOST
+
+    def host_for(self, image: str) -> str:
         return HOST
 
     def environment(self, spec: ContainerSpec) -> dict[str, str]:

@@ -212,6 +212,8 @@ def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
 class RuncContainer:
     """One task's running container."""
 
+    host = HOST
+
     def __init__(
         self,
         runtime: RuncRuntime,
@@ -284,6 +286,9 @@ class RuncRuntime:
 
     @property
     def host(self) -> str:
+        return HOST
+
+    def host_for(self, image: str) -> str:
         return HOST
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:

@@ -42,6 +42,11 @@ class ContainerSpec:
 class Container(Protocol):
     """A started container."""
 
+    @property
+    def host(self) -> str:
+        """The runtime that runs it: "process", "runc"."""
+        ...
+
     async def wait(self) -> int:
         """Its exit code once it has exited (128 + signal when killed)."""
         ...
@@ -55,6 +60,10 @@ class Runtime(Protocol):
     @property
     def host(self) -> str:
         """What TaskStatus.host reports: "process", "runc"."""
+        ...
+
+    def host_for(self, image: str) -> str:
+        """The host a task of `image` ("" for none) runs on."""
         ...
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
@@ -79,3 +88,35 @@ def prepend_path(value: str | None, directories: Sequence[Path]) -> str:
     parts = [str(d) for d in directories]
     parts += [p for p in (value or "").split(":") if p and p not in parts]
     return ":".join(parts)
+
+
+class ByImage:
+    """A task that names an image runs in the image runtime (runc); one that names none runs as
+    before, in the process runtime. Without an image runtime on this worker (runc, umoci or
+    skopeo missing, or no image cache), a task with an image fails to start and says why."""
+
+    def __init__(self, process: Runtime, images: Runtime | None, unavailable: str = "") -> None:
+        self._process = process
+        self._images = images
+        self._unavailable = unavailable
+
+    @property
+    def host(self) -> str:
+        return self._process.host
+
+    def host_for(self, image: str) -> str:
+        return self._images.host if image and self._images is not None else self._process.host
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        if not spec.image:
+            return await self._process.start(spec, output)
+        if self._images is None:
+            raise StartError(f"this worker cannot run images: {self._unavailable}")
+        return await self._images.start(spec, output)
+
+    async def exec(
+        self, container: Container, command: Sequence[str]
+    ) -> asyncio.subprocess.Process:
+        if self._images is not None and container.host == self._images.host:
+            return await self._images.exec(container, command)
+        return await self._process.exec(container, command)

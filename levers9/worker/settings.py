@@ -33,7 +33,9 @@ from pathlib import Path
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from levers9.contract import host_list, registry_mirrors
 from levers9.rpc import tls, worker_tls
+from levers9.worker.images import DEFAULT_MAX_BYTES
 
 PREFIX = "LEVERS9_"
 
@@ -64,6 +66,20 @@ class WorkerSettings(BaseModel):
     gateway_ca: str = ""
     worker_tls_cert: str = ""
     worker_tls_key: SecretStr = SecretStr("")
+    images_path: str = ""
+    """The node path of the image cache (the pool's `imagesPath`, a hostPath of the Job)."""
+    image_cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=0)
+    registry_mirrors: str = ""
+    insecure_registries: str = ""
+
+    def mirrors(self) -> dict[str, str]:
+        try:
+            return registry_mirrors(self.registry_mirrors)
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
+
+    def insecure(self) -> frozenset[str]:
+        return host_list(self.insecure_registries)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:

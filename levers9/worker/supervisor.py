@@ -220,7 +220,7 @@ class TaskManager:
             spec=spec,
             directory=directory,
             output=TaskOutput(directory / "output.log"),
-            host=self._runtime.host,
+            host=self._runtime.host_for(spec.image),
             clock=self._clock,
         )
         self._records[spec.task_id] = record

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import os
+import stat
 from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,27 @@ if TYPE_CHECKING:
     from sandbox.registry import Registry
 
 DRIVER_DIRS = ("usr/local/nvidia/lib64", "usr/local/nvidia/bin")
+NVIDIA_MAJOR = 195
+"""The character major of NVIDIA's cards (`/dev/nvidiaN` is 195:N, `/dev/nvidiactl` 195:255)."""
+
+
+def make_device_nodes(dev: Path, cards: int) -> None:
+    """The node's `/dev/nvidiaN` and `/dev/nvidiactl`, as the NVIDIA driver makes them: real
+    character devices (no driver answers them here), so what a container is given of them is
+    tested for real. Needs CAP_MKNOD (root); without it the node has none, and says so."""
+    dev.mkdir(parents=True, exist_ok=True)
+    nodes = [(f"nvidia{i}", i) for i in range(cards)] + [("nvidiactl", 255)]
+    for name, minor in nodes:
+        path = dev / name
+        if path.exists():
+            continue
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+        except PermissionError:
+            log.warning("no device nodes for the node's cards: mknod needs root", dev=str(dev))
+            return
+
+
 log = get_logger("sandbox.kubelet")
 
 LEASE_NAMESPACE = "kube-node-lease"
@@ -173,6 +196,7 @@ class Kubelet:
                 # nodes; here the directories exist and hold no driver (there is no GPU).
                 for driver_dir in DRIVER_DIRS:
                     (self.root / driver_dir).mkdir(parents=True, exist_ok=True)
+                make_device_nodes(self.root / "dev", len(self.devices.registered()))
             with contextlib.suppress(errors.ApiError):
                 self._post_status()  # admission reads the node's labels
             async with asyncio.TaskGroup() as group:

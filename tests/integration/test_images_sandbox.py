@@ -1,0 +1,95 @@
+"""`levers9 run --image` end to end on the sandbox, as a user runs it: the image named as on GKE
+(`us-central1-docker.pkg.dev/...`) is pulled by the worker through the pool's registry mirror
+into its node's cache and the task runs in it under runc: its own PID namespace, exactly its
+cards as `/dev/nvidiaN` (the sandbox's kubelet made real device nodes for the node's cards),
+none of the agent's `LEVERS9_WORKER*` values; the record says `host: runc`. A missing image
+ends the task at once, naming the image. Root only (runc), as CI and the worker Job are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from sandbox import registries, task_images
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.waiting import eventually
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)"),
+]
+
+WITHIN = 60
+GAR_HOST = "us-central1-docker.pkg.dev"
+IMAGE = f"{GAR_HOST}/demo/tasks/busybox:bb"
+
+
+@pytest.fixture(scope="module")
+async def cp(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Controlplane]:
+    directory = tmp_path_factory.mktemp("images")
+    with registries.LocalRegistry(directory / "gar") as gar:
+        layout = directory / "layout"
+        await asyncio.to_thread(task_images.build_busybox, layout, "bb", "from the registry")
+        await asyncio.to_thread(
+            task_images.push, layout, "bb", f"{gar.address}/demo/tasks/busybox:bb"
+        )
+        settings = {
+            "registryMirrors": f"{GAR_HOST}={gar.address}",
+            "insecureRegistries": gar.address,
+        }
+        async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
+            await eventually(lambda: workers_available(plane), within=WITHIN)
+            yield plane
+
+
+async def test_a_task_runs_in_its_image_apart_from_the_agent(cp: Controlplane) -> None:
+    script = (
+        "cat /etc/levers9-marker; echo; ps -o pid | tail -n +2 | head -1; ls /dev | grep nvidia;"
+        " env | grep -c LEVERS9_WORKER; cat /proc/*/environ 2>/dev/null | grep -c WORKER_TOKEN;"
+        " true"
+    )
+    done = await cp.cli(
+        "run", "--pool", POOL, "--gpus", "2", "--image", IMAGE, "--", "sh", "-c", script
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    start = lines.index("from the registry")
+    _marker, pid, *rest = lines[start:]
+    assert pid.strip() == "1", "its own PID namespace: the command is PID 1"
+    devices = [line for line in rest if line.startswith("nvidia")]
+    assert sorted(d for d in devices if d != "nvidiactl") in (
+        ["nvidia0", "nvidia1"],
+        ["nvidia2", "nvidia3"],
+    ), f"exactly its two cards: {devices}"
+    counts = [line for line in rest if line.isdigit()]
+    assert counts[:2] == ["0", "0"], "no LEVERS9_WORKER* in its environment or any it can read"
+    task_id = lines[0].split()[1]
+    record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
+    assert record["host"] == "runc"
+    assert record["state"] == "succeeded"
+
+
+async def test_without_an_image_the_task_runs_as_before(cp: Controlplane) -> None:
+    done = await cp.cli("run", "--pool", POOL, "--", "true")
+    assert done.returncode == 0, done.stdout + done.stderr
+    task_id = done.stdout.split()[1]
+    record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
+    assert record["host"] == "process"
+
+
+async def test_a_missing_image_fails_at_once_naming_it(cp: Controlplane) -> None:
+    missing = f"{GAR_HOST}/demo/tasks/busybox:no-such-tag"
+    done = await asyncio.wait_for(
+        cp.cli("run", "--pool", POOL, "--image", missing, "--", "true"), timeout=60
+    )
+    assert done.returncode == 1
+    assert f"cannot pull {missing}: " in done.stdout
+    assert "manifest unknown" in done.stdout
