@@ -291,6 +291,8 @@ class TaskRecord(_Record):
     reason: str = ""
     log_tail: str = ""
     host: str = ""
+    image_digest: str = ""
+    """The manifest digest the task's image resolved to, when it ran in one (runc)."""
     finished_at: datetime | None = None
 
 

@@ -226,6 +226,7 @@ class TaskWorkflow:
             result_json=report.result_json,
             log_tail=report.log_tail,
             host=report.host,
+            image_digest=report.image_digest,
         )
 
     def _update(self, **changes: object) -> None:

@@ -277,9 +277,13 @@ def get(
         console.print_json(record.model_dump_json())
         return
     print_result(record)
+    if record.image:
+        digest = f" digest={record.image_digest}" if record.image_digest else ""
+        console.print(f"image={record.image}{digest} host={record.host}", highlight=False)
     for phase in record.phases:
         error = f" error={phase.error}" if phase.error else ""
-        console.print(f"  {phase.at} {phase.name}{error}", highlight=False)
+        detail = f" {phase.detail}" if phase.detail else ""
+        console.print(f"  {phase.at} {phase.name}{detail}{error}", highlight=False)
 
 
 async def _print_logs(settings: ControlplaneSettings, task_id: str, follow: bool) -> bool:

@@ -136,6 +136,8 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
     _check_size("status.reason", status.reason, MAX_REASON_BYTES)
     _check_size("status.log_tail", status.log_tail, MAX_LOG_TAIL_BYTES)
     _check_size("status.host", status.host, MAX_LABEL_CHARS)
+    if status.image_digest and not re.fullmatch(r"sha256:[a-f0-9]{64}", status.image_digest):
+        raise InvalidRequest("status.image_digest", f"{shown(status.image_digest)} is not a digest")
     if len(status.phases) > MAX_PHASES:
         raise InvalidRequest("status.phases", f"{len(status.phases)} phases, at most {MAX_PHASES}")
     return TaskReport(
@@ -149,6 +151,7 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
         phases=tuple(_phase(f"status.phases[{i}]", p) for i, p in enumerate(status.phases)),
         log_tail=status.log_tail,
         host=status.host,
+        image_digest=status.image_digest,
     )
 
 
@@ -177,10 +180,12 @@ def _phase(field: str, phase: worker_pb2.Phase) -> TaskPhase:
     if not 0 < len(phase.name) <= MAX_LABEL_CHARS:
         raise InvalidRequest(f"{field}.name", f"must be 1 to {MAX_LABEL_CHARS} characters")
     _check_size(f"{field}.error", phase.error, MAX_PHASE_ERROR_BYTES)
+    _check_size(f"{field}.detail", phase.detail, MAX_PHASE_ERROR_BYTES)
     return TaskPhase(
         name=phase.name,
         at=_instant(f"{field}.at_unix_ms", phase.at_unix_ms),
         error=phase.error,
+        detail=phase.detail,
     )
 
 

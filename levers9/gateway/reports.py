@@ -22,6 +22,8 @@ class TaskPhase(BaseModel):
     name: str
     at: datetime | None = None
     error: str = ""
+    detail: str = ""
+    """What the step did (`image.pull`: `cached`, or the bytes pulled)."""
 
 
 class TaskReport(BaseModel):
@@ -46,3 +48,5 @@ class TaskReport(BaseModel):
     log_tail: str = ""
     host: str = ""
     """The runtime that ran it: `process`, `runc`."""
+    image_digest: str = ""
+    """The manifest digest the task's image resolved to (runc)."""

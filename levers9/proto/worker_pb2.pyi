@@ -168,20 +168,24 @@ class Phase(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     AT_UNIX_MS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """e.g. "worker.gpu_assignment", "container.start" """
     at_unix_ms: _builtins.int
     error: _builtins.str
+    detail: _builtins.str
+    """what the step did, e.g. "cached" or "pulled 1085368 bytes" """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         at_unix_ms: _builtins.int = ...,
         error: _builtins.str = ...,
+        detail: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_unix_ms", b"at_unix_ms", "error", b"error", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_unix_ms", b"at_unix_ms", "detail", b"detail", "error", b"error", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -199,6 +203,7 @@ class TaskStatus(_message.Message):
     PHASES_FIELD_NUMBER: _builtins.int
     LOG_TAIL_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -209,6 +214,8 @@ class TaskStatus(_message.Message):
     log_tail: _builtins.str
     host: _builtins.str
     """the runtime that ran it: "process", "runc" """
+    image_digest: _builtins.str
+    """the manifest digest its image resolved to (runc)"""
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Phase]: ...
     def __init__(
@@ -222,10 +229,11 @@ class TaskStatus(_message.Message):
         phases: _abc.Iterable[Global___Phase] | None = ...,
         log_tail: _builtins.str = ...,
         host: _builtins.str = ...,
+        image_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "log_tail", b"log_tail", "phases", b"phases", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,7 @@ class ProcessContainer:
     """One running task process."""
 
     host = HOST
+    image = None
 
     def __init__(
         self,

@@ -47,7 +47,13 @@ from levers9.worker.images import (
     ImageReferenceError,
     PulledImage,
 )
-from levers9.worker.runtime import Container, ContainerSpec, StartError, visible_devices
+from levers9.worker.runtime import (
+    Container,
+    ContainerSpec,
+    ImageUnavailable,
+    StartError,
+    visible_devices,
+)
 
 log = get_logger("levers9.worker")
 
@@ -298,7 +304,7 @@ class RuncRuntime:
         try:
             image = await self._images.pull(reference)
         except (ImagePullError, ImageReferenceError) as error:
-            raise StartError(str(error)) from None
+            raise ImageUnavailable(str(error)) from None
         release = contextlib.ExitStack()
         release.enter_context(self._images.in_use(image.digest))
         try:

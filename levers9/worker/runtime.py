@@ -12,7 +12,10 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from levers9.worker.images import PulledImage
 
 NO_CARDS = "void"
 """`NVIDIA_VISIBLE_DEVICES` for a task without cards: the NVIDIA runtime exposes none."""
@@ -20,6 +23,10 @@ NO_CARDS = "void"
 
 class StartError(RuntimeError):
     """The container could not be started; the message says why, verbatim."""
+
+
+class ImageUnavailable(StartError):
+    """The task's image could not be had (pulled, unpacked, or its reference read)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,11 @@ class Container(Protocol):
     @property
     def host(self) -> str:
         """The runtime that runs it: "process", "runc"."""
+        ...
+
+    @property
+    def image(self) -> PulledImage | None:
+        """The image it runs in (None: the process runtime's, no image)."""
         ...
 
     async def wait(self) -> int:

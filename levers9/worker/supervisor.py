@@ -25,7 +25,13 @@ from typing import TypeAlias
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
 from levers9.worker.output import TaskOutput
-from levers9.worker.runtime import Container, ContainerSpec, Runtime, StartError
+from levers9.worker.runtime import (
+    Container,
+    ContainerSpec,
+    ImageUnavailable,
+    Runtime,
+    StartError,
+)
 
 log = get_logger("levers9.worker.supervisor")
 
@@ -37,6 +43,7 @@ CANCELLED: State = worker_pb2.TASK_STATE_CANCELLED
 LOST: State = worker_pb2.TASK_STATE_LOST
 
 GPU_ASSIGNMENT = "worker.gpu_assignment"
+IMAGE_PULL = "image.pull"
 CONTAINER_START = "container.start"
 CONTAINER_EXIT = "container.exit"
 TASK_RESULT = "task.result"
@@ -80,6 +87,7 @@ class TaskRecord:
     phases: list[worker_pb2.Phase] = field(default_factory=list)
     cards: tuple[int, ...] = ()
     container: Container | None = None
+    image_digest: str = ""
     ending: tuple[State, str] | None = None
     """Set when the agent ends the task (cancel, shutdown): the state and reason to record."""
     fetched: bool = False
@@ -94,9 +102,9 @@ class TaskRecord:
         """In a folder of its own: the runc runtime mounts that folder (only) in the container."""
         return self.directory / "result" / "result.json"
 
-    def phase(self, name: str, error: str = "") -> None:
+    def phase(self, name: str, error: str = "", detail: str = "") -> None:
         at = int(self.clock() * 1000)
-        self.phases.append(worker_pb2.Phase(name=name, at_unix_ms=at, error=error))
+        self.phases.append(worker_pb2.Phase(name=name, at_unix_ms=at, error=error, detail=detail))
 
     def status(self) -> worker_pb2.TaskStatus:
         return worker_pb2.TaskStatus(
@@ -108,6 +116,7 @@ class TaskRecord:
             phases=self.phases,
             log_tail=self.output.tail(),
             host=self.host,
+            image_digest=self.image_digest,
         )
 
 
@@ -261,11 +270,20 @@ class TaskManager:
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)
+        except ImageUnavailable as error:
+            record.phase(IMAGE_PULL, str(error))
+            self._finish(record, FAILED, str(error))
+            return
         except StartError as error:
             record.phase(CONTAINER_START, str(error))
             self._finish(record, FAILED, str(error))
             return
         record.container = container
+        pulled = container.image
+        if pulled is not None:
+            record.image_digest = pulled.digest
+            detail = "cached" if pulled.cached else f"pulled {pulled.bytes_pulled} bytes"
+            record.phase(IMAGE_PULL, detail=detail)
         record.phase(CONTAINER_START)
         watcher = asyncio.create_task(self._watch(record, container), name=spec.task_id)
         self._watchers.add(watcher)

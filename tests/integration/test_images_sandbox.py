@@ -75,6 +75,16 @@ async def test_a_task_runs_in_its_image_apart_from_the_agent(cp: Controlplane) -
     record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
     assert record["host"] == "runc"
     assert record["state"] == "succeeded"
+    assert record["image_digest"].startswith("sha256:")
+    [pull] = [p for p in record["phases"] if p["name"] == "image.pull"]
+    assert pull["detail"] in ("cached", *(f"pulled {n} bytes" for n in range(10**6, 2 * 10**6)))
+    # A second task of the image on the same node pulls nothing.
+    again = await cp.cli("run", "--pool", POOL, "--gpus", "2", "--image", IMAGE, "--", "true")
+    second = json.loads((await cp.cli("task", "get", again.stdout.split()[1], "-o", "json")).stdout)
+    if second["node_name"] == record["node_name"]:
+        assert [p["detail"] for p in second["phases"] if p["name"] == "image.pull"] == ["cached"]
+    shown = await cp.cli("task", "get", task_id)
+    assert f"image={IMAGE} digest={record['image_digest']} host=runc" in shown.stdout
 
 
 async def test_without_an_image_the_task_runs_as_before(cp: Controlplane) -> None:
@@ -93,3 +103,7 @@ async def test_a_missing_image_fails_at_once_naming_it(cp: Controlplane) -> None
     assert done.returncode == 1
     assert f"cannot pull {missing}: " in done.stdout
     assert "manifest unknown" in done.stdout
+    task_id = done.stdout.split()[1]
+    record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
+    [pull] = [p for p in record["phases"] if p["name"] == "image.pull"]
+    assert pull["error"].startswith(f"cannot pull {missing}")
