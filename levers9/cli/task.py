@@ -226,8 +226,9 @@ async def submit_and_follow(
 
 def print_result(record: TaskRecord) -> None:
     console.print(
-        f"task {record.task_id} {record.state} exit_code={record.exit_code}"
-        f" worker={record.worker_id} node={record.node_name}",
+        f"task {record.task_id} {record.state}"
+        + (f" exit_code={record.exit_code}" if record.exit_code is not None else " (never ran)")
+        + f" worker={record.worker_id} node={record.node_name}",
         highlight=False,
     )
     if record.reason:

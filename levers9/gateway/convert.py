@@ -145,7 +145,7 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
         worker_id=request.worker_id,
         task_id=status.task_id,
         state=state,
-        exit_code=status.exit_code,
+        exit_code=None if _never_started(status) else status.exit_code,
         result_json=status.result_json,
         reason=status.reason,
         phases=tuple(_phase(f"status.phases[{i}]", p) for i, p in enumerate(status.phases)),
@@ -174,6 +174,14 @@ def check_address(field: str, value: str) -> None:
         raise InvalidRequest(field, f"{shown(value)}: an IPv6 host goes in brackets, IPv4 not")
     if ip.is_unspecified:
         raise InvalidRequest(field, f"{shown(value)}: the unspecified address cannot be dialed")
+
+
+_START_PHASES = frozenset({"image.pull", "container.start"})
+
+
+def _never_started(status: worker_pb2.TaskStatus) -> bool:
+    """Its image or its container failed to start: there is no exit code to report."""
+    return any(p.name in _START_PHASES and p.error for p in status.phases)
 
 
 def _phase(field: str, phase: worker_pb2.Phase) -> TaskPhase:

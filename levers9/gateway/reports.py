@@ -39,7 +39,9 @@ class TaskReport(BaseModel):
     worker_id: str
     task_id: str
     state: TaskState
-    exit_code: int = 0
+    exit_code: int | None = 0
+    """The container's exit code; None when it never ran (it failed to start: no exit code
+    at all, never a 0 that reads like success)."""
     result_json: str = ""
     """What the task printed as its result, verbatim (not parsed here)."""
     reason: str = ""

@@ -40,6 +40,7 @@ class ProcessContainer:
 
     host = HOST
     image = None
+    oom_killed = False
 
     def __init__(
         self,

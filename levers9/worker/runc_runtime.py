@@ -173,6 +173,7 @@ def container_config(
     config["mounts"] = mounts
 
     linux = config.setdefault("linux", {})
+    linux["cgroupsPath"] = cgroup_path(spec.task_id)
     namespaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
     for kind in ("pid", "ipc", "uts", "mount"):
         if not any(n.get("type") == kind for n in namespaces):
@@ -210,6 +211,29 @@ def container_config(
     return config
 
 
+def cgroup_path(task_id: str) -> str:
+    """The container's cgroup, under one of ours (relative to each hierarchy's root)."""
+    return f"/levers9/l9-{task_id}"
+
+
+def oom_killed(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """Whether the kernel's OOM killer killed a process of the task's cgroup: cgroup v1's
+    `memory.oom_control` (`oom_kill N`) or v2's `memory.events` (`oom_kill N`). Read before
+    the container is deleted (its cgroup goes with it)."""
+    relative = cgroup_path(task_id).lstrip("/")
+    for path in (
+        cgroup_root / "memory" / relative / "memory.oom_control",
+        cgroup_root / relative / "memory.events",
+        cgroup_root / "unified" / relative / "memory.events",
+    ):
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                    return True
+    return False
+
+
 def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
     options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
     return {"type": "bind", "source": source, "destination": destination, "options": options}
@@ -223,6 +247,7 @@ class RuncContainer:
     def __init__(
         self,
         runtime: RuncRuntime,
+        task_id: str,
         container_id: str,
         bundle: Path,
         process: asyncio.subprocess.Process,
@@ -231,7 +256,9 @@ class RuncContainer:
         release: contextlib.ExitStack,
     ) -> None:
         self.id = container_id
+        self.task_id = task_id
         self.image = image
+        self.oom_killed = False
         self._runtime = runtime
         self._bundle = bundle
         self._process = process
@@ -247,6 +274,7 @@ class RuncContainer:
             await asyncio.wait_for(asyncio.shield(self._pump), _DRAIN_S)
         if not self._pump.done():
             self._pump.cancel()
+        self.oom_killed = oom_killed(self.task_id)
         await self._runtime._remove(self.id, self._bundle)
         self._release.close()
         self._code = 128 - code if code < 0 else code
@@ -348,6 +376,7 @@ class RuncRuntime:
             "--root",
             str(self._state),
             "run",
+            "--keep",  # its cgroup stays until _remove: an OOM kill is read there first
             "--bundle",
             str(bundle),
             container_id,
@@ -367,7 +396,9 @@ class RuncRuntime:
             cached=image.cached,
             cards=list(spec.gpu_indices),
         )
-        return RuncContainer(self, container_id, bundle, process, pump, image, release)
+        return RuncContainer(
+            self, spec.task_id, container_id, bundle, process, pump, image, release
+        )
 
     async def _running(self, container_id: str, process: asyncio.subprocess.Process) -> None:
         """Returns once runc has created the container (so `exec` finds it) or the container

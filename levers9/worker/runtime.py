@@ -59,6 +59,11 @@ class Container(Protocol):
         """The image it runs in (None: the process runtime's, no image)."""
         ...
 
+    @property
+    def oom_killed(self) -> bool:
+        """Once it has exited: the kernel killed it for going over its memory limit."""
+        ...
+
     async def wait(self) -> int:
         """Its exit code once it has exited (128 + signal when killed)."""
         ...

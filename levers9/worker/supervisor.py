@@ -44,6 +44,8 @@ LOST: State = worker_pb2.TASK_STATE_LOST
 
 GPU_ASSIGNMENT = "worker.gpu_assignment"
 IMAGE_PULL = "image.pull"
+OOM_KILLED = "OOMKilled"
+"""The reason of a task the kernel killed at its memory limit (Kubernetes' word)."""
 CONTAINER_START = "container.start"
 CONTAINER_EXIT = "container.exit"
 TASK_RESULT = "task.result"
@@ -300,6 +302,8 @@ class TaskManager:
             state, reason = record.ending
         elif code == 0:
             state, reason = SUCCEEDED, ""
+        elif container.oom_killed:
+            state, reason = FAILED, OOM_KILLED
         else:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)

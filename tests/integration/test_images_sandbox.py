@@ -101,9 +101,11 @@ async def test_a_missing_image_fails_at_once_naming_it(cp: Controlplane) -> None
         cp.cli("run", "--pool", POOL, "--image", missing, "--", "true"), timeout=60
     )
     assert done.returncode == 1
+    assert " failed (never ran) " in done.stdout, "no exit code that reads like success"
     assert f"cannot pull {missing}: " in done.stdout
     assert "manifest unknown" in done.stdout
     task_id = done.stdout.split()[1]
     record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
     [pull] = [p for p in record["phases"] if p["name"] == "image.pull"]
     assert pull["error"].startswith(f"cannot pull {missing}")
+    assert record["exit_code"] is None

@@ -176,8 +176,13 @@ async def test_over_its_memory_limit_it_is_killed(
     runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
 ) -> None:
     grow = 'x=a; while true; do x="$x$x"; done'
-    code, _ = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", grow))
-    assert code == 128 + 9
+    out = bytearray()
+    container = await runtime.start(_spec(tmp_path, image[1], "sh", "-c", grow), out.extend)
+    assert await asyncio.wait_for(container.wait(), 60) == 128 + 9
+    assert container.oom_killed, "the kernel's OOM killer, not another SIGKILL"
+    stopped = await runtime.start(_spec(tmp_path, image[1], "sleep", "30"), lambda _: None)
+    assert await asyncio.wait_for(stopped.stop(grace_s=0), 30) == 128 + 9
+    assert not stopped.oom_killed
 
 
 async def test_a_missing_image_fails_the_start_naming_it(
