@@ -84,11 +84,12 @@ async def main(runs: int) -> None:
     print(f"nproc={os.cpu_count()} {platform.machine()}, {runs} runs, busybox (1 MB)")
     print("| start | p50 s | p95 s |")
     print("| - | - | - |")
-    print(
-        f"| the pull alone (skopeo copy + umoci unpack) | {_p(pulls, 0.5):.3f} | {_p(pulls, 0.95):.3f} |"
-    )
-    print(f"| cold (not cached) | {_p(cold, 0.5):.3f} | {_p(cold, 0.95):.3f} |")
-    print(f"| warm (cached) | {_p(warm, 0.5):.3f} | {_p(warm, 0.95):.3f} |")
+    for name, values in (
+        ("the pull alone (skopeo copy + umoci unpack)", pulls),
+        ("cold (not cached)", cold),
+        ("warm (cached)", warm),
+    ):
+        print(f"| {name} | {_p(values, 0.5):.3f} | {_p(values, 0.95):.3f} |")
     print(
         f"two tasks of one image at once: {shared.copies} copy, starts {alone:.3f} s and"
         f" {together:.3f} s; cold minus pull, median: "
