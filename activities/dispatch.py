@@ -42,6 +42,8 @@ T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
 PLACE_HEARTBEAT_S = 5.0
 RPC_TIMEOUT_S = 15.0
+CANCEL_TIMEOUT_S = 45.0
+"""The agent's SIGTERM grace (10 s) and the container's teardown, well inside."""
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 
@@ -143,6 +145,21 @@ class TaskActivities:
             ),
         )
         return bool(response.already_running)
+
+    @activity.defn
+    async def cancel_task(self, input: WorkerTaskInput) -> bool:
+        """CancelTask on the worker: SIGTERM, its grace, SIGKILL; returns once the container is
+        gone (True), or at once when the task had already ended (False)."""
+        response = await self._call(
+            input,
+            "CancelTask",
+            lambda stub, md: stub.CancelTask(
+                worker_pb2.CancelTaskRequest(task_id=input.task.task_id),
+                metadata=md,
+                timeout=CANCEL_TIMEOUT_S,
+            ),
+        )
+        return bool(response.cancelled)
 
     @activity.defn
     async def get_task(self, input: WorkerTaskInput) -> TaskReport:

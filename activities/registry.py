@@ -59,7 +59,7 @@ def replica_activities(
     """What this replica's own task queue serves: calls to the workers whose tunnel sessions
     it holds (they can only be reached from here)."""
     tasks = TaskActivities(client, settings, tunnels)
-    return [tasks.run_task, tasks.get_task]
+    return [tasks.run_task, tasks.get_task, tasks.cancel_task]
 
 
 def controlplane_activities(
@@ -81,5 +81,6 @@ def controlplane_activities(
         tasks.worker_route,
         tasks.run_task,
         tasks.get_task,
+        tasks.cancel_task,
         *cloud_activities(client, clients, settings),
     ]

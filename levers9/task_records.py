@@ -53,6 +53,18 @@ async def task_ended(client: Client, task_id: str, timeout_s: float) -> TaskReco
         raise
 
 
+async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
+    """Signals `cancel` to the task's record; False when no such task runs (unknown, or ended)."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    try:
+        await handle.signal("cancel", reason)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def task_record(client: Client, task_id: str) -> TaskRecord | None:
     """The record as the task workflow holds it now (running or ended); None if unknown."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))

@@ -73,6 +73,8 @@ class TaskWorkflow:
         self._placement: Placement | None = None
         self._reports: list[TaskReport] = []
         self._route: WorkerTaskInput | None = None
+        self._cancel: str | None = None
+        self._cancel_sent = False
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -83,6 +85,14 @@ class TaskWorkflow:
         # Any valid worker token may report any task id: take only our worker's word.
         if self._placement is not None and report.worker_id == self._placement.worker_id:
             self._reports.append(report)
+
+    @workflow.signal
+    def cancel(self, reason: str = "") -> None:
+        """`levers9 task cancel`: a running task's container is stopped (SIGTERM, a grace,
+        SIGKILL) and the task ends `cancelled`; a queued one ends so once it is placed, without
+        running (its cards go back to the pool either way once nothing runs on them)."""
+        if self._cancel is None:
+            self._cancel = reason or "cancelled"
 
     @workflow.run
     async def run(self, input: TaskInput) -> TaskRecord:
@@ -138,6 +148,8 @@ class TaskWorkflow:
             tls=placement.tls,
         )
         self._route = on_worker
+        if self._cancel is not None:
+            return self._finish("cancelled", f"{self._cancel} before it started")
         try:
             await self._on_worker(
                 TaskActivities.run_task,
@@ -153,7 +165,21 @@ class TaskWorkflow:
         self._update(state="running")
         while True:
             with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(lambda: bool(self._reports), timeout=POLL_EVERY)
+                await workflow.wait_condition(
+                    lambda: bool(self._reports) or self._cancel_due(), timeout=POLL_EVERY
+                )
+            if self._cancel_due():
+                self._cancel_sent = True
+                try:
+                    await self._on_worker(
+                        TaskActivities.cancel_task,
+                        RUN_RETRY,
+                        f"CancelTask on worker {placement.worker_id}: SIGTERM, then SIGKILL",
+                    )
+                except ActivityError as exc:
+                    reason = f"{self._cancel}; the worker did not confirm: {failure_reason(exc)}"
+                    return self._finish("cancelled", reason)
+                continue  # the worker reports the task cancelled (or ended before it)
             if self._reports:
                 report = self._reports.pop()
             else:
@@ -168,6 +194,9 @@ class TaskWorkflow:
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
+
+    def _cancel_due(self) -> bool:
+        return self._cancel is not None and not self._cancel_sent
 
     async def _on_worker(
         self, call: Callable[..., Awaitable[T]], retry: RetryPolicy, summary: str

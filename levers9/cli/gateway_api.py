@@ -115,6 +115,21 @@ async def task_record(
     return TaskRecord.model_validate_json(reply.record_json)
 
 
+async def cancel_task(settings: ControlplaneSettings, task_id: str, reason: str = "") -> bool:
+    """Tells the task to cancel; False when no such task runs."""
+    request = gateway_pb2.CancelTaskRecordRequest(task_id=task_id, reason=reason)
+    try:
+        await _unary(
+            settings,
+            lambda stub, md: stub.CancelTask(request, metadata=md, timeout=CALL_TIMEOUT_S),
+        )
+    except GatewayRefused as exc:
+        if exc.code == grpc.StatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
 async def stream_task_logs(
     settings: ControlplaneSettings, task_id: str, *, follow: bool, offset: int = 0
 ) -> AsyncIterator[str]:

@@ -55,6 +55,9 @@ class Tasks(Protocol):
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
         """The record now, or once the task ended (at most `wait_s` from now)."""
 
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        """Tells the task to cancel; False when no such task runs."""
+
 
 class GatewayTasks:
     """Through the controlplane's gateway, with the operator token."""
@@ -71,6 +74,11 @@ class GatewayTasks:
         from levers9.cli.gateway_api import task_record
 
         return await task_record(self._settings, task_id, wait_s)
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        from levers9.cli.gateway_api import cancel_task
+
+        return await cancel_task(self._settings, task_id, reason)
 
 
 class TemporalTasks:
@@ -101,6 +109,11 @@ class TemporalTasks:
             return await task_ended(client, task_id, wait_s)
         return await task_record(client, task_id)
 
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        from levers9.task_records import cancel_task
+
+        return await cancel_task(await self.client(), task_id, reason)
+
 
 class Fallback:
     """The gateway, and Temporal once the gateway cannot be reached (said once, on stderr)."""
@@ -129,6 +142,14 @@ class Fallback:
             except GatewayUnavailable as exc:
                 self._fell_back(exc)
         return await self._temporal.record(task_id, wait_s)
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        if self._gateway is not None:
+            try:
+                return await self._gateway.cancel(task_id, reason)
+            except GatewayUnavailable as exc:
+                self._fell_back(exc)
+        return await self._temporal.cancel(task_id, reason)
 
 
 def _answered(call: Coroutine[Any, Any, T]) -> T:
@@ -243,12 +264,19 @@ def run(
     gpus: Annotated[int, typer.Option("--gpus", min=0, help="cards of one worker")] = 1,
     image: Annotated[str, typer.Option("--image", help="container image")] = "",
     wait: Annotated[float, typer.Option("--wait", min=0, help="seconds this command waits")] = 120,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="print the task id and return at once")
+    ] = False,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     settings = settings_from_env()
     task = TaskInput(
         task_id=new_task_id(), pool_name=pool, command=tuple(command), gpus=gpus, image=image
     )
+    if detach:
+        _answered(tasks_for(settings).submit(task))
+        console.print(task.task_id, highlight=False)
+        return
     record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
     if record is None:
         console.print(
@@ -263,6 +291,41 @@ def run(
 
 async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:
     return await tasks_for(settings).record(task_id)
+
+
+async def _cancel(
+    settings: ControlplaneSettings, task_id: str, reason: str, wait_s: float
+) -> tuple[bool, TaskRecord | None]:
+    tasks = tasks_for(settings)
+    told = await tasks.cancel(task_id, reason)
+    return told, await tasks.record(task_id, wait_s)
+
+
+@app.command()
+def cancel(
+    task_id: str,
+    reason: Annotated[str, typer.Option("--reason", help="kept in the record")] = "",
+    wait: Annotated[
+        float, typer.Option("--wait", min=0, help="seconds to wait for the container to go")
+    ] = 60,
+) -> None:
+    """Cancel a task: its container gets SIGTERM, a grace, then SIGKILL; it ends cancelled."""
+    told, record = _answered(_cancel(settings_from_env(), task_id, reason, wait))
+    if record is None:
+        fail([f"no task {task_id}"])
+        raise typer.Exit(1)
+    if not told:
+        console.print(f"task {task_id} had already ended: {record.state}", highlight=False)
+        raise typer.Exit(0 if record.state == "cancelled" else 1)
+    if record.state not in TERMINAL:
+        console.print(
+            f"DEADLINE_EXCEEDED: task {task_id} is told to cancel and is {record.state};"
+            f" levers9 task get {task_id}",
+            highlight=False,
+        )
+        raise typer.Exit(DEADLINE_EXIT)
+    print_result(record)
+    raise typer.Exit(0 if record.state == "cancelled" else 1)
 
 
 @app.command()

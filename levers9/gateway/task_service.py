@@ -40,7 +40,7 @@ from levers9.models import TERMINAL, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
-from levers9.task_records import start_task, task_ended, task_record
+from levers9.task_records import cancel_task, start_task, task_ended, task_record
 from levers9.tokens import operator_token_matches, worker_token
 
 PLACEMENT_POLL_S = (0.02, 0.5)
@@ -52,6 +52,7 @@ Context = grpc.aio.ServicerContext[gateway_pb2.StreamTaskLogsRequest, worker_pb2
 
 
 MAX_WAIT_S = 60.0
+MAX_REASON_CHARS = 1024
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
 
 
@@ -63,6 +64,9 @@ class TaskRecords(Protocol):
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         """The record once the task has ended, or as it is after `timeout_s`."""
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        """Tells the task's record to cancel; False when no such task runs."""
 
 
 class TemporalTaskRecords:
@@ -81,6 +85,9 @@ class TemporalTaskRecords:
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        return await cancel_task(self._client, task_id, reason)
 
 
 class TasksService(gateway_pb2_grpc.TasksServicer):
@@ -135,6 +142,26 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}")
         return gateway_pb2.GetTaskRecordResponse(record_json=record.model_dump_json())
+
+    async def CancelTask(
+        self,
+        request: gateway_pb2.CancelTaskRecordRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.CancelTaskRecordResponse:
+        await self._authorize(context)
+        try:
+            check_task_id(request.task_id)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        if len(request.reason) > MAX_REASON_CHARS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"reason: at most {MAX_REASON_CHARS} characters"
+            )
+        if not await self._records.cancel(request.task_id, request.reason):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no running task {request.task_id} (it may have ended)"
+            )
+        return gateway_pb2.CancelTaskRecordResponse()
 
     async def StreamTaskLogs(
         self, request: gateway_pb2.StreamTaskLogsRequest, context: Context

@@ -497,3 +497,44 @@ class GetTaskRecordResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTaskRecordResponse: _TypeAlias = GetTaskRecordResponse  # noqa: Y015
+
+@_typing.final
+class CancelTaskRecordRequest(_message.Message):
+    """The task's record is told to cancel (signal `cancel`): its container gets SIGTERM, a grace,
+    then SIGKILL; GetTaskRecord with a wait reads its end.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskRecordRequest: _TypeAlias = CancelTaskRecordRequest  # noqa: Y015
+
+@_typing.final
+class CancelTaskRecordResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelTaskRecordResponse: _TypeAlias = CancelTaskRecordResponse  # noqa: Y015

@@ -53,6 +53,11 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.FromString,
                 _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/levers9.v1.Tasks/CancelTask',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -79,6 +84,12 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +107,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.GetTaskRecord,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +198,33 @@ class Tasks:
             '/levers9.v1.Tasks/GetTaskRecord',
             levers9_dot_proto_dot_gateway__pb2.GetTaskRecordRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.GetTaskRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/CancelTask',
+            levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,7 @@ class TasksStub:
     StreamTaskLogs: _grpc.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]
     GetTaskRecord: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]
+    CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]
 
 @_typing.type_check_only
 class TasksAsyncStub(TasksStub):
@@ -54,6 +55,7 @@ class TasksAsyncStub(TasksStub):
     StreamTaskLogs: _aio.UnaryStreamMultiCallable[_gateway_pb2.StreamTaskLogsRequest, _worker_pb2.LogChunk]  # type: ignore[assignment]
     SubmitTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]  # type: ignore[assignment]
     GetTaskRecord: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]  # type: ignore[assignment]
+    CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]  # type: ignore[assignment]
 
 class TasksServicer(metaclass=_abc_1.ABCMeta):
     """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
@@ -81,6 +83,13 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.GetTaskRecordRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.GetTaskRecordResponse, _abc.Awaitable[_gateway_pb2.GetTaskRecordResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelTask(
+        self,
+        request: _gateway_pb2.CancelTaskRecordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CancelTaskRecordResponse, _abc.Awaitable[_gateway_pb2.CancelTaskRecordResponse]]: ...
 
 def add_TasksServicer_to_server(servicer: TasksServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -109,3 +109,39 @@ async def test_a_missing_image_fails_at_once_naming_it(cp: Controlplane) -> None
     [pull] = [p for p in record["phases"] if p["name"] == "image.pull"]
     assert pull["error"].startswith(f"cannot pull {missing}")
     assert record["exit_code"] is None
+
+
+@pytest.mark.parametrize("image", [IMAGE, ""], ids=["runc", "process"])
+async def test_detach_then_cancel_ends_the_task_cancelled(cp: Controlplane, image: str) -> None:
+    started = await cp.cli(
+        "run",
+        "--pool",
+        POOL,
+        "--detach",
+        *(["--image", image] if image else []),
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo terminated; exit 143' TERM; sleep 300 & wait",
+    )
+    assert started.returncode == 0, started.stderr
+    task_id = started.stdout.strip()
+    assert len(task_id) == 12, f"--detach prints the task id alone: {started.stdout!r}"
+
+    async def running() -> bool:
+        got = await cp.cli("task", "get", task_id, "-o", "json")
+        return got.returncode == 0 and json.loads(got.stdout)["state"] == "running"
+
+    await eventually(running, within=WITHIN)
+    cancelled = await cp.cli("task", "cancel", task_id, "--reason", "test over")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"task {task_id} cancelled exit_code=143" in cancelled.stdout
+    record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
+    assert record["state"] == "cancelled"
+    assert "container.exit" in [p["name"] for p in record["phases"]]
+    again = await cp.cli("task", "cancel", task_id)
+    assert again.returncode == 0
+    assert f"task {task_id} had already ended: cancelled" in again.stdout
+    unknown = await cp.cli("task", "cancel", "nosuchtask00")
+    assert unknown.returncode == 1
+    assert "no task nosuchtask00" in unknown.stderr
