@@ -5,6 +5,7 @@
 #   skopeo           copies images between them, as the attach script copies the worker image,
 #                    and pulls tasks' images into a worker's cache (levers9/worker/images.py)
 #   umoci            unpacks a cached image into a root filesystem; builds the tests' images
+#   runc             runs a task's container (the worker's runc runtime; its tests need root)
 #   busybox-static   the one static binary of the tests' smallest image
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
@@ -14,6 +15,7 @@ missing=()
 command -v docker-registry >/dev/null 2>&1 || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

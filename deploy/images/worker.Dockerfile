@@ -40,6 +40,14 @@ FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="levers9-worker" \
       org.opencontainers.image.description="levers9 worker agent for GPU nodes of a Kubernetes pool"
 
+# The container host: runc runs each task in its image, umoci unpacks a cached image and makes
+# its runtime config, skopeo pulls images into the node's cache (levers9/worker/runc_runtime.py,
+# images.py). Pinned to bookworm's upstream versions; the globs accept Debian's rebuilds.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+       "runc=1.1.5+ds1-*" "umoci=0.4.7+ds-*" "skopeo=1.9.3+ds1-*" \
+    && rm -rf /var/lib/apt/lists/*
+
 COPY --from=builder /opt/venv /opt/venv
 
 ENV PATH=/usr/local/nvidia/bin:/opt/venv/bin:$PATH \

@@ -692,6 +692,19 @@ def test_controlplane_installs_skopeo() -> None:
 # --- the worker image ----------------------------------------------------------------------------
 
 
+def test_worker_installs_the_container_host() -> None:
+    """The runc runtime runs `runc` and `umoci`, the image cache `skopeo`."""
+    sources = (ROOT / "levers9" / "worker" / "runc_runtime.py").read_text()
+    sources += (ROOT / "levers9" / "worker" / "images.py").read_text()
+    assert '"runc"' in sources
+    assert '"umoci"' in sources
+    assert '"skopeo"' in sources
+    final = read(WORKER)[-1]
+    installs = [shlex.split(r.value) for r in final.all("RUN") if "apt-get install" in r.value]
+    packages = {w.split("=")[0] for words in installs for w in words if not w.startswith("-")}
+    assert {"runc", "umoci", "skopeo"} <= packages
+
+
 def test_worker_entrypoint_is_the_jobs_command() -> None:
     final = read(WORKER)[-1]
     entrypoint = final.last("ENTRYPOINT")
