@@ -11,6 +11,14 @@ GPU = "nvidia.com/gpu"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 """The kubelet's device-plugin directory: the Job mounts it read-only, the agent reads the
 checkpoint in it to learn which cards the kubelet gave its pod."""
+CREDENTIALS_DIR = "/var/run/levers9/worker"
+"""Where the worker Job mounts its token Secret (files of mode 0400: `token`, `tls.crt`,
+`tls.key`): the agent reads its credentials there, never from its environment, so no process
+of the node (a task's least of all) finds them in an environment."""
+TOKEN_FILE = "token"
+TLS_CERT_FILE = "tls.crt"
+TLS_KEY_FILE = "tls.key"
+
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """An RFC 1123 label, as Kubernetes names are: pool names and worker ids become parts of object
 names and labels. Use with `fullmatch` (a `$` would let a trailing newline through)."""

@@ -14,12 +14,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from levers9.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
-from levers9.contract import DEVICE_PLUGIN_DIR, GPU
+from levers9.contract import (
+    CREDENTIALS_DIR,
+    DEVICE_PLUGIN_DIR,
+    GPU,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    TOKEN_FILE,
+)
 
 WORKER_COMMAND = ("levers9-worker",)
-TOKEN_KEY = "token"
-TLS_CERT_KEY = "tls.crt"
-TLS_KEY_KEY = "tls.key"
+TOKEN_KEY = TOKEN_FILE
+TLS_CERT_KEY = TLS_CERT_FILE
+TLS_KEY_KEY = TLS_KEY_FILE
 TERMINATION_GRACE_S = 30
 
 # Downward-API fields the agent needs: which pod it is (to find its cards in the kubelet
@@ -109,17 +116,15 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
         for name, path in _FIELD_ENV
     ]
-    from_secret = [("LEVERS9_WORKER_TOKEN", TOKEN_KEY)]
-    if not spec.tunnel:  # a tunnelled worker serves on a unix socket inside the tunnel
-        from_secret += [
-            ("LEVERS9_WORKER_TLS_CERT", TLS_CERT_KEY),
-            ("LEVERS9_WORKER_TLS_KEY", TLS_KEY_KEY),
-        ]
-    env += [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": spec.secret_name, "key": key}}}
-        for name, key in from_secret
-    ]
+    # The credentials are files of the mounted Secret (_volumes), never environment values.
+    env.append({"name": "LEVERS9_CREDENTIALS_DIR", "value": CREDENTIALS_DIR})
     return env
+
+
+def _secret_keys(spec: WorkerJobSpec) -> list[str]:
+    """What the worker's Secret gives it: its token, and without the tunnel its TLS pair (a
+    tunnelled worker serves on a unix socket inside the tunnel)."""
+    return [TOKEN_KEY] if spec.tunnel else [TOKEN_KEY, TLS_CERT_KEY, TLS_KEY_KEY]
 
 
 def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -135,6 +140,17 @@ def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
         {"name": name, "mountPath": path, "readOnly": read_only}
         for name, path, _, read_only in mounts
     ]
+    volumes.append(
+        {
+            "name": "credentials",
+            "secret": {
+                "secretName": spec.secret_name,
+                "defaultMode": 0o400,
+                "items": [{"key": key, "path": key} for key in _secret_keys(spec)],
+            },
+        }
+    )
+    volume_mounts.append({"name": "credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True})
     return volumes, volume_mounts
 
 

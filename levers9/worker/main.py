@@ -26,8 +26,8 @@ def run(env: Mapping[str, str]) -> int:
     level = (env.get("LEVERS9_LOG_LEVEL") or "INFO").upper()
     logs.setup(level if level in LEVELS else "INFO")
     try:
-        settings = WorkerSettings.from_env(env)
         paths = HostPaths.from_env(env)
+        settings = WorkerSettings.from_env(env, paths)
         credentials = settings.gateway_credentials()
     except (SettingsError, HostPathsError) as error:
         log.error("worker cannot start", error=str(error))

@@ -33,9 +33,16 @@ from pathlib import Path
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from levers9.contract import host_list, registry_mirrors
+from levers9.contract import (
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    TOKEN_FILE,
+    host_list,
+    registry_mirrors,
+)
 from levers9.rpc import tls, worker_tls
 from levers9.worker.images import DEFAULT_MAX_BYTES
+from levers9.worker.paths import HostPaths
 
 PREFIX = "LEVERS9_"
 
@@ -82,13 +89,18 @@ class WorkerSettings(BaseModel):
         return host_list(self.insecure_registries)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> WorkerSettings:
-        """Reads `LEVERS9_*`; empty values count as unset. Raises SettingsError."""
-        values = {
+    def from_env(cls, env: Mapping[str, str], paths: HostPaths | None = None) -> WorkerSettings:
+        """Reads `LEVERS9_*`; empty values count as unset. The credentials come from the files
+        of `LEVERS9_CREDENTIALS_DIR` (the Job's Secret volume) when it is set; a Job of an older
+        controlplane passes them as variables. Raises SettingsError."""
+        values: dict[str, str] = {
             name.lower(): env[PREFIX + name.upper()]
             for name in cls.model_fields
             if env.get(PREFIX + name.upper())
         }
+        directory = env.get(PREFIX + "CREDENTIALS_DIR")
+        if directory:
+            values.update(_credentials(directory, paths or HostPaths()))
         try:
             return cls.model_validate(values)
         except ValidationError as error:
@@ -143,3 +155,27 @@ class WorkerSettings(BaseModel):
                 "it (dial tcp: lookup ...): advertise the node's external IP"
             ) from None
         return host
+
+
+_CREDENTIAL_FILES = {
+    "worker_token": TOKEN_FILE,
+    "worker_tls_cert": TLS_CERT_FILE,
+    "worker_tls_key": TLS_KEY_FILE,
+}
+
+
+def _credentials(directory: str, paths: HostPaths) -> dict[str, str]:
+    """The Secret's files: the token must be there; the TLS pair only without the tunnel."""
+    found = {}
+    for field, name in _CREDENTIAL_FILES.items():
+        node_path = f"{directory.rstrip('/')}/{name}"
+        try:
+            found[field] = paths.map(node_path).read_text().strip()
+        except FileNotFoundError:
+            if field == "worker_token":
+                raise SettingsError(
+                    f"{node_path} is missing: the Job mounts the worker's token Secret there"
+                ) from None
+        except OSError as error:
+            raise SettingsError(f"cannot read {node_path}: {error.strerror}") from None
+    return found

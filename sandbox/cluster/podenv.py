@@ -279,7 +279,7 @@ def _volume_dir(ctx: PodContext, volume: Mapping[str, Any]) -> Path | None:
         except ConfigError as error:
             raise MountError(f'MountVolume.SetUp failed for volume "{name}" : {error}') from None
         path = volumes_dir / plugin / name
-        _project(path, data or {}, source.get("items"))
+        _project(path, data or {}, source.get("items"), source.get("defaultMode"))
         return path
     return None
 
@@ -307,15 +307,19 @@ def _host_path(ctx: PodContext, name: str, source: Mapping[str, Any]) -> Path:
     return target
 
 
-def _project(path: Path, data: Mapping[str, str], items: Any) -> None:
+def _project(path: Path, data: Mapping[str, str], items: Any, mode: Any = None) -> None:
+    """The volume's files, with the kubelet's default mode 0644 or the volume's `defaultMode`
+    (an item's own `mode` wins)."""
     path.mkdir(parents=True, exist_ok=True)
-    wanted = {str(i.get("key")): str(i.get("path")) for i in items or ()} or {k: k for k in data}
-    for key, relative in wanted.items():
+    wanted = {str(i.get("key")): i for i in items or ()} or {k: {"path": k} for k in data}
+    for key, item in wanted.items():
         if key not in data:
             continue
-        target = inside(path, relative)
+        target = inside(path, str(item.get("path", key)))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(data[key])
+        chosen = item.get("mode", mode)
+        target.chmod(int(chosen) if isinstance(chosen, int) else 0o644)
 
 
 def working_dir(container: Mapping[str, Any], mounts: Mapping[str, str], scratch: Path) -> Path:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -145,3 +146,33 @@ async def test_detach_then_cancel_ends_the_task_cancelled(cp: Controlplane, imag
     unknown = await cp.cli("task", "cancel", "nosuchtask00")
     assert unknown.returncode == 1
     assert "no task nosuchtask00" in unknown.stderr
+
+
+async def test_no_process_holds_a_worker_token_in_its_environment(cp: Controlplane) -> None:
+    """The agents read their tokens from their Secret's files: no process on this machine (the
+    agents, their tasks, anything) has a worker's token in its environment."""
+    from levers9.temporal import list_worker_records
+    from levers9.tokens import worker_token
+    from tests.controlplane import TOKEN_SECRET
+
+    records = await list_worker_records(cp.settings, POOL, include_ended=False)
+    tokens = [worker_token(TOKEN_SECRET, r.worker_id).encode() for r in records]
+    assert len(tokens) == 3
+    scanned, holders = await asyncio.to_thread(_environments_holding, tokens)
+    assert scanned > 10, "the scan read the processes' environments"
+    assert holders == []
+
+
+def _environments_holding(secrets: list[bytes]) -> tuple[int, list[str]]:
+    """(how many process environments were read, the pids whose environment holds one)."""
+    holders = []
+    scanned = 0
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            data = environ.read_bytes()
+        except OSError:
+            continue
+        scanned += 1
+        if any(secret in data for secret in secrets):
+            holders.append(environ.parent.name)
+    return scanned, holders

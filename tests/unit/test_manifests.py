@@ -79,7 +79,7 @@ def test_every_free_card_privileged_and_paths() -> None:
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
     assert container["securityContext"] == {"privileged": True}
     assert container["command"] == ["levers9-worker"]
-    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert paths["images"] == "/var/lib/levers9/images"
     assert paths["durable-disks"] == "/var/lib/levers9/disks"
     assert paths["device-plugins"] == "/var/lib/kubelet/device-plugins"
@@ -98,32 +98,33 @@ def test_flavor_and_network() -> None:
     assert generic["hostNetwork"] is False
 
 
-def test_env_downward_api_and_token_by_reference() -> None:
+def test_env_downward_api_and_no_credential_in_the_environment() -> None:
     [container] = _pod_spec(worker_job(SPEC))["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["LEVERS9_POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert env["LEVERS9_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     assert env["LEVERS9_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["LEVERS9_GATEWAY_ADDRESS"]["value"] == "203.0.113.10:7443"
-    assert env["LEVERS9_WORKER_TOKEN"]["valueFrom"] == {
-        "secretKeyRef": {"name": "worker-gke-rtx6000-a1b2c3d4-token", "key": "token"}
-    }
+    assert env["LEVERS9_CREDENTIALS_DIR"]["value"] == "/var/run/levers9/worker"
+    assert not [e for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert not {"LEVERS9_WORKER_TOKEN", "LEVERS9_WORKER_TLS_KEY"} & set(env)
 
 
-def test_serving_certificate_by_reference_unless_tunnelled() -> None:
-    [container] = _pod_spec(worker_job(SPEC))["containers"]
-    env = {e["name"]: e for e in container["env"]}
+def test_credentials_are_files_of_mode_0400_tls_unless_tunnelled() -> None:
     secret = "worker-gke-rtx6000-a1b2c3d4-token"
-    assert env["LEVERS9_WORKER_TLS_CERT"]["valueFrom"] == {
-        "secretKeyRef": {"name": secret, "key": "tls.crt"}
-    }
-    assert env["LEVERS9_WORKER_TLS_KEY"]["valueFrom"] == {
-        "secretKeyRef": {"name": secret, "key": "tls.key"}
-    }
-    [tunnelled] = _pod_spec(worker_job(dataclasses.replace(SPEC, tunnel=True)))["containers"]
-    assert not {"LEVERS9_WORKER_TLS_CERT", "LEVERS9_WORKER_TLS_KEY"} & {
-        e["name"] for e in tunnelled["env"]
-    }
+    for tunnel, keys in ((False, ["token", "tls.crt", "tls.key"]), (True, ["token"])):
+        pod = _pod_spec(worker_job(dataclasses.replace(SPEC, tunnel=tunnel)))
+        [volume] = [v for v in pod["volumes"] if v["name"] == "credentials"]
+        assert volume["secret"]["secretName"] == secret
+        assert volume["secret"]["defaultMode"] == 0o400
+        assert [i["key"] for i in volume["secret"]["items"]] == keys
+        [container] = pod["containers"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == "credentials"]
+        assert mount == {
+            "name": "credentials",
+            "mountPath": "/var/run/levers9/worker",
+            "readOnly": True,
+        }
 
 
 def test_token_only_in_the_secret() -> None:

@@ -2,7 +2,8 @@
 
 Covers what the worker agent relies on: it is scheduled onto its node by hostname affinity
 through the GPU taint, gets the cards it asked for, finds them in the kubelet checkpoint
-through its `device-plugins` hostPath, reads its token from the Secret, and on the host
+through its `device-plugins` hostPath, reads its token from the Secret's file (mode 0400, never
+an environment variable), and on the host
 network sees the node's address as its own.
 """
 
@@ -23,9 +24,12 @@ mounts = json.loads(os.environ["LEVERS9_SANDBOX_MOUNTS"])
 checkpoint = pathlib.Path(mounts["/var/lib/kubelet/device-plugins"], "kubelet_internal_checkpoint")
 entries = json.loads(checkpoint.read_text())["Data"]["PodDeviceEntries"]
 mine = [e for e in entries if e["PodUID"] == os.environ["LEVERS9_POD_UID"]]
+token = pathlib.Path(mounts["/var/run/levers9/worker"], "token")
 print(json.dumps({
     "ids": [d for e in mine for ids in e["DeviceIDs"].values() for d in ids],
-    "token": os.environ["LEVERS9_WORKER_TOKEN"],
+    "token_env": [k for k in os.environ if k.startswith("LEVERS9_WORKER_T")],
+    "token": token.read_text(),
+    "token_mode": oct(token.stat().st_mode & 0o777),
     "host_ip": os.environ["LEVERS9_HOST_IP"],
     "pod_ip": os.environ["LEVERS9_POD_IP"],
     "node": os.environ["LEVERS9_NODE_NAME"],
@@ -55,6 +59,8 @@ async def test_the_worker_job_runs_with_its_cards_and_token(cluster: Cluster) ->
     seen = json.loads(cluster.logs.read("levers9", worker["metadata"]["name"], "worker"))
     assert seen["ids"] == ["nvidia0", "nvidia1"]
     assert seen["token"] == "worker-token"
+    assert seen["token_mode"] == "0o400", "the Secret's files are the agent's alone"
+    assert seen["token_env"] == [], "no credential in the worker's environment"
     assert seen["node"] == seen["hostname"] == GPU_2X
     assert seen["host_ip"] == seen["pod_ip"] == "127.0.10.2"
     assert seen["images"] == str(cluster.node_root(GPU_2X) / "var/lib/levers9/images")
