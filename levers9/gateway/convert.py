@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
+from levers9.image_reference import ImageReference, ImageReferenceError
 from levers9.models import TaskInput, WorkerHeartbeat, WorkerRegistration
 from levers9.proto import gateway_pb2, worker_pb2
 
@@ -29,7 +30,6 @@ MAX_PHASES = 64
 MAX_PHASE_ERROR_BYTES = 2 * 1024
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_COMMAND_ARGS = 4096
-MAX_IMAGE_CHARS = 1024
 # datetime cannot hold later instants; a worker's clock is never there.
 _MAX_UNIX_MS = 253_402_300_799_999
 
@@ -71,8 +71,11 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     _check_size("command", "".join(command), MAX_COMMAND_BYTES)
     if not 0 <= request.gpus <= MAX_GPUS:
         raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
-    if len(request.image) > MAX_IMAGE_CHARS or any(ch.isspace() for ch in request.image):
-        raise InvalidRequest("image", f"{shown(request.image)} is not an image reference")
+    if request.image:
+        try:
+            ImageReference.parse(request.image)
+        except ImageReferenceError as exc:
+            raise InvalidRequest("image", str(exc)) from None
     return TaskInput(
         task_id=request.task_id,
         pool_name=request.pool_name,

@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from levers9.image_reference import ImageReferenceError
 from levers9.logs import get_logger
 from levers9.worker.driver import DriverSetup
 from levers9.worker.images import (
     ImageCache,
     ImageConfig,
     ImagePullError,
-    ImageReferenceError,
     PulledImage,
 )
 from levers9.worker.runtime import (

@@ -285,7 +285,11 @@ async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> No
         (submit(task_id="t/1", pool_name=POOL, command=["true"]), "task_id: 't/1' is not"),
         (submit(task_id="t1", pool_name=POOL, command=["true"], gpus=-1), "gpus: -1 is not"),
         (submit(task_id="t1", pool_name=POOL, command=["a\0b"]), "command: an argument holds"),
-        (submit(task_id="t1", pool_name=POOL, command=["true"], image="a b"), "image: 'a b'"),
+        (
+            submit(task_id="t1", pool_name=POOL, command=["true"], image="a b"),
+            "image: 'a b' is not",
+        ),
+        (submit(task_id="t1", pool_name=POOL, command=["true"], image="Up/per"), "image: 'Up/per'"),
     ]
     async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
         stub = gateway_pb2_grpc.TasksStub(channel)

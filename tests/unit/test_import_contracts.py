@@ -8,7 +8,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = frozenset(
-    {"worker", "proto", "rpc", "tunnel", "contract", "logs", "process", "errors", "certificates"}
+    {
+        "worker",
+        "proto",
+        "rpc",
+        "tunnel",
+        "contract",
+        "logs",
+        "process",
+        "errors",
+        "certificates",
+        "image_reference",
+    }
 )
 """What the agent may import: itself, and what both sides speak."""
 

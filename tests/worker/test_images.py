@@ -15,12 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from levers9.worker.images import (
-    ImageCache,
-    ImagePullError,
-    ImageReference,
-    ImageReferenceError,
-)
+from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.worker.images import ImageCache, ImagePullError
 from sandbox.registries import LocalRegistry
 from sandbox.task_images import build_busybox, push
 
