@@ -15,7 +15,7 @@ from grpc import aio
 
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput, TaskRecord
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
 from levers9.rpc import bearer, tls
 from levers9.rpc.channel import gateway_channel
 
@@ -128,6 +128,42 @@ async def cancel_task(settings: ControlplaneSettings, task_id: str, reason: str 
             return False
         raise
     return True
+
+
+async def exec_in_task(
+    settings: ControlplaneSettings,
+    task_id: str,
+    command: list[str],
+    stdin: AsyncIterator[bytes] | None,
+    stdout: Callable[[bytes], None],
+    stderr: Callable[[bytes], None],
+) -> int:
+    """Runs `command` in the task's container through the gateway; its output to `stdout` and
+    `stderr` as it comes, `stdin` (None: none) to it; returns its exit code."""
+    metadata = _metadata(settings)
+    address = settings.cli_gateway_address()
+
+    async def requests() -> AsyncIterator[worker_pb2.ExecRequest]:
+        yield worker_pb2.ExecRequest(start=worker_pb2.ExecStart(task_id=task_id, command=command))
+        if stdin is not None:
+            async for chunk in stdin:
+                yield worker_pb2.ExecRequest(stdin=chunk)
+
+    code = 0
+    try:
+        async with gateway_channel(address, _credentials(settings)) as channel:
+            stub = gateway_pb2_grpc.TasksStub(channel)
+            async for response in stub.ExecTask(requests(), metadata=metadata):
+                kind = response.WhichOneof("message")
+                if kind == "stdout":
+                    stdout(response.stdout)
+                elif kind == "stderr":
+                    stderr(response.stderr)
+                elif kind == "exit_code":
+                    code = response.exit_code
+    except aio.AioRpcError as exc:
+        raise _translate(exc, address) from None
+    return code
 
 
 async def stream_task_logs(

@@ -49,6 +49,11 @@ COMMANDS: dict[str, _Entry] = {
         "Run CMD on a worker of the pool: prints the task id, its output, then its result.",
         attr="run",
     ),
+    "exec": _Entry(
+        "levers9.cli.task",
+        "Run CMD in a running task's container: its output, then its exit code as ours.",
+        attr="exec_",
+    ),
     "gke": _Entry("levers9.cli.gke", "The cloud side of GKE pools."),
     "egress": _Entry("levers9.cli.egress", "The controlplane's egress IPs on GKE allowlists."),
     "image": _Entry("levers9.cli.image", "The worker image in the pools' registries."),

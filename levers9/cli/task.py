@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import IO, TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
 
@@ -410,3 +412,46 @@ def list_(
         for r in records
     ]
     render(rows, COLUMNS, output, title="tasks")
+
+
+async def _stdin_chunks() -> AsyncIterator[bytes]:
+    """The command's stdin, read in a thread, until EOF."""
+    reader = sys.stdin.buffer
+    while chunk := await asyncio.to_thread(os.read, reader.fileno(), 64 * 1024):
+        yield chunk
+
+
+def _write(stream: IO[bytes]) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
+
+
+def exec_(
+    task_id: Annotated[str, typer.Argument(help="the running task")],
+    command: Annotated[list[str], typer.Argument(help="the command, after --")],
+    interactive: Annotated[
+        bool, typer.Option("--interactive", "-i", help="pass this command's stdin on")
+    ] = False,
+) -> None:
+    """Run CMD in a running task's container: its output, then its exit code as ours."""
+    from levers9.cli.gateway_api import exec_in_task
+
+    settings = settings_from_env()
+    try:
+        code = _answered(
+            exec_in_task(
+                settings,
+                task_id,
+                list(command),
+                _stdin_chunks() if interactive else None,
+                _write(sys.stdout.buffer),
+                _write(sys.stderr.buffer),
+            )
+        )
+    except GatewayUnavailable as exc:
+        fail([f"exec needs the gateway: {exc}"])
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)

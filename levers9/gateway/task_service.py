@@ -163,6 +163,56 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
         return gateway_pb2.CancelTaskRecordResponse()
 
+    async def ExecTask(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.ExecRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.ExecResponse]:
+        await self._authorize(context)
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("start"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "ExecTask starts with an ExecStart message"
+            )
+            return
+        start = first.start
+        try:
+            check_task_id(start.task_id)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        if not start.command:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command: missing")
+        record = await self._records.get(start.task_id)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {start.task_id}")
+        if record.state != "running" or record.worker_id is None or record.address is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {start.task_id} is {record.state}, not running: exec needs its container",
+            )
+        secret = self._secret.get_secret_value()
+        metadata = bearer.metadata(worker_token(secret, record.worker_id))
+
+        async def upstream() -> AsyncIterator[worker_pb2.ExecRequest]:
+            yield first
+            async for request in request_iterator:
+                yield request
+
+        try:
+            async with worker_channel(
+                record.address, record.worker_id, record.tls, secret
+            ) as channel:
+                stub = worker_pb2_grpc.WorkerServiceStub(channel)
+                async for response in stub.Exec(upstream(), metadata=metadata):
+                    yield response
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            passed_on = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+            await context.abort(
+                code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
+                f"worker {record.worker_id}: {code.name}: {exc.details()}",
+            )
+
     async def StreamTaskLogs(
         self, request: gateway_pb2.StreamTaskLogsRequest, context: Context
     ) -> AsyncIterator[worker_pb2.LogChunk]:

@@ -58,6 +58,11 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
                 _registered_method=True)
+        self.ExecTask = channel.stream_stream(
+                '/levers9.v1.Tasks/ExecTask',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -90,6 +95,14 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecTask(self, request_iterator, context):
+        """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
+        is the ExecStart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +125,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.SerializeToString,
+            ),
+            'ExecTask': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecTask,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +243,33 @@ class Tasks:
             '/levers9.v1.Tasks/CancelTask',
             levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecTask(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Tasks/ExecTask',
+            levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,10 @@ class TasksStub:
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]
     GetTaskRecord: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]
+    ExecTask: _grpc.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]
+    """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
+    is the ExecStart.
+    """
 
 @_typing.type_check_only
 class TasksAsyncStub(TasksStub):
@@ -56,6 +60,10 @@ class TasksAsyncStub(TasksStub):
     SubmitTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]  # type: ignore[assignment]
     GetTaskRecord: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]  # type: ignore[assignment]
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]  # type: ignore[assignment]
+    ExecTask: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
+    """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
+    is the ExecStart.
+    """
 
 class TasksServicer(metaclass=_abc_1.ABCMeta):
     """The CLI's way in: it holds the operator token, never Temporal's credentials nor a worker's
@@ -90,6 +98,16 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.CancelTaskRecordRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.CancelTaskRecordResponse, _abc.Awaitable[_gateway_pb2.CancelTaskRecordResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ExecTask(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.ExecRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.ExecResponse], _abc.AsyncIterator[_worker_pb2.ExecResponse]]:
+        """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
+        is the ExecStart.
+        """
 
 def add_TasksServicer_to_server(servicer: TasksServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ pytestmark = [
 ]
 
 WITHIN = 60
+BIN = Path(sys.executable).parent
 GAR_HOST = "us-central1-docker.pkg.dev"
 IMAGE = f"{GAR_HOST}/demo/tasks/busybox:bb"
 
@@ -176,3 +179,40 @@ def _environments_holding(secrets: list[bytes]) -> tuple[int, list[str]]:
         if any(secret in data for secret in secrets):
             holders.append(environ.parent.name)
     return scanned, holders
+
+
+async def test_exec_runs_in_the_tasks_container(cp: Controlplane) -> None:
+    started = await cp.cli(
+        "run", "--pool", POOL, "--detach", "--image", IMAGE, "--", "sleep", "300"
+    )
+    task_id = started.stdout.strip()
+
+    async def running() -> bool:
+        got = await cp.cli("task", "get", task_id, "-o", "json")
+        return got.returncode == 0 and json.loads(got.stdout)["state"] == "running"
+
+    await eventually(running, within=WITHIN)
+    try:
+        script = "cat /etc/levers9-marker; echo; ps -o comm | tail -n +2; exit 7"
+        inside = await cp.cli("exec", task_id, "--", "sh", "-c", script)
+        assert inside.returncode == 7, inside.stderr
+        assert inside.stdout.startswith("from the registry")
+        assert "sleep" in inside.stdout, "the task's own processes: its PID namespace"
+        fed = await asyncio.to_thread(
+            subprocess.run,
+            [str(BIN / "levers9"), "exec", "-i", task_id, "--", "wc", "-c"],
+            input="twelve bytes",
+            env=cp.cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (fed.returncode, fed.stdout.strip()) == (0, "12")
+        refused = await cp.cli("exec", task_id, "--bogus", "--", "true")
+        assert refused.returncode == 2
+        assert "No such option: --bogus" in refused.stderr
+    finally:
+        await cp.cli("task", "cancel", task_id)
+    ended = await cp.cli("exec", task_id, "--", "true")
+    assert ended.returncode == 1
+    assert f"task {task_id} is cancelled, not running" in ended.stderr
