@@ -136,6 +136,8 @@ class TaskActivities:
             command=list(task.command),
             env=dict(task.env),
             gpu_indices=list(input.gpu_indices),
+            memory_bytes=task.memory_bytes,
+            cpu_millis=task.cpu_millis,
         )
         response = await self._call(
             input,

@@ -261,6 +261,10 @@ class TaskInput(_Record):
     gpus: int = 1
     image: str = ""
     env: dict[str, str] = {}
+    memory_bytes: int = 0
+    """Its container's memory limit (`--memory 8Gi`); 0: the worker's default."""
+    cpu_millis: int = 0
+    """Its container's CPU limit in millicores (`--cpus 4`); 0: the worker's default."""
 
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})

@@ -89,6 +89,8 @@ async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
         command=list(task.command),
         gpus=task.gpus,
         image=task.image,
+        memory_bytes=task.memory_bytes,
+        cpu_millis=task.cpu_millis,
     )
     await _unary(
         settings, lambda stub, md: stub.SubmitTask(request, metadata=md, timeout=CALL_TIMEOUT_S)

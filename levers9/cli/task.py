@@ -269,11 +269,23 @@ def run(
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="print the task id and return at once")
     ] = False,
+    memory: Annotated[
+        str, typer.Option("--memory", help="its container's memory limit, e.g. 8Gi (--image)")
+    ] = "",
+    cpus: Annotated[
+        str, typer.Option("--cpus", help="its container's CPU limit, e.g. 4 or 500m (--image)")
+    ] = "",
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     settings = settings_from_env()
     task = TaskInput(
-        task_id=new_task_id(), pool_name=pool, command=tuple(command), gpus=gpus, image=image
+        task_id=new_task_id(),
+        pool_name=pool,
+        command=tuple(command),
+        gpus=gpus,
+        image=image,
+        memory_bytes=_quantity("--memory", memory, bytes_=True),
+        cpu_millis=_quantity("--cpus", cpus, bytes_=False),
     )
     if detach:
         _answered(tasks_for(settings).submit(task))
@@ -289,6 +301,21 @@ def run(
         raise typer.Exit(DEADLINE_EXIT)
     print_result(record)
     raise typer.Exit(0 if record.state == "succeeded" else 1)
+
+
+def _quantity(option: str, text: str, bytes_: bool) -> int:
+    """A limit as Kubernetes writes it (`8Gi`, `4`, `500m`): bytes, or millicores; 0 unset."""
+    if not text:
+        return 0
+    from levers9.quantity import millicores, whole
+
+    try:
+        value = whole(text) if bytes_ else millicores(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+    if value <= 0:
+        raise typer.BadParameter(f"{text!r} is not more than 0", param_hint=option)
+    return value
 
 
 async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | None:

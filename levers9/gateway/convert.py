@@ -30,6 +30,8 @@ MAX_PHASES = 64
 MAX_PHASE_ERROR_BYTES = 2 * 1024
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_COMMAND_ARGS = 4096
+MAX_MEMORY_BYTES = 64 * 1024**4
+MAX_CPU_MILLIS = 4096 * 1000
 # datetime cannot hold later instants; a worker's clock is never there.
 _MAX_UNIX_MS = 253_402_300_799_999
 
@@ -71,6 +73,10 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     _check_size("command", "".join(command), MAX_COMMAND_BYTES)
     if not 0 <= request.gpus <= MAX_GPUS:
         raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
+    if not 0 <= request.memory_bytes <= MAX_MEMORY_BYTES:
+        raise InvalidRequest("memory_bytes", f"{request.memory_bytes} is not 0 to 64 TiB")
+    if not 0 <= request.cpu_millis <= MAX_CPU_MILLIS:
+        raise InvalidRequest("cpu_millis", f"{request.cpu_millis} is not 0 to 4096 cores")
     if request.image:
         try:
             ImageReference.parse(request.image)
@@ -82,6 +88,8 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         command=command,
         gpus=request.gpus,
         image=request.image,
+        memory_bytes=request.memory_bytes,
+        cpu_millis=request.cpu_millis,
     )
 
 

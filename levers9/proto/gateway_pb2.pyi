@@ -407,11 +407,17 @@ class SubmitTaskRequest(_message.Message):
     COMMAND_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    CPU_MILLIS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """the caller's id: a retried submit starts nothing twice"""
     pool_name: _builtins.str
     gpus: _builtins.int
     image: _builtins.str
+    memory_bytes: _builtins.int
+    """0: the worker's default"""
+    cpu_millis: _builtins.int
+    """0: the worker's default"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -422,10 +428,12 @@ class SubmitTaskRequest(_message.Message):
         command: _abc.Iterable[_builtins.str] | None = ...,
         gpus: _builtins.int = ...,
         image: _builtins.str = ...,
+        memory_bytes: _builtins.int = ...,
+        cpu_millis: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "gpus", b"gpus", "image", b"image", "pool_name", b"pool_name", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -359,13 +360,18 @@ class RuncRuntime:
         user = base.get("process", {}).get("user", {})
         os.chown(results, int(user.get("uid", 0)), int(user.get("gid", 0)))
         driver_dirs = [self._driver_root] if self._driver_root.is_dir() else []
+        limits = dataclasses.replace(
+            self._limits,
+            memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
+            cpus=spec.cpu_millis / 1000 if spec.cpu_millis else self._limits.cpus,
+        )
         config = container_config(
             base,
             spec,
             image.config,
             devices,
             driver_dirs=driver_dirs,
-            limits=self._limits,
+            limits=limits,
             network_namespace=self._network,
         )
         await self._overlay(image.rootfs, bundle)

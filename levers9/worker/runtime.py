@@ -44,6 +44,10 @@ class ContainerSpec:
     """Where (on this machine) the task may write its result JSON."""
     work_dir: Path
     """A directory of this task's own on this machine."""
+    memory_bytes: int = 0
+    """Its container's memory limit; 0: the runtime's default."""
+    cpu_millis: int = 0
+    """Its container's CPU limit in millicores; 0: the runtime's default."""
 
 
 class Container(Protocol):

@@ -269,6 +269,8 @@ class TaskManager:
             gpu_indices=record.cards,
             result_path=record.result_path,
             work_dir=record.directory / "work",
+            memory_bytes=spec.memory_bytes,
+            cpu_millis=spec.cpu_millis,
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)

@@ -91,6 +91,19 @@ async def test_a_task_runs_in_its_image_apart_from_the_agent(cp: Controlplane) -
     assert f"image={IMAGE} digest={record['image_digest']} host=runc" in shown.stdout
 
 
+async def test_memory_and_cpu_limits_from_the_command_line(cp: Controlplane) -> None:
+    script = 'x=a; while true; do x="$x$x"; done'
+    run = ("run", "--pool", POOL, "--image", IMAGE, "--memory", "48Mi", "--cpus", "500m")
+    done = await cp.cli(*run, "--", "sh", "-c", script)
+    assert done.returncode == 1
+    assert " failed exit_code=137 " in done.stdout
+    assert "reason: OOMKilled" in done.stdout
+    bad = await cp.cli("run", "--pool", POOL, "--memory", "lots", "--", "true")
+    assert bad.returncode == 2
+    assert "--memory" in bad.stderr
+    assert "is not a Kubernetes quantity" in bad.stderr
+
+
 async def test_without_an_image_the_task_runs_as_before(cp: Controlplane) -> None:
     done = await cp.cli("run", "--pool", POOL, "--", "true")
     assert done.returncode == 0, done.stdout + done.stderr
