@@ -23,8 +23,8 @@ from pathlib import Path
 from levers9.worker.images import ImageCache
 from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import ContainerSpec
-from sandbox.registries import LocalRegistry
-from sandbox.task_images import build_busybox, push
+from sandbox.registries import LocalRegistry, push_layout
+from sandbox.task_images import build_busybox
 
 
 def _spec(root: Path, n: int, image: str) -> ContainerSpec:
@@ -59,7 +59,7 @@ async def main(runs: int) -> None:
         with LocalRegistry(root / "registry") as registry:
             build_busybox(root / "layout", "bb")
             image = f"{registry.address}/bench/busybox:bb"
-            push(root / "layout", "bb", image)
+            push_layout(root / "layout", image, "bb")
             cold, pulls, warm = [], [], []
             for n in range(runs):
                 cache = ImageCache(root / f"cold-{n}", insecure=[registry.address])
@@ -67,16 +67,16 @@ async def main(runs: int) -> None:
                 await cache.pull(image)
                 pulls.append(time.perf_counter() - began)
                 fresh = ImageCache(root / f"cold2-{n}", insecure=[registry.address])
-                runtime = RuncRuntime(fresh, None, root / "runc", driver_root=root / "none")
+                runtime = RuncRuntime(fresh, root / "runc", driver_root=root / "none")
                 cold.append(await _start(runtime, _spec(root, n, image)))
             cache = ImageCache(root / "warm", insecure=[registry.address])
-            runtime = RuncRuntime(cache, None, root / "runc", driver_root=root / "none")
+            runtime = RuncRuntime(cache, root / "runc", driver_root=root / "none")
             await _start(runtime, _spec(root, 10_000, image))
             for n in range(runs):
                 warm.append(await _start(runtime, _spec(root, 20_000 + n, image)))
 
             shared = ImageCache(root / "shared", insecure=[registry.address])
-            runtime = RuncRuntime(shared, None, root / "runc", driver_root=root / "none")
+            runtime = RuncRuntime(shared, root / "runc", driver_root=root / "none")
             alone, together = await asyncio.gather(
                 _start(runtime, _spec(root, 30_000, image)),
                 _start(runtime, _spec(root, 30_001, image)),

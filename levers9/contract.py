@@ -11,6 +11,10 @@ GPU = "nvidia.com/gpu"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 """The kubelet's device-plugin directory: the Job mounts it read-only, the agent reads the
 checkpoint in it to learn which cards the kubelet gave its pod."""
+NVIDIA_MAJOR = 195
+"""The character major of NVIDIA's device nodes: `/dev/nvidiaN` is 195:N, `/dev/nvidiactl`
+195:255 (the sandbox's kubelet makes them so, the runc runtime passes them to containers)."""
+NVIDIACTL_MINOR = 255
 CREDENTIALS_DIR = "/var/run/levers9/worker"
 """Where the worker Job mounts its token Secret (files of mode 0400: `token`, `tls.crt`,
 `tls.key`): the agent reads its credentials there, never from its environment, so no process

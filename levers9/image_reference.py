@@ -19,7 +19,8 @@ _REFERENCE = re.compile(
     rf"(?:(?P<host>{_HOST})/)?(?P<path>{_COMPONENT}(?:/{_COMPONENT})*)"
     r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?"
 )
-_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+"""A manifest digest, as a reference's `@...` and a worker's report carry it (fullmatch)."""
 
 
 class ImageReferenceError(ValueError):

@@ -24,9 +24,6 @@ from levers9.contract import (
 )
 
 WORKER_COMMAND = ("levers9-worker",)
-TOKEN_KEY = TOKEN_FILE
-TLS_CERT_KEY = TLS_CERT_FILE
-TLS_KEY_KEY = TLS_KEY_FILE
 TERMINATION_GRACE_S = 30
 
 # Downward-API fields the agent needs: which pod it is (to find its cards in the kubelet
@@ -124,7 +121,7 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
 def _secret_keys(spec: WorkerJobSpec) -> list[str]:
     """What the worker's Secret gives it: its token, and without the tunnel its TLS pair (a
     tunnelled worker serves on a unix socket inside the tunnel)."""
-    return [TOKEN_KEY] if spec.tunnel else [TOKEN_KEY, TLS_CERT_KEY, TLS_KEY_KEY]
+    return [TOKEN_FILE] if spec.tunnel else [TOKEN_FILE, TLS_CERT_FILE, TLS_KEY_FILE]
 
 
 def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -237,8 +234,8 @@ def worker_token_secret(
         "kind": "Secret",
         "type": "Opaque",
         "metadata": metadata,
-        "stringData": {TOKEN_KEY: token}
-        | ({TLS_CERT_KEY: tls[0], TLS_KEY_KEY: tls[1]} if tls else {}),
+        "stringData": {TOKEN_FILE: token}
+        | ({TLS_CERT_FILE: tls[0], TLS_KEY_FILE: tls[1]} if tls else {}),
     }
 
 

@@ -1,6 +1,8 @@
 """Images for tasks, built here without Docker Hub or a daemon: an OCI layout made with umoci,
 pushed to a loopback registry with skopeo.
 
+Push one with `sandbox.registries.push_layout(layout, "127.0.0.1:port/repo:tag", tag)`.
+
 `busybox`: Debian's static busybox as `/bin/busybox` with its applets linked (`sh`, `cat`,
 `ps`, `ls`, ...), an `Env` and `Cmd` of its own, a working directory and a user, so what a
 runtime must honour of an image's config is all there. It builds in about a second.
@@ -8,7 +10,6 @@ runtime must honour of an image's config is all there. It builds in about a seco
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -69,23 +70,3 @@ def build_busybox(layout: Path, tag: str = "busybox", marker: str = "") -> Path:
         "--config.user=task",
     )
     return layout
-
-
-def push(layout: Path, tag: str, destination: str) -> str:
-    """Copies `layout:tag` to `destination` (`127.0.0.1:port/repo:tag`, plain HTTP); returns
-    the manifest digest the registry serves."""
-    host = destination.split("/", 1)[0]
-    if not host.startswith(("127.", "localhost")):
-        raise TaskImageError(f"{destination}: only loopback registries are pushed to here")
-    _run(
-        "skopeo",
-        "--insecure-policy",
-        "copy",
-        "--quiet",
-        "--dest-tls-verify=false",
-        f"oci:{layout}:{tag}",
-        f"docker://{destination}",
-    )
-    info = json.loads(_run("skopeo", "inspect", "--tls-verify=false", f"docker://{destination}"))
-    digest: str = info["Digest"]
-    return digest

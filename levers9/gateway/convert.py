@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
-from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
 from levers9.models import TaskInput, WorkerHeartbeat, WorkerRegistration
 from levers9.proto import gateway_pb2, worker_pb2
 
@@ -147,7 +147,7 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
     _check_size("status.reason", status.reason, MAX_REASON_BYTES)
     _check_size("status.log_tail", status.log_tail, MAX_LOG_TAIL_BYTES)
     _check_size("status.host", status.host, MAX_LABEL_CHARS)
-    if status.image_digest and not re.fullmatch(r"sha256:[a-f0-9]{64}", status.image_digest):
+    if status.image_digest and not DIGEST.fullmatch(status.image_digest):
         raise InvalidRequest("status.image_digest", f"{shown(status.image_digest)} is not a digest")
     if len(status.phases) > MAX_PHASES:
         raise InvalidRequest("status.phases", f"{len(status.phases)} phases, at most {MAX_PHASES}")

@@ -23,7 +23,7 @@ import grpc
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
 from levers9.worker.devices import DeviceError, resolve_visible_devices
-from levers9.worker.driver import DriverSetup, register_driver_libraries
+from levers9.worker.driver import register_driver_libraries
 from levers9.worker.gateway import GatewayClient, Registration
 from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
@@ -85,7 +85,7 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(driver, work_dir))
+            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir))
             tasks = TaskManager(runtime, visible, work_dir, gateway.report)
             tunnel: TunnelClient | None = None
             if settings.tunnel:
@@ -153,7 +153,7 @@ class Agent:
             holding.cancel()
             await asyncio.gather(holding, return_exceptions=True)
 
-    def _images(self, driver: DriverSetup, work_dir: Path) -> tuple[RuncRuntime | None, str]:
+    def _images(self, work_dir: Path) -> tuple[RuncRuntime | None, str]:
         """The runc runtime over the node's image cache, or None and why there is none."""
         settings = self._settings
         if not settings.images_path:
@@ -175,7 +175,6 @@ class Agent:
         )
         runtime = RuncRuntime(
             cache,
-            driver,
             work_dir / "runc",
             dev_root=self._paths.map("/dev"),
             driver_root=self._paths.map(DRIVER_ROOT),

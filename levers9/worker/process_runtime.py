@@ -25,14 +25,14 @@ from levers9.worker.runtime import (
     Container,
     ContainerSpec,
     StartError,
+    drain,
     prepend_path,
+    pump_output,
     visible_devices,
 )
 
 HOST = "process"
 INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL")
-_CHUNK = 64 * 1024
-_DRAIN_S = 2.0  # how long output may keep flowing once the group is gone
 
 
 class ProcessContainer:
@@ -57,10 +57,7 @@ class ProcessContainer:
     async def wait(self) -> int:
         code = await self._process.wait()
         _kill_group(self._process.pid, signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._pump), _DRAIN_S)
-        if not self._pump.done():
-            self._pump.cancel()
+        await drain(self._pump)
         return 128 - code if code < 0 else code
 
     async def stop(self, grace_s: float) -> int:
@@ -123,7 +120,7 @@ class ProcessRuntime:
         except OSError as error:
             raise StartError(str(error)) from None
         assert process.stdout is not None
-        pump = asyncio.create_task(_pump(process.stdout, output))
+        pump = pump_output(process.stdout, output)
         return ProcessContainer(process, pump, env, spec.work_dir)
 
     async def exec(
@@ -150,8 +147,3 @@ class ProcessRuntime:
 def _kill_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-async def _pump(stream: asyncio.StreamReader, output: Callable[[bytes], None]) -> None:
-    while chunk := await stream.read(_CHUNK):
-        output(chunk)

@@ -7,8 +7,8 @@ made from the image by `umoci raw runtime-config` (which honours the image's Ent
 Env, WorkingDir and User as Docker does, resolving a user name in the image's /etc/passwd),
 then narrowed here:
 
-- its own PID, mount, IPC and UTS namespaces; the host's network unless the pool runs on the
-  pod network (tunnel mode), where the container joins the worker's own network namespace;
+- its own PID, mount, IPC and UTS namespaces, and the agent's network namespace: the host's,
+  or the pod's when the pool runs on the pod network (tunnel mode);
 - runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits;
 - device nodes for its cards only: `/dev/nvidiaN` for each of its indices, plus
   `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the
@@ -41,7 +41,6 @@ from typing import Any
 
 from levers9.image_reference import ImageReferenceError
 from levers9.logs import get_logger
-from levers9.worker.driver import DriverSetup
 from levers9.worker.images import (
     ImageCache,
     ImageConfig,
@@ -53,13 +52,14 @@ from levers9.worker.runtime import (
     ContainerSpec,
     ImageUnavailable,
     StartError,
+    drain,
+    pump_output,
     visible_devices,
 )
 
 log = get_logger("levers9.worker")
 
 HOST = "runc"
-NVIDIA_MAJOR = 195
 CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 DRIVER_ROOT = "/usr/local/nvidia"
 TASK_MOUNT = "/levers9"
@@ -69,8 +69,6 @@ RUNNING_WITHIN_S = 30.0
 NOFILE = 1_048_576
 SHM_DEFAULT_BYTES = 8 * 1024**3
 """/dev/shm's cap without a memory limit (tmpfs: nothing is reserved)."""
-_CHUNK = 64 * 1024
-_DRAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,6 @@ def container_config(
     *,
     driver_dirs: Sequence[Path] = (),
     limits: Limits = Limits(),
-    network_namespace: str | None = None,
     resolv_conf: Path | None = Path("/etc/resolv.conf"),
 ) -> dict[str, Any]:
     """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure)."""
@@ -169,7 +166,7 @@ def container_config(
     mounts.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
     for directory in driver_dirs:
         mounts.append(_bind(str(directory), DRIVER_ROOT, read_only=True))
-    if network_namespace is None and resolv_conf is not None and resolv_conf.exists():
+    if resolv_conf is not None and resolv_conf.exists():
         mounts.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
     config["mounts"] = mounts
 
@@ -179,8 +176,6 @@ def container_config(
     for kind in ("pid", "ipc", "uts", "mount"):
         if not any(n.get("type") == kind for n in namespaces):
             namespaces.append({"type": kind})
-    if network_namespace is not None:
-        namespaces.append({"type": "network", "path": network_namespace})
     linux["namespaces"] = namespaces
     linux["devices"] = [
         {
@@ -250,7 +245,6 @@ class RuncContainer:
         runtime: RuncRuntime,
         task_id: str,
         container_id: str,
-        bundle: Path,
         process: asyncio.subprocess.Process,
         pump: asyncio.Task[None],
         image: PulledImage,
@@ -261,7 +255,6 @@ class RuncContainer:
         self.image = image
         self.oom_killed = False
         self._runtime = runtime
-        self._bundle = bundle
         self._process = process
         self._pump = pump
         self._release = release
@@ -271,12 +264,9 @@ class RuncContainer:
         if self._code is not None:
             return self._code
         code = await self._process.wait()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._pump), _DRAIN_S)
-        if not self._pump.done():
-            self._pump.cancel()
+        await drain(self._pump)
         self.oom_killed = oom_killed(self.task_id)
-        await self._runtime._remove(self.id, self._bundle)
+        await self._runtime._remove(self.id)
         self._release.close()
         self._code = 128 - code if code < 0 else code
         return self._code
@@ -297,27 +287,25 @@ class RuncRuntime:
     def __init__(
         self,
         images: ImageCache,
-        driver: DriverSetup | None,
         state_dir: Path,
         *,
-        default_image: str = "",
         dev_root: Path = Path("/dev"),
         driver_root: Path = Path(DRIVER_ROOT),
         limits: Limits = Limits(),
-        network_namespace: str | None = None,
         runc: str = "runc",
         umoci: str = "umoci",
     ) -> None:
         self._images = images
-        self._driver = driver
         self._state = state_dir
-        self._default_image = default_image
         self._dev_root = dev_root
         self._driver_root = driver_root
         self._limits = limits
-        self._network = network_namespace
         self._runc, self._umoci = runc, umoci
         state_dir.mkdir(parents=True, exist_ok=True)
+
+    def _runc_argv(self, *args: str) -> list[str]:
+        """`runc --root <this worker's state> ARGS`."""
+        return [self._runc, "--root", str(self._state), *args]
 
     @property
     def host(self) -> str:
@@ -327,11 +315,10 @@ class RuncRuntime:
         return HOST
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
-        reference = spec.image or self._default_image
-        if not reference:
-            raise StartError("the task names no image and the pool has no default image")
+        if not spec.image:
+            raise StartError("the task names no image")
         try:
-            image = await self._images.pull(reference)
+            image = await self._images.pull(spec.image)
         except (ImagePullError, ImageReferenceError) as error:
             raise ImageUnavailable(str(error)) from None
         release = contextlib.ExitStack()
@@ -372,27 +359,20 @@ class RuncRuntime:
             devices,
             driver_dirs=driver_dirs,
             limits=limits,
-            network_namespace=self._network,
         )
         await self._overlay(image.rootfs, bundle)
         release.callback(_unmount, bundle / "rootfs")
         (bundle / "config.json").write_text(json.dumps(config))
         process = await asyncio.create_subprocess_exec(
-            self._runc,
-            "--root",
-            str(self._state),
-            "run",
-            "--keep",  # its cgroup stays until _remove: an OOM kill is read there first
-            "--bundle",
-            str(bundle),
-            container_id,
+            # --keep: its cgroup stays until _remove, an OOM kill is read there first.
+            *self._runc_argv("run", "--keep", "--bundle", str(bundle), container_id),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
         assert process.stdout is not None
-        pump = asyncio.create_task(_pump(process.stdout, output))
+        pump = pump_output(process.stdout, output)
         await self._running(container_id, process)
         log.info(
             "container started",
@@ -402,9 +382,7 @@ class RuncRuntime:
             cached=image.cached,
             cards=list(spec.gpu_indices),
         )
-        return RuncContainer(
-            self, spec.task_id, container_id, bundle, process, pump, image, release
-        )
+        return RuncContainer(self, spec.task_id, container_id, process, pump, image, release)
 
     async def _running(self, container_id: str, process: asyncio.subprocess.Process) -> None:
         """Returns once runc has created the container (so `exec` finds it) or the container
@@ -412,11 +390,7 @@ class RuncRuntime:
         deadline = asyncio.get_running_loop().time() + RUNNING_WITHIN_S
         while process.returncode is None:
             state = await asyncio.create_subprocess_exec(
-                self._runc,
-                "--root",
-                str(self._state),
-                "state",
-                container_id,
+                *self._runc_argv("state", container_id),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
             )
@@ -463,11 +437,11 @@ class RuncRuntime:
 
     async def _signal(self, container_id: str, sig: signal.Signals) -> None:
         with contextlib.suppress(StartError):
-            await _run(self._runc, "--root", str(self._state), "kill", container_id, sig.name)
+            await _run(*self._runc_argv("kill", container_id, sig.name))
 
-    async def _remove(self, container_id: str, bundle: Path) -> None:
+    async def _remove(self, container_id: str) -> None:
         with contextlib.suppress(StartError):
-            await _run(self._runc, "--root", str(self._state), "delete", "--force", container_id)
+            await _run(*self._runc_argv("delete", "--force", container_id))
 
     async def exec(
         self, container: Container, command: Sequence[str]
@@ -477,12 +451,7 @@ class RuncRuntime:
         if not command:
             raise StartError("exec needs a command")
         return await asyncio.create_subprocess_exec(
-            self._runc,
-            "--root",
-            str(self._state),
-            "exec",
-            container.id,
-            *command,
+            *self._runc_argv("exec", container.id, *command),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -506,8 +475,3 @@ async def _run(*argv: str) -> None:
 def _unmount(root: Path) -> None:
     """The task's overlay, once its container is gone (lazily: nothing may hold it by then)."""
     subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False, timeout=30)
-
-
-async def _pump(stream: asyncio.StreamReader, output: Callable[[bytes], None]) -> None:
-    while chunk := await stream.read(_CHUNK):
-        output(chunk)

@@ -9,6 +9,7 @@ image's filesystem.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,31 @@ class Runtime(Protocol):
         """Runs `command` in the running container's context, with stdin, stdout and stderr
         piped. Raises StartError."""
         ...
+
+
+OUTPUT_CHUNK = 64 * 1024
+DRAIN_S = 2.0
+"""How long a container's output may keep flowing once its process is gone."""
+
+
+def pump_output(
+    stream: asyncio.StreamReader, output: Callable[[bytes], None]
+) -> asyncio.Task[None]:
+    """A task relaying `stream` (a container's stdout and stderr) to `output` until EOF."""
+
+    async def pump() -> None:
+        while chunk := await stream.read(OUTPUT_CHUNK):
+            output(chunk)
+
+    return asyncio.create_task(pump())
+
+
+async def drain(pump: asyncio.Task[None]) -> None:
+    """Lets the relay finish what is still in the pipe, at most DRAIN_S, then stops it."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(pump), DRAIN_S)
+    if not pump.done():
+        pump.cancel()
 
 
 def visible_devices(indices: Sequence[int]) -> str:

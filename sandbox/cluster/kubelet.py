@@ -21,6 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from levers9.contract import NVIDIA_MAJOR, NVIDIACTL_MINOR
 from levers9.logs import get_logger
 from sandbox import errors
 from sandbox.cluster.controller import watch_forever
@@ -59,8 +60,6 @@ if TYPE_CHECKING:
     from sandbox.registry import Registry
 
 DRIVER_DIRS = ("usr/local/nvidia/lib64", "usr/local/nvidia/bin")
-NVIDIA_MAJOR = 195
-"""The character major of NVIDIA's cards (`/dev/nvidiaN` is 195:N, `/dev/nvidiactl` 195:255)."""
 
 
 def make_device_nodes(dev: Path, cards: int) -> None:
@@ -68,7 +67,7 @@ def make_device_nodes(dev: Path, cards: int) -> None:
     character devices (no driver answers them here), so what a container is given of them is
     tested for real. Needs CAP_MKNOD (root); without it the node has none, and says so."""
     dev.mkdir(parents=True, exist_ok=True)
-    nodes = [(f"nvidia{i}", i) for i in range(cards)] + [("nvidiactl", 255)]
+    nodes = [(f"nvidia{i}", i) for i in range(cards)] + [("nvidiactl", NVIDIACTL_MINOR)]
     for name, minor in nodes:
         path = dev / name
         if path.exists():

@@ -43,7 +43,7 @@ async def cp(
         layout = directory / "layout"
         await asyncio.to_thread(task_images.build_busybox, layout, "bb", "from the registry")
         await asyncio.to_thread(
-            task_images.push, layout, "bb", f"{gar.address}/demo/tasks/busybox:bb"
+            registries.push_layout, layout, f"{gar.address}/demo/tasks/busybox:bb", "bb"
         )
         settings = {
             "registryMirrors": f"{GAR_HOST}={gar.address}",

@@ -17,8 +17,8 @@ import pytest
 
 from levers9.image_reference import ImageReference, ImageReferenceError
 from levers9.worker.images import ImageCache, ImagePullError
-from sandbox.registries import LocalRegistry
-from sandbox.task_images import build_busybox, push
+from sandbox.registries import LocalRegistry, push_layout
+from sandbox.task_images import build_busybox
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def images(registry: LocalRegistry, tmp_path_factory: pytest.TempPathFactory) ->
     pushed = {}
     for name in ("one", "two"):
         build_busybox(layout, name, marker=name)
-        pushed[name] = push(layout, name, f"{registry.address}/tasks/busybox:{name}")
+        pushed[name] = push_layout(layout, f"{registry.address}/tasks/busybox:{name}", name)
     return pushed
 
 

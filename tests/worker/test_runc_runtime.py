@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from levers9.worker.images import ImageCache
-from levers9.worker.runc_runtime import NVIDIA_MAJOR, Limits, RuncContainer, RuncRuntime
+from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime
 from levers9.worker.runtime import ContainerSpec, StartError
-from sandbox.registries import LocalRegistry
-from sandbox.task_images import build_busybox, push
+from sandbox.cluster.kubelet import make_device_nodes
+from sandbox.registries import LocalRegistry, push_layout
+from sandbox.task_images import build_busybox
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,7 +33,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegis
     with LocalRegistry(tmp_path_factory.mktemp("registry")) as registry:
         layout = tmp_path_factory.mktemp("build") / "layout"
         build_busybox(layout, "bb", marker="runc")
-        push(layout, "bb", f"{registry.address}/tasks/busybox:bb")
+        push_layout(layout, f"{registry.address}/tasks/busybox:bb", "bb")
         yield registry, f"{registry.address}/tasks/busybox:bb"
 
 
@@ -40,10 +41,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegis
 def devices(tmp_path: Path) -> Path:
     """A node's /dev as the NVIDIA driver makes it: four cards and the control device."""
     dev = tmp_path / "dev"
-    dev.mkdir()
-    for index in range(4):
-        os.mknod(dev / f"nvidia{index}", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, index))
-    os.mknod(dev / "nvidiactl", 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, 255))
+    make_device_nodes(dev, 4)
     return dev
 
 
@@ -53,7 +51,6 @@ def runtime(image: tuple[LocalRegistry, str], tmp_path: Path, devices: Path) -> 
     cache = ImageCache(tmp_path / "images", insecure=[registry.address])
     return RuncRuntime(
         cache,
-        None,
         tmp_path / "runc",
         dev_root=devices,
         driver_root=tmp_path / "no-driver",
