@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import grpc
@@ -68,17 +69,27 @@ def _translate(exc: aio.AioRpcError, address: str) -> Exception:
     return GatewayRefused(exc.code(), details)
 
 
-async def _unary(
+@asynccontextmanager
+async def _tasks(
     settings: ControlplaneSettings,
-    call: Callable[[gateway_pb2_grpc.TasksAsyncStub, tuple[tuple[str, str]]], Awaitable[T]],
-) -> T:
+) -> AsyncIterator[tuple[gateway_pb2_grpc.TasksAsyncStub, tuple[tuple[str, str]]]]:
+    """The gateway's Tasks stub and the operator token's metadata; a failed call inside is
+    GatewayUnavailable or GatewayRefused."""
     metadata = _metadata(settings)
     address = settings.cli_gateway_address()
     try:
         async with gateway_channel(address, _credentials(settings)) as channel:
-            return await call(gateway_pb2_grpc.TasksStub(channel), metadata)
+            yield gateway_pb2_grpc.TasksStub(channel), metadata
     except aio.AioRpcError as exc:
         raise _translate(exc, address) from None
+
+
+async def _unary(
+    settings: ControlplaneSettings,
+    call: Callable[[gateway_pb2_grpc.TasksAsyncStub, tuple[tuple[str, str]]], Awaitable[T]],
+) -> T:
+    async with _tasks(settings) as (stub, metadata):
+        return await call(stub, metadata)
 
 
 async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
@@ -142,8 +153,6 @@ async def exec_in_task(
 ) -> int:
     """Runs `command` in the task's container through the gateway; its output to `stdout` and
     `stderr` as it comes, `stdin` (None: none) to it; returns its exit code."""
-    metadata = _metadata(settings)
-    address = settings.cli_gateway_address()
 
     async def requests() -> AsyncIterator[worker_pb2.ExecRequest]:
         yield worker_pb2.ExecRequest(start=worker_pb2.ExecStart(task_id=task_id, command=command))
@@ -152,19 +161,15 @@ async def exec_in_task(
                 yield worker_pb2.ExecRequest(stdin=chunk)
 
     code = 0
-    try:
-        async with gateway_channel(address, _credentials(settings)) as channel:
-            stub = gateway_pb2_grpc.TasksStub(channel)
-            async for response in stub.ExecTask(requests(), metadata=metadata):
-                kind = response.WhichOneof("message")
-                if kind == "stdout":
-                    stdout(response.stdout)
-                elif kind == "stderr":
-                    stderr(response.stderr)
-                elif kind == "exit_code":
-                    code = response.exit_code
-    except aio.AioRpcError as exc:
-        raise _translate(exc, address) from None
+    async with _tasks(settings) as (stub, metadata):
+        async for response in stub.ExecTask(requests(), metadata=metadata):
+            kind = response.WhichOneof("message")
+            if kind == "stdout":
+                stdout(response.stdout)
+            elif kind == "stderr":
+                stderr(response.stderr)
+            elif kind == "exit_code":
+                code = response.exit_code
     return code
 
 
@@ -173,22 +178,16 @@ async def stream_task_logs(
 ) -> AsyncIterator[str]:
     """The task's output from `offset`, decoded as it arrives (UTF-8, a character split across
     chunks is kept for the next one); with `follow`, until the task's process exits."""
-    metadata = _metadata(settings)
-    address = settings.cli_gateway_address()
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     request = gateway_pb2.StreamTaskLogsRequest(task_id=task_id, follow=follow, offset=offset)
     try:
-        async with gateway_channel(address, _credentials(settings)) as channel:
-            stub = gateway_pb2_grpc.TasksStub(channel)
+        async with _tasks(settings) as (stub, metadata):
             async for chunk in stub.StreamTaskLogs(request, metadata=metadata):
                 text = decoder.decode(chunk.data)
                 if text:
                     yield text
-    except aio.AioRpcError as exc:
-        translated = _translate(exc, address)
-        if isinstance(translated, GatewayRefused):
-            raise GatewayUnavailable(str(translated)) from None
-        raise translated from None
+    except GatewayRefused as exc:  # no stream to be had: the caller shows the record's tail
+        raise GatewayUnavailable(str(exc)) from None
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail

@@ -14,11 +14,12 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import IO, TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
 
+from levers9.cli import gateway_api
 from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, stream_task_logs
 from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
@@ -68,19 +69,13 @@ class GatewayTasks:
         self._settings = settings
 
     async def submit(self, task: TaskInput) -> None:
-        from levers9.cli.gateway_api import submit_task
-
-        await submit_task(self._settings, task)
+        await gateway_api.submit_task(self._settings, task)
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        from levers9.cli.gateway_api import task_record
-
-        return await task_record(self._settings, task_id, wait_s)
+        return await gateway_api.task_record(self._settings, task_id, wait_s)
 
     async def cancel(self, task_id: str, reason: str) -> bool:
-        from levers9.cli.gateway_api import cancel_task
-
-        return await cancel_task(self._settings, task_id, reason)
+        return await gateway_api.cancel_task(self._settings, task_id, reason)
 
 
 class TemporalTasks:
@@ -124,34 +119,23 @@ class Fallback:
         self._gateway: Tasks | None = GatewayTasks(settings)
         self._temporal = TemporalTasks(settings)
 
-    def _fell_back(self, exc: GatewayUnavailable) -> Tasks:
-        errors.print(f"asking Temporal directly: {exc}", highlight=False)
-        self._gateway = None
-        return self._temporal
+    async def _ask(self, call: Callable[[Tasks], Awaitable[T]]) -> T:
+        if self._gateway is not None:
+            try:
+                return await call(self._gateway)
+            except GatewayUnavailable as exc:
+                errors.print(f"asking Temporal directly: {exc}", highlight=False)
+                self._gateway = None
+        return await call(self._temporal)
 
     async def submit(self, task: TaskInput) -> None:
-        if self._gateway is not None:
-            try:
-                return await self._gateway.submit(task)
-            except GatewayUnavailable as exc:
-                self._fell_back(exc)
-        await self._temporal.submit(task)
+        await self._ask(lambda tasks: tasks.submit(task))
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        if self._gateway is not None:
-            try:
-                return await self._gateway.record(task_id, wait_s)
-            except GatewayUnavailable as exc:
-                self._fell_back(exc)
-        return await self._temporal.record(task_id, wait_s)
+        return await self._ask(lambda tasks: tasks.record(task_id, wait_s))
 
     async def cancel(self, task_id: str, reason: str) -> bool:
-        if self._gateway is not None:
-            try:
-                return await self._gateway.cancel(task_id, reason)
-            except GatewayUnavailable as exc:
-                self._fell_back(exc)
-        return await self._temporal.cancel(task_id, reason)
+        return await self._ask(lambda tasks: tasks.cancel(task_id, reason))
 
 
 def _answered(call: Coroutine[Any, Any, T]) -> T:
@@ -464,12 +448,10 @@ def exec_(
     ] = False,
 ) -> None:
     """Run CMD in a running task's container: its output, then its exit code as ours."""
-    from levers9.cli.gateway_api import exec_in_task
-
     settings = settings_from_env()
     try:
         code = _answered(
-            exec_in_task(
+            gateway_api.exec_in_task(
                 settings,
                 task_id,
                 list(command),

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 import grpc
@@ -52,8 +53,8 @@ Context = grpc.aio.ServicerContext[gateway_pb2.StreamTaskLogsRequest, worker_pb2
 
 
 MAX_WAIT_S = 60.0
-MAX_REASON_CHARS = 1024
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
+MAX_REASON_CHARS = 1024
 
 
 class TaskRecords(Protocol):
@@ -107,6 +108,26 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 " `levers9 dev up` wrote (LEVERS9_API_TOKEN_FILE), or LEVERS9_API_TOKEN",
             )
 
+    @staticmethod
+    async def _task_id(context: grpc.aio.ServicerContext[Any, Any], task_id: str) -> None:
+        try:
+            check_task_id(task_id)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+
+    @asynccontextmanager
+    async def _worker(
+        self, record: TaskRecord
+    ) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceAsyncStub, tuple[tuple[str, str]]]]:
+        """The task's worker's WorkerService (over its TLS when it serves it) and that worker's
+        own token as metadata."""
+        assert record.worker_id is not None
+        assert record.address is not None
+        secret = self._secret.get_secret_value()
+        metadata = bearer.metadata(worker_token(secret, record.worker_id))
+        async with worker_channel(record.address, record.worker_id, record.tls, secret) as channel:
+            yield worker_pb2_grpc.WorkerServiceStub(channel), metadata
+
     async def SubmitTask(
         self,
         request: gateway_pb2.SubmitTaskRequest,
@@ -126,10 +147,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.GetTaskRecordResponse:
         await self._authorize(context)
-        try:
-            check_task_id(request.task_id)
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._task_id(context, request.task_id)
         wait = request.wait_seconds
         if not math.isfinite(wait) or wait < 0:
             await context.abort(
@@ -149,10 +167,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.CancelTaskRecordResponse:
         await self._authorize(context)
-        try:
-            check_task_id(request.task_id)
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._task_id(context, request.task_id)
         if len(request.reason) > MAX_REASON_CHARS:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"reason: at most {MAX_REASON_CHARS} characters"
@@ -176,10 +191,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
             return
         start = first.start
-        try:
-            check_task_id(start.task_id)
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        await self._task_id(context, start.task_id)
         if not start.command:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command: missing")
         record = await self._records.get(start.task_id)
@@ -190,8 +202,6 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"task {start.task_id} is {record.state}, not running: exec needs its container",
             )
-        secret = self._secret.get_secret_value()
-        metadata = bearer.metadata(worker_token(secret, record.worker_id))
 
         async def upstream() -> AsyncIterator[worker_pb2.ExecRequest]:
             yield first
@@ -199,10 +209,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 yield request
 
         try:
-            async with worker_channel(
-                record.address, record.worker_id, record.tls, secret
-            ) as channel:
-                stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            async with self._worker(record) as (stub, metadata):
                 async for response in stub.Exec(upstream(), metadata=metadata):
                     yield response
         except aio.AioRpcError as exc:
@@ -222,18 +229,12 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         record = await self._placed(request.task_id, request.follow, context)
         if record is None or record.worker_id is None or record.address is None:
             return  # ended without ever running: there is no output to relay
-        secret = self._secret.get_secret_value()
-        token = worker_token(secret, record.worker_id)
         upstream = worker_pb2.StreamLogsRequest(
             task_id=request.task_id, follow=request.follow, offset=request.offset
         )
         try:
-            async with worker_channel(
-                record.address, record.worker_id, record.tls, secret
-            ) as channel:
-                stub = worker_pb2_grpc.WorkerServiceStub(channel)
-                call = stub.StreamLogs(upstream, metadata=bearer.metadata(token))
-                async for chunk in call:
+            async with self._worker(record) as (stub, metadata):
+                async for chunk in stub.StreamLogs(upstream, metadata=metadata):
                     yield chunk
         except aio.AioRpcError as exc:
             code = exc.code()
