@@ -33,9 +33,8 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +88,6 @@ class PulledImage:
     """Bytes of blobs this pull added to the layout (0 when cached)."""
 
 
-@dataclass
-class _Registries:
-    mirrors: Mapping[str, str] = field(default_factory=dict)
-    insecure: frozenset[str] = frozenset()
-    auth_file: Path | None = None
-
-
 class ImageCache:
     """One node's cache (see the module's docstring); safe to share between tasks and between
     agents on the node (the lock)."""
@@ -113,7 +105,9 @@ class ImageCache:
     ) -> None:
         self.root = root
         self.max_bytes = max_bytes
-        self._registries = _Registries(dict(mirrors or {}), frozenset(insecure), auth_file)
+        self._mirrors = dict(mirrors or {})
+        self._insecure = frozenset(insecure)
+        self._auth_file = auth_file
         self._skopeo, self._umoci = skopeo, umoci
         self._inflight: dict[str, asyncio.Future[PulledImage]] = {}
         self._pinned: dict[str, int] = {}
@@ -189,18 +183,18 @@ class ImageCache:
         )
 
     def _source(self, parsed: ImageReference, text: str) -> str:
-        mirror = self._registries.mirrors.get(parsed.host)
+        mirror = self._mirrors.get(parsed.host)
         if mirror:
             text = mirror + text[len(parsed.host) :]
         return f"docker://{text}"
 
     def _flags(self, host: str, tls_flag: str) -> list[str]:
-        served = self._registries.mirrors.get(host, host)
+        served = self._mirrors.get(host, host)
         flags = []
-        if served in self._registries.insecure:
+        if served in self._insecure:
             flags.append(f"--{tls_flag}=false")
-        if self._registries.auth_file is not None:
-            flags.append(f"--authfile={self._registries.auth_file}")
+        if self._auth_file is not None:
+            flags.append(f"--authfile={self._auth_file}")
         return flags
 
     async def _run_skopeo(self, reference: str, *args: str) -> bytes:
@@ -292,10 +286,7 @@ class ImageCache:
         return 0.0
 
     def _touch(self, hex_: str) -> None:
-        marker = self.root / "rootfs" / f"{hex_}.used"
-        marker.touch()
-        now = time.time()
-        os.utime(marker, (now, now))
+        (self.root / "rootfs" / f"{hex_}.used").touch()  # its mtime is the last use
 
     # -- in use, and eviction -----------------------------------------------------------------
 
@@ -313,20 +304,24 @@ class ImageCache:
     def _evict(self, keep: str) -> None:
         """Least recently used images out until the cache fits its cap (never `keep`, never one
         in use); then the layout's blobs no image names any more."""
+        total = self.size()  # walked once; each eviction subtracts what it freed
         evicted = []
         for digest in self.cached():
-            if self.size() <= self.max_bytes:
+            if total <= self.max_bytes:
                 break
             hex_ = digest.removeprefix("sha256:")
             if hex_ == keep or digest in self._pinned:
                 continue
-            shutil.rmtree(self.root / "rootfs" / hex_, ignore_errors=True)
+            rootfs = self.root / "rootfs" / hex_
+            freed = _tree_bytes(rootfs)
+            shutil.rmtree(rootfs, ignore_errors=True)
             (self.root / "rootfs" / f"{hex_}.used").unlink(missing_ok=True)
             self._untag(f"sha256-{hex_}")
+            # Its blobs go now, not after the loop: until then they still count.
+            total -= freed + self._gc()
             evicted.append(digest)
         if evicted:
-            self._gc()
-            log.info("images evicted", digests=evicted, bytes=self.size(), cap=self.max_bytes)
+            log.info("images evicted", digests=evicted, bytes=total, cap=self.max_bytes)
 
     def _untag(self, tag: str) -> None:
         index = self.layout / "index.json"
@@ -340,8 +335,8 @@ class ImageCache:
         tmp.write_text(json.dumps(document))
         tmp.replace(index)
 
-    def _gc(self) -> None:
-        """Blobs no manifest of the index reaches."""
+    def _gc(self) -> int:
+        """Removes the blobs no manifest of the index reaches; returns their bytes."""
         reachable = set()
         for entry in self._index():
             manifest_digest = entry["digest"]
@@ -349,10 +344,12 @@ class ImageCache:
             manifest = self._blob(manifest_digest)
             reachable.add(manifest["config"]["digest"])
             reachable.update(layer["digest"] for layer in manifest.get("layers") or [])
-        blobs = self.layout / "blobs" / "sha256"
-        for blob in blobs.iterdir():
+        freed = 0
+        for blob in (self.layout / "blobs" / "sha256").iterdir():
             if f"sha256:{blob.name}" not in reachable:
+                freed += blob.lstat().st_size
                 blob.unlink()
+        return freed
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         """The cache's lock, taken (blocking, in a thread: another agent may hold it)."""
