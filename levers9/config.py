@@ -215,6 +215,54 @@ def _read_credentials_file(path: Path) -> str:
         ) from None
 
 
+class TaskDefaults(_Model):
+    """What a task gets when `levers9 run` does not say: its image, memory and CPU limits.
+
+    Without an `image` here, a task given no `--image` runs as a process of the worker (its
+    image's filesystem, not isolated from the agent), as before containers; set one."""
+
+    image: str | None = None
+    memory: str | None = None
+    """A Kubernetes quantity (`8Gi`); unset: no memory limit of its own."""
+    cpus: str | None = None
+    """A Kubernetes quantity (`4`, `500m`); unset: no CPU limit."""
+
+    @field_validator("image")
+    @classmethod
+    def _reference(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from levers9.image_reference import ImageReference, ImageReferenceError
+
+        try:
+            ImageReference.parse(value)
+        except ImageReferenceError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("memory", "cpus")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None:
+            from levers9.quantity import parse_quantity
+
+            if parse_quantity(value) <= 0:
+                raise ValueError(f"{value!r} is not more than 0")
+        return value
+
+    @property
+    def memory_bytes(self) -> int:
+        from levers9.quantity import whole
+
+        return whole(self.memory) if self.memory else 0
+
+    @property
+    def cpu_millis(self) -> int:
+        from levers9.quantity import millicores
+
+        return millicores(self.cpus) if self.cpus else 0
+
+
 class PoolConfig(_Model):
     """One block under `config.worker.pools` with `provider: kubernetes`."""
 
@@ -225,6 +273,7 @@ class PoolConfig(_Model):
     durable_disks_path: str = Field(default="/var/lib/levers9/disks", alias="durableDisksPath")
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
+    task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
     kubernetes: KubernetesConfig
 
     @field_validator("images_path", "durable_disks_path")

@@ -62,6 +62,10 @@ class WorkerJobSpec:
     registry_mirrors: str = ""
     """The controlplane's `registryMirrors`: where the worker pulls tasks' images from too."""
     insecure_registries: str = ""
+    default_image: str = ""
+    """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
+    default_memory_bytes: int = 0
+    default_cpu_millis: int = 0
 
     @property
     def job_name(self) -> str:
@@ -108,6 +112,12 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         plain.append(("LEVERS9_REGISTRY_MIRRORS", spec.registry_mirrors))
     if spec.insecure_registries:
         plain.append(("LEVERS9_INSECURE_REGISTRIES", spec.insecure_registries))
+    if spec.default_image:
+        plain.append(("LEVERS9_DEFAULT_IMAGE", spec.default_image))
+    if spec.default_memory_bytes:
+        plain.append(("LEVERS9_DEFAULT_MEMORY_BYTES", str(spec.default_memory_bytes)))
+    if spec.default_cpu_millis:
+        plain.append(("LEVERS9_DEFAULT_CPU_MILLIS", str(spec.default_cpu_millis)))
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in plain]
     env += [
         {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}

@@ -50,7 +50,7 @@ from levers9.cli.runtime import state_home
 from levers9.config import ControlplaneSettings
 from levers9.files import write_private
 from levers9.tokens import operator_token
-from sandbox import aws, devvalues, registries, worker_image
+from sandbox import aws, devvalues, registries, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
@@ -74,6 +74,8 @@ FORGOTTEN_ON_RESTART = (
 )
 """The registry host the dev values' `workerImage` names; `gar` stands in for it."""
 GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
+TASK_IMAGE_REPOSITORY = f"{devvalues.PROJECT}/tasks/python"
+"""Where `up` keeps the Python task image in `gar`: the dev pool's `taskDefaults.image`."""
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 5.0
@@ -192,6 +194,9 @@ class DevStack:
         self.ecr_port = ecr_port
         self.gar_port = gar_port
         self.moto_port = moto_port
+        self.task_image: str | None = None
+        """The pool's default task image once `up` pushed it (None: tasks without `--image`
+        run as processes of the worker)."""
 
     @property
     def sandbox_dir(self) -> Path:
@@ -378,6 +383,7 @@ class DevStack:
             endpoint=admin.url,
             key_json=self.controlplane_key.read_text(),
             tunnel=self.tunnel,
+            task_image=self.task_image,
         )
 
     def _worker_argv(self) -> list[str]:
@@ -451,6 +457,7 @@ class DevStack:
             self._wait(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
             started.add("moto")
         self._push_worker_image(records["ecr"].address, progress)
+        self.task_image = self._push_task_image(records["gar"].address, progress)
         if "moto" in started:
             seeded = aws.seed(records["moto"].address)
             progress(
@@ -531,6 +538,19 @@ class DevStack:
         ):
             digest = worker_image.push(image, ecr)
             progress(f"pushed the worker image {source}@{digest}")
+
+    def _push_task_image(self, gar: str, progress: Progress) -> str | None:
+        """The Python image (sandbox/task_images.py) in `gar`, the project's registry, as the
+        pool's default task image; None, said once, where it cannot be built here."""
+        try:
+            layout, tag = task_images.python_image(progress)
+            digest = registries.push_layout(layout, f"{gar}/{TASK_IMAGE_REPOSITORY}:{tag}", tag)
+        except (task_images.TaskImageError, registries.RegistryError) as exc:
+            progress(f"no default task image, tasks without --image run as processes: {exc}")
+            return None
+        reference = f"{GAR_HOST}/{TASK_IMAGE_REPOSITORY}:{tag}"
+        progress(f"the pool's default task image is {reference}@{digest}")
+        return reference
 
     def _egress_from_aws(self, endpoint: str, progress: Progress) -> None:
         """The sandbox's egress IP becomes the first EKS node's public IP (the authorized

@@ -51,11 +51,22 @@ def private_block(key_json: str) -> dict[str, Any]:
 
 
 def write(
-    directory: Path, *, ca_base64: str, endpoint: str, key_json: str, tunnel: bool = False
+    directory: Path,
+    *,
+    ca_base64: str,
+    endpoint: str,
+    key_json: str,
+    tunnel: bool = False,
+    task_image: str | None = None,
 ) -> list[Path]:
-    """Writes the two values files for the sandbox at `endpoint` with its CA and key."""
+    """Writes the two values files for the sandbox at `endpoint` with its CA and key; with
+    `task_image`, the block gains `taskDefaults: {image: ...}` (the one line beyond the spec's
+    block: where a task that names no image runs)."""
     values = directory / "values.yaml"
-    pools = {POOL_NAME: pool_block(ca_base64, endpoint, tunnel=tunnel)}
+    block = pool_block(ca_base64, endpoint, tunnel=tunnel)
+    if task_image:
+        block["taskDefaults"] = {"image": task_image}
+    pools = {POOL_NAME: block}
     values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))
     private = directory / "private.json"
     write_private(private, json.dumps(private_block(key_json)))

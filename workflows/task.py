@@ -256,6 +256,7 @@ class TaskWorkflow:
             log_tail=report.log_tail,
             host=report.host,
             image_digest=report.image_digest,
+            image=report.image or self._record.image,
         )
 
     def _update(self, **changes: object) -> None:

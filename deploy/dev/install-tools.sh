@@ -7,6 +7,8 @@
 #   umoci            unpacks a cached image into a root filesystem; builds the tests' images
 #   runc             runs a task's container (the worker's runc runtime; its tests need root)
 #   busybox-static   the one static binary of the tests' smallest image
+#   mmdebstrap       builds the Python image (a Debian root filesystem) of the demo and the
+#                    benchmarks, once per machine (sandbox/task_images.py caches it)
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
@@ -17,6 +19,7 @@ command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 say() { echo "install-tools: $*" >&2; }

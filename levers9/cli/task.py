@@ -200,7 +200,10 @@ async def submit_and_follow(
     waits for its end, at most `wait_s`; None when it is still running then."""
     tasks = tasks_for(settings)
     await tasks.submit(task)
-    console.print(f"task {task.task_id} submitted to pool {task.pool_name}", highlight=False)
+    image = task.image or "the pool's default (taskDefaults.image)"
+    console.print(
+        f"task {task.task_id} submitted to pool {task.pool_name}, image {image}", highlight=False
+    )
     follower = _LogFollower(settings, task.task_id) if show_logs else None
     deadline = time.monotonic() + wait_s
     shown = 0
@@ -240,6 +243,10 @@ def print_result(record: TaskRecord) -> None:
     )
     if record.reason:
         console.print(f"reason: {record.reason}", highlight=False)
+    if record.image or record.host:
+        digest = f" digest={record.image_digest}" if record.image_digest else ""
+        image = record.image or "none (a process of the worker)"
+        console.print(f"image={image}{digest} host={record.host or '-'}", highlight=False)
     if record.result_json:
         console.print(record.result_json, highlight=False, soft_wrap=True)
 
@@ -354,9 +361,6 @@ def get(
         console.print_json(record.model_dump_json())
         return
     print_result(record)
-    if record.image:
-        digest = f" digest={record.image_digest}" if record.image_digest else ""
-        console.print(f"image={record.image}{digest} host={record.host}", highlight=False)
     for phase in record.phases:
         error = f" error={phase.error}" if phase.error else ""
         detail = f" {phase.detail}" if phase.detail else ""

@@ -78,10 +78,7 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     if not 0 <= request.cpu_millis <= MAX_CPU_MILLIS:
         raise InvalidRequest("cpu_millis", f"{request.cpu_millis} is not 0 to 4096 cores")
     if request.image:
-        try:
-            ImageReference.parse(request.image)
-        except ImageReferenceError as exc:
-            raise InvalidRequest("image", str(exc)) from None
+        _check_image("image", request.image)
     return TaskInput(
         task_id=request.task_id,
         pool_name=request.pool_name,
@@ -149,6 +146,8 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
     _check_size("status.host", status.host, MAX_LABEL_CHARS)
     if status.image_digest and not DIGEST.fullmatch(status.image_digest):
         raise InvalidRequest("status.image_digest", f"{shown(status.image_digest)} is not a digest")
+    if status.image:
+        _check_image("status.image", status.image)
     if len(status.phases) > MAX_PHASES:
         raise InvalidRequest("status.phases", f"{len(status.phases)} phases, at most {MAX_PHASES}")
     return TaskReport(
@@ -163,7 +162,15 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
         log_tail=status.log_tail,
         host=status.host,
         image_digest=status.image_digest,
+        image=status.image,
     )
+
+
+def _check_image(field: str, value: str) -> None:
+    try:
+        ImageReference.parse(value)
+    except ImageReferenceError as exc:
+        raise InvalidRequest(field, str(exc)) from None
 
 
 def check_address(field: str, value: str) -> None:

@@ -52,3 +52,5 @@ class TaskReport(BaseModel):
     """The runtime that ran it: `process`, `runc`."""
     image_digest: str = ""
     """The manifest digest the task's image resolved to (runc)."""
+    image: str = ""
+    """The image it ran in: its own, or the pool's default (empty from an older worker)."""

@@ -211,6 +211,7 @@ class TaskStatus(_message.Message):
     LOG_TAIL_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -223,6 +224,8 @@ class TaskStatus(_message.Message):
     """the runtime that ran it: "process", "runc" """
     image_digest: _builtins.str
     """the manifest digest its image resolved to (runc)"""
+    image: _builtins.str
+    """the image it ran in: its own, or the pool's default"""
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Phase]: ...
     def __init__(
@@ -237,10 +240,11 @@ class TaskStatus(_message.Message):
         log_tail: _builtins.str = ...,
         host: _builtins.str = ...,
         image_digest: _builtins.str = ...,
+        image: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

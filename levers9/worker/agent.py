@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -86,7 +87,9 @@ class Agent:
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
             runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir))
-            tasks = TaskManager(runtime, visible, work_dir, gateway.report)
+            tasks = TaskManager(
+                runtime, visible, work_dir, gateway.report, defaults=settings.task_defaults()
+            )
             tunnel: TunnelClient | None = None
             if settings.tunnel:
                 # A short private path: a unix socket's name has a 107-byte limit.
@@ -161,6 +164,11 @@ class Agent:
         for tool in ("runc", "umoci", "skopeo"):
             if shutil.which(tool) is None:
                 return None, f"{tool} is not installed in the worker image"
+        if os.geteuid() != 0:
+            return (
+                None,
+                f"runc needs root; the worker runs as uid {os.geteuid()} (its Job is privileged)",
+            )
         cache = ImageCache(
             self._paths.map(settings.images_path),
             max_bytes=settings.image_cache_bytes,

@@ -31,6 +31,15 @@ class ImageUnavailable(StartError):
 
 
 @dataclass(frozen=True)
+class TaskDefaults:
+    """The pool's `taskDefaults`, from the Job: what a task that names none of these gets."""
+
+    image: str = ""
+    memory_bytes: int = 0
+    cpu_millis: int = 0
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     """One task's container, as the runtime needs it."""
 

@@ -43,6 +43,7 @@ from levers9.contract import (
 from levers9.rpc import tls, worker_tls
 from levers9.worker.images import DEFAULT_MAX_BYTES
 from levers9.worker.paths import HostPaths
+from levers9.worker.runtime import TaskDefaults
 
 PREFIX = "LEVERS9_"
 
@@ -78,6 +79,13 @@ class WorkerSettings(BaseModel):
     image_cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=0)
     registry_mirrors: str = ""
     insecure_registries: str = ""
+    default_image: str = ""
+    """The pool's `taskDefaults.image`: where a task that names no image runs."""
+    default_memory_bytes: int = Field(default=0, ge=0)
+    default_cpu_millis: int = Field(default=0, ge=0)
+
+    def task_defaults(self) -> TaskDefaults:
+        return TaskDefaults(self.default_image, self.default_memory_bytes, self.default_cpu_millis)
 
     def mirrors(self) -> dict[str, str]:
         try:

@@ -31,9 +31,11 @@ from levers9.worker.runtime import (
     ImageUnavailable,
     Runtime,
     StartError,
+    TaskDefaults,
 )
 
 log = get_logger("levers9.worker.supervisor")
+NO_DEFAULTS = TaskDefaults()
 
 State: TypeAlias = worker_pb2.TaskState.ValueType
 RUNNING: State = worker_pb2.TASK_STATE_RUNNING
@@ -119,6 +121,7 @@ class TaskRecord:
             log_tail=self.output.tail(),
             host=self.host,
             image_digest=self.image_digest,
+            image=self.spec.image,
         )
 
 
@@ -134,8 +137,10 @@ class TaskManager:
         *,
         clock: Callable[[], float] = time.time,
         keep_finished: int = KEEP_FINISHED,
+        defaults: TaskDefaults = NO_DEFAULTS,
     ) -> None:
         self._runtime = runtime
+        self._defaults = defaults
         self._visible = tuple(visible)
         self._dir = work_dir / "tasks"
         self._report = report
@@ -224,7 +229,8 @@ class TaskManager:
 
     # -- a task's life -----------------------------------------------------------------------
 
-    def _accept(self, spec: worker_pb2.TaskSpec) -> TaskRecord:
+    def _accept(self, given: worker_pb2.TaskSpec) -> TaskRecord:
+        spec = self._with_defaults(given)
         directory = self._dir / _directory_name(spec.task_id)
         shutil.rmtree(directory, ignore_errors=True)  # a task id reused after eviction
         record = TaskRecord(
@@ -238,6 +244,15 @@ class TaskManager:
         self._idle_since = None
         log.info("task accepted", task_id=spec.task_id, gpu_indices=list(spec.gpu_indices))
         return record
+
+    def _with_defaults(self, given: worker_pb2.TaskSpec) -> worker_pb2.TaskSpec:
+        """The task as it runs: the pool's default image, memory and CPUs where it named none."""
+        spec = worker_pb2.TaskSpec()
+        spec.CopyFrom(given)
+        spec.image = spec.image or self._defaults.image
+        spec.memory_bytes = spec.memory_bytes or self._defaults.memory_bytes
+        spec.cpu_millis = spec.cpu_millis or self._defaults.cpu_millis
+        return spec
 
     def _assign(self, record: TaskRecord) -> tuple[str, str] | None:
         """Gives the task its cards; (reason, detail) when it cannot have them."""
