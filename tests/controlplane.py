@@ -204,8 +204,10 @@ async def controlplane(
     scenario: Scenario | None = None,
     settings: Mapping[str, object] | None = None,
     tunnel: bool = False,
+    pool_settings: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Controlplane]:
-    """The sandbox (default scenario) and the pool, clients and settings that reach it."""
+    """The sandbox (default scenario) and the pool, clients and settings that reach it;
+    `pool_settings` are added to the spec's pool block (e.g. `taskDefaults`)."""
     key_file = directory / "gke-sa.json"
     running = await start(
         scenario or quick_scenario(), directory / "sandbox", controlplane_key=key_file
@@ -215,6 +217,7 @@ async def controlplane(
         base64.b64encode(ca_pem).decode(), running.sandbox.url, tunnel=tunnel
     )
     block["kubernetes"]["credentials"] = key_file.read_text()
+    block.update(pool_settings or {})
     pool = parse_pool(POOL, block)
     gateway_port = free_port()
     values = ControlplaneSettings.model_validate(
@@ -243,6 +246,7 @@ async def reconciling(
     directory: Path,
     scenario: Scenario | None = None,
     tunnel: bool = False,
+    pool_settings: Mapping[str, object] | None = None,
     **settings: object,
 ) -> AsyncIterator[Controlplane]:
     """A controlplane on the sandbox with its Temporal worker, gateway and reconcile schedule
@@ -251,7 +255,13 @@ async def reconciling(
     task_queue = f"tq-{uuid.uuid4()}"
     async with (
         controlplane(
-            directory, address, task_queue, scenario=scenario, settings=settings, tunnel=tunnel
+            directory,
+            address,
+            task_queue,
+            scenario=scenario,
+            settings=settings,
+            tunnel=tunnel,
+            pool_settings=pool_settings,
         ) as plane,
         plane.worker(client),
     ):

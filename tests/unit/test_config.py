@@ -325,3 +325,29 @@ def test_marker_secret_not_in_validation_errors_or_logs(
     with caplog.at_level(logging.INFO):
         logging.getLogger("levers9.test").error("x", extra={logs.KV_EXTRA: {"e": errors}})
     assert MARKER not in caplog.text
+
+
+def test_task_defaults_parse_and_bad_ones_name_their_field() -> None:
+    block = spec_pool(credentials=key_json())
+    block["taskDefaults"] = {
+        "image": "us-docker.pkg.dev/p/r/torch:2.5",
+        "memory": "8Gi",
+        "cpus": "4",
+    }
+    defaults = parse_pool("gke-rtx6000", block).task_defaults
+    assert (defaults.image, defaults.memory_bytes, defaults.cpu_millis) == (
+        "us-docker.pkg.dev/p/r/torch:2.5",
+        8 * 2**30,
+        4000,
+    )
+    assert parse_pool("gke-rtx6000", spec_pool(credentials=key_json())).task_defaults.image is None
+    for bad, field in (
+        ({"image": "Not An Image"}, "taskDefaults.image"),
+        ({"memory": "lots"}, "taskDefaults.memory"),
+        ({"cpus": "0"}, "taskDefaults.cpus"),
+        ({"gpus": 2}, "taskDefaults.gpus"),
+    ):
+        block = spec_pool(credentials=key_json())
+        block["taskDefaults"] = bad
+        errors = _pool_errors(block)
+        assert any(e.startswith(f"{PREFIX}.{field}") for e in errors), errors

@@ -141,3 +141,24 @@ def test_token_only_in_the_secret() -> None:
         "worker-gke-rtx6000-a1b2c3d4",
         "uid-1",
     )
+
+
+def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> None:
+    from levers9.worker.runtime import TaskDefaults
+    from levers9.worker.settings import WorkerSettings
+
+    spec = dataclasses.replace(
+        SPEC,
+        default_image="us-docker.pkg.dev/p/r/torch:2.5",
+        default_memory_bytes=8 * 2**30,
+        default_cpu_millis=4000,
+    )
+    [container] = _pod_spec(worker_job(spec))["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
+    env["LEVERS9_WORKER_TOKEN"] = "l9w1.t"
+    assert WorkerSettings.from_env(env).task_defaults() == TaskDefaults(
+        "us-docker.pkg.dev/p/r/torch:2.5", 8 * 2**30, 4000
+    )
+    [plain] = _pod_spec(worker_job(SPEC))["containers"]
+    assert not [e for e in plain["env"] if e["name"].startswith("LEVERS9_DEFAULT_")]

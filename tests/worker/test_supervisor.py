@@ -48,3 +48,28 @@ async def test_unfetched_tasks_are_kept_up_to_four_times_the_limit(tasks: TaskMa
         tasks.output("a")
     for task_id in "bcde":
         tasks.output(task_id)  # still kept: nobody fetched them yet
+
+
+async def test_a_task_without_an_image_gets_the_pools_default(tmp_path: Path) -> None:
+    """The default is applied before the runtime is chosen: on a worker that cannot run images
+    the task fails naming why, and its status names the default image it was to run in."""
+    from levers9.worker.runtime import ByImage, TaskDefaults
+
+    reports: list[worker_pb2.TaskStatus] = []
+    process = ProcessRuntime(DriverSetup((), (), ()), AGENT_ENV)
+    tasks = TaskManager(
+        ByImage(process, None, "runc is not installed in the worker image"),
+        (),
+        tmp_path / "work",
+        reports.append,
+        defaults=TaskDefaults("us-docker.pkg.dev/p/r/torch:2.5", 2**30, 500),
+    )
+    await _run_to_end(tasks, "t-default")
+    [status] = [r for r in reports if r.task_id == "t-default"]
+    assert status.image == "us-docker.pkg.dev/p/r/torch:2.5"
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert "runc is not installed in the worker image" in status.reason
+    own = worker_pb2.TaskSpec(task_id="t-own", command=[sys.executable, "-c", "pass"])
+    assert tasks._with_defaults(own).memory_bytes == 2**30
+    own.memory_bytes = 5
+    assert tasks._with_defaults(own).memory_bytes == 5, "the task's own limit wins"
