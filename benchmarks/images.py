@@ -85,18 +85,18 @@ async def main(runs: int, name: str) -> None:
                 await cache.pull(image)
                 pulls.append(time.perf_counter() - began)
                 fresh = ImageCache(root / f"cold2-{n}", insecure=[registry.address])
-                runtime = RuncRuntime(fresh, root / "runc", driver_root=root / "none")
+                runtime = RuncRuntime(fresh, root / "runc", cards=())
                 cold.append(await _start(runtime, _spec(root, n, image)))
                 for used in (cache, fresh):
                     await asyncio.to_thread(_remove, used.root)
             cache = ImageCache(root / "warm", insecure=[registry.address])
-            runtime = RuncRuntime(cache, root / "runc", driver_root=root / "none")
+            runtime = RuncRuntime(cache, root / "runc", cards=())
             await _start(runtime, _spec(root, 10_000, image))
             for n in range(runs):
                 warm.append(await _start(runtime, _spec(root, 20_000 + n, image)))
 
             shared = ImageCache(root / "shared", insecure=[registry.address])
-            runtime = RuncRuntime(shared, root / "runc", driver_root=root / "none")
+            runtime = RuncRuntime(shared, root / "runc", cards=())
             alone, together = await asyncio.gather(
                 _start(runtime, _spec(root, 30_000, image)),
                 _start(runtime, _spec(root, 30_001, image)),

@@ -23,13 +23,14 @@ import grpc
 
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
+from levers9.worker.cdi import DRIVER_ROOT, CdiError
 from levers9.worker.devices import DeviceError, resolve_visible_devices
 from levers9.worker.driver import register_driver_libraries
 from levers9.worker.gateway import GatewayClient, Registration
 from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
 from levers9.worker.process_runtime import ProcessRuntime
-from levers9.worker.runc_runtime import DRIVER_ROOT, RuncRuntime
+from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import ByImage
 from levers9.worker.server import ServeError, WorkerServer
 from levers9.worker.service import WorkerService
@@ -46,7 +47,7 @@ TASK_STOP_GRACE_S = 10.0
 REPORT_DRAIN_S = 10.0
 SERVER_STOP_GRACE_S = 2.0
 
-StartupError = (SettingsError, DeviceError, ServeError)
+StartupError = (SettingsError, DeviceError, ServeError, CdiError)
 """What stops the worker before it serves; the message says why."""
 
 
@@ -86,7 +87,7 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir))
+            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir, visible))
             tasks = TaskManager(
                 runtime, visible, work_dir, gateway.report, defaults=settings.task_defaults()
             )
@@ -156,8 +157,9 @@ class Agent:
             holding.cancel()
             await asyncio.gather(holding, return_exceptions=True)
 
-    def _images(self, work_dir: Path) -> tuple[RuncRuntime | None, str]:
-        """The runc runtime over the node's image cache, or None and why there is none."""
+    def _images(self, work_dir: Path, visible: Sequence[int]) -> tuple[RuncRuntime | None, str]:
+        """The runc runtime over the node's image cache, or None and why there is none.
+        CdiError (a StartupError) when the cards' CDI spec cannot be generated."""
         settings = self._settings
         if not settings.images_path:
             return None, "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"
@@ -186,7 +188,9 @@ class Agent:
             work_dir / "runc",
             dev_root=self._paths.map("/dev"),
             driver_root=self._paths.map(DRIVER_ROOT),
+            cards=visible,
         )
+        log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(visible))
         return runtime, ""
 
     def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:

@@ -10,11 +10,13 @@ then narrowed here:
 - its own PID, mount, IPC and UTS namespaces, and the agent's network namespace: the host's,
   or the pod's when the pool runs on the pod network (tunnel mode);
 - runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits;
-- device nodes for its cards only: `/dev/nvidiaN` for each of its indices, plus
-  `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the
-  node has them, with cgroup device rules that allow those and nothing else of the host's;
-- the driver's directories (`/usr/local/nvidia`) read-only, `NVIDIA_VISIBLE_DEVICES` as the
-  process runtime sets it, and the task's own directory at `/levers9` for its result file;
+- device nodes for its cards only, from the worker's CDI spec (levers9.worker.cdi):
+  `/dev/nvidiaN` for each of its indices, plus `/dev/nvidiactl`, `/dev/nvidia-uvm`,
+  `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the node has them, with cgroup device
+  rules that allow those and nothing else of the host's;
+- the driver's directories (`/usr/local/nvidia`, the spec's mount) read-only,
+  `NVIDIA_VISIBLE_DEVICES` as the process runtime sets it, and the task's own directory at
+  `/levers9` for its result file;
 - an environment of the image's, the task's and those few variables only: nothing of the
   agent's (its token never sits in any environment a task can read), and none of the agent's
   files (its Secret, its /proc) inside the container.
@@ -32,7 +34,6 @@ import os
 import resource
 import shutil
 import signal
-import stat
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from typing import Any
 
 from levers9.image_reference import ImageReferenceError
 from levers9.logs import get_logger
+from levers9.worker import cdi
+from levers9.worker.cdi import DRIVER_ROOT, DeviceNode
 from levers9.worker.images import (
     ImageCache,
     ImageConfig,
@@ -60,8 +63,6 @@ from levers9.worker.runtime import (
 log = get_logger("levers9.worker")
 
 HOST = "runc"
-CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
-DRIVER_ROOT = "/usr/local/nvidia"
 TASK_MOUNT = "/levers9"
 """The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
 RUNNING_WITHIN_S = 30.0
@@ -80,47 +81,11 @@ class Limits:
     pids: int | None = 32768
 
 
-@dataclass(frozen=True)
-class Device:
-    path: str
-    major: int
-    minor: int
-
-
-def card_devices(dev_root: Path, indices: Sequence[int]) -> list[Device]:
-    """The device nodes a task holding the cards `indices` gets (StartError for a card whose
-    node is missing: the driver is not loaded on this node)."""
-    found = []
-    for index in indices:
-        found.append(_device(dev_root, f"nvidia{index}", required=True))
-    for name in CONTROL_DEVICES:
-        device = _device(dev_root, name, required=False)
-        if device is not None and indices:
-            found.append(device)
-    return [d for d in found if d is not None]
-
-
-def _device(dev_root: Path, name: str, required: bool) -> Device | None:
-    path = dev_root / name
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        if required:
-            raise StartError(
-                f"card {name.removeprefix('nvidia')}: {path} is missing on this node"
-                " (is the NVIDIA driver loaded?)"
-            ) from None
-        return None
-    if not stat.S_ISCHR(info.st_mode):
-        raise StartError(f"{path} is not a character device")
-    return Device(f"/dev/{name}", os.major(info.st_rdev), os.minor(info.st_rdev))
-
-
 def container_config(
     base: Mapping[str, Any],
     spec: ContainerSpec,
     image: ImageConfig,
-    devices: Sequence[Device],
+    devices: Sequence[DeviceNode],
     *,
     driver_dirs: Sequence[Path] = (),
     limits: Limits = Limits(),
@@ -291,17 +256,22 @@ class RuncRuntime:
         *,
         dev_root: Path = Path("/dev"),
         driver_root: Path = Path(DRIVER_ROOT),
+        cards: Sequence[int] | None = None,
         limits: Limits = Limits(),
         runc: str = "runc",
         umoci: str = "umoci",
     ) -> None:
+        """`cards`: the worker's (default: every `/dev/nvidiaN` of the node). Generates their
+        CDI spec (levers9.worker.cdi) and writes it beside `state_dir`; raises cdi.CdiError
+        when it cannot (the worker then exits with `failed to generate CDI spec`)."""
         self._images = images
         self._state = state_dir
-        self._dev_root = dev_root
-        self._driver_root = driver_root
         self._limits = limits
         self._runc, self._umoci = runc, umoci
+        held = cdi.node_cards(dev_root) if cards is None else cards
+        self._cdi = cdi.generate(dev_root, driver_root, held)
         state_dir.mkdir(parents=True, exist_ok=True)
+        self.cdi_spec = cdi.write(self._cdi, state_dir.parent / "cdi")
 
     def _runc_argv(self, *args: str) -> list[str]:
         """`runc --root <this worker's state> ARGS`."""
@@ -339,14 +309,17 @@ class RuncRuntime:
         container_id = f"l9-{spec.task_id}"
         bundle = spec.work_dir.parent / "bundle"
         spec.work_dir.mkdir(parents=True, exist_ok=True)
-        devices = card_devices(self._dev_root, spec.gpu_indices)
+        try:
+            edits = cdi.edits(self._cdi, spec.gpu_indices)
+        except cdi.UnresolvableDevices as error:
+            raise StartError(str(error)) from None
         base = await self._runtime_config(image, bundle)
         # The result folder is the container user's to write (the image's User, often not root).
         results = spec.result_path.parent
         results.mkdir(parents=True, exist_ok=True)
         user = base.get("process", {}).get("user", {})
         os.chown(results, int(user.get("uid", 0)), int(user.get("gid", 0)))
-        driver_dirs = [self._driver_root] if self._driver_root.is_dir() else []
+        driver_dirs = [Path(host) for host, _ in edits.mounts]
         limits = dataclasses.replace(
             self._limits,
             memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
@@ -356,7 +329,7 @@ class RuncRuntime:
             base,
             spec,
             image.config,
-            devices,
+            edits.device_nodes,
             driver_dirs=driver_dirs,
             limits=limits,
         )

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -45,7 +46,7 @@ async def cp(
         await asyncio.to_thread(
             registries.push_layout, layout, f"{gar.address}/demo/tasks/busybox:bb", "bb"
         )
-        settings = {
+        settings: dict[str, Any] = {
             "registryMirrors": f"{GAR_HOST}={gar.address}",
             "insecureRegistries": gar.address,
         }

@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -44,7 +45,7 @@ async def cp(
         image = await asyncio.to_thread(worker_image.build, directory / "image")
         await asyncio.to_thread(worker_image.push, image, ecr.address)
         await asyncio.to_thread(aws.seed, moto.endpoint)
-        settings = {
+        settings: dict[str, Any] = {
             "sourceImage": f"{ecr.address}/levers9/worker:latest",
             "registryMirrors": f"{GAR_HOST}={gar.address}",
             "insecureRegistries": f"{ecr.address},{gar.address}",

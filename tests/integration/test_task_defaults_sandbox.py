@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -40,7 +41,7 @@ async def cp(
         await asyncio.to_thread(
             registries.push_layout, layout, f"{gar.address}/demo/tasks/python:{tag}", tag
         )
-        settings = {
+        settings: dict[str, Any] = {
             "registryMirrors": f"{GAR_HOST}={gar.address}",
             "insecureRegistries": gar.address,
         }

@@ -8,12 +8,14 @@ its memory limit, and `exec` runs inside it. Root only (runc creates namespaces 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from levers9.worker.cdi import CdiError
 from levers9.worker.images import ImageCache
 from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime
 from levers9.worker.runtime import ContainerSpec, StartError
@@ -46,14 +48,26 @@ def devices(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def runtime(image: tuple[LocalRegistry, str], tmp_path: Path, devices: Path) -> RuncRuntime:
+def driver(tmp_path: Path) -> Path:
+    """The node's /usr/local/nvidia: its libraries' folder and one marker file."""
+    root = tmp_path / "nvidia"
+    (root / "lib64").mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "lib64" / "libnvidia-ml.so.1").write_text("the node's driver")
+    return root
+
+
+@pytest.fixture
+def runtime(
+    image: tuple[LocalRegistry, str], tmp_path: Path, devices: Path, driver: Path
+) -> RuncRuntime:
     registry, _ = image
     cache = ImageCache(tmp_path / "images", insecure=[registry.address])
     return RuncRuntime(
         cache,
         tmp_path / "runc",
         dev_root=devices,
-        driver_root=tmp_path / "no-driver",
+        driver_root=driver,
         limits=Limits(memory_bytes=64 * 1024**2, cpus=1, pids=256),
     )
 
@@ -139,11 +153,43 @@ async def test_only_its_own_cards(
     assert await _run(runtime, none) == (0, "0\n")
 
 
-async def test_a_missing_card_node_fails_the_start(
+async def test_a_card_the_cdi_spec_does_not_hold_fails_the_start(
     runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
 ) -> None:
-    with pytest.raises(StartError, match=r"card 7: .*nvidia7 is missing on this node"):
+    spec = json.loads(runtime.cdi_spec.read_text())
+    assert [d["name"] for d in spec["devices"]] == ["0", "1", "2", "3"]
+    with pytest.raises(StartError, match=r"^unresolvable CDI devices nvidia.com/gpu=7$"):
         await runtime.start(_spec(tmp_path, image[1], "true", cards=(7,)), lambda _: None)
+
+
+async def test_the_driver_is_mounted_read_only_for_a_task_with_cards(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    script = (
+        "cat /usr/local/nvidia/lib64/libnvidia-ml.so.1; echo; echo $LD_LIBRARY_PATH;"
+        " (echo x > /usr/local/nvidia/lib64/mine) 2>/dev/null || echo read-only"
+    )
+    code, out = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", script, cards=(1,)))
+    assert (code, out.splitlines()) == (
+        0,
+        ["the node's driver", "/usr/local/nvidia/lib64", "read-only"],
+    )
+    code, out = await _run(
+        runtime, _spec(tmp_path, image[1], "sh", "-c", "ls /usr/local/nvidia 2>&1 | wc -l")
+    )
+    assert (code, out.strip()) == (0, "1"), "a task without a card gets no driver: " + out
+
+
+def test_no_cdi_spec_without_the_drivers_libraries(
+    image: tuple[LocalRegistry, str], tmp_path: Path, devices: Path
+) -> None:
+    cache = ImageCache(tmp_path / "images", insecure=[image[0].address])
+    with pytest.raises(CdiError, match=r"^failed to generate CDI spec: no driver libraries at"):
+        RuncRuntime(cache, tmp_path / "runc", dev_root=devices, driver_root=tmp_path / "none")
+    with pytest.raises(CdiError, match=r"^failed to generate CDI spec: .*nvidia5 is missing"):
+        RuncRuntime(cache, tmp_path / "runc", dev_root=devices, cards=(0, 5))
+    bare = RuncRuntime(cache, tmp_path / "runc", dev_root=tmp_path / "empty", cards=())
+    assert json.loads(bare.cdi_spec.read_text())["devices"] == [], "no card, nothing needed"
 
 
 async def test_the_result_file_reaches_the_agent(
