@@ -54,12 +54,12 @@ def driver_root(scratch: Path) -> Path:
     listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False)
     found: dict[str, Path] = {}
     for line in listing.stdout.splitlines():
-        name, _, path = line.strip().partition(" => ")
-        name = name.split(" ", 1)[0]
+        entry, _, target = line.strip().partition(" => ")
+        name = entry.split(" ", 1)[0]
         if LIBRARIES.match(name) and ("x86-64" in line or "AArch64" in line):
-            found.setdefault(name, Path(path))
-    for name, path in found.items():
-        shutil.copy2(path.resolve(), root / "lib64" / name)
+            found.setdefault(name, Path(target))
+    for name, library in found.items():
+        shutil.copy2(library.resolve(), root / "lib64" / name)
     smi = shutil.which("nvidia-smi")
     if smi:
         shutil.copy2(smi, root / "bin" / "nvidia-smi")

@@ -147,18 +147,28 @@ async def exec_in_task(
     settings: ControlplaneSettings,
     task_id: str,
     command: list[str],
-    stdin: AsyncIterator[bytes] | None,
+    stdin: AsyncIterator[bytes | tuple[int, int]] | None,
     stdout: Callable[[bytes], None],
     stderr: Callable[[bytes], None],
+    terminal: tuple[int, int] | None = None,
 ) -> int:
     """Runs `command` in the task's container through the gateway; its output to `stdout` and
-    `stderr` as it comes, `stdin` (None: none) to it; returns its exit code."""
+    `stderr` as it comes, `stdin` (None: none) to it; returns its exit code. With `terminal`
+    (rows, columns) the command gets a terminal of its own of that size, and `stdin` may carry
+    (rows, columns) when the caller's terminal is resized."""
 
     async def requests() -> AsyncIterator[worker_pb2.ExecRequest]:
-        yield worker_pb2.ExecRequest(start=worker_pb2.ExecStart(task_id=task_id, command=command))
+        start = worker_pb2.ExecStart(task_id=task_id, command=command, tty=terminal is not None)
+        if terminal is not None:
+            start.size.rows, start.size.cols = terminal
+        yield worker_pb2.ExecRequest(start=start)
         if stdin is not None:
-            async for chunk in stdin:
-                yield worker_pb2.ExecRequest(stdin=chunk)
+            async for item in stdin:
+                if isinstance(item, tuple):
+                    size = worker_pb2.TerminalSize(rows=item[0], cols=item[1])
+                    yield worker_pb2.ExecRequest(resize=size)
+                else:
+                    yield worker_pb2.ExecRequest(stdin=item)
 
     code = 0
     async with _tasks(settings) as (stub, metadata):

@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import IO, TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
@@ -450,21 +451,75 @@ def exec_(
     interactive: Annotated[
         bool, typer.Option("--interactive", "-i", help="pass this command's stdin on")
     ] = False,
+    tty: Annotated[
+        bool, typer.Option("--tty", "-t", help="give it a terminal (-it: an interactive shell)")
+    ] = False,
 ) -> None:
     """Run CMD in a running task's container: its output, then its exit code as ours."""
     settings = settings_from_env()
+    terminal = _terminal_size() if tty else None
+    raw = interactive and tty and sys.stdin.isatty()
     try:
-        code = _answered(
-            gateway_api.exec_in_task(
-                settings,
-                task_id,
-                list(command),
-                _stdin_chunks() if interactive else None,
-                _write(sys.stdout.buffer),
-                _write(sys.stderr.buffer),
+        with _raw_mode(sys.stdin.fileno()) if raw else contextlib.nullcontext():
+            code = _answered(
+                gateway_api.exec_in_task(
+                    settings,
+                    task_id,
+                    list(command),
+                    _inputs(interactive, follow_size=tty) if interactive or tty else None,
+                    _write(sys.stdout.buffer),
+                    _write(sys.stderr.buffer),
+                    terminal,
+                )
             )
-        )
     except GatewayUnavailable as exc:
         fail([f"exec needs the gateway: {exc}"])
         raise typer.Exit(1) from None
     raise typer.Exit(code)
+
+
+def _terminal_size() -> tuple[int, int]:
+    """(rows, columns) of this terminal; 24x80 when stdout is not one."""
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return 24, 80
+    return size.lines, size.columns
+
+
+@contextlib.contextmanager
+def _raw_mode(fd: int) -> Iterator[None]:
+    """Keys go to the task's terminal as typed (Ctrl-C included); restored on the way out."""
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    tty.setraw(fd)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def _inputs(stdin: bool, follow_size: bool) -> AsyncIterator[bytes | tuple[int, int]]:
+    """This command's stdin (with -i) and, with -t, the terminal's new size on each SIGWINCH;
+    ends at stdin's EOF (or, without -i, when the command ends)."""
+    queue: asyncio.Queue[bytes | tuple[int, int] | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    if follow_size:
+        loop.add_signal_handler(signal.SIGWINCH, lambda: queue.put_nowait(_terminal_size()))
+
+    async def read() -> None:
+        async for chunk in _stdin_chunks():
+            await queue.put(chunk)
+        await queue.put(None)
+
+    reader = asyncio.create_task(read()) if stdin else None
+    try:
+        while (item := await queue.get()) is not None:
+            yield item
+    finally:
+        if follow_size:
+            loop.remove_signal_handler(signal.SIGWINCH)
+        if reader is not None:
+            reader.cancel()

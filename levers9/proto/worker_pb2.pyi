@@ -341,20 +341,26 @@ class ExecRequest(_message.Message):
 
     START_FIELD_NUMBER: _builtins.int
     STDIN_FIELD_NUMBER: _builtins.int
+    RESIZE_FIELD_NUMBER: _builtins.int
     stdin: _builtins.bytes
     @_builtins.property
     def start(self) -> Global___ExecStart: ...
+    @_builtins.property
+    def resize(self) -> Global___TerminalSize:
+        """the caller's terminal changed size (tty only)"""
+
     def __init__(
         self,
         *,
         start: Global___ExecStart | None = ...,
         stdin: _builtins.bytes = ...,
+        resize: Global___TerminalSize | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "resize", b"resize", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "resize", b"resize", "start", b"start", "stdin", b"stdin"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "stdin"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "stdin", "resize"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -366,22 +372,52 @@ class ExecStart(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     COMMAND_FIELD_NUMBER: _builtins.int
+    TTY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
+    tty: _builtins.bool
+    """a terminal of its own: output on stdout, stdin echoed by it"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def size(self) -> Global___TerminalSize: ...
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         command: _abc.Iterable[_builtins.str] | None = ...,
+        tty: _builtins.bool = ...,
+        size: Global___TerminalSize | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["size", b"size"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "size", b"size", "task_id", b"task_id", "tty", b"tty"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExecStart: _TypeAlias = ExecStart  # noqa: Y015
+
+@_typing.final
+class TerminalSize(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    COLS_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    cols: _builtins.int
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        cols: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cols", b"cols", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TerminalSize: _TypeAlias = TerminalSize  # noqa: Y015
 
 @_typing.final
 class ExecResponse(_message.Message):

@@ -26,6 +26,7 @@ from levers9.worker.runtime import (
     ContainerSpec,
     StartError,
     drain,
+    exec_stdio,
     prepend_path,
     pump_output,
     visible_devices,
@@ -124,7 +125,7 @@ class ProcessRuntime:
         return ProcessContainer(process, pump, env, spec.work_dir)
 
     async def exec(
-        self, container: Container, command: Sequence[str]
+        self, container: Container, command: Sequence[str], terminal: int | None = None
     ) -> asyncio.subprocess.Process:
         if not isinstance(container, ProcessContainer):
             raise StartError("not a container of the process runtime")
@@ -135,9 +136,7 @@ class ProcessRuntime:
                 *command,
                 env=container.env,
                 cwd=container.cwd,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                **exec_stdio(terminal),
                 start_new_session=True,
             )
         except OSError as error:

@@ -56,6 +56,7 @@ from levers9.worker.runtime import (
     ImageUnavailable,
     StartError,
     drain,
+    exec_stdio,
     pump_output,
     visible_devices,
 )
@@ -417,17 +418,19 @@ class RuncRuntime:
             await _run(*self._runc_argv("delete", "--force", container_id))
 
     async def exec(
-        self, container: Container, command: Sequence[str]
+        self, container: Container, command: Sequence[str], terminal: int | None = None
     ) -> asyncio.subprocess.Process:
+        """`runc exec`; with `terminal`, `runc exec --tty` on it: runc gives the command a
+        terminal inside the container (its /dev/pts), relays it to `terminal`, takes its size
+        from `terminal` and follows it on SIGWINCH."""
         if not isinstance(container, RuncContainer):
             raise StartError("not a container of the runc runtime")
         if not command:
             raise StartError("exec needs a command")
+        tty = ["--tty"] if terminal is not None else []
         return await asyncio.create_subprocess_exec(
-            *self._runc_argv("exec", container.id, *command),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            *self._runc_argv("exec", *tty, container.id, *command),
+            **exec_stdio(terminal),
             start_new_session=True,
         )
 

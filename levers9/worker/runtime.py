@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from levers9.worker.images import PulledImage
@@ -102,11 +102,20 @@ class Runtime(Protocol):
         ...
 
     async def exec(
-        self, container: Container, command: Sequence[str]
+        self, container: Container, command: Sequence[str], terminal: int | None = None
     ) -> asyncio.subprocess.Process:
         """Runs `command` in the running container's context, with stdin, stdout and stderr
-        piped. Raises StartError."""
+        piped; with `terminal` (a pseudo-terminal's follower end), on that terminal instead.
+        Raises StartError."""
         ...
+
+
+def exec_stdio(terminal: int | None) -> dict[str, Any]:
+    """An exec's stdin, stdout and stderr: pipes, or all three on the terminal given."""
+    if terminal is None:
+        pipe = asyncio.subprocess.PIPE
+        return {"stdin": pipe, "stdout": pipe, "stderr": pipe}
+    return {"stdin": terminal, "stdout": terminal, "stderr": terminal}
 
 
 OUTPUT_CHUNK = 64 * 1024
@@ -171,8 +180,8 @@ class ByImage:
         return await self._images.start(spec, output)
 
     async def exec(
-        self, container: Container, command: Sequence[str]
+        self, container: Container, command: Sequence[str], terminal: int | None = None
     ) -> asyncio.subprocess.Process:
         if self._images is not None and container.host == self._images.host:
-            return await self._images.exec(container, command)
-        return await self._process.exec(container, command)
+            return await self._images.exec(container, command, terminal)
+        return await self._process.exec(container, command, terminal)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
+import struct
+import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -93,15 +96,89 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             )
             return
         start = first.start
-        process = await _answer(context, lambda: self._tasks.exec(start.task_id, start.command))
+        master: int | None = None
+        follower: int | None = None
+        if start.tty:
+            master, follower = os.openpty()
+            _resize(master, start.size)
         try:
-            async for response in _exec_stream(process, request_iterator):
+            process = await _answer(
+                context, lambda: self._tasks.exec(start.task_id, start.command, follower)
+            )
+        finally:
+            if follower is not None:
+                os.close(follower)  # the command holds it now; we keep the leader end
+        streamed = (
+            _exec_stream(process, request_iterator)
+            if master is None
+            else _terminal_stream(process, master, request_iterator)
+        )
+        try:
+            async for response in streamed:
                 yield response
         finally:
             if process.returncode is None:  # the caller went away: so does the command
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
+
+
+def _resize(master: int, size: worker_pb2.TerminalSize) -> None:
+    if size.rows and size.cols:
+        winsize = struct.pack("HHHH", min(size.rows, 0xFFFF), min(size.cols, 0xFFFF), 0, 0)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, winsize)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+async def _terminal_stream(
+    process: asyncio.subprocess.Process,
+    master: int,
+    requests: AsyncIterator[worker_pb2.ExecRequest],
+) -> AsyncIterator[worker_pb2.ExecResponse]:
+    """An exec on a terminal: what the terminal shows as stdout (its output and its echo of the
+    input), the caller's keys to it, its size followed (the command's runtime hears SIGWINCH),
+    then the exit code. The leader end reads EIO once the command and its runtime are gone."""
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def readable() -> None:
+        try:
+            data = os.read(master, _CHUNK)
+        except OSError:  # EIO: nothing holds the follower end any more
+            data = b""
+        if data:
+            chunks.put_nowait(data)
+        else:
+            loop.remove_reader(master)
+            chunks.put_nowait(None)
+
+    async def feed() -> None:
+        async for request in requests:
+            kind = request.WhichOneof("message")
+            if kind == "stdin":
+                await asyncio.to_thread(_write_all, master, request.stdin)
+            elif kind == "resize":
+                _resize(master, request.resize)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGWINCH)
+
+    loop.add_reader(master, readable)
+    feeder = asyncio.create_task(feed())
+    try:
+        while (chunk := await chunks.get()) is not None:
+            yield worker_pb2.ExecResponse(stdout=chunk)
+        code = await process.wait()
+        yield worker_pb2.ExecResponse(exit_code=128 - code if code < 0 else code)
+    finally:
+        loop.remove_reader(master)
+        feeder.cancel()
+        await asyncio.gather(feeder, return_exceptions=True)
+        os.close(master)
 
 
 async def _exec_stream(

@@ -210,11 +210,13 @@ class TaskManager:
         await record.finished.wait()
         return True
 
-    async def exec(self, task_id: str, command: Sequence[str]) -> asyncio.subprocess.Process:
+    async def exec(
+        self, task_id: str, command: Sequence[str], terminal: int | None = None
+    ) -> asyncio.subprocess.Process:
         record = self._record(task_id)
         if record.state != RUNNING or record.container is None:
             raise TaskNotRunning(f"task {task_id} is not running")
-        return await self._runtime.exec(record.container, command)
+        return await self._runtime.exec(record.container, command, terminal)
 
     async def shutdown(self, grace_s: float, reason: str = SHUT_DOWN) -> None:
         """Kills every running task and records it LOST with `reason`."""

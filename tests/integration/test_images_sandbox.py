@@ -222,6 +222,21 @@ async def test_exec_runs_in_the_tasks_container(cp: Controlplane) -> None:
             timeout=60,
         )
         assert (fed.returncode, fed.stdout.strip()) == (0, "12")
+        terminal = await cp.cli("exec", "-t", task_id, "--", "sh", "-c", "tty; stty size; exit 4")
+        assert terminal.returncode == 4, terminal.stderr
+        # (text mode reads the terminal's \r\n as \n)
+        assert terminal.stdout.splitlines() == ["/dev/pts/0", "24 80"], "a terminal, 24x80"
+        shell = await asyncio.to_thread(
+            subprocess.run,
+            [str(BIN / "levers9"), "exec", "-it", task_id, "--", "sh"],
+            input="echo typed-in\nexit 5\n",
+            env=cp.cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shell.returncode == 5, shell.stdout + shell.stderr
+        assert "typed-in" in shell.stdout.splitlines(), "the shell ran what came on its terminal"
         refused = await cp.cli("exec", task_id, "--bogus", "--", "true")
         assert refused.returncode == 2
         assert "No such option: --bogus" in refused.stderr

@@ -274,6 +274,54 @@ async def test_exec_runs_in_the_task_context(served: ServedWorker) -> None:
     assert responses[-1].exit_code == 3
 
 
+TERMINAL_COMMAND = """
+import os, signal, sys
+print(os.isatty(0), os.isatty(1), tuple(os.get_terminal_size(1)), flush=True)
+size = lambda *_: print("resized", tuple(os.get_terminal_size(1)), flush=True)
+signal.signal(signal.SIGWINCH, size)
+line = sys.stdin.readline()
+print("read", line.strip(), flush=True)
+sys.exit(6)
+"""
+
+
+async def test_exec_on_a_terminal_follows_its_size(served: ServedWorker) -> None:
+    await served.stub.RunTask(
+        python_task("t-tty", "import time; print('up', flush=True); time.sleep(60)", []),
+        metadata=AUTH,
+    )
+    await started(served, "t-tty", b"up")
+    resized = asyncio.Event()
+
+    async def requests() -> AsyncIterator[worker_pb2.ExecRequest]:
+        start = worker_pb2.ExecStart(
+            task_id="t-tty", command=[PY, "-c", TERMINAL_COMMAND], tty=True
+        )
+        start.size.rows, start.size.cols = 30, 100
+        yield worker_pb2.ExecRequest(start=start)
+        await asyncio.sleep(0.5)
+        yield worker_pb2.ExecRequest(resize=worker_pb2.TerminalSize(rows=50, cols=132))
+        await resized.wait()
+        yield worker_pb2.ExecRequest(stdin=b"typed\n")
+        await asyncio.Event().wait()  # an interactive caller keeps its side open
+
+    out = b""
+    code = None
+    async for response in served.stub.Exec(requests(), metadata=AUTH):
+        assert response.WhichOneof("message") in ("stdout", "exit_code"), "one stream: the tty"
+        out += response.stdout
+        if b"resized" in out:
+            resized.set()
+        if response.HasField("exit_code"):
+            code = response.exit_code
+    lines = out.decode().splitlines()
+    assert lines[0] == "True True (100, 30)"
+    assert "resized (132, 50)" in lines
+    assert lines[-1] == "read typed"
+    assert "typed" in lines, "the terminal echoes what was typed"
+    assert code == 6
+
+
 async def test_exec_in_an_unknown_task_is_not_found(served: ServedWorker) -> None:
     call = served.stub.Exec(_exec_requests("t-nobody", hold=True), metadata=AUTH)
     with pytest.raises(aio.AioRpcError) as raised:
