@@ -271,10 +271,27 @@ class PoolConfig(_Model):
     gpu_type: str = Field(alias="gpuType", min_length=1)
     images_path: str = Field(default="/var/lib/levers9/images", alias="imagesPath")
     durable_disks_path: str = Field(default="/var/lib/levers9/disks", alias="durableDisksPath")
+    image_cache_size: str = Field(default="100Gi", alias="imageCacheSize")
+    """How much of `imagesPath` tasks' images may fill before the least recently used go."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
     kubernetes: KubernetesConfig
+
+    @field_validator("image_cache_size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        from levers9.quantity import whole
+
+        if whole(value) <= 0:
+            raise ValueError(f"{value!r} is not more than 0")
+        return value
+
+    @property
+    def image_cache_bytes(self) -> int:
+        from levers9.quantity import whole
+
+        return whole(self.image_cache_size)
 
     @field_validator("images_path", "durable_disks_path")
     @classmethod

@@ -62,6 +62,8 @@ class WorkerJobSpec:
     registry_mirrors: str = ""
     """The controlplane's `registryMirrors`: where the worker pulls tasks' images from too."""
     insecure_registries: str = ""
+    image_cache_bytes: int = 0
+    """The pool's `imageCacheSize`; 0: the worker's default."""
     default_image: str = ""
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
@@ -112,6 +114,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         plain.append(("LEVERS9_REGISTRY_MIRRORS", spec.registry_mirrors))
     if spec.insecure_registries:
         plain.append(("LEVERS9_INSECURE_REGISTRIES", spec.insecure_registries))
+    if spec.image_cache_bytes:
+        plain.append(("LEVERS9_IMAGE_CACHE_BYTES", str(spec.image_cache_bytes)))
     if spec.default_image:
         plain.append(("LEVERS9_DEFAULT_IMAGE", spec.default_image))
     if spec.default_memory_bytes:

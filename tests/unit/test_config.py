@@ -340,7 +340,9 @@ def test_task_defaults_parse_and_bad_ones_name_their_field() -> None:
         8 * 2**30,
         4000,
     )
-    assert parse_pool("gke-rtx6000", spec_pool(credentials=key_json())).task_defaults.image is None
+    plain = parse_pool("gke-rtx6000", spec_pool(credentials=key_json()))
+    assert plain.task_defaults.image is None
+    assert plain.image_cache_bytes == 100 * 2**30, "imageCacheSize's default"
     for bad, field in (
         ({"image": "Not An Image"}, "taskDefaults.image"),
         ({"memory": "lots"}, "taskDefaults.memory"),
@@ -351,3 +353,8 @@ def test_task_defaults_parse_and_bad_ones_name_their_field() -> None:
         block["taskDefaults"] = bad
         errors = _pool_errors(block)
         assert any(e.startswith(f"{PREFIX}.{field}") for e in errors), errors
+    for size in ("0", "big"):
+        block = spec_pool(credentials=key_json())
+        block["imageCacheSize"] = size
+        errors = _pool_errors(block)
+        assert any(e.startswith(f"{PREFIX}.imageCacheSize") for e in errors), errors

@@ -152,13 +152,16 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
         default_image="us-docker.pkg.dev/p/r/torch:2.5",
         default_memory_bytes=8 * 2**30,
         default_cpu_millis=4000,
+        image_cache_bytes=50 * 2**30,
     )
     [container] = _pod_spec(worker_job(spec))["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
     env["LEVERS9_WORKER_TOKEN"] = "l9w1.t"
-    assert WorkerSettings.from_env(env).task_defaults() == TaskDefaults(
+    settings = WorkerSettings.from_env(env)
+    assert settings.task_defaults() == TaskDefaults(
         "us-docker.pkg.dev/p/r/torch:2.5", 8 * 2**30, 4000
     )
+    assert settings.image_cache_bytes == 50 * 2**30, "the pool's imageCacheSize"
     [plain] = _pod_spec(worker_job(SPEC))["containers"]
     assert not [e for e in plain["env"] if e["name"].startswith("LEVERS9_DEFAULT_")]
