@@ -22,7 +22,9 @@ from levers9.config import ControlplaneSettings
 from levers9.gateway.convert import task_report
 from levers9.gateway.reports import TaskReport
 from levers9.models import (
+    MACHINE_WORKFLOW,
     POOL_WORKFLOW,
+    MachineRecord,
     PlaceRequest,
     PoolInput,
     WorkerRecord,
@@ -97,6 +99,42 @@ class TaskActivities:
                 "place", request, result_type=Placement
             )
         return placement
+
+    @activity.defn
+    async def request_placement(self, request: PlaceRequest) -> str:
+        """Queues the task on its pool (signal-with-start `request`; a repeat queues nothing
+        twice). Returns "" when queued, or why no machine of the pool can ever hold it (more
+        cards than the largest machine record has; with no machine yet, it waits)."""
+        largest = await self._largest_machine(request.pool_name)
+        if largest is not None and request.gpus > largest:
+            return (
+                f"no machine of pool {request.pool_name} can hold {request.gpus} cards:"
+                f" the largest has {largest}"
+            )
+        await self._client.start_workflow(
+            POOL_WORKFLOW,
+            PoolInput(pool_name=request.pool_name),
+            id=pool_workflow_id(request.pool_name),
+            task_queue=self._settings.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            start_signal="request",
+            start_signal_args=[request],
+        )
+        return ""
+
+    async def _largest_machine(self, pool_name: str) -> int | None:
+        """The most cards a node of the pool has, from its running machine records."""
+        query = (
+            f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
+            f" AND PoolName='{pool_name}' AND TaskQueue='{self._settings.task_queue}'"
+        )
+        largest: int | None = None
+        async for listed in self._client.list_workflows(query):
+            memo = await listed.memo()
+            if "record" in memo:
+                record = MachineRecord.model_validate(memo["record"])
+                largest = max(largest or 0, record.total_gpus)
+        return largest
 
     @activity.defn
     async def worker_ended(self, input: WorkerTaskInput) -> bool:

@@ -77,6 +77,7 @@ def controlplane_activities(
         kube.delete_worker_job,
         kube.describe_worker_pod,
         tasks.place_task,
+        tasks.request_placement,
         tasks.worker_ended,
         tasks.worker_route,
         tasks.run_task,

@@ -210,11 +210,14 @@ def worker_workflow_id(pool_name: str, worker_id: str) -> str:
 
 
 class PlaceRequest(_Record):
-    """Update `place` of PoolWorkflow: completes when one worker has `gpus` cards free."""
+    """Signal `request` to PoolWorkflow (the pool signals `placed` back to the task's record
+    once one worker has `gpus` cards free); before, the argument of its Update `place`."""
 
     pool_name: str
     task_id: str
     gpus: int
+    created_at: datetime | None = None
+    """The task's creation: the queue keeps this order."""
 
 
 class WorkerSlotInput(_Record):

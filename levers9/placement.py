@@ -11,9 +11,10 @@ down, and the machine's next worker takes every card the node has free.
 
 from __future__ import annotations
 
+import bisect
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class Slot(BaseModel):
@@ -64,6 +65,14 @@ class PoolState(BaseModel):
     placed: dict[str, Placement] = Field(default_factory=dict)
     reservations: dict[str, str] = Field(default_factory=dict)
     """worker id -> the task id that reserved it."""
+    notify: list[str] = Field(default_factory=list)
+    """Tasks that asked by signal (`request`) and are told their placement by signal."""
+    _waiting_ids: set[str] | None = PrivateAttr(default=None)
+
+    def _ids(self) -> set[str]:
+        if self._waiting_ids is None:
+            self._waiting_ids = {w.task_id for w in self.waiting}
+        return self._waiting_ids
 
     def add_worker(self, slot: Slot) -> None:
         current = self.slots.get(slot.worker_id)
@@ -79,15 +88,37 @@ class PoolState(BaseModel):
             del self.placed[task_id]
         return lost
 
-    def request(self, task_id: str, gpus: int, now: datetime) -> None:
-        if task_id not in self.placed and all(w.task_id != task_id for w in self.waiting):
-            self.waiting.append(Waiting(task_id=task_id, gpus=gpus, since=now))
+    def request(self, task_id: str, gpus: int, now: datetime, *, notify: bool = False) -> None:
+        """Queues the task (once: a repeated request changes nothing), in the order of `now`:
+        its creation when the request carries it, so the queue keeps the tasks' own order."""
+        if task_id in self.placed or task_id in self._ids():
+            return
+        waiting = Waiting(task_id=task_id, gpus=gpus, since=now)
+        if not self.waiting or self.waiting[-1].since <= now:
+            self.waiting.append(waiting)
+        else:
+            at = bisect.bisect_right([w.since for w in self.waiting], now)
+            self.waiting.insert(at, waiting)
+        self._ids().add(task_id)
+        if notify:
+            self.notify.append(task_id)
+
+    def position(self, task_id: str) -> int | None:
+        """1 for the first waiting task; None when it does not wait."""
+        for index, waiting in enumerate(self.waiting):
+            if waiting.task_id == task_id:
+                return index + 1
+        return None
 
     def release(self, task_id: str) -> None:
         placement = self.placed.pop(task_id, None)
         if placement and placement.worker_id in self.slots:
             self.slots[placement.worker_id].busy.pop(task_id, None)
-        self.waiting = [w for w in self.waiting if w.task_id != task_id]
+        if task_id in self._ids():
+            self.waiting = [w for w in self.waiting if w.task_id != task_id]
+            self._ids().discard(task_id)
+        if task_id in self.notify:
+            self.notify.remove(task_id)
         for worker_id, holder in list(self.reservations.items()):
             if holder == task_id:
                 del self.reservations[worker_id]
@@ -96,8 +127,9 @@ class PoolState(BaseModel):
         """Places every waiting task that fits, in arrival order; returns the new placements."""
         made = []
         still_waiting = []
+        most_free = max((len(slot.free()) for slot in self.slots.values()), default=0)
         for waiting in self.waiting:
-            slot = self._fit(waiting)
+            slot = self._fit(waiting) if waiting.gpus <= most_free else None
             if slot is None:
                 if now - waiting.since >= reserve_after:
                     self._reserve(waiting)
@@ -119,6 +151,8 @@ class PoolState(BaseModel):
                 if holder == waiting.task_id:
                     del self.reservations[worker_id]
             made.append(placement)
+            self._ids().discard(waiting.task_id)
+            most_free = max((len(slot.free()) for slot in self.slots.values()), default=0)
         self.waiting = still_waiting
         return made
 

@@ -2,20 +2,31 @@
 which task waits for what (levers9/placement.py decides).
 
 Workers announce themselves (signal `worker_available`, from WorkerWorkflow) and leave
-(`worker_gone`); a task asks with the Update `place`, which completes when one worker has that
-many cards free at once, and gives them back with the signal `release`. It continues as new with
-its state once its history grows, when no placement is waiting on it.
+(`worker_gone`). A task asks with the signal `request` and is told with the signal `placed` to
+its record once one worker has that many cards free at once; it gives them back with `release`
+(which also withdraws a task still waiting). Nothing waits inside an Update, so any number of
+tasks can wait, and the workflow continues as new with its queue and card ledger whatever is
+waiting, once its history grows. (The Update `place`, which waited for the placement, stays for
+the task records started before; while one is open the workflow does not continue as new.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.models import POOL_WORKFLOW, PlaceRequest, PoolInput, WorkerSlotInput
+    from levers9.models import (
+        POOL_WORKFLOW,
+        PlaceRequest,
+        PoolInput,
+        WorkerSlotInput,
+        task_workflow_id,
+    )
     from levers9.placement import Placement, PoolState, Slot
 
 RESERVE_AFTER = timedelta(seconds=30)
@@ -30,6 +41,8 @@ class PoolWorkflow:
         # workflow task of a continued run is handled before run starts, and must see it.
         self._state = input.state or PoolState()
         self._changed = False
+        self._telling = 0
+        self._tellers: set[asyncio.Task[None]] = set()
 
     @workflow.signal
     def worker_available(self, slot: WorkerSlotInput) -> None:
@@ -56,10 +69,17 @@ class PoolWorkflow:
         self._state.release(task_id)
         self._changed = True
 
+    @workflow.signal
+    def request(self, request: PlaceRequest) -> None:
+        since = request.created_at or workflow.now()
+        self._state.request(request.task_id, request.gpus, since, notify=True)
+        self._changed = True
+
     @workflow.update
     async def place(self, request: PlaceRequest) -> Placement:
         self._state.request(request.task_id, request.gpus, workflow.now())
         self._assign()
+        self._changed = True
         await workflow.wait_condition(lambda: request.task_id in self._state.placed)
         return self._state.placed[request.task_id]
 
@@ -75,13 +95,39 @@ class PoolWorkflow:
                 await workflow.wait_condition(lambda: self._changed, timeout=RESERVE_AFTER)
             self._changed = False
             self._assign()
+            self._tell()
             info = workflow.info()
             long = (
                 info.get_current_history_length() > input.max_history_events
                 or info.is_continue_as_new_suggested()
             )
-            if long and not self._state.waiting and workflow.all_handlers_finished():
+            # Once no placement is being told (those signals are commands of this run) and no
+            # Update is open; a signal arriving meanwhile lands in the state carried over.
+            if long and self._telling == 0 and workflow.all_handlers_finished():
                 workflow.continue_as_new(input.model_copy(update={"state": self._state}))
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)
+
+    def _tell(self) -> None:
+        """Signals `placed` to each task that asked by signal and has been placed since."""
+        placed = [t for t in self._state.notify if t in self._state.placed]
+        for task_id in placed:
+            self._state.notify.remove(task_id)
+            self._telling += 1
+            teller = asyncio.create_task(self._tell_one(self._state.placed[task_id]))
+            self._tellers.add(teller)
+            teller.add_done_callback(self._tellers.discard)
+
+    async def _tell_one(self, placement: Placement) -> None:
+        handle = workflow.get_external_workflow_handle(task_workflow_id(placement.task_id))
+        try:
+            await handle.signal("placed", placement)
+        except FailureError:
+            # Its record has ended (cancelled while queued, say): nothing will use the cards.
+            self._state.release(placement.task_id)
+            self._changed = True
+        finally:
+            self._telling -= 1
+            if self._telling == 0:
+                self._changed = True  # the loop looks again (continue as new, say)

@@ -1,7 +1,13 @@
 """TaskWorkflow (`task:<id>`): one task and its record.
 
-    place (PoolWorkflow's Update, through an activity) -> RunTask on the worker (retried)
-    -> the worker's ReportTask (signal `report`), with a GetTask poll as the fallback -> release
+    request (PoolWorkflow's signal `request`, through an activity that refuses a task no
+    machine of the pool can hold) -> wait for the pool's signal `placed` -> RunTask on the worker
+    (retried) -> the worker's ReportTask (signal `report`), with a GetTask poll as the fallback
+    -> release
+
+Records started before the `placed` signal existed asked through PoolWorkflow's Update
+`place` (an activity waiting on it); they replay so. A task cancelled while it waits leaves the
+queue at once (`release` withdraws it) and ends `cancelled`.
 
 A task whose RunTask never got through, on a worker whose record has since ended (its node
 removed, say), never ran there: its cards are released and it is placed again (at most
@@ -60,6 +66,9 @@ REPLICA_PICKUP = timedelta(seconds=20)
 """A call on a replica's queue that no replica picks up within this (the replica that held the
 worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
+PLACE_BY_SIGNAL = "place-by-signal"
+REQUEST_TIMEOUT = timedelta(seconds=30)
+REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
 
 
 class _NeverStarted(Exception):
@@ -75,6 +84,8 @@ class TaskWorkflow:
         self._route: WorkerTaskInput | None = None
         self._cancel: str | None = None
         self._cancel_sent = False
+        self._queued = False
+        self._offered: Placement | None = None
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -89,10 +100,18 @@ class TaskWorkflow:
     @workflow.signal
     def cancel(self, reason: str = "") -> None:
         """`levers9 task cancel`: a running task's container is stopped (SIGTERM, a grace,
-        SIGKILL) and the task ends `cancelled`; a queued one ends so once it is placed, without
-        running (its cards go back to the pool either way once nothing runs on them)."""
+        SIGKILL) and the task ends `cancelled`; a queued one leaves the queue and ends so at
+        once, without running (its cards go back to the pool either way once nothing runs on
+        them)."""
         if self._cancel is None:
             self._cancel = reason or "cancelled"
+
+    @workflow.signal
+    def placed(self, placement: Placement) -> None:
+        """The pool placed this task (the answer to its `request`)."""
+        record = self._record
+        if self._queued and self._offered is None and record is not None:
+            self._offered = placement if placement.task_id == record.task_id else None
 
     @workflow.run
     async def run(self, input: TaskInput) -> TaskRecord:
@@ -107,14 +126,23 @@ class TaskWorkflow:
         )
         reason = ""
         for placements in range(1, PLACEMENTS + 1):
-            self._placement = await workflow.execute_activity_method(
-                TaskActivities.place_task,
-                PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
-                start_to_close_timeout=PLACE_TIMEOUT,
-                heartbeat_timeout=PLACE_HEARTBEAT,
-                summary=f"placement: waiting for one worker with {input.gpus} free cards"
-                + (f" (placement {placements}: {reason})" if placements > 1 else ""),
+            summary = f"placement: waiting for one worker with {input.gpus} free cards" + (
+                f" (placement {placements}: {reason})" if placements > 1 else ""
             )
+            if workflow.patched(PLACE_BY_SIGNAL):
+                placement = await self._queue(input, summary)
+                if placement is None:
+                    assert self._record is not None
+                    return self._record
+                self._placement = placement
+            else:
+                self._placement = await workflow.execute_activity_method(
+                    TaskActivities.place_task,
+                    PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
+                    start_to_close_timeout=PLACE_TIMEOUT,
+                    heartbeat_timeout=PLACE_HEARTBEAT,
+                    summary=summary,
+                )
             try:
                 return await self._run_on_worker(input, self._placement)
             except _NeverStarted as never:
@@ -127,6 +155,39 @@ class TaskWorkflow:
                 with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
                     await pool.signal("release", input.task_id)
         return self._finish("failed", f"placed {PLACEMENTS} times, never started: {reason}")
+
+    async def _queue(self, input: TaskInput, summary: str) -> Placement | None:
+        """Asks the pool and waits for its `placed`; None when the task ended meanwhile
+        (cancelled while queued, or no machine of the pool can ever hold it)."""
+        assert self._record is not None
+        request = PlaceRequest(
+            pool_name=input.pool_name,
+            task_id=input.task_id,
+            gpus=input.gpus,
+            created_at=self._record.created_at,
+        )
+        self._offered = None
+        self._queued = True
+        refused: str = await workflow.execute_activity_method(
+            TaskActivities.request_placement,
+            request,
+            start_to_close_timeout=REQUEST_TIMEOUT,
+            retry_policy=REQUEST_RETRY,
+            summary=summary,
+        )
+        if refused:
+            self._queued = False
+            self._finish("failed", refused)
+            return None
+        await workflow.wait_condition(lambda: self._offered is not None or self._cancel is not None)
+        self._queued = False
+        if self._offered is not None:
+            return self._offered
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+        with contextlib.suppress(FailureError):  # withdraws it (or frees what it was given)
+            await pool.signal("release", input.task_id)
+        self._finish("cancelled", f"{self._cancel} while queued")
+        return None
 
     async def _run_on_worker(self, input: TaskInput, placement: Placement) -> TaskRecord:
         self._update(

@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.models import PlaceRequest, PoolInput, WorkerSlotInput, pool_workflow_id
+from levers9.models import (
+    PlaceRequest,
+    PoolInput,
+    WorkerSlotInput,
+    pool_workflow_id,
+    task_workflow_id,
+)
 from levers9.placement import Placement, PoolState
 from tests.waiting import eventually
 from workflows.pool import PoolWorkflow
@@ -109,4 +117,89 @@ async def test_continues_as_new_with_state_and_survives_a_worker_restart(
         placement = await asyncio.wait_for(four, timeout=15)
         assert placement.worker_id == "w4"
         assert sorted(placement.gpu_indices) == [0, 1, 2, 3]
+        await latest.terminate("test done")
+
+
+@workflow.defn(name="TaskWorkflow")
+class TaskStandIn:
+    """A task's record as the pool sees it: takes `placed` and returns it."""
+
+    def __init__(self) -> None:
+        self._placement: Placement | None = None
+
+    @workflow.signal
+    def placed(self, placement: Placement) -> None:
+        self._placement = placement
+
+    @workflow.run
+    async def run(self) -> Placement:
+        await workflow.wait_condition(lambda: self._placement is not None)
+        assert self._placement is not None
+        return self._placement
+
+
+async def test_a_standing_queue_by_signal_continues_as_new_and_keeps_its_order(
+    dev_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """24 two-card tasks queue by signal on one two-card worker (more than Temporal's 10
+    in-flight Updates): each is told by signal, in the order the tasks were created, while the
+    pool continues as new with the queue standing; a task whose record ended before its turn
+    is skipped and its cards go to the next."""
+    client = dev_env.client
+    suffix = uuid.uuid4().hex[:8]
+    pool_id = f"{pool_workflow_id(POOL)}-q-{suffix}"
+    async with Worker(client, task_queue=task_queue, workflows=[PoolWorkflow, TaskStandIn]):
+        pool = await client.start_workflow(
+            PoolWorkflow.run,
+            PoolInput(pool_name=POOL, max_history_events=CAP),
+            id=pool_id,
+            task_queue=task_queue,
+        )
+        first_run = (await pool.describe()).run_id
+        created = datetime(2026, 12, 1, tzinfo=UTC)
+        ids = [f"q{suffix}{n:02d}" for n in range(24)]
+        handles = {}
+        for task_id in ids:
+            handles[task_id] = await client.start_workflow(
+                TaskStandIn.run, id=task_workflow_id(task_id), task_queue=task_queue
+            )
+        # They ask in a shuffled order; the queue keeps the tasks' creation order.
+        for n in [*range(1, 24, 2), *range(0, 24, 2)]:
+            at = created + timedelta(seconds=n)
+            request = PlaceRequest(pool_name=POOL, task_id=ids[n], gpus=2, created_at=at)
+            await pool.signal(PoolWorkflow.request, request)
+        await handles[ids[5]].terminate("its record ended while it waited")
+        # The worker comes once all wait (one that is there first places the first to ask).
+        slot = WorkerSlotInput(
+            worker_id="w2",
+            node_name="node-2",
+            address="127.0.20.1:40000",
+            devices=(0, 1),
+            node_gpus=2,
+        )
+        await pool.signal(PoolWorkflow.worker_available, slot)
+        order = []
+        for task_id in ids:
+            if task_id == ids[5]:
+                continue
+            try:
+                placement = await asyncio.wait_for(handles[task_id].result(), timeout=30)
+            except TimeoutError:
+                latest = client.get_workflow_handle_for(PoolWorkflow.run, pool_id)
+                raise AssertionError(
+                    f"{task_id} after {order}: {await latest.query(PoolWorkflow.state)}"
+                ) from None
+            assert placement.task_id == task_id
+            order.append(task_id)
+            await pool.signal(PoolWorkflow.release, task_id)
+        assert order == [t for t in ids if t != ids[5]]
+        runs = await _runs(client, pool_id)
+        assert runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 1, runs
+        history = await client.get_workflow_handle(pool_id, run_id=first_run).fetch_history()
+        assert history.events[-1].event_type == (
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        )
+        latest = client.get_workflow_handle_for(PoolWorkflow.run, pool_id)
+        state = await latest.query(PoolWorkflow.state)
+        assert (state.waiting, state.placed, state.notify) == ([], {}, [])
         await latest.terminate("test done")

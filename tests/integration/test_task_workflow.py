@@ -46,8 +46,7 @@ class Cluster:
     placed: list[str] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
-        @activity.defn(name="place_task")
-        async def place_task(request: PlaceRequest) -> Placement:
+        def place(request: PlaceRequest) -> Placement:
             worker = self.workers[min(len(self.placed), len(self.workers) - 1)]
             self.placed.append(worker)
             return Placement(
@@ -58,6 +57,17 @@ class Cluster:
                 gpu_indices=(0,),
                 task_queue=self.placed_queue,
             )
+
+        @activity.defn(name="place_task")
+        async def place_task(request: PlaceRequest) -> Placement:
+            return place(request)
+
+        @activity.defn(name="request_placement")
+        async def request_placement(request: PlaceRequest) -> str:
+            """The pool, at once: signals the placement back to the asking record."""
+            asking = activity.client().get_workflow_handle(activity.info().workflow_id)
+            await asking.signal("placed", place(request))
+            return ""
 
         @activity.defn(name="run_task")
         async def run_task(input: WorkerTaskInput) -> bool:
@@ -87,7 +97,7 @@ class Cluster:
                 update={"task_queue": self.live_queue, "address": "127.0.0.1:2"}
             )
 
-        return [place_task, run_task, get_task, worker_ended, worker_route]
+        return [place_task, request_placement, run_task, get_task, worker_ended, worker_route]
 
     def worker_calls(self) -> list[Callable[..., Any]]:
         """What a replica's own queue serves."""

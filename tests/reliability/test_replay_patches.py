@@ -32,7 +32,7 @@ from levers9.capacity import MachineStatus, NodeCapacity, Resources
 from levers9.models import MachineInput, PlaceRequest, TaskInput, TaskRecord, WorkerTaskInput
 from levers9.placement import Placement
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
-from workflows.task import PLACE_AGAIN, PLACEMENTS, TaskWorkflow
+from workflows.task import PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,14 @@ async def place_task(request: PlaceRequest) -> Placement:
         address="127.0.20.1:40000",
         gpu_indices=(0,),
     )
+
+
+@activity.defn(name="request_placement")
+async def request_placement(request: PlaceRequest) -> str:
+    """The pool, at once: signals the placement back to the asking record."""
+    asking = activity.client().get_workflow_handle(activity.info().workflow_id)
+    await asking.signal("placed", await place_task(request))
+    return ""
 
 
 @activity.defn(name="run_task")
@@ -115,6 +123,9 @@ PATCHES = {
     PLACE_AGAIN: Patch(
         PLACE_AGAIN, _task_never_started, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ),
+    PLACE_BY_SIGNAL: Patch(
+        PLACE_BY_SIGNAL, _task_never_started, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+    ),
 }
 WORKFLOWS = [MachineWorkflow, TaskWorkflow]
 
@@ -139,7 +150,7 @@ async def _history(
             env.client,
             task_queue=task_queue,
             workflows=WORKFLOWS,
-            activities=[place_task, run_task, worker_ended],
+            activities=[place_task, request_placement, run_task, worker_ended],
         ):
             workflow_id = await patch.drive(env.client, task_queue)
     return await env.client.get_workflow_handle(workflow_id).fetch_history()
