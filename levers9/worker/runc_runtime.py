@@ -35,6 +35,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import tty as termios_tty
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -427,7 +428,13 @@ class RuncRuntime:
             raise StartError("not a container of the runc runtime")
         if not command:
             raise StartError("exec needs a command")
-        tty = ["--tty"] if terminal is not None else []
+        tty = []
+        if terminal is not None:
+            # The container's own terminal (runc's, in its /dev/pts) does the line discipline;
+            # this one only relays, so it must not translate too (`\r\r\n`, a double echo):
+            # raw before runc starts rather than whenever runc gets to setting it so.
+            termios_tty.setraw(terminal)
+            tty = ["--tty"]
         return await asyncio.create_subprocess_exec(
             *self._runc_argv("exec", *tty, container.id, *command),
             **exec_stdio(terminal),
