@@ -79,7 +79,7 @@ class PoolWorkflow:
     async def place(self, request: PlaceRequest) -> Placement:
         self._state.request(request.task_id, request.gpus, workflow.now())
         self._assign()
-        self._changed = True
+        self._tell()  # tasks that asked by signal and were placed just now (no wake-up: replay)
         await workflow.wait_condition(lambda: request.task_id in self._state.placed)
         return self._state.placed[request.task_id]
 

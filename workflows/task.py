@@ -59,6 +59,11 @@ WORKER_TIMEOUT = timedelta(seconds=30)
 RUN_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=10)
 POLL_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=6)
 POLL_EVERY = timedelta(seconds=5)
+"""Records started before PLACE_BY_SIGNAL poll the worker at this pace, as they always did."""
+LIVENESS = (timedelta(seconds=60), timedelta(minutes=15))
+"""Without a report, GetTask asks the worker after the first, then doubling up to the second:
+the worker reports the task's start and end itself, so a task's history grows with the log of
+its running time (a 72-hour task: under 300 checks), not linearly with it."""
 PLACEMENTS = 3
 PLACE_AGAIN = "place-again-when-the-worker-is-gone"
 ENDED_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=5)
@@ -86,6 +91,9 @@ class TaskWorkflow:
         self._cancel_sent = False
         self._queued = False
         self._offered: Placement | None = None
+        self._signalled = False
+        """This record asks for its placement by signal and trusts the worker's reports,
+        checking on the worker with a backed-off GetTask (PLACE_BY_SIGNAL)."""
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -124,12 +132,13 @@ class TaskWorkflow:
             state="queued",
             created_at=workflow.now(),
         )
+        self._signalled = workflow.patched(PLACE_BY_SIGNAL)
         reason = ""
         for placements in range(1, PLACEMENTS + 1):
             summary = f"placement: waiting for one worker with {input.gpus} free cards" + (
                 f" (placement {placements}: {reason})" if placements > 1 else ""
             )
-            if workflow.patched(PLACE_BY_SIGNAL):
+            if self._signalled:
                 placement = await self._queue(input, summary)
                 if placement is None:
                     assert self._record is not None
@@ -224,10 +233,11 @@ class TaskWorkflow:
                 raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
             return self._finish("failed", reason)
         self._update(state="running")
+        liveness = LIVENESS[0] if self._signalled else POLL_EVERY
         while True:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: bool(self._reports) or self._cancel_due(), timeout=POLL_EVERY
+                    lambda: bool(self._reports) or self._cancel_due(), timeout=liveness
                 )
             if self._cancel_due():
                 self._cancel_sent = True
@@ -241,9 +251,15 @@ class TaskWorkflow:
                     reason = f"{self._cancel}; the worker did not confirm: {failure_reason(exc)}"
                     return self._finish("cancelled", reason)
                 continue  # the worker reports the task cancelled (or ended before it)
-            if self._reports:
+            if self._reports and not self._signalled:
                 report = self._reports.pop()
+            elif self._reports:
+                # The end says all; reports travel apart, so a start may come after it.
+                ended = [r for r in self._reports if r.state in TERMINAL]
+                report = ended[0] if ended else self._reports[-1]
+                self._reports.clear()
             else:
+                liveness = min(liveness * 2, LIVENESS[1]) if self._signalled else POLL_EVERY
                 try:
                     report = await self._on_worker(
                         TaskActivities.get_task,

@@ -306,6 +306,7 @@ class TaskManager:
             detail = "cached" if pulled.cached else f"pulled {pulled.bytes_pulled} bytes"
             record.phase(IMAGE_PULL, detail=detail)
         record.phase(CONTAINER_START)
+        self._report(record.status())  # its record shows the start (runtime, image) at once
         watcher = asyncio.create_task(self._watch(record, container), name=spec.task_id)
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)

@@ -5,14 +5,19 @@ that started is never started again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from temporalio import activity, workflow
+from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -44,6 +49,9 @@ class Cluster:
     """The queue the worker's record names now (its tunnel moved to another replica)."""
     runs: list[str] = field(default_factory=list)
     placed: list[str] = field(default_factory=list)
+    keeps_running: bool = False
+    """GetTask answers `running` (the task's end comes as the worker's report)."""
+    polls: int = 0
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -65,7 +73,7 @@ class Cluster:
         @activity.defn(name="request_placement")
         async def request_placement(request: PlaceRequest) -> str:
             """The pool, at once: signals the placement back to the asking record."""
-            asking = activity.client().get_workflow_handle(activity.info().workflow_id)
+            asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
             await asking.signal("placed", place(request))
             return ""
 
@@ -78,11 +86,12 @@ class Cluster:
 
         @activity.defn(name="get_task")
         async def get_task(input: WorkerTaskInput) -> TaskReport:
+            self.polls += 1
             return TaskReport(
                 pool_name=input.pool_name,
                 worker_id=input.worker_id,
                 task_id=input.task.task_id,
-                state="succeeded",
+                state="running" if self.keeps_running else "succeeded",
             )
 
         @activity.defn(name="worker_ended")
@@ -112,9 +121,16 @@ class Cluster:
 class PoolStandIn:
     """Takes the task's `release` signals (the real pool is tested on its own)."""
 
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
     @workflow.signal
     def release(self, task_id: str) -> None:
-        pass
+        self.released.append(task_id)
+
+    @workflow.query
+    def releases(self) -> list[str]:
+        return self.released
 
     @workflow.run
     async def run(self) -> None:
@@ -195,3 +211,68 @@ async def test_a_call_no_replica_picks_up_is_routed_again_from_the_worker_record
     assert (record.state, record.worker_id) == ("succeeded", "w-tunnelled")
     assert cluster.placed == ["w-tunnelled"]  # routed again, not placed again
     assert cluster.runs == ["w-tunnelled"]
+
+
+async def _started(handle: WorkflowHandle[Any, Any]) -> None:
+    """Once the record says `running` (RunTask got through)."""
+    for _ in range(200):
+        record = await handle.query(TaskWorkflow.record)
+        if record is not None and record.state != "queued" and record.state != "placed":
+            assert record.state == "running", record
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the task never started")
+
+
+async def _run_for(
+    env: WorkflowEnvironment, task_queue: str, running: timedelta
+) -> tuple[TaskRecord, int, list[str], int]:
+    """A task that runs for `running`, its end reported by its worker (the gateway's signal):
+    its record, its history's length, the pool's releases, and GetTask's liveness checks."""
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, keeps_running=True)
+    pool = f"pool-{uuid.uuid4().hex[:6]}"
+    task_id = uuid.uuid4().hex[:12]
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[TaskWorkflow, PoolStandIn],
+        activities=cluster.activities(),
+    ):
+        stand_in = await env.client.start_workflow(
+            PoolStandIn.run, id=pool_workflow_id(pool), task_queue=task_queue
+        )
+        handle = await env.client.start_workflow(
+            TaskWorkflow.run,
+            TaskInput(task_id=task_id, pool_name=pool, command=("train",)),
+            id=f"task:{task_id}",
+            task_queue=task_queue,
+        )
+        await _started(handle)
+        await env.sleep(running)
+        end = TaskReport(pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded")
+        await handle.signal(TaskWorkflow.report, end)
+        record = await handle.result()
+        events = len((await handle.fetch_history()).events)
+        released = await stand_in.query(PoolStandIn.releases)
+        with contextlib.suppress(RPCError):  # the time-skipping server may have ended it
+            await stand_in.terminate("test done")
+    return record, events, released, cluster.polls
+
+
+async def test_a_task_history_does_not_grow_with_its_running_time(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    short, short_events, _, _ = await _run_for(time_env, task_queue, timedelta(seconds=5))
+    ninety, ninety_events, _, _ = await _run_for(time_env, task_queue, timedelta(seconds=90))
+    assert short.state == ninety.state == "succeeded"
+    assert ninety_events - short_events <= 20, (short_events, ninety_events)
+
+
+async def test_a_72_hour_task_ends_with_its_record_and_its_cards_released_once(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    record, events, released, polls = await _run_for(time_env, task_queue, timedelta(hours=72))
+    assert record.state == "succeeded"
+    assert released == [record.task_id], "its cards given back exactly once"
+    assert polls <= 300, "backed-off liveness checks, not one every 5 s (51,840 of them)"
+    assert events < 4_000, f"{events} events: far below Temporal's 51,200 (a month: about 33,000)"

@@ -53,7 +53,7 @@ async def place_task(request: PlaceRequest) -> Placement:
 @activity.defn(name="request_placement")
 async def request_placement(request: PlaceRequest) -> str:
     """The pool, at once: signals the placement back to the asking record."""
-    asking = activity.client().get_workflow_handle(activity.info().workflow_id)
+    asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
     await asking.signal("placed", await place_task(request))
     return ""
 
