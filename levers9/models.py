@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from levers9.capacity import NodeCapacity
 from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
-from levers9.placement import PoolState
+from levers9.placement import PoolState, QueueSpot
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"
@@ -301,6 +301,8 @@ class TaskRecord(_Record):
     image_digest: str = ""
     """The manifest digest the task's image resolved to, when it ran in one (runc)."""
     finished_at: datetime | None = None
+    queue: QueueSpot | None = None
+    """Where it waits, while queued: read from its pool when the record is read, not kept."""
 
 
 class WorkerTaskInput(_Record):

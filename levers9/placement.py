@@ -57,6 +57,18 @@ class Placement(BaseModel):
     tls: bool = False
 
 
+class QueueSpot(BaseModel):
+    """Where a waiting task stands (`levers9 task get` of a queued task)."""
+
+    position: int
+    """1: the next to be placed."""
+    waiting: int
+    gpus: int
+    most_free: int
+    """The most cards free on any one available worker now."""
+    workers: int
+
+
 class PoolState(BaseModel):
     """Everything PoolWorkflow knows; carried across continue-as-new as it is."""
 
@@ -103,11 +115,20 @@ class PoolState(BaseModel):
         if notify:
             self.notify.append(task_id)
 
-    def position(self, task_id: str) -> int | None:
-        """1 for the first waiting task; None when it does not wait."""
+    def spot(self, task_id: str) -> QueueSpot | None:
+        """Where the task stands in the queue; None when it does not wait."""
+        if task_id not in self._ids():
+            return None
         for index, waiting in enumerate(self.waiting):
             if waiting.task_id == task_id:
-                return index + 1
+                most_free = max((len(s.free()) for s in self.slots.values()), default=0)
+                return QueueSpot(
+                    position=index + 1,
+                    waiting=len(self.waiting),
+                    gpus=waiting.gpus,
+                    most_free=most_free,
+                    workers=len(self.slots),
+                )
         return None
 
     def release(self, task_id: str) -> None:

@@ -20,8 +20,10 @@ from levers9.models import (
     TASK_WORKFLOW,
     TaskInput,
     TaskRecord,
+    pool_workflow_id,
     task_workflow_id,
 )
+from levers9.placement import QueueSpot
 from levers9.search_attributes import POOL_NAME
 from levers9.temporal import list_memo_records
 
@@ -74,7 +76,21 @@ async def task_record(client: Client, task_id: str) -> TaskRecord | None:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+    if record is not None and record.state == "queued":
+        record = record.model_copy(update={"queue": await _queue_spot(client, record)})
     return record
+
+
+async def _queue_spot(client: Client, record: TaskRecord) -> QueueSpot | None:
+    """Where the queued task stands, from its pool (None when the pool cannot say now)."""
+    pool = client.get_workflow_handle(pool_workflow_id(record.pool_name))
+    try:
+        spot: QueueSpot | None = await pool.query(
+            "queue_spot", record.task_id, result_type=QueueSpot
+        )
+    except RPCError:
+        return None
+    return spot
 
 
 async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:

@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerSlotInput,
         task_workflow_id,
     )
-    from levers9.placement import Placement, PoolState, Slot
+    from levers9.placement import Placement, PoolState, QueueSpot, Slot
 
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
@@ -86,6 +86,10 @@ class PoolWorkflow:
     @workflow.query
     def state(self) -> PoolState:
         return self._state
+
+    @workflow.query
+    def queue_spot(self, task_id: str) -> QueueSpot | None:
+        return self._state.spot(task_id)
 
     @workflow.run
     async def run(self, input: PoolInput) -> None:

@@ -123,6 +123,7 @@ class TaskWorkflow:
 
     @workflow.run
     async def run(self, input: TaskInput) -> TaskRecord:
+        self._signalled = workflow.patched(PLACE_BY_SIGNAL)
         self._record = TaskRecord(
             task_id=input.task_id,
             pool_name=input.pool_name,
@@ -132,7 +133,8 @@ class TaskWorkflow:
             state="queued",
             created_at=workflow.now(),
         )
-        self._signalled = workflow.patched(PLACE_BY_SIGNAL)
+        if self._signalled:  # `levers9 task list` shows it while it waits
+            workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
         reason = ""
         for placements in range(1, PLACEMENTS + 1):
             summary = f"placement: waiting for one worker with {input.gpus} free cards" + (

@@ -244,6 +244,14 @@ def print_result(record: TaskRecord) -> None:
     )
     if record.reason:
         console.print(f"reason: {record.reason}", highlight=False)
+    if record.queue is not None:
+        spot = record.queue
+        console.print(
+            f"queued: {spot.position} of {spot.waiting}, waiting for one worker with"
+            f" {spot.gpus} free cards (the most free on any of the pool's {spot.workers}"
+            f" workers now: {spot.most_free})",
+            highlight=False,
+        )
     if record.image or record.host:
         digest = f" digest={record.image_digest}" if record.image_digest else ""
         image = record.image or "none (a process of the worker)"

@@ -8,6 +8,7 @@ the queue at once, `cancelled`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -103,6 +104,19 @@ async def test_a_task_cancelled_while_queued_leaves_the_queue(cp: Controlplane) 
     task_id = started.stdout.strip()
     queued = await cp.cli("task", "get", task_id, "-o", "json")
     assert '"state": "queued"' in queued.stdout
+
+    async def says_where_it_waits() -> bool:
+        shown = await cp.cli("task", "get", task_id)
+        return (
+            "queued: 1 of 1, waiting for one worker with 4 free cards (the most free on any"
+            " of the pool's 3 workers now: 2)" in shown.stdout
+        )
+
+    await eventually(says_where_it_waits, within=WITHIN)
+    listed = await cp.cli("task", "list", "--pool", POOL, "-o", "json")
+    assert {"task_id": task_id, "state": "queued"}.items() <= next(
+        row for row in json.loads(listed.stdout) if row["task_id"] == task_id
+    ).items(), "task list shows the queued task"
     cancelled = await cp.cli("task", "cancel", task_id, "--reason", "not needed")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"task {task_id} cancelled (never ran)" in cancelled.stdout
