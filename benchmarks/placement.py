@@ -1,0 +1,169 @@
+"""Placement under a standing queue: N tasks submitted at once over M workers, on the Temporal
+dev server, with the real PoolWorkflow and TaskWorkflow and the real `request_placement`
+activity (signal-with-start); the worker side is mocked (RunTask succeeds at once and the
+"worker" reports the task's end, as the gateway would signal it). Reports the time to place
+and finish them all, PoolWorkflow history events per placed task (over every run of its
+continue-as-new chain), and the longest history of each workflow type.
+
+    python benchmarks/placement.py [--tasks 1000] [--workers 20] [--gpus 1]
+
+Targets (issue 17): no refusal at any N (every task succeeds), at most 10 pool history events
+per placed task, at least 50 tasks placed per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import resource
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.dispatch import TaskActivities
+from levers9.config import ControlplaneSettings
+from levers9.gateway.reports import TaskReport
+from levers9.models import (
+    PoolInput,
+    TaskInput,
+    WorkerSlotInput,
+    WorkerTaskInput,
+    pool_workflow_id,
+)
+from levers9.task_records import start_task
+from levers9.temporal import ensure_search_attributes
+from workflows.pool import PoolWorkflow
+from workflows.task import TaskWorkflow
+
+BIN = Path(sys.executable).parent
+POOL = "bench"
+
+
+@activity.defn(name="run_task")
+async def run_task(input: WorkerTaskInput) -> bool:
+    """The worker takes the task and, at once, reports it ended (the gateway's signal)."""
+    record = activity.client().get_workflow_handle(activity.info().workflow_id or "")
+    report = TaskReport(
+        pool_name=input.pool_name,
+        worker_id=input.worker_id,
+        task_id=input.task.task_id,
+        state="succeeded",
+    )
+    await record.signal("report", report)
+    return False
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _history_lengths(client: Client, workflow_type: str) -> list[int]:
+    lengths = []
+    async for listed in client.list_workflows(f"WorkflowType='{workflow_type}'"):
+        handle = client.get_workflow_handle(listed.id, run_id=listed.run_id)
+        lengths.append(len((await handle.fetch_history()).events))
+    return lengths
+
+
+async def main(tasks: int, workers: int, gpus: int) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(BIN / "temporal"),
+        data_converter=pydantic_data_converter,
+        dev_server_extra_args=["--headless"],
+    )
+    async with env:
+        client = env.client
+        await ensure_search_attributes(client, "default")
+        task_queue = f"bench-{uuid.uuid4().hex[:6]}"
+        settings = ControlplaneSettings.model_validate(
+            {"temporalAddress": client.service_client.config.target_host, "taskQueue": task_queue}
+        )
+        real = TaskActivities(client, settings)
+        async with Worker(
+            client,
+            task_queue=task_queue,
+            workflows=[PoolWorkflow, TaskWorkflow],
+            activities=[real.request_placement, run_task],
+        ):
+            pool = await client.start_workflow(
+                PoolWorkflow.run,
+                PoolInput(pool_name=POOL),
+                id=pool_workflow_id(POOL),
+                task_queue=task_queue,
+            )
+            for n in range(workers):
+                slot = WorkerSlotInput(
+                    worker_id=f"w{n}",
+                    node_name=f"node-{n}",
+                    address=f"127.0.20.{n % 250 + 1}:40000",
+                    devices=tuple(range(gpus)),
+                    node_gpus=gpus,
+                )
+                await pool.signal(PoolWorkflow.worker_available, slot)
+            inputs = [
+                TaskInput(
+                    task_id=f"b{n:06d}{uuid.uuid4().hex[:5]}",
+                    pool_name=POOL,
+                    command=("true",),
+                    gpus=gpus,
+                )
+                for n in range(tasks)
+            ]
+            began = time.perf_counter()
+            cpu_began = _cpu()
+            starting = asyncio.Semaphore(100)
+
+            async def submit(task: TaskInput) -> None:
+                async with starting:
+                    await start_task(client, task_queue, task)
+
+            await asyncio.gather(*(submit(t) for t in inputs))
+            submitted = time.perf_counter() - began
+            states: dict[str, int] = defaultdict(int)
+            waiting = asyncio.Semaphore(200)
+
+            async def result(task: TaskInput) -> None:
+                async with waiting:
+                    record = await client.get_workflow_handle(f"task:{task.task_id}").result()
+                    states[record["state"] if isinstance(record, dict) else record.state] += 1
+
+            await asyncio.gather(*(result(t) for t in inputs))
+            took = time.perf_counter() - began
+            cpu = _cpu() - cpu_began
+        pool_lengths = await _history_lengths(client, "PoolWorkflow")
+        task_lengths = await _history_lengths(client, "TaskWorkflow")
+    print(
+        f"nproc={os.cpu_count()} {platform.machine()}, Temporal dev server, {tasks} tasks"
+        f" of {gpus} card(s) over {workers} workers"
+    )
+    print(f"submitted in {submitted:.1f} s; all ended in {took:.1f} s: {dict(states)}")
+    print(f"placed per second: {tasks / took:.0f}")
+    print(
+        f"CPU of this process (the Temporal worker: workflows, activities, the client):"
+        f" {cpu:.1f} s, {cpu / tasks * 1000:.0f} ms per task"
+    )
+    print(
+        f"PoolWorkflow: {len(pool_lengths)} runs, {sum(pool_lengths)} events,"
+        f" {sum(pool_lengths) / tasks:.1f} per placed task, longest run {max(pool_lengths)}"
+    )
+    print(f"TaskWorkflow: longest history {max(task_lengths)} events")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=20)
+    parser.add_argument("--gpus", type=int, default=1)
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.tasks, arguments.workers, arguments.gpus))
