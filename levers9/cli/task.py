@@ -293,9 +293,16 @@ def run(
         return
     record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
     if record is None:
+        last = _answered(_record(settings, task.task_id))
+        spot = last.queue if last is not None else None
+        doing = (
+            f"is queued ({spot.position} of {spot.waiting}, waiting for one worker with"
+            f" {spot.gpus} free cards)"
+            if spot is not None
+            else f"is still {last.state if last is not None else 'running'}"
+        )
         console.print(
-            f"DEADLINE_EXCEEDED: task {task.task_id} is still running;"
-            f" levers9 task get {task.task_id}",
+            f"DEADLINE_EXCEEDED: task {task.task_id} {doing}; levers9 task get {task.task_id}",
             highlight=False,
         )
         raise typer.Exit(DEADLINE_EXIT)

@@ -121,6 +121,15 @@ async def test_a_task_cancelled_while_queued_leaves_the_queue(cp: Controlplane) 
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"task {task_id} cancelled (never ran)" in cancelled.stdout
     assert "reason: not needed while queued" in cancelled.stdout
+    # `levers9 run` that stops waiting says where its task waits.
+    waited = await cp.cli("run", "--pool", POOL, "--gpus", "4", "--wait", "2", "--", "true")
+    waiting_id = waited.stdout.split()[1]
+    assert (
+        f"DEADLINE_EXCEEDED: task {waiting_id} is queued (1 of 1, waiting for one worker with"
+        f" 4 free cards); levers9 task get {waiting_id}"
+    ) in waited.stdout
+    gone = await cp.cli("task", "cancel", waiting_id)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
     # The queue is empty again: a two-card task is placed at once.
     after = await cp.cli("run", "--pool", POOL, "--gpus", "2", "--", "true")
     assert after.returncode == 0, after.stdout + after.stderr
