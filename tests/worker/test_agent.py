@@ -153,7 +153,11 @@ async def test_a_finished_task_is_reported(
     await worker_stub.RunTask(_run_request("t-done", "print('done')"), metadata=AUTH)
 
     await gateway.wait_for(_reported("t-done", worker_pb2.TASK_STATE_SUCCEEDED))
-    [report] = gateway.calls.reports
+    await gateway.wait_for(lambda calls: len(calls.reports) == 2)
+    # Its start is reported too; each report travels on its own, in either order.
+    states = sorted(r.status.state for r in gateway.calls.reports)
+    assert states == [worker_pb2.TASK_STATE_RUNNING, worker_pb2.TASK_STATE_SUCCEEDED]
+    [report] = [r for r in gateway.calls.reports if r.status.state != worker_pb2.TASK_STATE_RUNNING]
     assert (report.pool_name, report.worker_id) == ("gke-rtx6000", "w1")
     assert report.status.log_tail == "done\n"
 
@@ -225,8 +229,9 @@ async def test_sigterm_reports_running_tasks_lost_and_exits_0(
             process.kill()
             await process.wait()
 
-    [report] = gateway.calls.reports
-    assert report.status.state == worker_pb2.TASK_STATE_LOST
+    states = sorted(r.status.state for r in gateway.calls.reports)  # its start, its end
+    assert states == [worker_pb2.TASK_STATE_RUNNING, worker_pb2.TASK_STATE_LOST]
+    [report] = [r for r in gateway.calls.reports if r.status.state != worker_pb2.TASK_STATE_RUNNING]
     assert report.status.reason == "worker shut down"
     lines = [line.split(maxsplit=2)[2] for line in log.read_text().splitlines() if line.strip()]
     assert lines[:2] == [

@@ -88,7 +88,8 @@ async def test_the_worker_job_registers_with_its_cards(
             task_id="t-gpu-check", command=["python", "-c", code], gpu_indices=[1]
         )
         await stub.RunTask(worker_pb2.RunTaskRequest(task=task), metadata=AUTH)
-        await gateway.wait_for(lambda calls: len(calls.reports) == 1)
-    [report] = gateway.calls.reports
+        await gateway.wait_for(lambda calls: len(calls.reports) == 2)  # its start, its end
+    # Each report travels on its own: the start's may arrive after the end's.
+    [report] = [r for r in gateway.calls.reports if r.status.state != worker_pb2.TASK_STATE_RUNNING]
     assert report.status.state == worker_pb2.TASK_STATE_SUCCEEDED
     assert report.status.log_tail == "1\n"

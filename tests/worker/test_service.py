@@ -98,7 +98,11 @@ async def test_a_task_runs_and_keeps_its_result(served: ServedWorker) -> None:
     times = [p.at_unix_ms for p in status.phases]
     assert times == sorted(times)
     assert times[0] > 0
-    assert [r.task_id for r in served.reports] == ["t-result"]
+    # Its start, then its end: the record hears both from the worker.
+    assert [(r.task_id, r.state) for r in served.reports] == [
+        ("t-result", worker_pb2.TASK_STATE_RUNNING),
+        ("t-result", worker_pb2.TASK_STATE_SUCCEEDED),
+    ], "the reporter is called in order (delivery is the gateway client's)"
 
 
 async def test_a_failing_task_keeps_its_exit_code(served: ServedWorker) -> None:
