@@ -299,7 +299,7 @@ def run(
             f"is queued ({spot.position} of {spot.waiting}, waiting for one worker with"
             f" {spot.gpus} free cards)"
             if spot is not None
-            else f"is still {last.state if last is not None else 'running'}"
+            else "is still running"
         )
         console.print(
             f"DEADLINE_EXCEEDED: task {task.task_id} {doing}; levers9 task get {task.task_id}",
