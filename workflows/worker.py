@@ -54,6 +54,7 @@ IMAGE_PULL_FIX = (
 )
 PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
 MAX_HISTORY_EVENTS = 5_000
+LEAVE_PLACEMENT_FIRST = "leave-placement-before-the-job-goes"
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -249,6 +250,12 @@ class WorkerWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
 
+    async def _leave_placement(self, input: WorkerInput) -> None:
+        if self._registration is not None:
+            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+            with contextlib.suppress(FailureError):
+                await pool.signal("worker_gone", input.worker_id)
+
     async def _stopped(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
         request = self._stop_request
         return await self._end(
@@ -296,6 +303,11 @@ class WorkerWorkflow:
     async def _end(
         self, input: WorkerInput, state: str, reason: str, job: WorkerJobInput | None
     ) -> WorkerRecord:
+        # Out of placement before its Job goes, so that nothing is placed on a worker that is
+        # leaving (a task placed on it meanwhile finds it ended and is placed again).
+        leave_first = workflow.patched(LEAVE_PLACEMENT_FIRST)
+        if leave_first:
+            await self._leave_placement(input)
         if job is not None:
             await workflow.execute_activity_method(
                 KubeActivities.delete_worker_job,
@@ -305,10 +317,8 @@ class WorkerWorkflow:
                 summary=f"delete worker Job ({state}: {reason})",
             )
         self._set(input, state, reason)
-        if self._registration is not None:
-            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
-            with contextlib.suppress(FailureError):
-                await pool.signal("worker_gone", input.worker_id)
+        if not leave_first:
+            await self._leave_placement(input)
         workflow.logger.info(
             "worker record ended",
             extra={

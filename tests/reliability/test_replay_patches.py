@@ -29,10 +29,22 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from levers9.capacity import MachineStatus, NodeCapacity, Resources
-from levers9.models import MachineInput, PlaceRequest, TaskInput, TaskRecord, WorkerTaskInput
+from levers9.models import (
+    MachineInput,
+    PlaceRequest,
+    PodState,
+    StopWorker,
+    TaskInput,
+    TaskRecord,
+    WorkerInput,
+    WorkerJobInput,
+    WorkerRegistration,
+    WorkerTaskInput,
+)
 from levers9.placement import Placement
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.task import PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
+from workflows.worker import LEAVE_PLACEMENT_FIRST, WorkerWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +78,61 @@ async def run_task(input: WorkerTaskInput) -> bool:
 @activity.defn(name="worker_ended")
 async def worker_ended(input: WorkerTaskInput) -> bool:
     return True
+
+
+@activity.defn(name="create_worker_job")
+async def create_worker_job(job: WorkerJobInput) -> None:
+    return None
+
+
+@activity.defn(name="describe_worker_pod")
+async def describe_worker_pod(job: WorkerJobInput) -> PodState:
+    return PodState(exists=True, phase="Running")
+
+
+@activity.defn(name="delete_worker_job")
+async def delete_worker_job(job: WorkerJobInput) -> None:
+    return None
+
+
+async def _worker_stopped(client: Client, task_queue: str) -> str:
+    """A worker that registers, serves, and is stopped (its Job deleted)."""
+    worker_id = uuid.uuid4().hex[:8]
+    workflow_id = f"worker:{POOL}:{worker_id}"
+    handle = await client.start_workflow(
+        WorkerWorkflow.run,
+        WorkerInput(
+            pool_name=POOL, node_name="node-1", worker_id=worker_id, machine_id="m1", gpus=1
+        ),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    registration = WorkerRegistration(
+        worker_id=worker_id,
+        pod_uid="uid-1",
+        address="127.0.20.1:40000",
+        gpus=1,
+        visible_devices=(0,),
+    )
+    await handle.signal(WorkerWorkflow.register, registration)
+    await handle.signal(WorkerWorkflow.stop, StopWorker(reason="test over"))
+    await handle.result()
+    return workflow_id
+
+
+def _left_before_the_job_went(history: WorkflowHistory) -> int:
+    """1 when `worker_gone` went to the pool before `delete_worker_job` was scheduled."""
+    gone = delete = None
+    for index, event in enumerate(history.events):
+        signal = event.signal_external_workflow_execution_initiated_event_attributes
+        if gone is None and signal.signal_name == "worker_gone":
+            gone = index
+        scheduled = event.activity_task_scheduled_event_attributes
+        if delete is None and scheduled.activity_type.name == "delete_worker_job":
+            delete = index
+    assert gone is not None
+    assert delete is not None
+    return int(gone < delete)
 
 
 async def _machine_gone(client: Client, task_queue: str) -> str:
@@ -110,8 +177,8 @@ async def _task_never_started(client: Client, task_queue: str) -> str:
 class Patch:
     patch_id: str
     drive: Callable[[Client, str], Awaitable[str]]
-    new_branch: EventType.ValueType
-    """An event only the new branch makes."""
+    new_branch: EventType.ValueType | Callable[[WorkflowHistory], int]
+    """An event only the new branch makes (or a measure of the history it raises)."""
 
 
 PATCHES = {
@@ -126,8 +193,9 @@ PATCHES = {
     PLACE_BY_SIGNAL: Patch(
         PLACE_BY_SIGNAL, _task_never_started, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
     ),
+    LEAVE_PLACEMENT_FIRST: Patch(LEAVE_PLACEMENT_FIRST, _worker_stopped, _left_before_the_job_went),
 }
-WORKFLOWS = [MachineWorkflow, TaskWorkflow]
+WORKFLOWS = [MachineWorkflow, TaskWorkflow, WorkerWorkflow]
 
 
 def test_every_patch_in_the_workflows_is_covered() -> None:
@@ -150,7 +218,15 @@ async def _history(
             env.client,
             task_queue=task_queue,
             workflows=WORKFLOWS,
-            activities=[place_task, request_placement, run_task, worker_ended],
+            activities=[
+                place_task,
+                request_placement,
+                run_task,
+                worker_ended,
+                create_worker_job,
+                describe_worker_pod,
+                delete_worker_job,
+            ],
         ):
             workflow_id = await patch.drive(env.client, task_queue)
     return await env.client.get_workflow_handle(workflow_id).fetch_history()
@@ -165,7 +241,11 @@ def _markers(history: WorkflowHistory) -> list[bytes]:
     ]
 
 
-def _count(history: WorkflowHistory, event_type: EventType.ValueType) -> int:
+def _count(
+    history: WorkflowHistory, event_type: EventType.ValueType | Callable[[WorkflowHistory], int]
+) -> int:
+    if callable(event_type):
+        return event_type(history)
     return sum(1 for e in history.events if e.event_type == event_type)
 
 
