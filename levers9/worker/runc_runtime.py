@@ -89,11 +89,12 @@ def container_config(
     image: ImageConfig,
     devices: Sequence[DeviceNode],
     *,
-    driver_dirs: Sequence[Path] = (),
+    mounts: Sequence[tuple[str, str]] = (),
     limits: Limits = Limits(),
     resolv_conf: Path | None = Path("/etc/resolv.conf"),
 ) -> dict[str, Any]:
-    """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure)."""
+    """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure).
+    `devices` and `mounts` (host path, container path; read-only) are its CDI edits."""
     config: dict[str, Any] = json.loads(json.dumps(base))
     process = config["process"]
     if spec.command:
@@ -105,7 +106,7 @@ def container_config(
     env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(spec.gpu_indices)
     env["LEVERS9_TASK_ID"] = spec.task_id
     env["LEVERS9_RESULT_PATH"] = f"{TASK_MOUNT}/{spec.result_path.name}"
-    if driver_dirs:
+    if any(container == DRIVER_ROOT for _, container in mounts):
         env["PATH"] = ":".join(
             [f"{DRIVER_ROOT}/bin", *[p for p in env.get("PATH", "").split(":") if p]]
         )
@@ -122,20 +123,20 @@ def container_config(
     config["root"] = {"path": "rootfs", "readonly": False}
     config["hostname"] = f"task-{spec.task_id}"[:63]
 
-    mounts = [m for m in config.get("mounts") or [] if m.get("destination") != TASK_MOUNT]
-    for mount in mounts:
+    binds = [m for m in config.get("mounts") or [] if m.get("destination") != TASK_MOUNT]
+    for mount in binds:
         if mount.get("destination") == "/dev/shm":
             # PyTorch's DataLoader and NCCL share tensors through /dev/shm: 64 MiB (Docker's
             # and umoci's default) is the classic "bus error"; it counts against the limit.
             size = limits.memory_bytes or SHM_DEFAULT_BYTES
             options = [o for o in mount.get("options", []) if not o.startswith("size=")]
             mount["options"] = [*options, f"size={size}"]
-    mounts.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
-    for directory in driver_dirs:
-        mounts.append(_bind(str(directory), DRIVER_ROOT, read_only=True))
+    binds.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
+    for host, container in mounts:
+        binds.append(_bind(host, container, read_only=True))
     if resolv_conf is not None and resolv_conf.exists():
-        mounts.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
-    config["mounts"] = mounts
+        binds.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
+    config["mounts"] = binds
 
     linux = config.setdefault("linux", {})
     linux["cgroupsPath"] = cgroup_path(spec.task_id)
@@ -321,7 +322,6 @@ class RuncRuntime:
         results.mkdir(parents=True, exist_ok=True)
         user = base.get("process", {}).get("user", {})
         os.chown(results, int(user.get("uid", 0)), int(user.get("gid", 0)))
-        driver_dirs = [Path(host) for host, _ in edits.mounts]
         limits = dataclasses.replace(
             self._limits,
             memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
@@ -332,7 +332,7 @@ class RuncRuntime:
             spec,
             image.config,
             edits.device_nodes,
-            driver_dirs=driver_dirs,
+            mounts=edits.mounts,
             limits=limits,
         )
         await self._overlay(image.rootfs, bundle)
