@@ -22,9 +22,7 @@ from levers9.config import ControlplaneSettings
 from levers9.gateway.convert import task_report
 from levers9.gateway.reports import TaskReport
 from levers9.models import (
-    MACHINE_WORKFLOW,
     POOL_WORKFLOW,
-    MachineRecord,
     PlaceRequest,
     PoolInput,
     WorkerRecord,
@@ -37,7 +35,7 @@ from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.telemetry import span
-from levers9.temporal import is_running
+from levers9.temporal import is_running, machine_records
 from levers9.tokens import worker_token
 
 T = TypeVar("T")
@@ -124,17 +122,8 @@ class TaskActivities:
 
     async def _largest_machine(self, pool_name: str) -> int | None:
         """The most cards a node of the pool has, from its running machine records."""
-        query = (
-            f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
-            f" AND PoolName='{pool_name}' AND TaskQueue='{self._settings.task_queue}'"
-        )
-        largest: int | None = None
-        async for listed in self._client.list_workflows(query):
-            memo = await listed.memo()
-            if "record" in memo:
-                record = MachineRecord.model_validate(memo["record"])
-                largest = max(largest or 0, record.total_gpus)
-        return largest
+        records = await machine_records(self._client, self._settings.task_queue, pool_name)
+        return max((r.total_gpus for r in records), default=None)
 
     @activity.defn
     async def worker_ended(self, input: WorkerTaskInput) -> bool:

@@ -300,27 +300,38 @@ def _seconds(moment: datetime) -> datetime:
 R = TypeVar("R", bound=BaseModel)
 
 
-async def list_memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
+async def memo_records(client: Client, task_queue: str, query: str, model: type[R]) -> list[R]:
     """The `record` memo of every workflow the visibility query lists (one list call, paged),
-    among this controlplane's own (its task queue: two controlplanes may share a namespace)."""
-    client = await connect(settings)
+    among one controlplane's own (its task queue: two controlplanes may share a namespace)."""
     records = []
-    async for listed in client.list_workflows(f"{query} AND TaskQueue='{settings.task_queue}'"):
+    async for listed in client.list_workflows(f"{query} AND TaskQueue='{task_queue}'"):
         memo = await listed.memo()
         if "record" in memo:
             records.append(model.model_validate(memo["record"]))
     return records
 
 
-async def list_machine_records(
-    settings: ControlplaneSettings, pool_name: str | None
+async def list_memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
+    """`memo_records` of this controlplane, over a client of its own."""
+    return await memo_records(await connect(settings), settings.task_queue, query, model)
+
+
+async def machine_records(
+    client: Client, task_queue: str, pool_name: str | None
 ) -> list[MachineRecord]:
-    """The machine records (running MachineWorkflows' memos)."""
+    """The machine records (running MachineWorkflows' memos), by pool and node."""
     query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
     if pool_name:
         query += f" AND PoolName='{pool_name}'"
-    records = await list_memo_records(settings, query, MachineRecord)
+    records = await memo_records(client, task_queue, query, MachineRecord)
     return sorted(records, key=lambda r: (r.pool_name, r.node_name))
+
+
+async def list_machine_records(
+    settings: ControlplaneSettings, pool_name: str | None
+) -> list[MachineRecord]:
+    """`machine_records` of this controlplane, over a client of its own."""
+    return await machine_records(await connect(settings), settings.task_queue, pool_name)
 
 
 async def list_worker_records(
