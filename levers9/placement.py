@@ -115,18 +115,21 @@ class PoolState(BaseModel):
         if notify:
             self.notify.append(task_id)
 
+    def most_free(self) -> int:
+        """The most cards free on any one worker now."""
+        return max((len(slot.free()) for slot in self.slots.values()), default=0)
+
     def spot(self, task_id: str) -> QueueSpot | None:
         """Where the task stands in the queue; None when it does not wait."""
         if task_id not in self._ids():
             return None
         for index, waiting in enumerate(self.waiting):
             if waiting.task_id == task_id:
-                most_free = max((len(s.free()) for s in self.slots.values()), default=0)
                 return QueueSpot(
                     position=index + 1,
                     waiting=len(self.waiting),
                     gpus=waiting.gpus,
-                    most_free=most_free,
+                    most_free=self.most_free(),
                     workers=len(self.slots),
                 )
         return None
@@ -148,7 +151,7 @@ class PoolState(BaseModel):
         """Places every waiting task that fits, in arrival order; returns the new placements."""
         made = []
         still_waiting = []
-        most_free = max((len(slot.free()) for slot in self.slots.values()), default=0)
+        most_free = self.most_free()
         for waiting in self.waiting:
             slot = self._fit(waiting) if waiting.gpus <= most_free else None
             if slot is None:
@@ -173,7 +176,7 @@ class PoolState(BaseModel):
                     del self.reservations[worker_id]
             made.append(placement)
             self._ids().discard(waiting.task_id)
-            most_free = max((len(slot.free()) for slot in self.slots.values()), default=0)
+            most_free = self.most_free()
         self.waiting = still_waiting
         return made
 

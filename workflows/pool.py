@@ -115,9 +115,11 @@ class PoolWorkflow:
 
     def _tell(self) -> None:
         """Signals `placed` to each task that asked by signal and has been placed since."""
-        placed = [t for t in self._state.notify if t in self._state.placed]
-        for task_id in placed:
-            self._state.notify.remove(task_id)
+        notify, placed = self._state.notify, self._state.placed
+        told = [t for t in notify if t in placed]
+        if told:
+            self._state.notify = [t for t in notify if t not in placed]
+        for task_id in told:
             self._telling += 1
             teller = asyncio.create_task(self._tell_one(self._state.placed[task_id]))
             self._tellers.add(teller)
