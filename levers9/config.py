@@ -215,6 +215,15 @@ def _read_credentials_file(path: Path) -> str:
         ) from None
 
 
+def _positive_quantity(value: str) -> str:
+    """A Kubernetes quantity above 0, as given; ValueError naming it otherwise."""
+    from levers9.quantity import parse_quantity
+
+    if parse_quantity(value) <= 0:
+        raise ValueError(f"{value!r} is not more than 0")
+    return value
+
+
 class TaskDefaults(_Model):
     """What a task gets when `levers9 run` does not say: its image, memory and CPU limits.
 
@@ -243,12 +252,7 @@ class TaskDefaults(_Model):
     @field_validator("memory", "cpus")
     @classmethod
     def _quantity(cls, value: str | None) -> str | None:
-        if value is not None:
-            from levers9.quantity import parse_quantity
-
-            if parse_quantity(value) <= 0:
-                raise ValueError(f"{value!r} is not more than 0")
-        return value
+        return None if value is None else _positive_quantity(value)
 
     @property
     def memory_bytes(self) -> int:
@@ -281,11 +285,7 @@ class PoolConfig(_Model):
     @field_validator("image_cache_size")
     @classmethod
     def _size(cls, value: str) -> str:
-        from levers9.quantity import whole
-
-        if whole(value) <= 0:
-            raise ValueError(f"{value!r} is not more than 0")
-        return value
+        return _positive_quantity(value)
 
     @property
     def image_cache_bytes(self) -> int:
