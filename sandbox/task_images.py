@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from levers9 import probe
@@ -94,7 +95,7 @@ def python_key() -> str:
     return hashlib.sha256(recipe + _probe_source()).hexdigest()[:16]
 
 
-def python_image(progress: object = None) -> tuple[Path, str]:
+def python_image(progress: Callable[[str], None] | None = None) -> tuple[Path, str]:
     """The Python image's OCI layout and tag, built on the first call on this machine (about
     30 s with mmdebstrap, which fetches Debian's packages) and read from the cache after.
     Concurrent callers build it once (a lock beside the cache)."""
@@ -106,7 +107,7 @@ def python_image(progress: object = None) -> tuple[Path, str]:
     with (root / ".lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (layout / "index.json").exists():
-            if callable(progress):
+            if progress is not None:
                 progress("building the Python task image with mmdebstrap (once per machine)")
             _build_python(layout)
     return layout, PYTHON_TAG
