@@ -67,8 +67,12 @@ async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
     return True
 
 
-async def task_record(client: Client, task_id: str) -> TaskRecord | None:
-    """The record as the task workflow holds it now (running or ended); None if unknown."""
+async def task_record(
+    client: Client, task_id: str, *, where_queued: bool = False
+) -> TaskRecord | None:
+    """The record as the task workflow holds it now (running or ended); None if unknown.
+    With `where_queued`, a queued task's record says where it waits (one query of its pool:
+    for a reader who shows it, not for a poll)."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))
     try:
         record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
@@ -76,7 +80,7 @@ async def task_record(client: Client, task_id: str) -> TaskRecord | None:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
-    if record is not None and record.state == "queued":
+    if where_queued and record is not None and record.state == "queued":
         record = record.model_copy(update={"queue": await _queue_spot(client, record)})
     return record
 

@@ -105,7 +105,7 @@ class TemporalTasks:
         client = await self.client()
         if wait_s > 0:
             return await task_ended(client, task_id, wait_s)
-        return await task_record(client, task_id)
+        return await task_record(client, task_id, where_queued=True)
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         from levers9.task_records import cancel_task

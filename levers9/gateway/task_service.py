@@ -58,7 +58,8 @@ MAX_REASON_CHARS = 1024
 
 
 class TaskRecords(Protocol):
-    async def get(self, task_id: str) -> TaskRecord | None: ...
+    async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
+        """The record now; with `where_queued`, a queued one says where it waits."""
 
     async def start(self, task: TaskInput) -> None:
         """Starts the task's record; a second start of the same id starts nothing."""
@@ -77,8 +78,8 @@ class TemporalTaskRecords:
         self._client = client
         self._task_queue = task_queue
 
-    async def get(self, task_id: str) -> TaskRecord | None:
-        return await task_record(self._client, task_id)
+    async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
+        return await task_record(self._client, task_id, where_queued=where_queued)
 
     async def start(self, task: TaskInput) -> None:
         with contextlib.suppress(WorkflowAlreadyStartedError):
@@ -156,7 +157,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if wait > 0:
             record = await self._records.ended(request.task_id, min(wait, MAX_WAIT_S))
         else:
-            record = await self._records.get(request.task_id)
+            record = await self._records.get(request.task_id, where_queued=True)
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}")
         return gateway_pb2.GetTaskRecordResponse(record_json=record.model_dump_json())
