@@ -3,6 +3,11 @@
 Signal-with-start of `MachineWorkflow` happens here, through the Temporal client, so that a pass
 writes history only in proportion to the nodes that changed: the ReconcilePoolWorkflow itself
 records one activity, whatever the cluster's size.
+
+A pass whose settings (`workerIdleMinutes`, `workerRecordTtlMinutes`) differ from the previous
+pass's (the controlplane restarted with new values) signals `settings` to every running machine
+of the pool, which passes them to its worker: what runs follows the values, not only what
+starts after them.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from levers9.models import (
     machine_workflow_id,
     pool_workflow_id,
 )
-from levers9.observation import Fingerprints, diff, fingerprints, names_with_hashes
+from levers9.observation import diff, fingerprints, names_with_hashes
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
 
@@ -66,11 +71,16 @@ class ReconcileActivities:
             return await self._observe_pool(input)
 
     async def _observe_pool(self, input: ObservePoolInput) -> ObservePoolResult:
-        previous = await self._previous_fingerprints(input.previous)
+        previous = await self._previous_result(input.previous)
         with span("kubernetes observe pool", pool_name=input.pool_name):
             nodes, calls = await self._observe(input.pool_name)
         await self._ensure_pool_workflow(input.pool_name)
-        changes = diff(None if input.full_resync else previous, nodes)
+        # Settings first: a machine told of a node change below starts its worker with them.
+        settings_told = 0
+        if previous is not None and previous.timings != self._timings:
+            settings_told = await self._tell_settings(input.pool_name)
+        before = previous.fingerprints if previous is not None else None
+        changes = diff(None if input.full_resync else before, nodes)
         await self._tell(input.pool_name, [nodes[name] for name in changes.changed])
         gone = await self._gone(input.pool_name, changes.gone) if changes.gone else []
         return ObservePoolResult(
@@ -80,6 +90,8 @@ class ReconcileActivities:
             told=len(changes.changed),
             gone=len(gone),
             api_calls=calls,
+            timings=self._timings,
+            settings_told=settings_told,
         )
 
     async def _observe(self, pool_name: str) -> tuple[dict[str, NodeCapacity], int]:
@@ -107,8 +119,8 @@ class ReconcileActivities:
             search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, pool_name)]),
         )
 
-    async def _previous_fingerprints(self, ref: RunRef | None) -> Fingerprints | None:
-        """The previous pass's fingerprints, read from its observe result in its history."""
+    async def _previous_result(self, ref: RunRef | None) -> ObservePoolResult | None:
+        """The previous pass's observe result, read from its history."""
         if ref is None:
             return None
         handle = self._client.get_workflow_handle(ref.workflow_id, run_id=ref.run_id)
@@ -120,7 +132,7 @@ class ReconcileActivities:
                         payloads, [ObservePoolResult]
                     )
                     assert isinstance(result, ObservePoolResult)
-                    return result.fingerprints
+                    return result
         except RPCError as exc:
             if exc.status != RPCStatusCode.NOT_FOUND:
                 raise
@@ -150,25 +162,48 @@ class ReconcileActivities:
 
         await asyncio.gather(*(tell(node) for node in nodes))
 
-    async def _gone(self, pool_name: str, hashes: set[bytes]) -> list[str]:
-        """Tells the machine records of vanished nodes that their node is gone."""
+    async def _running_machines(self, pool_name: str) -> list[str]:
+        """The node names of the pool's running machine records."""
         prefix = machine_workflow_id(pool_name, "")
         query = (
             f"WorkflowType='{MACHINE_WORKFLOW}' AND PoolName='{pool_name}'"
             " AND ExecutionStatus='Running'"
         )
-        names = [
+        return [
             listed.id.removeprefix(prefix)
             async for listed in self._client.list_workflows(query)
             if listed.id.startswith(prefix)
         ]
-        gone = names_with_hashes(names, hashes)
+
+    async def _signal_machine(self, pool_name: str, name: str, signal: str, *args: object) -> None:
+        handle = self._client.get_workflow_handle(machine_workflow_id(pool_name, name))
+        try:
+            await handle.signal(signal, *args)
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND:  # it ended since the list
+                raise
+
+    async def _tell_settings(self, pool_name: str) -> int:
+        names = await self._running_machines(pool_name)
+        limit = asyncio.Semaphore(SIGNAL_CONCURRENCY)
+
+        async def tell(name: str) -> None:
+            async with limit:
+                await self._signal_machine(pool_name, name, "settings", self._timings)
+
+        await asyncio.gather(*(tell(name) for name in names))
+        log.info(
+            "settings changed: told the running machines",
+            pool_name=pool_name,
+            machines=len(names),
+            idle_seconds=self._timings.idle_seconds,
+            record_ttl_seconds=self._timings.record_ttl_seconds,
+        )
+        return len(names)
+
+    async def _gone(self, pool_name: str, hashes: set[bytes]) -> list[str]:
+        """Tells the machine records of vanished nodes that their node is gone."""
+        gone = names_with_hashes(await self._running_machines(pool_name), hashes)
         for name in gone:
-            try:
-                await self._client.get_workflow_handle(machine_workflow_id(pool_name, name)).signal(
-                    "gone"
-                )
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
+            await self._signal_machine(pool_name, name, "gone")
         return gone

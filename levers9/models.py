@@ -46,6 +46,14 @@ class ObservePoolInput(_Record):
     """Tell every machine, changed or not (level-triggered repair of a missed signal)."""
 
 
+class WorkerTimings(_Record):
+    """How long a worker may idle, and how long its record lives without a heartbeat."""
+
+    idle_seconds: float = 300.0
+    record_ttl_seconds: float = 600.0
+    pod_check_seconds: float = 10.0
+
+
 class ObservePoolResult(_Record):
     """What one observation found and told; `fingerprints` is what the next pass diffs with."""
 
@@ -55,6 +63,9 @@ class ObservePoolResult(_Record):
     told: int
     gone: int
     api_calls: int
+    timings: WorkerTimings | None = None
+    """The settings its machines were told; a pass with other settings tells them all."""
+    settings_told: int = 0
 
 
 class ReconcilePoolResult(_Record):
@@ -69,14 +80,6 @@ class ReconcilePoolResult(_Record):
     told: int
 
 
-class WorkerTimings(_Record):
-    """How long a worker may idle, and how long its record lives without a heartbeat."""
-
-    idle_seconds: float = 300.0
-    record_ttl_seconds: float = 600.0
-    pod_check_seconds: float = 10.0
-
-
 class MachineInput(_Record):
     pool_name: str
     node_name: str
@@ -85,6 +88,8 @@ class MachineInput(_Record):
     worker_id: str | None = None
     """A worker this machine started that may not be in an observation yet."""
     capacity: NodeCapacity | None = None
+    max_history_events: int = Field(default=2_000, ge=20)
+    """Continue as new past this many events (a machine lives for months)."""
 
 
 class MachineRecord(_Record):
@@ -143,6 +148,10 @@ class WorkerInput(_Record):
     timings: WorkerTimings = WorkerTimings()
     resume: WorkerRegistration | None = None
     """Set when the record continues as new while available."""
+    resume_beat: WorkerHeartbeat | None = None
+    """Its latest heartbeat then (running tasks, the agent's idle-since)."""
+    max_history_events: int = Field(default=5_000, ge=20)
+    """Continue as new past this many events (an available worker beats every 10 s)."""
 
 
 class WorkerRecord(_Record):

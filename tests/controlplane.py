@@ -161,9 +161,10 @@ class Controlplane:
         return list_worker_jobs(self.sandbox)
 
     @asynccontextmanager
-    async def worker(self, client: Client) -> AsyncIterator[Worker]:
+    async def worker(self, client: Client, *, keep_records: bool = False) -> AsyncIterator[Worker]:
         """The Temporal workers (the shared queue and this replica's) and the gateway, with
-        its tunnel hub, as worker_main runs them."""
+        its tunnel hub, as worker_main runs them. Afterwards the records are ended, unless
+        `keep_records` (the controlplane restarts, with other settings say)."""
         worker, replica, gateway = serving(
             client,
             self.clients,
@@ -181,7 +182,8 @@ class Controlplane:
                 yield worker
         finally:
             await (self.gateway or gateway).stop(grace=1)  # a test may have restarted it
-            await _terminate_running(client, self.settings.task_queue)
+            if not keep_records:
+                await _terminate_running(client, self.settings.task_queue)
 
 
 async def _terminate_running(client: Client, task_queue: str) -> None:

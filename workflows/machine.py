@@ -6,14 +6,22 @@ or running there, counting both what the observation saw (our Jobs) and the work
 started itself that an observation may not show yet. Signals are handled one at a time, so two
 passes at once can never add two workers. It lives while the node matches the pool's selector
 (so `levers9 machine list` can say NotReady, Cordoned or Full), and ends when the node is gone.
+
+The pool's settings (idle minutes, record TTL) come with its start and, when they change on the
+controlplane, by the signal `settings` (from reconcile); the machine passes them to its worker.
+It continues as new with its ids, capacity and settings, and only when no signal waits to be
+acted on, so a signal that arrives meanwhile is handled by this run or carried by the server
+into the next.
 """
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import FailureError
 
 from workflows.steps import stop_workers
 
@@ -26,14 +34,13 @@ with workflow.unsafe.imports_passed_through():
         MachineRecord,
         StopWorker,
         WorkerInput,
+        WorkerTimings,
         node_gone_reason,
         worker_workflow_id,
     )
     from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME, WORKER_STATE
     from workflows.worker import WorkerWorkflow
 
-MAX_HISTORY_EVENTS = 2_000
-"""Continue-as-new past this, so a machine that lives for months keeps a short history."""
 WORKER_ID_CHARS = 8
 STOP_WORKERS_WHEN_GONE = "stop-workers-when-gone"
 
@@ -49,6 +56,8 @@ class MachineWorkflow:
         self._worker_id: str | None = None
         self._machine_id = ""
         self._pool = ""
+        self._timings: WorkerTimings | None = None
+        self._settings_to_tell = False
 
     @workflow.signal
     def observe(self, capacity: NodeCapacity) -> None:
@@ -60,6 +69,13 @@ class MachineWorkflow:
         request says why and whether the Jobs can still be deleted)."""
         self._gone = True
         self._gone_request = request
+
+    @workflow.signal
+    def settings(self, timings: WorkerTimings) -> None:
+        """The pool's settings changed on the controlplane: for its next worker and this one."""
+        if timings != self._timings:
+            self._timings = timings
+            self._settings_to_tell = True
 
     @workflow.signal
     def worker_ended(self, worker_id: str) -> None:
@@ -75,10 +91,12 @@ class MachineWorkflow:
         self._pool = input.pool_name
         self._worker_id = input.worker_id
         self._capacity = input.capacity
+        if self._timings is None:  # else a `settings` before run is newer
+            self._timings = input.timings
+        else:
+            self._settings_to_tell = self._timings != input.timings
         while True:
-            await workflow.wait_condition(
-                lambda: bool(self._observations or self._ended_workers) or self._gone
-            )
+            await workflow.wait_condition(self._pending)
             if self._gone:
                 workflow.logger.info(
                     "machine gone",
@@ -101,19 +119,38 @@ class MachineWorkflow:
             if self._observations:
                 self._capacity = self._observations[-1]
                 self._observations.clear()
+            if self._settings_to_tell:
+                self._settings_to_tell = False
+                await self._tell_worker_settings(input)
             await self._reconcile(input)
-            if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
+            long = workflow.info().get_current_history_length() > input.max_history_events
+            if long and not self._pending():  # else the loop acts on what came meanwhile
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(
-                    MachineInput(
-                        pool_name=input.pool_name,
-                        node_name=input.node_name,
-                        timings=input.timings,
-                        machine_id=self._machine_id,
-                        worker_id=self._worker_id,
-                        capacity=self._capacity,
+                if not self._pending():
+                    workflow.continue_as_new(
+                        input.model_copy(
+                            update={
+                                "timings": self._timings,
+                                "machine_id": self._machine_id,
+                                "worker_id": self._worker_id,
+                                "capacity": self._capacity,
+                            }
+                        )
                     )
-                )
+
+    def _pending(self) -> bool:
+        return (
+            bool(self._observations or self._ended_workers) or self._gone or self._settings_to_tell
+        )
+
+    async def _tell_worker_settings(self, input: MachineInput) -> None:
+        if self._worker_id is None:
+            return
+        worker = workflow.get_external_workflow_handle(
+            worker_workflow_id(input.pool_name, self._worker_id)
+        )
+        with contextlib.suppress(FailureError):  # it ended meanwhile: the next one is told
+            await worker.signal("settings", self._timings)
 
     async def _reconcile(self, input: MachineInput) -> None:
         capacity = self._capacity
@@ -144,7 +181,7 @@ class MachineWorkflow:
                 gpu_type=capacity.gpu_type,
                 external_ip=capacity.external_ip,
                 node_gpus=capacity.total_gpus,
-                timings=input.timings,
+                timings=self._timings or input.timings,
             ),
             id=worker_workflow_id(input.pool_name, worker_id),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,

@@ -9,6 +9,12 @@ spec's fix). Registration (signal `register`, from the gateway) makes it availab
 keep it; an idle worker past the pool's idle minutes is wound down (Job deleted); a silent one
 expires and its Job is deleted if still there. Whenever the record ends, the machine is told,
 so its next reconcile can add a fresh worker.
+
+It tells the pool's placement its cards when it becomes available and again only when its
+registration changes (its tunnel moved to another replica, say), not on a clock. The pool's
+settings (idle minutes, record TTL) reach it by the signal `settings`, from its machine. It
+continues as new with its registration, latest heartbeat and settings, never while a `stop`
+waits to be acted on.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRecord,
         WorkerRegistration,
         WorkerSlotInput,
+        WorkerTimings,
         machine_workflow_id,
         node_gone_reason,
         pool_workflow_id,
@@ -53,8 +60,8 @@ IMAGE_PULL_FIX = (
     "image not in the project's registry: rerun deploy/gke/attach-gke-pool.sh (it copies latest)"
 )
 PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
-MAX_HISTORY_EVENTS = 5_000
 LEAVE_PLACEMENT_FIRST = "leave-placement-before-the-job-goes"
+ANNOUNCE_ON_CHANGE = "announce-on-change"
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -71,6 +78,9 @@ class WorkerWorkflow:
         self._beats = 0
         self._idle_from: datetime | None = None
         self._published_state: str | None = None
+        self._timings: WorkerTimings | None = None
+        self._settings_changes = 0
+        self._announced: WorkerRegistration | None = None
 
     @workflow.query
     def record(self) -> WorkerRecord | None:
@@ -82,6 +92,12 @@ class WorkerWorkflow:
         `delete_job=False`), with the request's reason."""
         self._stop = True
         self._stop_request = request or StopWorker()
+
+    @workflow.signal
+    def settings(self, timings: WorkerTimings) -> None:
+        """The pool's settings changed on the controlplane (from the machine)."""
+        self._timings = timings
+        self._settings_changes += 1
 
     @workflow.signal
     def register(self, registration: WorkerRegistration) -> None:
@@ -103,6 +119,7 @@ class WorkerWorkflow:
 
     @workflow.run
     async def run(self, input: WorkerInput) -> WorkerRecord:
+        self._timings = self._timings or input.timings  # a `settings` before run is newer
         job = WorkerJobInput(
             pool_name=input.pool_name,
             worker_id=input.worker_id,
@@ -113,7 +130,11 @@ class WorkerWorkflow:
         if input.resume is not None:  # continued as new while available
             # A registration or heartbeat handled before run (same first task) is newer.
             self._registration = self._registration or input.resume
+            self._beat = self._beat or input.resume_beat
             self._beat_at = self._beat_at or workflow.now()
+            carried = input.resume_beat
+            if carried is not None and not carried.running_tasks:
+                self._idle_from = self._idle_from or carried.idle_since
             self._idle_from = self._idle_from or self._beat_at
             return await self._serve(input, job)
         self._set(input, "creating")
@@ -135,12 +156,12 @@ class WorkerWorkflow:
 
     async def _follow_pending(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord | None:
         """Until registration: the pod's conditions on the record, or the record's end."""
-        timings = input.timings
-        deadline = workflow.now() + timedelta(seconds=timings.record_ttl_seconds)
+        began = workflow.now()
         while self._registration is None:
             if self._stop:
                 return await self._stopped(input, job)
-            if workflow.now() >= deadline:
+            timings = self._settings()
+            if workflow.now() >= began + timedelta(seconds=timings.record_ttl_seconds):
                 return await self._end(
                     input, "expired", "never registered within the record TTL", job
                 )
@@ -187,13 +208,17 @@ class WorkerWorkflow:
                 )
             self._set(input, "pending", condition=condition)
 
+    def _settings(self) -> WorkerTimings:
+        assert self._timings is not None
+        return self._timings
+
     async def _announce(self, input: WorkerInput) -> None:
-        """Tells the pool's placement this worker's cards (again: a lost signal is repaired)."""
+        """Tells the pool's placement this worker's cards, as registered now."""
         registration = self._registration
         if registration is None:
             return
         pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
-        with contextlib.suppress(FailureError):  # no pool yet: the next announcement makes it
+        with contextlib.suppress(FailureError):  # no pool yet: asked again on the next beat
             await pool.signal(
                 "worker_available",
                 WorkerSlotInput(
@@ -206,12 +231,10 @@ class WorkerWorkflow:
                     node_gpus=input.node_gpus,
                 ),
             )
+            self._announced = registration
 
     async def _serve(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
         """Available: heartbeats keep it; idle past the pool's minutes winds it down."""
-        timings = input.timings
-        ttl = timedelta(seconds=timings.record_ttl_seconds)
-        idle = timedelta(seconds=timings.idle_seconds)
         self._set(input, "available")
         await self._announce(input)
         workflow.logger.info(
@@ -224,11 +247,18 @@ class WorkerWorkflow:
                 }
             },
         )
+        on_change = workflow.patched(ANNOUNCE_ON_CHANGE)
         while True:
-            seen = self._beats
+            timings = self._settings()
+            ttl = timedelta(seconds=timings.record_ttl_seconds)
+            idle = timedelta(seconds=timings.idle_seconds)
+            seen = (self._beats, self._settings_changes)
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda seen=seen: self._beats != seen or self._stop,  # type: ignore[misc]
+                    lambda seen=seen: (
+                        (self._beats, self._settings_changes) != seen  # type: ignore[misc]
+                        or self._stop
+                    ),
                     timeout=ttl,
                 )
             if self._stop:
@@ -245,10 +275,27 @@ class WorkerWorkflow:
             published = self._record.last_heartbeat if self._record else None
             if self._beat_at and (published is None or self._beat_at - published >= PUBLISH):
                 self._set(input, "available")  # the memo's heartbeat, at most once a minute
+                if not on_change:  # before: told the pool again every minute
+                    await self._announce(input)
+            if on_change and self._registration != self._announced:
+                # Registered again elsewhere (its tunnel moved), or the pool was missing: the
+                # record and the pool both learn the worker's route now.
+                self._set(input, "available")
                 await self._announce(input)
-            if workflow.info().get_current_history_length() > MAX_HISTORY_EVENTS:
+            long = workflow.info().get_current_history_length() > input.max_history_events
+            # Not while a stop waits (it came during the announcement): this run acts on it.
+            if long and not self._stop:
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(input.model_copy(update={"resume": self._registration}))
+                if not self._stop:
+                    workflow.continue_as_new(
+                        input.model_copy(
+                            update={
+                                "resume": self._registration,
+                                "resume_beat": self._beat,
+                                "timings": self._settings(),
+                            }
+                        )
+                    )
 
     async def _leave_placement(self, input: WorkerInput) -> None:
         if self._registration is not None:

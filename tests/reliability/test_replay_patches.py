@@ -42,9 +42,10 @@ from levers9.models import (
     WorkerTaskInput,
 )
 from levers9.placement import Placement
+from tests.waiting import eventually
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.task import PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
-from workflows.worker import LEAVE_PLACEMENT_FIRST, WorkerWorkflow
+from workflows.worker import ANNOUNCE_ON_CHANGE, LEAVE_PLACEMENT_FIRST, WorkerWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +119,63 @@ async def _worker_stopped(client: Client, task_queue: str) -> str:
     await handle.signal(WorkerWorkflow.stop, StopWorker(reason="test over"))
     await handle.result()
     return workflow_id
+
+
+async def _handled(client: Client, workflow_id: str) -> None:
+    """Until the workflow has completed a task after the last signal it was sent."""
+
+    async def after() -> bool:
+        events = (await client.get_workflow_handle(workflow_id).fetch_history()).events
+        signalled = [
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+        return bool(signalled) and any(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+            for e in events[signalled[-1] :]
+        )
+
+    await eventually(after, within=20)
+
+
+async def _worker_registered_again(client: Client, task_queue: str) -> str:
+    """An available worker that registers again at another address (its tunnel moved to
+    another replica), then is stopped."""
+    worker_id = uuid.uuid4().hex[:8]
+    workflow_id = f"worker:{POOL}:{worker_id}"
+    handle = await client.start_workflow(
+        WorkerWorkflow.run,
+        WorkerInput(
+            pool_name=POOL, node_name="node-1", worker_id=worker_id, machine_id="m1", gpus=1
+        ),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    for n in (1, 2):
+        registration = WorkerRegistration(
+            worker_id=worker_id,
+            pod_uid="uid-1",
+            address=f"127.0.20.{n}:40000",
+            gpus=1,
+            visible_devices=(0,),
+            task_queue=f"replica-{n}",
+        )
+        await handle.signal(WorkerWorkflow.register, registration)
+        await _handled(client, workflow_id)
+    await handle.signal(WorkerWorkflow.stop, StopWorker(reason="test over"))
+    await handle.result()
+    return workflow_id
+
+
+def _announcements(history: WorkflowHistory) -> int:
+    """How many times the worker told the pool its cards."""
+    return sum(
+        1
+        for e in history.events
+        if e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        == "worker_available"
+    )
 
 
 def _left_before_the_job_went(history: WorkflowHistory) -> int:
@@ -194,6 +252,7 @@ PATCHES = {
         PLACE_BY_SIGNAL, _task_never_started, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
     ),
     LEAVE_PLACEMENT_FIRST: Patch(LEAVE_PLACEMENT_FIRST, _worker_stopped, _left_before_the_job_went),
+    ANNOUNCE_ON_CHANGE: Patch(ANNOUNCE_ON_CHANGE, _worker_registered_again, _announcements),
 }
 WORKFLOWS = [MachineWorkflow, TaskWorkflow, WorkerWorkflow]
 
