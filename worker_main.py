@@ -24,13 +24,13 @@ from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, load
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_service import TemporalTaskRecords
+from levers9.gateway.task_service import Replicas, TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.rpc import tls
 from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
-from workflows import WORKFLOWS
+from workflows import RUNNER, WORKFLOWS
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=10)
 GATEWAY_GRACE_S = 5.0
@@ -53,6 +53,18 @@ def _log_pools(values: Values) -> None:
         log.info("loaded controller", gpu_type=pool.gpu_type, mode=pool.mode, pool_name=name)
 
 
+def replicas(settings: ControlplaneSettings) -> Replicas:
+    """How this replica relays a stream to another one: its queue, and TLS as the CLI dials
+    the gateway, checking the certificate's name (the advertised host), not the pod's IP."""
+    credentials = tls.gateway_client_credentials(settings)
+    host = settings.gateway_advertised_address.rpartition(":")[0].strip("[]")
+    return Replicas(
+        task_queue=settings.replica_task_queue,
+        credentials=credentials,
+        server_name=host if credentials is not None else None,
+    )
+
+
 def serving(
     client: Client,
     clients: KubeClients,
@@ -65,11 +77,12 @@ def serving(
     """What a controlplane process serves: the Temporal worker on the shared task queue, the
     one on this replica's own queue (calls to the workers whose tunnels it holds), and the
     gateway with the tunnel hub both share. Start the gateway, run the workers."""
-    tunnels = TunnelHub(secret, settings.replica_task_queue)
+    tunnels = TunnelHub(secret, settings.replica_task_queue, settings.replica_gateway())
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
+        workflow_runner=RUNNER,
         activities=controlplane_activities(clients, client, settings, tunnels),
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
@@ -82,7 +95,13 @@ def serving(
         graceful_shutdown_timeout=graceful_shutdown,
     )
     tasks = TemporalTaskRecords(client, settings.task_queue)
-    gateway = Gateway(TemporalWorkerRecords(client), secret, tasks=tasks, tunnels=tunnels)
+    gateway = Gateway(
+        TemporalWorkerRecords(client),
+        secret,
+        tasks=tasks,
+        tunnels=tunnels,
+        replicas=replicas(settings),
+    )
     return worker, replica, gateway
 
 

@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
-from levers9.gateway.convert import task_report
+from levers9.gateway.convert import TunnelEndpoint, task_report
 from levers9.gateway.reports import TaskReport
 from levers9.models import (
     POOL_WORKFLOW,
@@ -51,7 +51,7 @@ PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 class TunnelEndpoints(Protocol):
     """The tunnel sessions this process holds (`levers9.gateway.tunnel.TunnelHub`)."""
 
-    def endpoint(self, pool_name: str, worker_id: str) -> tuple[str, str] | None: ...
+    def endpoint(self, pool_name: str, worker_id: str) -> TunnelEndpoint | None: ...
 
 
 class TaskActivities:
@@ -78,7 +78,7 @@ class TaskActivities:
                     " (it reconnects with backoff)",
                     type="WorkerUNAVAILABLE",
                 )
-            return endpoint[0]
+            return endpoint.address
         return input.address
 
     @activity.defn

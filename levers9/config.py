@@ -422,6 +422,14 @@ class ControlplaneSettings(BaseSettings):
     )
     """This controlplane replica's name (its pod's; stable across restarts in dev): its own
     task queue `<taskQueue>-replica-<id>` serves the workers whose tunnels it holds."""
+    replica_address: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("replicaAddress", "LEVERS9_REPLICA_ADDRESS"),
+    )
+    """host:port where the other replicas reach this replica's gateway (the chart sets the
+    pod's IP): a stream to a tunnelled worker (logs, exec) that reaches another replica is
+    relayed through this one, which holds the worker's session. Unset: gatewayListen, unless
+    it listens on every address."""
     gcp_endpoint: str | None = Field(
         default=None, validation_alias=AliasChoices("gcpEndpoint", "LEVERS9_GCP_ENDPOINT")
     )
@@ -514,6 +522,13 @@ class ControlplaneSettings(BaseSettings):
     @property
     def replica_task_queue(self) -> str:
         return f"{self.task_queue}-replica-{self.replica_id}"
+
+    def replica_gateway(self) -> str | None:
+        """Where the other replicas reach this one's gateway (`replicaAddress`)."""
+        if self.replica_address:
+            return self.replica_address
+        host = self.gateway_listen.rpartition(":")[0].strip("[]")
+        return None if host in ("", "0.0.0.0", "::") else self.gateway_listen
 
     def cli_gateway_address(self) -> str:
         return self.gateway_address or self.gateway_advertised_address

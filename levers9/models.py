@@ -123,6 +123,9 @@ class WorkerRegistration(_Record):
     task_queue: str | None = None
     """Tunnelled: the task queue of the controlplane replica holding the worker's tunnel
     session; calls to the worker run there (`address` is that replica's end of the tunnel)."""
+    replica_address: str | None = None
+    """Tunnelled: where the other replicas reach that replica's gateway, to relay a stream
+    (logs, exec) to the worker through it (`replicaAddress`)."""
     tls: bool = False
     """WorkerService serves TLS with the certificate its Secret carries (levers9.rpc.worker_tls):
     calls to it verify the worker's name against the worker CA."""
@@ -169,6 +172,8 @@ class WorkerRecord(_Record):
     """What holds a pending worker back, e.g. ImagePullBackOff, with the fix."""
     address: str | None = None
     task_queue: str | None = None
+    replica_address: str | None = None
+    """Tunnelled: the gateway of the replica holding its session (WorkerRegistration)."""
     """Tunnelled: the queue of the controlplane replica holding its session."""
     tls: bool = False
     """Dialed with TLS (its Job carries a certificate); false for tunnelled workers and those of

@@ -109,7 +109,9 @@ class PoolState(BaseModel):
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
         else:
-            at = bisect.bisect_right([w.since for w in self.waiting], now)
+            # Requests travel apart, so one may come after a later task's: O(log n) to find
+            # its place (a standing queue of 10,000 takes 10,000 of them in a few tasks).
+            at = bisect.bisect_right(self.waiting, now, key=lambda w: w.since)
             self.waiting.insert(at, waiting)
         self._ids().add(task_id)
         if notify:
@@ -138,11 +140,11 @@ class PoolState(BaseModel):
         placement = self.placed.pop(task_id, None)
         if placement and placement.worker_id in self.slots:
             self.slots[placement.worker_id].busy.pop(task_id, None)
-        if task_id in self._ids():
+        if task_id in self._ids():  # withdrawn while it waits
             self.waiting = [w for w in self.waiting if w.task_id != task_id]
             self._ids().discard(task_id)
-        if task_id in self.notify:
-            self.notify.remove(task_id)
+            if task_id in self.notify:
+                self.notify.remove(task_id)
         for worker_id, holder in list(self.reservations.items()):
             if holder == task_id:
                 del self.reservations[worker_id]
@@ -153,6 +155,11 @@ class PoolState(BaseModel):
         still_waiting = []
         most_free = self.most_free()
         for waiting in self.waiting:
+            if waiting.gpus and most_free == 0 and len(self.reservations) >= len(self.slots):
+                # No card free and every worker reserved: it neither fits nor reserves (a
+                # standing queue of thousands costs a look per task, not a scan of the workers).
+                still_waiting.append(waiting)
+                continue
             slot = self._fit(waiting) if waiting.gpus <= most_free else None
             if slot is None:
                 if now - waiting.since >= reserve_after:

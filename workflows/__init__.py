@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
 from workflows.attach import AttachClusterWorkflow
 from workflows.egress import EgressAllowlistWorkflow
 from workflows.machine import MachineWorkflow
@@ -25,7 +27,18 @@ WORKFLOWS = [
 """What the controlplane's Temporal worker hosts. AttachClusterWorkflow runs on the task queue
 of the `levers9 gke attach` process, with the operator's credentials."""
 
+RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules(
+        "workflows", "activities", "levers9"
+    )
+)
+"""The sandbox our workflows run in: Temporal's restrictions (no I/O, no clock, no threads), with
+our own modules passed through instead of imported afresh for every workflow run. They hold
+constants only, no state a run could leave for the next; re-importing them cost most of the
+Temporal worker's CPU under a standing queue (benchmarks/README.md, placement)."""
+
 __all__ = [
+    "RUNNER",
     "WORKFLOWS",
     "AttachClusterWorkflow",
     "EgressAllowlistWorkflow",

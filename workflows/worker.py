@@ -333,6 +333,7 @@ class WorkerWorkflow:
             condition=condition,
             address=registration.address if registration else None,
             task_queue=registration.task_queue if registration else None,
+            replica_address=registration.replica_address if registration else None,
             tls=registration.tls if registration else False,
             visible_devices=registration.visible_devices if registration else (),
             last_heartbeat=self._beat_at,

@@ -11,6 +11,7 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
@@ -90,8 +91,19 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     )
 
 
+class TunnelEndpoint(NamedTuple):
+    """This replica's end of a worker's tunnel session, as the worker's record keeps it."""
+
+    address: str
+    """The loopback listener in front of the session (reachable on this replica only)."""
+    task_queue: str
+    """This replica's task queue: calls to the worker run here."""
+    replica_address: str | None
+    """Where the other replicas reach this replica's gateway (to relay logs and exec)."""
+
+
 def registration(
-    request: gateway_pb2.RegisterRequest, tunnel: tuple[str, str] | None = None
+    request: gateway_pb2.RegisterRequest, tunnel: TunnelEndpoint | None = None
 ) -> WorkerRegistration:
     """The registration to record; a tunnelled worker's address and task queue are `tunnel`'s
     (this gateway's end of its session), whatever it advertised."""
@@ -108,8 +120,9 @@ def registration(
     return WorkerRegistration(
         worker_id=request.worker_id,
         pod_uid=request.pod_uid,
-        address=tunnel[0] if tunnel else request.advertised_address,
-        task_queue=tunnel[1] if tunnel else None,
+        address=tunnel.address if tunnel else request.advertised_address,
+        task_queue=tunnel.task_queue if tunnel else None,
+        replica_address=tunnel.replica_address if tunnel else None,
         gpus=request.gpus,
         visible_devices=tuple(request.visible_devices),
         gpu_product=request.gpu_product,

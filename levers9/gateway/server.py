@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
-from levers9.gateway.task_service import TaskRecords, TasksService
+from levers9.gateway.task_service import Replicas, TaskRecords, TasksService
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
@@ -51,6 +51,7 @@ class Gateway:
         *,
         tasks: TaskRecords | None = None,
         tunnels: TunnelHub | None = None,
+        replicas: Replicas | None = None,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -62,7 +63,7 @@ class Gateway:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
         self._service = GatewayService(records, secret, heartbeat_seconds, tunnels)
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
-        self._tasks = TasksService(tasks, secret) if tasks is not None else None
+        self._tasks = TasksService(tasks, secret, replicas) if tasks is not None else None
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None

@@ -10,6 +10,12 @@ gateway finds the task's worker in the task record (Temporal), dials the worker'
 address with that worker's own token (over TLS checked against the worker CA when the worker
 registered it), and relays `WorkerService/StreamLogs` chunk by chunk.
 
+- A tunnelled worker is reached through its tunnel session, which one replica holds (its
+  worker record names that replica's queue and address, current after the worker reconnects
+  elsewhere): on that replica, through its end of the session; on any other, the call is
+  relayed to that replica's gateway (`replicaAddress`) with the operator token, once (a
+  relayed call is never relayed again). So logs and exec work whichever replica the CLI
+  reaches. ExecTask is routed the same way.
 - A task not yet placed is waited for (with `follow`), polling its record.
 - The worker unreachable, or gone mid-stream: UNAVAILABLE naming the worker and its address,
   and where the record's tail is (`levers9 task logs <id>`).
@@ -26,6 +32,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -33,16 +40,18 @@ from grpc import aio
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.convert import check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
-from levers9.models import TERMINAL, TaskInput, TaskRecord
+from levers9.logs import get_logger
+from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_records import cancel_task, start_task, task_ended, task_record
-from levers9.tokens import operator_token_matches, worker_token
+from levers9.tokens import operator_token, operator_token_matches, worker_token
 
 PLACEMENT_POLL_S = (0.02, 0.5)
 """How often a follower re-reads the record of a task not placed yet: from the first value,
@@ -51,6 +60,11 @@ hours)."""
 
 Context = grpc.aio.ServicerContext[gateway_pb2.StreamTaskLogsRequest, worker_pb2.LogChunk]
 
+
+log = get_logger(__name__)
+
+RELAYED = "levers9-relayed-by"
+"""Metadata on a call one replica relays to another: the replica that relayed it."""
 
 MAX_WAIT_S = 60.0
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
@@ -69,6 +83,9 @@ class TaskRecords(Protocol):
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         """Tells the task's record to cancel; False when no such task runs."""
+
+    async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
+        """The worker's record now (its route: address, replica queue and address)."""
 
 
 class TemporalTaskRecords:
@@ -91,11 +108,92 @@ class TemporalTaskRecords:
     async def cancel(self, task_id: str, reason: str) -> bool:
         return await cancel_task(self._client, task_id, reason)
 
+    async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
+        handle = self._client.get_workflow_handle(worker_workflow_id(pool_name, worker_id))
+        try:
+            record: WorkerRecord | None = await handle.query("record", result_type=WorkerRecord)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        return record
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """This replica among the others: its own queue (tunnel sessions it holds) and how it
+    dials another replica's gateway (TLS as the CLI dials the gateway, the certificate's name
+    being the advertised one, not the pod's address)."""
+
+    task_queue: str
+    credentials: grpc.ChannelCredentials | None = None
+    server_name: str | None = None
+
+    def channel(self, address: str) -> aio.Channel:
+        if self.credentials is None:
+            return aio.insecure_channel(address)
+        options = (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
+        return aio.secure_channel(address, self.credentials, options=options)
+
+
+class _Upstream(Protocol):
+    @property
+    def via(self) -> str | None:
+        """The replica relayed through, if any."""
+
+    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
+        """The task's output from the worker."""
+
+    def exec(
+        self, requests: AsyncIterator[worker_pb2.ExecRequest]
+    ) -> AsyncIterator[worker_pb2.ExecResponse]:
+        """A command in the task's container."""
+
+
+@dataclass(frozen=True)
+class _Worker:
+    """The worker's own WorkerService, with its own token."""
+
+    stub: worker_pb2_grpc.WorkerServiceAsyncStub
+    metadata: tuple[tuple[str, str], ...]
+    via: str | None = None
+
+    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
+        return aiter(self.stub.StreamLogs(request, metadata=self.metadata))
+
+    def exec(
+        self, requests: AsyncIterator[worker_pb2.ExecRequest]
+    ) -> AsyncIterator[worker_pb2.ExecResponse]:
+        return aiter(self.stub.Exec(requests, metadata=self.metadata))
+
+
+@dataclass(frozen=True)
+class _Replica:
+    """Another replica's gateway, which holds the worker's tunnel session."""
+
+    stub: gateway_pb2_grpc.TasksAsyncStub
+    metadata: tuple[tuple[str, str], ...]
+    via: str | None = None
+
+    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
+        relayed = gateway_pb2.StreamTaskLogsRequest(
+            task_id=request.task_id, follow=request.follow, offset=request.offset
+        )
+        return aiter(self.stub.StreamTaskLogs(relayed, metadata=self.metadata))
+
+    def exec(
+        self, requests: AsyncIterator[worker_pb2.ExecRequest]
+    ) -> AsyncIterator[worker_pb2.ExecResponse]:
+        return aiter(self.stub.ExecTask(requests, metadata=self.metadata))
+
 
 class TasksService(gateway_pb2_grpc.TasksServicer):
-    def __init__(self, records: TaskRecords, secret: SecretStr) -> None:
+    def __init__(
+        self, records: TaskRecords, secret: SecretStr, replicas: Replicas | None = None
+    ) -> None:
         self._records = records
         self._secret = secret
+        self._replicas = replicas
 
     async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
@@ -117,17 +215,63 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
 
     @asynccontextmanager
-    async def _worker(
-        self, record: TaskRecord
-    ) -> AsyncIterator[tuple[worker_pb2_grpc.WorkerServiceAsyncStub, tuple[tuple[str, str]]]]:
-        """The task's worker's WorkerService (over its TLS when it serves it) and that worker's
-        own token as metadata."""
+    async def _upstream(
+        self, record: TaskRecord, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[_Upstream]:
+        """Where the task's worker is reached from here: its WorkerService (over its TLS when
+        it serves it, with that worker's own token), through this replica's end of its
+        tunnel, or through the gateway of the replica that holds the tunnel."""
         assert record.worker_id is not None
         assert record.address is not None
         secret = self._secret.get_secret_value()
+        address, tls = record.address, record.tls
+        worker = await self._records.worker(record.pool_name, record.worker_id)
+        here = self._replicas.task_queue if self._replicas else None
+        if worker is not None and worker.task_queue and worker.task_queue != here:
+            replica, metadata = await self._relay(worker, context)
+            assert self._replicas is not None
+            log.info(
+                "relaying to the replica holding the worker's tunnel",
+                task_id=record.task_id,
+                worker_id=record.worker_id,
+                replica=replica,
+            )
+            async with self._replicas.channel(replica) as channel:
+                yield _Replica(gateway_pb2_grpc.TasksStub(channel), metadata, via=replica)
+            return
+        if worker is not None and worker.address and worker.task_queue:
+            address = worker.address  # this replica's end of the tunnel, current
         metadata = bearer.metadata(worker_token(secret, record.worker_id))
-        async with worker_channel(record.address, record.worker_id, record.tls, secret) as channel:
-            yield worker_pb2_grpc.WorkerServiceStub(channel), metadata
+        async with worker_channel(address, record.worker_id, tls, secret) as channel:
+            yield _Worker(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
+
+    async def _relay(
+        self, worker: WorkerRecord, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The gateway of the replica holding the worker's tunnel, and the metadata to call it
+        with; aborts UNAVAILABLE, saying why, when the call cannot be relayed."""
+        relayed_by = next(
+            (str(value) for key, value in context.invocation_metadata() or () if key == RELAYED),
+            None,
+        )
+        if self._replicas is None or relayed_by is not None or not worker.replica_address:
+            why = (
+                "it gives no replicaAddress to relay through"
+                if not worker.replica_address
+                else f"the call was relayed here by {relayed_by}: the worker moved meanwhile, retry"
+                if relayed_by is not None
+                else "this gateway relays to no other replica"
+            )
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"worker {worker.worker_id}'s tunnel is held by another replica"
+                f" ({worker.task_queue}) and {why}",
+            )
+        assert self._replicas is not None
+        assert worker.replica_address is not None
+        token = operator_token(self._secret.get_secret_value())
+        metadata = (*bearer.metadata(token), (RELAYED, self._replicas.task_queue))
+        return worker.replica_address, metadata
 
     async def SubmitTask(
         self,
@@ -209,12 +353,16 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             async for request in request_iterator:
                 yield request
 
+        via: str | None = None
         try:
-            async with self._worker(record) as (stub, metadata):
-                async for response in stub.Exec(upstream(), metadata=metadata):
+            async with self._upstream(record, context) as up:
+                via = up.via
+                async for response in up.exec(upstream()):
                     yield response
         except aio.AioRpcError as exc:
             code = exc.code()
+            if via is not None:  # the other replica's answer names the worker already
+                await context.abort(code, f"through replica {via}: {exc.details()}")
             passed_on = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
             await context.abort(
                 code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
@@ -233,12 +381,16 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         upstream = worker_pb2.StreamLogsRequest(
             task_id=request.task_id, follow=request.follow, offset=request.offset
         )
+        via: str | None = None
         try:
-            async with self._worker(record) as (stub, metadata):
-                async for chunk in stub.StreamLogs(upstream, metadata=metadata):
+            async with self._upstream(record, context) as up:
+                via = up.via
+                async for chunk in up.logs(upstream):
                     yield chunk
         except aio.AioRpcError as exc:
             code = exc.code()
+            if via is not None:  # the other replica's answer names the worker already
+                await context.abort(code, f"through replica {via}: {exc.details()}")
             if code == grpc.StatusCode.NOT_FOUND:
                 await context.abort(
                     grpc.StatusCode.NOT_FOUND,

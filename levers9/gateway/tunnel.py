@@ -9,10 +9,12 @@ stream to the worker's WorkerService (target `worker`), so the controlplane's gR
 `open(pool, worker, target)` opens a stream to one of the worker's own container ports
 (endpoint traffic); the worker refuses any target that is not itself.
 
-The session lives in this process only: `endpoint()` gives the listener's address and this
-replica's task queue, which the gateway's Register records for the worker, so that calls to it
-are scheduled where its session is. A worker whose session drops (a gateway restart) reconnects
-with backoff and registers again; its record then points at the new session.
+The session lives in this process only: `endpoint()` gives the listener's address, this
+replica's task queue and its replica address, which the gateway's Register records for the
+worker, so that calls to it are scheduled where its session is and another replica's gateway
+relays a stream to it through this one (levers9.gateway.task_service). A worker whose session
+drops (a gateway restart) reconnects with backoff and registers again; its record then points
+at the new session.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import grpc
 from pydantic import SecretStr
 
 from levers9.gateway.auth import authenticate
-from levers9.gateway.convert import check_worker
+from levers9.gateway.convert import TunnelEndpoint, check_worker
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2
@@ -55,17 +57,20 @@ class Held:
 class TunnelHub:
     """The tunnel sessions this replica holds, by (pool, worker id)."""
 
-    def __init__(self, secret: SecretStr, task_queue: str) -> None:
+    def __init__(
+        self, secret: SecretStr, task_queue: str, replica_address: str | None = None
+    ) -> None:
         self._secret = secret
         self.task_queue = task_queue
+        self.replica_address = replica_address
         self._held: dict[tuple[str, str], Held] = {}
 
-    def endpoint(self, pool_name: str, worker_id: str) -> tuple[str, str] | None:
-        """(the listener's address, this replica's task queue) while the session is held."""
+    def endpoint(self, pool_name: str, worker_id: str) -> TunnelEndpoint | None:
+        """This replica's end of the worker's session, while it is held."""
         held = self._held.get((pool_name, worker_id))
         if held is None or held.session.closed:
             return None
-        return held.address, self.task_queue
+        return TunnelEndpoint(held.address, self.task_queue, self.replica_address)
 
     async def open(self, pool_name: str, worker_id: str, target: str) -> Stream:
         """A stream to `target` on the worker (`127.0.0.1:<port>` of its own containers)."""

@@ -160,6 +160,11 @@ def test_ports_probes_and_identity_agree_with_the_code(pool_values: Path) -> Non
     env = {e["name"]: e for e in container["env"]}
     assert env["LEVERS9_METRICS_ADDRESS"]["value"] == "0.0.0.0:9100"
     assert env["LEVERS9_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The other replicas relay tunnelled workers' streams through this pod's gateway.
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["LEVERS9_REPLICA_ADDRESS"]["value"] == "$(POD_IP):7500"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_IP") < names.index("LEVERS9_REPLICA_ADDRESS"), "$(POD_IP) expands"
     config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
     assert config["config"]["controlplane"]["gatewayListen"] == "0.0.0.0:7500"
     gateway = find(docs, "Service", "-gateway")

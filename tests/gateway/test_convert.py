@@ -73,9 +73,11 @@ def test_registration(agent: Agent) -> None:
 def test_a_tls_worker_is_dialed_with_tls_unless_tunnelled(agent: Agent) -> None:
     assert convert.registration(agent.register(tls=True)).tls
     tunnelled = convert.registration(
-        agent.register(tls=True, tunnel=True, advertised_address=""), ("unix:/tmp/t.sock", "q1")
+        agent.register(tls=True, tunnel=True, advertised_address=""),
+        convert.TunnelEndpoint("unix:/tmp/t.sock", "q1", "10.0.0.5:7443"),
     )
     assert (tunnelled.address, tunnelled.tls) == ("unix:/tmp/t.sock", False)
+    assert (tunnelled.task_queue, tunnelled.replica_address) == ("q1", "10.0.0.5:7443")
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,10 @@ worker_main as processes of their own, the sandbox cluster in this process.
 `kill9()` is SIGKILL, nothing else: no shutdown hook runs, activities in flight are lost where
 they stand, the gateway's sockets vanish. `start()` starts the same process again with the same
 settings (same gateway port, same replica id), as Kubernetes restarts a crashed pod.
+
+With `replicas=2`, two worker_main processes (replica ids `a`, `b`, a gateway port each) serve
+one Temporal server and task queue, behind a `Balancer` that plays the gateway's Service:
+workers dial it, and each new connection goes to the next replica that accepts it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from temporalio.service import RPCError
 from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
 from levers9.temporal import connect, list_worker_records
+from levers9.tokens import operator_token
 from sandbox import devvalues
 from sandbox.serve import RunningSandbox, start
 from tests.controlplane import POOL, list_worker_jobs, quick_scenario
@@ -90,6 +95,51 @@ class Process:
         return self.proc is not None and self.proc.poll() is None
 
 
+class Balancer:
+    """A TCP load balancer on loopback, as a Kubernetes Service is to the gateway's pods:
+    each connection goes to the next backend in turn, skipping one that refuses it."""
+
+    def __init__(self, backends: list[str]) -> None:
+        self.backends = backends
+        self._next = 0
+        self._server: asyncio.Server | None = None
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+
+    async def start(self) -> None:
+        """Serves on its address (connections to it are refused until then)."""
+        host, port = self.address.rsplit(":", 1)
+        self._server = await asyncio.start_server(self._serve, host, int(port))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream = None
+        for _ in self.backends:
+            backend = self.backends[self._next % len(self.backends)]
+            self._next += 1
+            host, port = backend.rsplit(":", 1)
+            with contextlib.suppress(OSError):
+                upstream = await asyncio.open_connection(host, int(port))
+                break
+        if upstream is None:
+            writer.close()
+            return
+        up_reader, up_writer = upstream
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError, RuntimeError):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
 @dataclass
 class World:
     directory: Path
@@ -99,6 +149,10 @@ class World:
     settings: ControlplaneSettings
     client: Client | None = None
     task_runs: Path = field(init=False)
+    replicas: dict[str, Process] = field(default_factory=dict)
+    """By replica id, with replicas=2 (`controlplane` is replica `a`)."""
+    gateways: dict[str, str] = field(default_factory=dict)
+    """Each replica's own gateway address, by replica id."""
 
     def __post_init__(self) -> None:
         self.task_runs = self.directory / "task-runs"
@@ -117,10 +171,26 @@ class World:
         assert self.client is not None
         return self.client
 
-    async def controlplane_ready(self) -> None:
+    def replica_queue(self, replica: str) -> str:
+        return f"{self.settings.task_queue}-replica-{replica}"
+
+    def cli_env(self, replica: str) -> dict[str, str]:
+        """A user's shell whose CLI reaches this replica's gateway."""
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.settings.temporal_address,
+            "LEVERS9_TASK_QUEUE": self.settings.task_queue,
+            "LEVERS9_GATEWAY_ADDRESS": self.gateways[replica],
+            "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
+            "LEVERS9_HOME": str(self.directory / "no-dev-stack"),
+        }
+        env.pop("LEVERS9_GATEWAY_TLS_CA_FILE", None)
+        return env
+
+    async def controlplane_ready(self, process: Process | None = None) -> None:
         """Once the process we started polls the workflow queue (its pid in the identity)."""
         assert self.client is not None
-        pid = self.controlplane.pid
+        pid = (process or self.controlplane).pid
 
         async def polling() -> bool:
             assert self.client is not None
@@ -152,8 +222,11 @@ class World:
 
 
 @asynccontextmanager
-async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> AsyncIterator[World]:
-    """The dev server and worker_main started (and stopped afterwards), on a sandbox."""
+async def world(
+    directory: Path, *, tunnel: bool = False, replicas: int = 1, **settings: str
+) -> AsyncIterator[World]:
+    """The dev server and worker_main started (and stopped afterwards), on a sandbox; with
+    `replicas=2`, two of them behind a Balancer."""
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     key_file = directory / "gke-sa.json"
     running = await start(quick_scenario(), directory / "sandbox", controlplane_key=key_file)
@@ -200,7 +273,27 @@ async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> As
     argv = [sys.executable, "-P", "-m", "worker_main"]
     for path in values:
         argv += ["--values", str(path)]
-    controlplane = Process("worker_main", argv, env, directory / "worker_main.log")
+    balancer = None
+    processes: dict[str, Process] = {}
+    gateways: dict[str, str] = {}
+    if replicas == 1:
+        processes["crashy"] = Process("worker_main", argv, env, directory / "worker_main.log")
+        gateways["crashy"] = env["LEVERS9_GATEWAY_LISTEN"]
+    else:
+        for n in range(replicas):
+            replica = "abcdefgh"[n]
+            gateways[replica] = f"127.0.0.1:{gateway_port if n == 0 else free_port()}"
+        balancer = Balancer(list(gateways.values()))
+        for replica, gateway in gateways.items():
+            own = {
+                **env,
+                "LEVERS9_GATEWAY_LISTEN": gateway,
+                "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": balancer.address,
+                "LEVERS9_REPLICA_ID": replica,
+            }
+            log = directory / f"worker_main-{replica}.log"
+            processes[replica] = Process(f"worker_main-{replica}", argv, own, log)
+    controlplane = next(iter(processes.values()))
     plane = World(
         directory,
         running,
@@ -213,15 +306,25 @@ async def world(directory: Path, *, tunnel: bool = False, **settings: str) -> As
                 "workerTokenSecret": TOKEN_SECRET,
             }
         ),
+        replicas=processes,
+        gateways=gateways,
     )
     try:
         temporal.start()
         await plane.temporal_ready()
-        controlplane.start()
-        await plane.controlplane_ready()
+        for process in processes.values():
+            process.start()
+            await plane.controlplane_ready(process)
+        if balancer is not None:
+            # Only now: workers dialing meanwhile are refused and retry, so that their
+            # sessions spread over every replica, not all on the first one up.
+            await balancer.start()
         yield plane
     finally:
-        controlplane.stop()
+        for process in processes.values():
+            process.stop()
+        if balancer is not None:
+            await balancer.close()
         with contextlib.suppress(Exception):
             await running.close()
         temporal.stop()
