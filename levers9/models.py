@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from levers9.capacity import NodeCapacity
 from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
-from levers9.placement import PoolState, QueueSpot
+from levers9.placement import Placement, PoolState, QueueSpot
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"
@@ -282,6 +282,11 @@ class TaskInput(_Record):
     """Its container's memory limit (`--memory 8Gi`); 0: the worker's default."""
     cpu_millis: int = 0
     """Its container's CPU limit in millicores (`--cpus 4`); 0: the worker's default."""
+    resume: TaskResume | None = None
+    """Set when the record continues as new while its task runs."""
+    max_history_events: int = Field(default=10_000, ge=50)
+    """Continue as new past this many events while the task runs (a worker that reports
+    progress without end, say); a task's own history stays far below it."""
 
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
@@ -333,6 +338,17 @@ class WorkerTaskInput(_Record):
     """Dial the worker with TLS (WorkerRegistration.tls)."""
 
 
+class TaskResume(_Record):
+    """What a running task's record carries into its next run (continue-as-new)."""
+
+    record: TaskRecord
+    placement: Placement
+    route: WorkerTaskInput
+    cancel: str | None = None
+    cancel_sent: bool = False
+    liveness_seconds: float
+
+
 def pool_workflow_id(pool_name: str) -> str:
     return f"pool:{pool_name}"
 
@@ -344,3 +360,6 @@ def new_task_id() -> str:
 
 def task_workflow_id(task_id: str) -> str:
     return f"task:{task_id}"
+
+
+TaskInput.model_rebuild()  # its `resume` names TaskResume, defined after it

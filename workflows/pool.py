@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from levers9.placement import Placement, PoolState, QueueSpot, Slot
 
+TELL_AFTER_CONTINUING = "tell-after-continuing"
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
 
@@ -93,22 +94,34 @@ class PoolWorkflow:
 
     @workflow.run
     async def run(self, input: PoolInput) -> None:
+        untold = any(task_id in self._state.placed for task_id in self._state.notify)
+        if untold and self._tells_after_continuing():
+            self._tell()  # placed by the run before, after it stopped telling
         while True:
             # Re-evaluate on every change, and at the reservation threshold for waiting tasks.
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(lambda: self._changed, timeout=RESERVE_AFTER)
             self._changed = False
             self._assign()
-            self._tell()
             info = workflow.info()
             long = (
                 info.get_current_history_length() > input.max_history_events
                 or info.is_continue_as_new_suggested()
             )
+            # Long, it tells no new placement (they stay in the carried state's `notify`, told
+            # by the next run), so that the ones being told drain and it can continue: under a
+            # standing queue some were always in flight, and the run grew past 19,000 events
+            # of its 5,000 (Temporal ends a run at 51,200, and the pool would start empty).
+            if not (long and self._tells_after_continuing()):
+                self._tell()
             # Once no placement is being told (those signals are commands of this run) and no
             # Update is open; a signal arriving meanwhile lands in the state carried over.
             if long and self._telling == 0 and workflow.all_handlers_finished():
                 workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+
+    @staticmethod
+    def _tells_after_continuing() -> bool:
+        return workflow.patched(TELL_AFTER_CONTINUING)
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)

@@ -9,6 +9,11 @@ Records started before the `placed` signal existed asked through PoolWorkflow's 
 `place` (an activity waiting on it); they replay so. A task cancelled while it waits leaves the
 queue at once (`release` withdraws it) and ends `cancelled`.
 
+While the task runs, a record whose history passes `max_history_events` (a worker that reports
+progress and never its end, say) continues as new with its record, placement, route and
+cancellation, and goes on waiting for the end; its cards stay held across it and are released
+once, by the run that sees the end.
+
 A task whose RunTask never got through, on a worker whose record has since ended (its node
 removed, say), never ran there: its cards are released and it is placed again (at most
 `PLACEMENTS` times). A task that did start is never started again: a worker lost mid-task
@@ -46,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         PlaceRequest,
         TaskInput,
         TaskRecord,
+        TaskResume,
         WorkerTaskInput,
         pool_workflow_id,
     )
@@ -82,7 +88,8 @@ class _NeverStarted(Exception):
 
 @workflow.defn(name=TASK_WORKFLOW)
 class TaskWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, input: TaskInput) -> None:
         self._record: TaskRecord | None = None
         self._placement: Placement | None = None
         self._reports: list[TaskReport] = []
@@ -94,6 +101,17 @@ class TaskWorkflow:
         self._signalled = False
         """This record asks for its placement by signal and trusts the worker's reports,
         checking on the worker with a backed-off GetTask (PLACE_BY_SIGNAL)."""
+        self._continuing = False
+        resume = input.resume
+        if resume is not None:
+            # Here, not in run: a report or cancel that arrives with the continued run's first
+            # workflow task is handled before run starts, and must find the placement.
+            self._signalled = True
+            self._record = resume.record
+            self._placement = resume.placement
+            self._route = resume.route
+            self._cancel = resume.cancel
+            self._cancel_sent = resume.cancel_sent
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -123,6 +141,8 @@ class TaskWorkflow:
 
     @workflow.run
     async def run(self, input: TaskInput) -> TaskRecord:
+        if input.resume is not None:
+            return await self._resume(input, input.resume)
         self._signalled = workflow.patched(PLACE_BY_SIGNAL)
         self._record = TaskRecord(
             task_id=input.task_id,
@@ -162,10 +182,25 @@ class TaskWorkflow:
                     state="queued", worker_id=None, node_name=None, address=None, tls=False
                 )
             finally:
-                pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
-                with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
-                    await pool.signal("release", input.task_id)
+                await self._release(input)
         return self._finish("failed", f"placed {PLACEMENTS} times, never started: {reason}")
+
+    async def _release(self, input: TaskInput) -> None:
+        if self._continuing:  # the next run holds the cards and releases them
+            return
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+        with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
+            await pool.signal("release", input.task_id)
+
+    async def _resume(self, input: TaskInput, resume: TaskResume) -> TaskRecord:
+        """A run continued as new while its task ran (its state set in __init__): on
+        following the task to its end."""
+        try:
+            return await self._follow(
+                input, resume.placement, timedelta(seconds=resume.liveness_seconds)
+            )
+        finally:
+            await self._release(input)
 
     async def _queue(self, input: TaskInput, summary: str) -> Placement | None:
         """Asks the pool and waits for its `placed`; None when the task ended meanwhile
@@ -235,7 +270,12 @@ class TaskWorkflow:
                 raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
             return self._finish("failed", reason)
         self._update(state="running")
-        liveness = LIVENESS[0] if self._signalled else POLL_EVERY
+        return await self._follow(input, placement, LIVENESS[0] if self._signalled else POLL_EVERY)
+
+    async def _follow(
+        self, input: TaskInput, placement: Placement, liveness: timedelta
+    ) -> TaskRecord:
+        """Until the task's end: the worker's reports, a backed-off GetTask, a cancellation."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
@@ -273,6 +313,28 @@ class TaskWorkflow:
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
+            long = workflow.info().get_current_history_length() > input.max_history_events
+            if self._signalled and long:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if self._reports and not any(r.state in TERMINAL for r in self._reports):
+                    self._apply(self._reports[-1])  # progress that came meanwhile: the latest
+                    self._reports.clear()
+                if not (self._reports or self._cancel_due()):  # else this run acts on them
+                    self._continue(input, placement, liveness)
+
+    def _continue(self, input: TaskInput, placement: Placement, liveness: timedelta) -> None:
+        assert self._record is not None
+        assert self._route is not None
+        resume = TaskResume(
+            record=self._record,
+            placement=placement,
+            route=self._route,
+            cancel=self._cancel,
+            cancel_sent=self._cancel_sent,
+            liveness_seconds=liveness.total_seconds(),
+        )
+        self._continuing = True
+        workflow.continue_as_new(input.model_copy(update={"resume": resume}))
 
     def _cancel_due(self) -> bool:
         return self._cancel is not None and not self._cancel_sent

@@ -276,3 +276,58 @@ async def test_a_72_hour_task_ends_with_its_record_and_its_cards_released_once(
     assert released == [record.task_id], "its cards given back exactly once"
     assert polls <= 300, "backed-off liveness checks, not one every 5 s (51,840 of them)"
     assert events < 4_000, f"{events} events: far below Temporal's 51,200 (a month: about 33,000)"
+
+
+async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A worker that reports `running` again and again (progress without end): the record
+    passes its history cap, continues as new with what it holds, and still ends once, its
+    cards released once, by the run that sees the end."""
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, keeps_running=True)
+    pool = f"pool-{uuid.uuid4().hex[:6]}"
+    task_id = uuid.uuid4().hex[:12]
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[TaskWorkflow, PoolStandIn],
+        activities=cluster.activities(),
+    ):
+        stand_in = await time_env.client.start_workflow(
+            PoolStandIn.run, id=pool_workflow_id(pool), task_queue=task_queue
+        )
+        handle = await time_env.client.start_workflow(
+            TaskWorkflow.run,
+            TaskInput(task_id=task_id, pool_name=pool, command=("train",), max_history_events=60),
+            id=f"task:{task_id}",
+            task_queue=task_queue,
+        )
+        await _started(handle)
+        progress = TaskReport(pool_name=pool, worker_id="w1", task_id=task_id, state="running")
+        for n in range(120):
+            await handle.signal(TaskWorkflow.report, progress)
+            if n % 20 == 19:  # bursts, as progress comes: the record's task completes between
+                await asyncio.sleep(0.5)
+        end = TaskReport(
+            pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded", exit_code=0
+        )
+        await handle.signal(TaskWorkflow.report, end)
+        record = await handle.result()
+        released = await stand_in.query(PoolStandIn.releases)
+        runs = []  # the chain of runs, from the first (no visibility on this server)
+        run_id: str | None = handle.first_execution_run_id
+        while run_id:
+            history = await time_env.client.get_workflow_handle(
+                f"task:{task_id}", run_id=run_id
+            ).fetch_history()
+            runs.append(len(history.events))
+            last = history.events[-1].workflow_execution_continued_as_new_event_attributes
+            run_id = last.new_execution_run_id or None
+        with contextlib.suppress(RPCError):
+            await stand_in.terminate("test done")
+    assert (record.state, record.exit_code, record.worker_id) == ("succeeded", 0, "w1")
+    assert record.phases[0].name == "placement", "the record carried across runs"
+    assert released == [task_id], "its cards given back exactly once, by the last run"
+    assert len(runs) >= 3, f"continued as new under the flood: {runs} events"
+    assert max(runs) < 150, f"each run ends soon after its cap of 60: {runs}"
+    assert cluster.runs == ["w1"], "RunTask once: a continued run never starts it again"

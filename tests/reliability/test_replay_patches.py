@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -33,17 +33,20 @@ from levers9.models import (
     MachineInput,
     PlaceRequest,
     PodState,
+    PoolInput,
     StopWorker,
     TaskInput,
     TaskRecord,
     WorkerInput,
     WorkerJobInput,
     WorkerRegistration,
+    WorkerSlotInput,
     WorkerTaskInput,
 )
 from levers9.placement import Placement
 from tests.waiting import eventually
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
+from workflows.pool import TELL_AFTER_CONTINUING, PoolWorkflow
 from workflows.task import PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
 from workflows.worker import ANNOUNCE_ON_CHANGE, LEAVE_PLACEMENT_FIRST, WorkerWorkflow
 
@@ -168,6 +171,54 @@ async def _worker_registered_again(client: Client, task_queue: str) -> str:
     return workflow_id
 
 
+POOL_CAP = 30
+
+
+async def _pool_past_its_cap(client: Client, task_queue: str) -> tuple[str, str]:
+    """A pool with two one-card workers and a history cap of 30 events, asked for 40 tasks
+    (whose records do not exist: each `placed` fails and frees the cards for the next); its
+    first run, which passes the cap with placements still to tell."""
+    workflow_id = f"pool:{POOL}-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow(
+        PoolWorkflow.run,
+        PoolInput(pool_name=POOL, max_history_events=POOL_CAP),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    first_run = handle.first_execution_run_id
+    assert first_run is not None
+    for n in range(2):
+        slot = WorkerSlotInput(
+            worker_id=f"w{n}",
+            node_name=f"node-{n}",
+            address=f"127.0.20.{n + 1}:40000",
+            devices=(0,),
+            node_gpus=1,
+        )
+        await handle.signal(PoolWorkflow.worker_available, slot)
+    for n in range(40):
+        await handle.signal(
+            PoolWorkflow.request, PlaceRequest(pool_name=POOL, task_id=f"t{n:02d}", gpus=1)
+        )
+
+    async def continued() -> bool:
+        first = client.get_workflow_handle(workflow_id, run_id=first_run)
+        return (await first.describe()).status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+    await eventually(continued, within=30)
+    await handle.terminate("test over")
+    return workflow_id, first_run
+
+
+def _quiet_past_the_cap(history: WorkflowHistory) -> int:
+    """Minus the placements told after the run passed its cap (the new branch tells none)."""
+    return -sum(
+        1
+        for e in history.events[POOL_CAP:]
+        if e.signal_external_workflow_execution_initiated_event_attributes.signal_name == "placed"
+    )
+
+
 def _announcements(history: WorkflowHistory) -> int:
     """How many times the worker told the pool its cards."""
     return sum(
@@ -234,7 +285,8 @@ async def _task_never_started(client: Client, task_queue: str) -> str:
 @dataclass(frozen=True)
 class Patch:
     patch_id: str
-    drive: Callable[[Client, str], Awaitable[str]]
+    drive: Callable[[Client, str], Awaitable[str | tuple[str, str]]]
+    """Runs the workflow to the patched point: its id (the latest run), or id and run."""
     new_branch: EventType.ValueType | Callable[[WorkflowHistory], int]
     """An event only the new branch makes (or a measure of the history it raises)."""
 
@@ -253,8 +305,9 @@ PATCHES = {
     ),
     LEAVE_PLACEMENT_FIRST: Patch(LEAVE_PLACEMENT_FIRST, _worker_stopped, _left_before_the_job_went),
     ANNOUNCE_ON_CHANGE: Patch(ANNOUNCE_ON_CHANGE, _worker_registered_again, _announcements),
+    TELL_AFTER_CONTINUING: Patch(TELL_AFTER_CONTINUING, _pool_past_its_cap, _quiet_past_the_cap),
 }
-WORKFLOWS = [MachineWorkflow, TaskWorkflow, WorkerWorkflow]
+WORKFLOWS = [MachineWorkflow, PoolWorkflow, TaskWorkflow, WorkerWorkflow]
 
 
 def test_every_patch_in_the_workflows_is_covered() -> None:
@@ -287,8 +340,9 @@ async def _history(
                 delete_worker_job,
             ],
         ):
-            workflow_id = await patch.drive(env.client, task_queue)
-    return await env.client.get_workflow_handle(workflow_id).fetch_history()
+            driven = await patch.drive(env.client, task_queue)
+    workflow_id, run_id = driven if isinstance(driven, tuple) else (driven, None)
+    return await env.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
 
 
 def _markers(history: WorkflowHistory) -> list[bytes]:
