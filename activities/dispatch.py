@@ -1,4 +1,5 @@
-"""A task's I/O: ask the pool for cards (Update on PoolWorkflow), and the worker's WorkerService
+"""A task's I/O: ask the pool for cards (signal `request` to PoolWorkflow; the Update of records
+started before it), and the worker's WorkerService
 (RunTask, GetTask) at its advertised address, with the worker's own token.
 
 The token is computed here from the controlplane's secret, so it never passes through Temporal.
@@ -6,6 +7,7 @@ The token is computed here from the controlplane's secret, so it never passes th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -41,6 +43,7 @@ from levers9.tokens import worker_token
 T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
 PLACE_HEARTBEAT_S = 5.0
+LARGEST_TTL_S = 10.0
 RPC_TIMEOUT_S = 15.0
 CANCEL_TIMEOUT_S = 45.0
 """The agent's SIGTERM grace (10 s) and the container's teardown, well inside."""
@@ -66,6 +69,8 @@ class TaskActivities:
         self._client = client
         self._settings = settings
         self._tunnels = tunnels
+        self._largest: dict[str, tuple[float, int | None]] = {}
+        """By pool: when its machine records were read, and the most cards one has."""
 
     def _address(self, input: WorkerTaskInput) -> str:
         """Where the worker answers: a tunnelled worker's current session on this replica
@@ -103,7 +108,7 @@ class TaskActivities:
         """Queues the task on its pool (signal-with-start `request`; a repeat queues nothing
         twice). Returns "" when queued, or why no machine of the pool can ever hold it (more
         cards than the largest machine record has; with no machine yet, it waits)."""
-        largest = await self._largest_machine(request.pool_name)
+        largest = await self._largest_machine(request.pool_name, request.gpus)
         if largest is not None and request.gpus > largest:
             return (
                 f"no machine of pool {request.pool_name} can hold {request.gpus} cards:"
@@ -120,10 +125,19 @@ class TaskActivities:
         )
         return ""
 
-    async def _largest_machine(self, pool_name: str) -> int | None:
-        """The most cards a node of the pool has, from its running machine records."""
+    async def _largest_machine(self, pool_name: str, gpus: int) -> int | None:
+        """The most cards a node of the pool has, from its running machine records: a burst of
+        requests reads them once per LARGEST_TTL_S (10,000 tasks queued at once made 10,000
+        visibility lists), but a task is refused only on a fresh read."""
+        cached = self._largest.get(pool_name)
+        now = time.monotonic()
+        fresh = cached is not None and now - cached[0] < LARGEST_TTL_S
+        if cached is not None and fresh and (cached[1] is None or gpus <= cached[1]):
+            return cached[1]
         records = await machine_records(self._client, self._settings.task_queue, pool_name)
-        return max((r.total_gpus for r in records), default=None)
+        largest = max((r.total_gpus for r in records), default=None)
+        self._largest[pool_name] = (now, largest)
+        return largest
 
     @activity.defn
     async def worker_ended(self, input: WorkerTaskInput) -> bool:

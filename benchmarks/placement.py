@@ -7,6 +7,11 @@ continue-as-new chain), and the longest history of each workflow type.
 
     python benchmarks/placement.py [--tasks 1000] [--workers 20] [--gpus 1]
 
+With `--sandbox`, on the running dev stack (`levers9 dev up`) instead: `--workers` sandbox nodes
+of one card are added with `levers9 sandbox node add`, each gets its real worker (a Job, the
+agent, its runc runtime), and `--tasks` tasks of `true` run on them through the whole
+controlplane (in the pool's default image); the nodes are removed afterwards.
+
 Targets (issue 17): no refusal at any N (every task succeeds), at most 10 pool history events
 per placed task, at least 50 tasks placed per second.
 """
@@ -18,6 +23,7 @@ import asyncio
 import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 import uuid
@@ -41,7 +47,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.task_records import start_task
-from levers9.temporal import ensure_search_attributes
+from levers9.temporal import connect, ensure_search_attributes, list_worker_records
 from workflows import RUNNER
 from workflows.pool import PoolWorkflow
 from workflows.task import TaskWorkflow
@@ -64,6 +70,34 @@ async def run_task(input: WorkerTaskInput) -> bool:
     return False
 
 
+async def _run_all(
+    client: Client, task_queue: str, inputs: list[TaskInput]
+) -> tuple[float, dict[str, int]]:
+    """Submits every task at once (100 starts in flight), then waits for each to end: the
+    seconds the submission took, and how many ended in each state."""
+    began = time.perf_counter()
+    starting, waiting = asyncio.Semaphore(100), asyncio.Semaphore(200)
+
+    async def submit(task: TaskInput) -> None:
+        async with starting:
+            await start_task(client, task_queue, task)
+
+    await asyncio.gather(*(submit(t) for t in inputs))
+    submitted = time.perf_counter() - began
+    states: dict[str, int] = defaultdict(int)
+
+    async def result(task: TaskInput) -> None:
+        async with waiting:
+            record = await client.get_workflow_handle(f"task:{task.task_id}").result()
+            states[record["state"] if isinstance(record, dict) else record.state] += 1
+            done = sum(states.values())
+            if done % 100 == 0:
+                print(f"ended: {done} of {len(inputs)}", file=sys.stderr)
+
+    await asyncio.gather(*(result(t) for t in inputs))
+    return submitted, states
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -84,9 +118,10 @@ def _server_cpu() -> float:
     return total
 
 
-async def _history_lengths(client: Client, workflow_type: str) -> list[int]:
+async def _history_lengths(client: Client, workflow_type: str, since: str = "") -> list[int]:
     lengths = []
-    async for listed in client.list_workflows(f"WorkflowType='{workflow_type}'"):
+    query = f"WorkflowType='{workflow_type}'" + (f" AND StartTime >= '{since}'" if since else "")
+    async for listed in client.list_workflows(query):
         handle = client.get_workflow_handle(listed.id, run_id=listed.run_id)
         lengths.append(len((await handle.fetch_history()).events))
     return lengths
@@ -140,23 +175,7 @@ async def main(tasks: int, workers: int, gpus: int) -> None:
             began = time.perf_counter()
             cpu_began = _cpu()
             server_began = _server_cpu()
-            starting = asyncio.Semaphore(100)
-
-            async def submit(task: TaskInput) -> None:
-                async with starting:
-                    await start_task(client, task_queue, task)
-
-            await asyncio.gather(*(submit(t) for t in inputs))
-            submitted = time.perf_counter() - began
-            states: dict[str, int] = defaultdict(int)
-            waiting = asyncio.Semaphore(200)
-
-            async def result(task: TaskInput) -> None:
-                async with waiting:
-                    record = await client.get_workflow_handle(f"task:{task.task_id}").result()
-                    states[record["state"] if isinstance(record, dict) else record.state] += 1
-
-            await asyncio.gather(*(result(t) for t in inputs))
+            submitted, states = await _run_all(client, task_queue, inputs)
             took = time.perf_counter() - began
             cpu = _cpu() - cpu_began
             server_cpu = _server_cpu() - server_began
@@ -183,10 +202,74 @@ async def main(tasks: int, workers: int, gpus: int) -> None:
     print(f"TaskWorkflow: longest history {max(task_lengths)} events")
 
 
+async def on_sandbox(tasks: int, nodes: int) -> None:
+    """The same figures with real workers on sandbox nodes of the running dev stack."""
+    from datetime import UTC, datetime
+
+    from levers9.cli.runtime import settings_from_env
+    from sandbox.devvalues import POOL_NAME
+
+    settings = settings_from_env()
+    client = await connect(settings)
+    levers9 = str(BIN / "levers9")
+    names = [f"gke-bench-{uuid.uuid4().hex[:4]}-{n}" for n in range(nodes)]
+    before = len(await list_worker_records(settings, POOL_NAME, include_ended=False))
+    for name in names:
+        await asyncio.to_thread(
+            subprocess.run, [levers9, "sandbox", "node", "add", name, "--gpus", "1"], check=True
+        )
+    try:
+        while True:
+            records = await list_worker_records(settings, POOL_NAME, include_ended=False)
+            available = [r for r in records if r.state == "available"]
+            print(f"\rworkers available: {len(available)} of {before + nodes}", end="")
+            if len(available) >= before + nodes:
+                break
+            await asyncio.sleep(2)
+        print()
+        pool_before = sum(await _history_lengths(client, "PoolWorkflow"))
+        since = datetime.now(UTC).isoformat()
+        inputs = [
+            TaskInput(
+                task_id=f"s{n:05d}{uuid.uuid4().hex[:6]}", pool_name=POOL_NAME, command=("true",)
+            )
+            for n in range(tasks)
+        ]
+        began = time.perf_counter()
+        _, states = await _run_all(client, settings.task_queue, inputs)
+        took = time.perf_counter() - began
+        print()
+        pool_events = sum(await _history_lengths(client, "PoolWorkflow")) - pool_before
+        task_lengths = await _history_lengths(client, "TaskWorkflow", since)
+        longest = {
+            kind: max(await _history_lengths(client, kind), default=0)
+            for kind in ("PoolWorkflow", "WorkerWorkflow", "MachineWorkflow")
+        }
+    finally:
+        for name in names:
+            await asyncio.to_thread(
+                subprocess.run, [levers9, "sandbox", "node", "remove", name], check=False
+            )
+    print(
+        f"nproc={os.cpu_count()} {platform.machine()}, the dev stack, {tasks} tasks of `true`"
+        f" over {before + nodes} real workers ({nodes} sandbox nodes added)"
+    )
+    print(f"all ended in {took:.1f} s: {dict(states)}; placed per second: {tasks / took:.1f}")
+    print(f"PoolWorkflow: {pool_events} events meanwhile, {pool_events / tasks:.1f} per task")
+    print(
+        f"longest history: TaskWorkflow {max(task_lengths)}, "
+        + ", ".join(f"{kind} {n}" for kind, n in longest.items())
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--sandbox", action="store_true", help="real workers on the dev stack")
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.tasks, arguments.workers, arguments.gpus))
+    if arguments.sandbox:
+        asyncio.run(on_sandbox(arguments.tasks, arguments.workers))
+    else:
+        asyncio.run(main(arguments.tasks, arguments.workers, arguments.gpus))
