@@ -7,6 +7,7 @@ The token is computed here from the controlplane's secret, so it never passes th
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
@@ -43,6 +44,9 @@ from levers9.tokens import worker_token
 T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
 PLACE_HEARTBEAT_S = 5.0
+REQUEST_BATCH_S = 0.05
+REQUEST_BATCH_MAX = 500
+"""Requests per signal: 500 of about 150 bytes, far below Temporal's 2 MB payload."""
 LARGEST_TTL_S = 10.0
 RPC_TIMEOUT_S = 15.0
 CANCEL_TIMEOUT_S = 45.0
@@ -55,6 +59,56 @@ class TunnelEndpoints(Protocol):
     """The tunnel sessions this process holds (`levers9.gateway.tunnel.TunnelHub`)."""
 
     def endpoint(self, pool_name: str, worker_id: str) -> TunnelEndpoint | None: ...
+
+
+class RequestBatches:
+    """The placement requests of this process's activities, one signal per pool per
+    REQUEST_BATCH_S (at most REQUEST_BATCH_MAX each): a burst of 10,000 tasks signals the pool
+    a few hundred times, not 10,000, which its history and its continue-as-new could not follow
+    (Temporal refuses a continue-as-new while signals are arriving). Each request returns once
+    its batch was taken; a failed signal fails every request of the batch, and the activities
+    retry (a repeated request queues nothing twice)."""
+
+    def __init__(self, send: Callable[[str, list[PlaceRequest]], Awaitable[None]]) -> None:
+        self._send = send
+        self._open: dict[str, list[tuple[PlaceRequest, asyncio.Future[None]]]] = {}
+        self._flushing: set[asyncio.Task[None]] = set()
+
+    async def add(self, request: PlaceRequest) -> None:
+        waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        batch = self._open.get(request.pool_name)
+        if batch is None:
+            batch = self._open[request.pool_name] = []
+            asyncio.get_running_loop().call_later(
+                REQUEST_BATCH_S, self._flush_soon, request.pool_name
+            )
+        batch.append((request, waiting))
+        if len(batch) >= REQUEST_BATCH_MAX:
+            self._flush_soon(request.pool_name)
+        await waiting
+
+    def _flush_soon(self, pool_name: str) -> None:
+        batch = self._open.pop(pool_name, None)
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._flush(pool_name, batch))
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _flush(
+        self, pool_name: str, batch: list[tuple[PlaceRequest, asyncio.Future[None]]]
+    ) -> None:
+        try:
+            await self._send(pool_name, [request for request, _ in batch])
+        except BaseException as exc:
+            for _, waiting in batch:
+                if not waiting.done():
+                    waiting.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            for _, waiting in batch:
+                if not waiting.done():
+                    waiting.set_result(None)
 
 
 class TaskActivities:
@@ -71,6 +125,7 @@ class TaskActivities:
         self._tunnels = tunnels
         self._largest: dict[str, tuple[float, int | None]] = {}
         """By pool: when its machine records were read, and the most cards one has."""
+        self._batches = RequestBatches(self._signal_requests)
 
     def _address(self, input: WorkerTaskInput) -> str:
         """Where the worker answers: a tunnelled worker's current session on this replica
@@ -114,16 +169,19 @@ class TaskActivities:
                 f"no machine of pool {request.pool_name} can hold {request.gpus} cards:"
                 f" the largest has {largest}"
             )
+        await self._batches.add(request)
+        return ""
+
+    async def _signal_requests(self, pool_name: str, requests: list[PlaceRequest]) -> None:
         await self._client.start_workflow(
             POOL_WORKFLOW,
-            PoolInput(pool_name=request.pool_name),
-            id=pool_workflow_id(request.pool_name),
+            PoolInput(pool_name=pool_name),
+            id=pool_workflow_id(pool_name),
             task_queue=self._settings.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            start_signal="request",
-            start_signal_args=[request],
+            start_signal="requests",
+            start_signal_args=[requests],
         )
-        return ""
 
     async def _largest_machine(self, pool_name: str, gpus: int) -> int | None:
         """The most cards a node of the pool has, from its running machine records: a burst of

@@ -2,7 +2,8 @@
 which task waits for what (levers9/placement.py decides).
 
 Workers announce themselves (signal `worker_available`, from WorkerWorkflow) and leave
-(`worker_gone`). A task asks with the signal `request` and is told with the signal `placed` to
+(`worker_gone`). A task asks with the signal `request` (`requests`: a batch of them, as the
+controlplane sends a burst) and is told with the signal `placed` to
 its record once one worker has that many cards free at once; it gives them back with `release`
 (which also withdraws a task still waiting). Nothing waits inside an Update, so any number of
 tasks can wait, and the workflow continues as new with its queue and card ledger whatever is
@@ -72,8 +73,15 @@ class PoolWorkflow:
 
     @workflow.signal
     def request(self, request: PlaceRequest) -> None:
-        since = request.created_at or workflow.now()
-        self._state.request(request.task_id, request.gpus, since, notify=True)
+        self.requests([request])
+
+    @workflow.signal
+    def requests(self, requests: list[PlaceRequest]) -> None:
+        """Many tasks at once (the controlplane batches the requests of a burst: one signal,
+        not 10,000, so that the pool's history and its continue-as-new keep up)."""
+        for request in requests:
+            since = request.created_at or workflow.now()
+            self._state.request(request.task_id, request.gpus, since, notify=True)
         self._changed = True
 
     @workflow.update

@@ -1,17 +1,19 @@
-"""`request_placement` reads the pool's machine records once per burst of requests, and afresh
-before it refuses a task: a burst of 10,000 tasks makes a handful of visibility lists, and a
-task is never refused on a stale answer."""
+"""`request_placement` under a burst: it reads the pool's machine records once per burst, and
+afresh before it refuses a task (never refused on a stale answer), and the requests of the
+burst reach the pool in a few signals, each request in exactly one."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from activities import dispatch
-from activities.dispatch import TaskActivities
+from activities.dispatch import REQUEST_BATCH_MAX, RequestBatches, TaskActivities
 from levers9.config import ControlplaneSettings
+from levers9.models import PlaceRequest
 
 
 async def test_the_largest_machine_is_read_once_a_burst_and_afresh_before_a_refusal(
@@ -36,3 +38,34 @@ async def test_the_largest_machine_is_read_once_a_burst_and_afresh_before_a_refu
     await activities._largest_machine("p", 1)
     assert reads[-1] == "p", "past the TTL, read again"
     assert len(reads) == 4
+
+
+async def test_a_burst_of_requests_is_a_few_signals_and_each_request_is_in_one() -> None:
+    sent: list[tuple[str, list[str]]] = []
+
+    async def send(pool_name: str, requests: list[PlaceRequest]) -> None:
+        await asyncio.sleep(0.01)
+        sent.append((pool_name, [r.task_id for r in requests]))
+
+    batches = RequestBatches(send)
+    burst = [
+        PlaceRequest(pool_name=f"pool-{n % 2}", task_id=f"t{n:04d}", gpus=1) for n in range(1_200)
+    ]
+    await asyncio.gather(*(batches.add(r) for r in burst))
+    assert len(sent) <= 6, f"{len(sent)} signals for 1,200 requests"
+    assert all(len(ids) <= REQUEST_BATCH_MAX for _, ids in sent)
+    told = sorted(task_id for _, ids in sent for task_id in ids)
+    assert told == sorted(r.task_id for r in burst), "each request in exactly one signal"
+    assert all(all(int(t[1:]) % 2 == int(pool[-1]) for t in ids) for pool, ids in sent)
+
+
+async def test_a_failed_signal_fails_the_requests_of_its_batch() -> None:
+    async def send(pool_name: str, requests: list[PlaceRequest]) -> None:
+        raise RuntimeError("Temporal unavailable")
+
+    batches = RequestBatches(send)
+    results = await asyncio.gather(
+        *(batches.add(PlaceRequest(pool_name="p", task_id=f"t{n}", gpus=1)) for n in range(3)),
+        return_exceptions=True,
+    )
+    assert [str(r) for r in results] == ["Temporal unavailable"] * 3
