@@ -1,6 +1,9 @@
-"""Histories recorded from an end-to-end demo run (tests/reliability/histories/, one per
-workflow type, as `temporal workflow show -o json` printed them) replay with the current
-workflow code. A change to a workflow that running workflows of the old code could not follow
+"""Histories recorded from end-to-end dev stack runs (tests/reliability/histories/, at least one
+per workflow type, as `temporal workflow show -o json` printed them) replay with the current
+workflow code. `<Type>.json` are from before issue 17; `<Type>-<path>.json` record its paths: a
+task placed by signal, the pool's batched `requests` and `placed` signals (the first 300 events
+of a run of `benchmarks/placement.py --sandbox`), a machine told new settings and its worker
+passing them on, a worker that tells the pool its cards on change only. A change to a workflow that running workflows of the old code could not follow
 (another activity, another order, a timer removed) fails here: guard it with
 `workflow.patched(...)` (docs/operations.md), then record the histories again.
 
