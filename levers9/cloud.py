@@ -241,6 +241,10 @@ class EgressInput(_Model):
     """CIDRs appended so far; carried across continue-as-new."""
     firewall: bool = True
     """False for a tunnel-only cluster: only the authorized networks are kept."""
+    rotations: list[Rotation] = Field(default_factory=list)
+    """The latest rotations (the query shows them); carried across continue-as-new."""
+    max_history_events: int = Field(default=2_000, ge=20)
+    """Continue as new past this many events."""
 
 
 class RotateIps(_Model):
@@ -264,7 +268,8 @@ class Rotation(_Model):
 class Allowlist(EgressInput):
     """Query `allowlist` of `egress:<cluster>`: what is appended so far, latest rotations."""
 
-    rotations: list[Rotation] = Field(default_factory=list)
+
+EgressInput.model_rebuild()  # its `rotations` names Rotation, defined after it
 
 
 class ImageRecopyInput(_Model):

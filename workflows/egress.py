@@ -45,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
     from levers9.logs import KV_EXTRA
 
 KEEP_ROTATIONS = 20
-MAX_HISTORY_EVENTS = 2_000
 
 
 @workflow.defn(name=EGRESS_WORKFLOW)
@@ -55,7 +54,7 @@ class EgressAllowlistWorkflow:
         self._input = input
         self._allowlist: list[str] = list(input.allowlist)
         self._requests: list[RotateIps] = []
-        self._rotations: list[Rotation] = []
+        self._rotations: list[Rotation] = list(input.rotations)
 
     @workflow.signal
     def rotate_ips(self, request: RotateIps | None = None) -> None:
@@ -84,7 +83,7 @@ class EgressAllowlistWorkflow:
     @workflow.query
     def allowlist(self) -> Allowlist:
         return Allowlist(
-            **self._input.model_dump(exclude={"allowlist"}),
+            **self._input.model_dump(exclude={"allowlist", "rotations"}),
             allowlist=self._allowlist,
             rotations=self._rotations,
         )
@@ -98,14 +97,17 @@ class EgressAllowlistWorkflow:
             self._rotations = [*self._rotations, rotation][-KEEP_ROTATIONS:]
             info = workflow.info()
             long = (
-                info.get_current_history_length() > MAX_HISTORY_EVENTS
+                info.get_current_history_length() > self._input.max_history_events
                 or info.is_continue_as_new_suggested()
             )
             if long and not self._requests:
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(
-                    self._input.model_copy(update={"allowlist": self._allowlist})
-                )
+                if not self._requests:  # else a rotation that came meanwhile goes first
+                    workflow.continue_as_new(
+                        self._input.model_copy(
+                            update={"allowlist": self._allowlist, "rotations": self._rotations}
+                        )
+                    )
 
     async def _rotate(self, request: RotateIps) -> Rotation:
         at = workflow.now().isoformat()

@@ -82,7 +82,9 @@ def show(
         fail([str(exc)])
         raise typer.Exit(1) from None
     if output is Output.json:
-        console.print_json(json.dumps(state.model_dump(mode="json")))
+        console.print_json(
+            json.dumps(state.model_dump(mode="json", exclude={"max_history_events"}))
+        )
         return
     console.print(
         f"cluster {state.cluster.cluster_path}; firewall {state.cluster.firewall_name}"
