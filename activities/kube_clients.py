@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
@@ -65,7 +66,7 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
         k8s_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
             kubeconfig, client_configuration=configuration
         )
-        return k8s.ApiClient(configuration)
+        return _with_timeout(k8s.ApiClient(configuration))
     configuration = k8s.Configuration()
     configuration.host = kube.endpoint
     if kube.ca_certificate:
@@ -82,7 +83,22 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
         configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
     elif text:
         configuration.api_key = {"authorization": f"Bearer {text.strip()}"}
-    return k8s.ApiClient(configuration)
+    return _with_timeout(k8s.ApiClient(configuration))
+
+
+def _with_timeout(api: k8s.ApiClient) -> k8s.ApiClient:
+    """Every call of `api` gets REQUEST_TIMEOUT_S unless it sets its own: the generated API
+    methods pass `_request_timeout=None` by default, and urllib3 then waits forever for a
+    cluster that drops the packets of an address off its authorized networks (GKE does)."""
+    call_api = api.call_api
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
+        return call_api(*args, **kwargs)
+
+    api.call_api = timed  # type: ignore[method-assign]
+    return api
 
 
 class KubeClients:

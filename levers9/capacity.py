@@ -202,9 +202,25 @@ def _pod_amounts(pod_spec: Obj) -> Amounts:
     for container in pod_spec.get("containers") or ():
         g, c, m = _container_amounts(container.get("resources"))
         gpus, cpu, memory = gpus + g, cpu + c, memory + m
+    # Native sidecars (init containers with restartPolicy Always) run from their start to the
+    # pod's end: they add to the containers, and to every init container after them.
+    side_g = side_c = side_m = 0
+    init_g = init_c = init_m = 0
     for container in pod_spec.get("initContainers") or ():
         g, c, m = _container_amounts(container.get("resources"))
-        gpus, cpu, memory = max(gpus, g), max(cpu, c), max(memory, m)
+        if container.get("restartPolicy") == "Always":
+            side_g, side_c, side_m = side_g + g, side_c + c, side_m + m
+            g = c = m = 0
+        init_g, init_c, init_m = (
+            max(init_g, side_g + g),
+            max(init_c, side_c + c),
+            max(init_m, side_m + m),
+        )
+    gpus, cpu, memory = (
+        max(gpus + side_g, init_g),
+        max(cpu + side_c, init_c),
+        max(memory + side_m, init_m),
+    )
     overhead = pod_spec.get("overhead")
     if overhead:
         g, c, m = _container_amounts({"requests": overhead})
@@ -216,7 +232,9 @@ def pod_requests(pod_spec: Obj) -> Resources:
     """What a pod holds on its node, as the scheduler counts it.
 
     Init containers run one at a time before the others, so the pod needs the larger of the
-    biggest init container and the sum of the containers (plus its overhead).
+    biggest init container and the sum of the containers (plus its overhead). Native sidecars
+    (`restartPolicy: Always`) keep running: their sum adds to the containers' and to each
+    init container that starts after them (the scheduler's rule, Kubernetes 1.29+).
     """
     gpus, cpu, memory = _pod_amounts(pod_spec)
     return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)

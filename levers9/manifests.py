@@ -206,8 +206,9 @@ def worker_job(spec: WorkerJobSpec) -> dict[str, Any]:
         "volumes": volumes,
     }
     if spec.flavor == "gke":
-        # GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule.
-        pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+        # GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule; a NoExecute one (an admin's)
+        # would evict the worker as capacity, which tolerates any effect, would not expect.
+        pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists"}]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

@@ -1,7 +1,8 @@
 """The Kubernetes activities against the sandbox's real HTTPS API with the pool's GKE key:
 creating a worker Job twice makes one Job and one token Secret owned by it (409 is done);
 deleting twice is fine (404 is done); the observation lists in a constant number of calls;
-errors are typed by HTTP meaning: 401/403/404/422 permanent with the fix, 429/5xx retried.
+errors are typed by HTTP meaning: 401/403/404/422 permanent with the fix, 429/5xx retried; a
+call the cluster drops times out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from kubernetes import client as k8s
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities import kube_clients
 from activities.kube import KubeActivities, KubeObserver, kube_error
+from activities.reconcile import ReconcileActivities
 from levers9.models import WorkerJobInput
 from levers9.tokens import token_matches
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
@@ -152,3 +155,28 @@ async def test_server_errors_are_retried_then_succeed(cp: Controlplane) -> None:
     assert caught.value.status == 500
     assert await env.run(activities.create_worker_job, job) == "worker-gke-rtx6000-fault500"
     await env.run(activities.delete_worker_job, job)
+
+
+async def test_a_call_the_cluster_drops_times_out_and_the_pass_says_so(
+    cp: Controlplane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GKE drops the packets of an address off its authorized networks (the sandbox's
+    `timeout` denial holds the request for five minutes, then drops it): every Kubernetes call
+    has a client-side timeout, so the pass fails in seconds, retryable, saying why."""
+    monkeypatch.setattr(kube_clients, "REQUEST_TIMEOUT_S", (1.0, 1.0))
+    policy = cp.sandbox.sandbox.policy
+    policy.update({"networkDenial": "timeout", "timeoutHoldSeconds": 300, "egressIp": "127.0.0.9"})
+    try:
+        reconcile = ReconcileActivities(KubeObserver(cp.clients), None, cp.settings)  # type: ignore[arg-type]
+        with pytest.raises(ApplicationError) as failed:
+            # A call without the timeout would wait out the five minutes.
+            await asyncio.wait_for(reconcile._observe(POOL), timeout=60)
+    finally:
+        policy.update({"networkDenial": "forbidden", "egressIp": "127.0.0.1"})
+    assert failed.value.type == "KubernetesUnavailable"
+    assert not failed.value.non_retryable
+    assert failed.value.message.startswith("unable to reconcile cluster nodes: ")
+    assert "Timeout" in failed.value.message or "MaxRetryError" in failed.value.message
+    # And once the address is allowed again, the same observer answers.
+    nodes, _ = await asyncio.to_thread(KubeObserver(cp.clients).observe, POOL)
+    assert NODE_2X in nodes

@@ -188,6 +188,20 @@ def test_init_containers_as_the_scheduler_counts_them() -> None:
     assert pod_requests(spec) == Resources(gpus=3, cpu_millis=4000, memory_bytes=0)
 
 
+def test_native_sidecars_hold_their_share_for_the_pods_life() -> None:
+    sidecar = {**container(cpu="2", memory="1Gi"), "restartPolicy": "Always"}
+    spec = {
+        "containers": [container(gpus=1, cpu="1", memory="2Gi")],
+        # setup (4 CPU) runs before the sidecar starts; migrate (3 CPU) alongside it.
+        "initContainers": [container(cpu="4"), sidecar, container(cpu="3", memory="512Mi")],
+    }
+    # containers + sidecar = 3 CPU, 3Gi; migrate + sidecar = 5 CPU; setup alone = 4 CPU.
+    assert pod_requests(spec) == Resources(gpus=1, cpu_millis=5000, memory_bytes=3 * 2**30)
+    # Without the sidecar's restartPolicy it would be an init container like the others.
+    plain = {**spec, "initContainers": [container(cpu="4"), container(cpu="2", memory="1Gi")]}
+    assert pod_requests(plain) == Resources(gpus=1, cpu_millis=4000, memory_bytes=2 * 2**30)
+
+
 def test_limit_stands_in_for_missing_request() -> None:
     spec = {"containers": [{"name": "c", "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}]}
     assert pod_requests(spec) == Resources(gpus=0, cpu_millis=2000, memory_bytes=2**30)

@@ -87,9 +87,8 @@ def test_every_free_card_privileged_and_paths() -> None:
 
 def test_flavor_and_network() -> None:
     gke = _pod_spec(worker_job(SPEC))
-    assert gke["tolerations"] == [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-    ]
+    # Every effect of the GPU taint, as capacity counts the node: NoSchedule and NoExecute.
+    assert gke["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert gke["hostNetwork"] is True
     generic = _pod_spec(
         worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True))
