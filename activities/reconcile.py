@@ -41,7 +41,7 @@ from levers9.models import (
     machine_workflow_id,
     pool_workflow_id,
 )
-from levers9.observation import diff, fingerprints, names_with_hashes
+from levers9.observation import diff, fingerprints
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
 
@@ -82,7 +82,10 @@ class ReconcileActivities:
         before = previous.fingerprints if previous is not None else None
         changes = diff(None if input.full_resync else before, nodes)
         await self._tell(input.pool_name, [nodes[name] for name in changes.changed])
-        gone = await self._gone(input.pool_name, changes.gone) if changes.gone else []
+        # Against the running machine records, every pass: a full resync or a pass without a
+        # previous one has no fingerprints to say what vanished, and a `gone` lost once is
+        # told again.
+        gone = await self._gone(input.pool_name, set(nodes))
         return ObservePoolResult(
             fingerprints=fingerprints(nodes),
             nodes=len(nodes),
@@ -201,9 +204,10 @@ class ReconcileActivities:
         )
         return len(names)
 
-    async def _gone(self, pool_name: str, hashes: set[bytes]) -> list[str]:
-        """Tells the machine records of vanished nodes that their node is gone."""
-        gone = names_with_hashes(await self._running_machines(pool_name), hashes)
+    async def _gone(self, pool_name: str, observed: set[str]) -> list[str]:
+        """Tells the running machine records whose node this pass did not see (deleted, or no
+        longer selected) that their node is gone."""
+        gone = sorted(set(await self._running_machines(pool_name)) - observed)
         for name in gone:
             await self._signal_machine(pool_name, name, "gone")
         return gone

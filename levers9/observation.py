@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
@@ -52,24 +52,18 @@ def fingerprints(nodes: Mapping[str, NodeCapacity]) -> Fingerprints:
 
 @dataclass(frozen=True)
 class Diff:
-    """Nodes to tell (new or changed), and name hashes of nodes that disappeared."""
+    """Nodes to tell (new or changed). Vanished nodes are found against the running machine
+    records instead (activities/reconcile.py), which a pass without fingerprints has too."""
 
     changed: list[str]
-    gone: set[bytes]
 
 
 def diff(previous: Fingerprints | None, nodes: Mapping[str, NodeCapacity]) -> Diff:
     """What the pass must tell; every node when there is no previous pass."""
     if previous is None:
-        return Diff(changed=sorted(nodes), gone=set())
+        return Diff(changed=sorted(nodes))
     old = previous.table()
-    current = {name_hash(name): name for name in nodes}
     changed = [
         name for name in sorted(nodes) if old.get(name_hash(name)) != _state_hash(nodes[name])
     ]
-    return Diff(changed=changed, gone=set(old) - set(current))
-
-
-def names_with_hashes(names: Iterable[str], hashes: set[bytes]) -> list[str]:
-    """Which of `names` (machine records) are the vanished hashes."""
-    return sorted(name for name in names if name_hash(name) in hashes)
+    return Diff(changed=changed)
