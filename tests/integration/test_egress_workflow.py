@@ -120,4 +120,4 @@ async def test_it_continues_as_new_under_rotations_and_loses_none(
     assert sorted(shown.allowlist) == sorted(f"{ip}/32" for ip in ips)
     assert [r.requested for r in shown.rotations][-1] == [f"{ips[-1]}/32"]
     assert len(shown.rotations) == KEEP_ROTATIONS, "the latest rotations carried across runs"
-    assert runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 3, runs
+    assert runs.count(WorkflowExecutionStatus.CONTINUED_AS_NEW) >= 2, runs

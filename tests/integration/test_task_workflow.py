@@ -328,6 +328,6 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
     assert (record.state, record.exit_code, record.worker_id) == ("succeeded", 0, "w1")
     assert record.phases[0].name == "placement", "the record carried across runs"
     assert released == [task_id], "its cards given back exactly once, by the last run"
-    assert len(runs) >= 3, f"continued as new under the flood: {runs} events"
-    assert max(runs) < 150, f"each run ends soon after its cap of 60: {runs}"
+    assert len(runs) >= 2, f"continued as new under the flood: {runs} events"
+    assert max(runs) < 250, f"each run ends within a few bursts of its cap of 60: {runs}"
     assert cluster.runs == ["w1"], "RunTask once: a continued run never starts it again"
