@@ -287,6 +287,8 @@ class TaskInput(_Record):
     max_history_events: int = Field(default=10_000, ge=50)
     """Continue as new past this many events while the task runs (a worker that reports
     progress without end, say); a task's own history stays far below it."""
+    ask_again_seconds: float = Field(default=600.0, gt=0)
+    """While queued, the record asks the pool again after this, doubling up to an hour."""
 
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})

@@ -80,6 +80,9 @@ REROUTES = 10
 PLACE_BY_SIGNAL = "place-by-signal"
 REQUEST_TIMEOUT = timedelta(seconds=30)
 REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
+ASK_AGAIN = "ask-again-while-queued"
+ASK_AGAIN_AT_MOST = timedelta(hours=1)
+"""A queued task asks the pool again after TaskInput.ask_again_seconds, doubling to this."""
 
 
 class _NeverStarted(Exception):
@@ -225,7 +228,16 @@ class TaskWorkflow:
             self._queued = False
             self._finish("failed", refused)
             return None
-        await workflow.wait_condition(lambda: self._offered is not None or self._cancel is not None)
+        if workflow.patched(ASK_AGAIN):
+            refused = await self._wait_placed(input, request)
+            if refused:
+                self._queued = False
+                self._finish("failed", refused)
+                return None
+        else:
+            await workflow.wait_condition(
+                lambda: self._offered is not None or self._cancel is not None
+            )
         self._queued = False
         if self._offered is not None:
             return self._offered
@@ -234,6 +246,30 @@ class TaskWorkflow:
             await pool.signal("release", input.task_id)
         self._finish("cancelled", f"{self._cancel} while queued")
         return None
+
+    async def _wait_placed(self, input: TaskInput, request: PlaceRequest) -> str:
+        """Until placed or cancelled, asking the pool again now and then (a request it never
+        took: a pool terminated and started empty, a signal a replica of older code left
+        behind); a repeated request queues nothing twice. Returns why no machine of the pool
+        can hold it any more, if that is what the pool's machines now say, else ""."""
+        every = timedelta(seconds=input.ask_again_seconds)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: self._offered is not None or self._cancel is not None, timeout=every
+                )
+            if self._offered is not None or self._cancel is not None:
+                return ""
+            every = min(every * 2, ASK_AGAIN_AT_MOST)
+            refused: str = await workflow.execute_activity_method(
+                TaskActivities.request_placement,
+                request,
+                start_to_close_timeout=REQUEST_TIMEOUT,
+                retry_policy=REQUEST_RETRY,
+                summary="still queued: asking the pool again",
+            )
+            if refused:
+                return refused
 
     async def _run_on_worker(self, input: TaskInput, placement: Placement) -> TaskRecord:
         self._update(

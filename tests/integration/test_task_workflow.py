@@ -52,6 +52,9 @@ class Cluster:
     keeps_running: bool = False
     """GetTask answers `running` (the task's end comes as the worker's report)."""
     polls: int = 0
+    lost_requests: int = 0
+    """How many requests the pool loses (never takes) before it takes one."""
+    requests: int = 0
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -73,6 +76,10 @@ class Cluster:
         @activity.defn(name="request_placement")
         async def request_placement(request: PlaceRequest) -> str:
             """The pool, at once: signals the placement back to the asking record."""
+            self.requests += 1
+            if self.lost_requests:
+                self.lost_requests -= 1
+                return ""
             asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
             await asking.signal("placed", place(request))
             return ""
@@ -331,3 +338,15 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
     assert len(runs) >= 2, f"continued as new under the flood: {runs} events"
     assert max(runs) < 250, f"each run ends within a few bursts of its cap of 60: {runs}"
     assert cluster.runs == ["w1"], "RunTask once: a continued run never starts it again"
+
+
+async def test_a_request_the_pool_never_took_is_asked_again(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """The pool loses the first two requests (a pool terminated and started empty, say): the
+    queued record asks again after ten minutes, then twenty, and runs once placed."""
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, lost_requests=2)
+    record = await _run(time_env, task_queue, cluster)
+    assert (record.state, record.worker_id) == ("succeeded", "w1")
+    assert cluster.requests == 3
+    assert cluster.runs == ["w1"]

@@ -15,6 +15,8 @@ code whose branch is unguarded (`patched` always True) is a nondeterminism error
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -47,7 +50,7 @@ from levers9.placement import Placement
 from tests.waiting import eventually
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.pool import TELL_AFTER_CONTINUING, PoolWorkflow
-from workflows.task import PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
+from workflows.task import ASK_AGAIN, PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
 from workflows.worker import ANNOUNCE_ON_CHANGE, LEAVE_PLACEMENT_FIRST, WorkerWorkflow
 
 pytestmark = pytest.mark.integration
@@ -66,9 +69,16 @@ async def place_task(request: PlaceRequest) -> Placement:
     )
 
 
+ASKED: dict[str, int] = {}
+
+
 @activity.defn(name="request_placement")
 async def request_placement(request: PlaceRequest) -> str:
-    """The pool, at once: signals the placement back to the asking record."""
+    """The pool, at once: signals the placement back to the asking record; a task named
+    `lost...` has its first request lost (the pool never took it)."""
+    ASKED[request.task_id] = ASKED.get(request.task_id, 0) + 1
+    if request.task_id.startswith("lost") and ASKED[request.task_id] == 1:
+        return ""
     asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
     await asking.signal("placed", await place_task(request))
     return ""
@@ -282,6 +292,33 @@ async def _task_never_started(client: Client, task_queue: str) -> str:
     return workflow_id
 
 
+async def _task_whose_request_was_lost(client: Client, task_queue: str) -> str:
+    """A task whose first request the pool never took, asking again after a second; it is
+    cancelled after four (the old code waits for ever)."""
+    task_id = f"lost{uuid.uuid4().hex[:8]}"
+    workflow_id = f"task:{task_id}"
+    handle = await client.start_workflow(
+        TaskWorkflow.run,
+        TaskInput(task_id=task_id, pool_name=POOL, command=("true",), ask_again_seconds=1),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    await asyncio.sleep(4)
+    with contextlib.suppress(RPCError):  # the new code has ended it by then
+        await handle.signal(TaskWorkflow.cancel, "test over")
+    await handle.result()
+    return workflow_id
+
+
+def _requests(history: WorkflowHistory) -> int:
+    """How many times the record asked the pool."""
+    return sum(
+        1
+        for e in history.events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "request_placement"
+    )
+
+
 @dataclass(frozen=True)
 class Patch:
     patch_id: str
@@ -306,6 +343,7 @@ PATCHES = {
     LEAVE_PLACEMENT_FIRST: Patch(LEAVE_PLACEMENT_FIRST, _worker_stopped, _left_before_the_job_went),
     ANNOUNCE_ON_CHANGE: Patch(ANNOUNCE_ON_CHANGE, _worker_registered_again, _announcements),
     TELL_AFTER_CONTINUING: Patch(TELL_AFTER_CONTINUING, _pool_past_its_cap, _quiet_past_the_cap),
+    ASK_AGAIN: Patch(ASK_AGAIN, _task_whose_request_was_lost, _requests),
 }
 WORKFLOWS = [MachineWorkflow, PoolWorkflow, TaskWorkflow, WorkerWorkflow]
 
