@@ -288,16 +288,18 @@ def untolerated_taints(node: Obj, tolerations: Sequence[Toleration]) -> list[Obj
     ]
 
 
-def is_neighbour(pod: Obj, pool_name: str) -> bool:
-    """Not finished, and not one of this pool's workers (those are counted from their Jobs).
+def is_neighbour(pod: Obj, pool_name: str, active_workers: frozenset[str] = frozenset()) -> bool:
+    """Not finished, and not one of this pool's workers with an active Job (those are counted
+    from their Jobs, which hold their cards before their pods exist).
 
-    Another pool's worker on the same node is a neighbour like any other pod.
+    A worker pod whose Job is gone or finished but which has not ended yet (still terminating
+    after its Job was deleted) holds its cards like any pod, and so does another pool's worker.
     """
     if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
         return False
     labels = pod.get("metadata", {}).get("labels") or {}
     ours = labels.get(MANAGED_BY) == MANAGED_BY_US and labels.get(POOL_LABEL) == pool_name
-    return not (ours and WORKER_ID_LABEL in labels)
+    return not (ours and labels.get(WORKER_ID_LABEL) in active_workers)
 
 
 def job_is_active(job: Obj) -> bool:
@@ -323,10 +325,15 @@ def node_capacity(
     metadata, status, spec = node.get("metadata", {}), node.get("status", {}), node.get("spec", {})
     allocatable = node_resources(status, "allocatable")
     capacity = node_resources(status, "capacity")
-    held = _sum_amounts(
-        pod.get("spec") or {} for pod in neighbours if is_neighbour(pod, pool.pool_name)
-    )
     active_jobs = [job for job in jobs if job_is_active(job)]
+    active_workers = frozenset(
+        job["metadata"].get("labels", {}).get(WORKER_ID_LABEL, "") for job in active_jobs
+    )
+    held = _sum_amounts(
+        pod.get("spec") or {}
+        for pod in neighbours
+        if is_neighbour(pod, pool.pool_name, active_workers)
+    )
     worker_held = _sum_amounts(
         job.get("spec", {}).get("template", {}).get("spec") or {} for job in active_jobs
     )

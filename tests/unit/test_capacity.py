@@ -103,6 +103,44 @@ def _one(
             MachineStatus.HEALTHY,
         ),
         (
+            "our worker's pod still terminating after its Job was deleted holds its cards",
+            [
+                pod(
+                    "worker-pod",
+                    gpus=2,
+                    labels=worker_labels("gke-rtx6000", "gke-gpu-4x-1", "w1"),
+                    terminating=True,
+                )
+            ],
+            [],
+            True,
+            2,
+            MachineStatus.HEALTHY,
+        ),
+        (
+            "the old worker's terminating pod and its replacement's Job both hold",
+            [
+                pod(
+                    "old-worker-pod",
+                    gpus=2,
+                    labels=worker_labels("gke-rtx6000", "gke-gpu-4x-1", "w1"),
+                    terminating=True,
+                )
+            ],
+            [worker_job(worker_id="w2", gpus=2)],
+            True,
+            0,
+            MachineStatus.HEALTHY,
+        ),
+        (
+            "a finished worker Job's pod still running holds its cards",
+            [pod("worker-pod", gpus=2, labels=worker_labels("gke-rtx6000", "gke-gpu-4x-1", "w1"))],
+            [worker_job(gpus=2, finished="Failed")],
+            True,
+            2,
+            MachineStatus.HEALTHY,
+        ),
+        (
             "another pool's worker is a neighbour",
             [pod("other", gpus=1, labels=worker_labels("other-pool", "gke-gpu-4x-1", "w9"))],
             [],
