@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
 POLL_S = 0.2
 
 
@@ -13,3 +16,22 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20) -
     async with asyncio.timeout(within):
         while not await check():  # noqa: ASYNC110 - polling a remote server, not a local event
             await asyncio.sleep(POLL_S)
+
+
+async def signals_handled(client: Client, workflow_id: str, within: float = 30) -> None:
+    """Until the workflow's latest run has completed a workflow task after the last signal it
+    holds (any task, when it holds none: its signals went to the run before it)."""
+
+    async def after() -> bool:
+        events = (await client.get_workflow_handle(workflow_id).fetch_history()).events
+        signalled = [
+            i
+            for i, e in enumerate(events)
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        ]
+        return any(
+            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+            for e in events[signalled[-1] if signalled else 0 :]
+        )
+
+    await eventually(after, within=within)

@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -30,7 +29,7 @@ from levers9.models import (
     WorkerRegistration,
     WorkerTimings,
 )
-from tests.waiting import eventually
+from tests.waiting import eventually, signals_handled
 from workflows.machine import MachineWorkflow
 from workflows.worker import WorkerWorkflow
 
@@ -71,24 +70,6 @@ def _worker(client: Client, task_queue: str) -> Worker:
 
 async def _runs(client: Client, workflow_id: str) -> list[WorkflowExecutionStatus | None]:
     return [e.status async for e in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
-
-
-async def _handled(client: Client, workflow_id: str) -> None:
-    """Until the latest run has completed a workflow task after the last signal it holds."""
-
-    async def after() -> bool:
-        events = (await client.get_workflow_handle(workflow_id).fetch_history()).events
-        signalled = [
-            i
-            for i, e in enumerate(events)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        ]
-        return any(
-            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-            for e in events[signalled[-1] if signalled else 0 :]
-        )
-
-    await eventually(after, within=30)
 
 
 def _observation(n: int) -> NodeCapacity:
@@ -184,7 +165,7 @@ async def test_a_worker_continues_as_new_under_heartbeats_and_a_stop_in_them_hol
                     WorkerTimings(idle_seconds=4_200, record_ttl_seconds=4_200),
                 )
             if n % PER_BURST == PER_BURST - 1:
-                await _handled(client, workflow_id)
+                await signals_handled(client, workflow_id)
         await handle.signal(WorkerWorkflow.stop, StopWorker(reason="stopped amid heartbeats"))
         final = await handle.result()
         assert (final.state, final.reason) == ("stopped", "stopped amid heartbeats")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -42,12 +42,13 @@ from levers9.models import (
     TaskRecord,
     WorkerInput,
     WorkerJobInput,
+    WorkerRecord,
     WorkerRegistration,
     WorkerSlotInput,
     WorkerTaskInput,
 )
 from levers9.placement import Placement
-from tests.waiting import eventually
+from tests.waiting import eventually, signals_handled
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.pool import TELL_AFTER_CONTINUING, PoolWorkflow
 from workflows.task import ASK_AGAIN, PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
@@ -109,18 +110,26 @@ async def delete_worker_job(job: WorkerJobInput) -> None:
     return None
 
 
-async def _worker_stopped(client: Client, task_queue: str) -> str:
-    """A worker that registers, serves, and is stopped (its Job deleted)."""
+async def _start_worker(
+    client: Client, task_queue: str
+) -> WorkflowHandle[WorkerWorkflow, WorkerRecord]:
+    """A one-card worker record of a fresh id, pending."""
     worker_id = uuid.uuid4().hex[:8]
-    workflow_id = f"worker:{POOL}:{worker_id}"
-    handle = await client.start_workflow(
+    return await client.start_workflow(
         WorkerWorkflow.run,
         WorkerInput(
             pool_name=POOL, node_name="node-1", worker_id=worker_id, machine_id="m1", gpus=1
         ),
-        id=workflow_id,
+        id=f"worker:{POOL}:{worker_id}",
         task_queue=task_queue,
     )
+
+
+async def _worker_stopped(client: Client, task_queue: str) -> str:
+    """A worker that registers, serves, and is stopped (its Job deleted)."""
+    handle = await _start_worker(client, task_queue)
+    workflow_id = handle.id
+    worker_id = workflow_id.removeprefix(f"worker:{POOL}:")
     registration = WorkerRegistration(
         worker_id=worker_id,
         pod_uid="uid-1",
@@ -134,37 +143,12 @@ async def _worker_stopped(client: Client, task_queue: str) -> str:
     return workflow_id
 
 
-async def _handled(client: Client, workflow_id: str) -> None:
-    """Until the workflow has completed a task after the last signal it was sent."""
-
-    async def after() -> bool:
-        events = (await client.get_workflow_handle(workflow_id).fetch_history()).events
-        signalled = [
-            i
-            for i, e in enumerate(events)
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-        ]
-        return bool(signalled) and any(
-            e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-            for e in events[signalled[-1] :]
-        )
-
-    await eventually(after, within=20)
-
-
 async def _worker_registered_again(client: Client, task_queue: str) -> str:
     """An available worker that registers again at another address (its tunnel moved to
     another replica), then is stopped."""
-    worker_id = uuid.uuid4().hex[:8]
-    workflow_id = f"worker:{POOL}:{worker_id}"
-    handle = await client.start_workflow(
-        WorkerWorkflow.run,
-        WorkerInput(
-            pool_name=POOL, node_name="node-1", worker_id=worker_id, machine_id="m1", gpus=1
-        ),
-        id=workflow_id,
-        task_queue=task_queue,
-    )
+    handle = await _start_worker(client, task_queue)
+    workflow_id = handle.id
+    worker_id = workflow_id.removeprefix(f"worker:{POOL}:")
     for n in (1, 2):
         registration = WorkerRegistration(
             worker_id=worker_id,
@@ -175,7 +159,7 @@ async def _worker_registered_again(client: Client, task_queue: str) -> str:
             task_queue=f"replica-{n}",
         )
         await handle.signal(WorkerWorkflow.register, registration)
-        await _handled(client, workflow_id)
+        await signals_handled(client, workflow_id)
     await handle.signal(WorkerWorkflow.stop, StopWorker(reason="test over"))
     await handle.result()
     return workflow_id
