@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Interceptor, Worker
 
 from activities.kube_clients import KubeClients
+from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, load
@@ -65,6 +67,17 @@ def replicas(settings: ControlplaneSettings) -> Replicas:
     )
 
 
+@dataclass
+class Serving:
+    """What one controlplane process runs: start the gateway, then `async with caches,
+    worker, replica`."""
+
+    worker: Worker
+    replica: Worker
+    gateway: Gateway
+    caches: PoolCaches
+
+
 def serving(
     client: Client,
     clients: KubeClients,
@@ -73,17 +86,19 @@ def serving(
     *,
     interceptors: Sequence[Interceptor] = (),
     graceful_shutdown: timedelta = timedelta(0),
-) -> tuple[Worker, Worker, Gateway]:
+) -> Serving:
     """What a controlplane process serves: the Temporal worker on the shared task queue, the
-    one on this replica's own queue (calls to the workers whose tunnels it holds), and the
-    gateway with the tunnel hub both share. Start the gateway, run the workers."""
+    one on this replica's own queue (calls to the workers whose tunnels it holds), the
+    gateway with the tunnel hub both share, and the watch-fed caches of the pools (each
+    replica its own) that the passes read and whose events start passes."""
+    caches = PoolCaches(clients, clients.names(), client)
     tunnels = TunnelHub(secret, settings.replica_task_queue, settings.replica_gateway())
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=WORKFLOWS,
         workflow_runner=RUNNER,
-        activities=controlplane_activities(clients, client, settings, tunnels),
+        activities=controlplane_activities(clients, client, settings, tunnels, caches),
         interceptors=interceptors,
         graceful_shutdown_timeout=graceful_shutdown,
     )
@@ -102,7 +117,7 @@ def serving(
         tunnels=tunnels,
         replicas=replicas(settings),
     )
-    return worker, replica, gateway
+    return Serving(worker, replica, gateway, caches)
 
 
 async def run(values: Values, stop: asyncio.Event) -> None:
@@ -135,12 +150,11 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     clients = KubeClients(values.pools)
     secret = settings.token_secret()
     assert secret is not None  # main() refuses to start without one
-    worker, replica, gateway = serving(
-        client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN
-    )
+    served = serving(client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN)
+    gateway = served.gateway
     await gateway.start(settings.gateway_listen, tls.gateway_server_credentials(settings))
     try:
-        async with worker, replica:
+        async with served.caches, served.worker, served.replica:
             log.info("temporal worker started", task_queue=settings.task_queue)
             await stop.wait()
             log.info("shutting down")

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import urllib3
 from kubernetes import client as k8s
@@ -102,14 +102,46 @@ def job_selector(pool_name: str) -> str:
     return f"{MANAGED_BY}={MANAGED_BY_US},{POOL_LABEL}={pool_name}"
 
 
-class KubeObserver:
-    """Lists what a pass needs, in a constant number of calls (plus pagination)."""
+class Cached(Protocol):
+    """A watch-fed view of a pool (activities/pool_cache.py)."""
 
-    def __init__(self, clients: KubeClients) -> None:
+    def capacity(self) -> dict[str, NodeCapacity] | None: ...
+
+
+class KubeObserver:
+    """What a pass needs: from the pool's watch-fed cache when this process has one and it is
+    synced (no API call), else listed, in a constant number of calls (plus pagination)."""
+
+    def __init__(
+        self, clients: KubeClients, caches: Callable[[str], Cached | None] | None = None
+    ) -> None:
         self._clients = clients
+        self._caches = caches
 
     def observe(self, pool_name: str) -> tuple[dict[str, NodeCapacity], int]:
         """Per-node capacity of the pool, and how many API calls it took."""
+        cache = self._caches(pool_name) if self._caches is not None else None
+        if cache is not None:
+            cached = cache.capacity()
+            if cached is not None:
+                self.probe(pool_name)
+                return cached, 1
+        return self.list_capacity(pool_name)
+
+    def probe(self, pool_name: str) -> None:
+        """One GET (the pool's namespace; 404 is an answer too) proving the cluster still
+        answers us: a watch opened before a key was revoked or the egress IP moved keeps
+        streaming, and a pass must still stop with the 401/403 and its fix."""
+        pool = self._clients.pool(pool_name)
+        core = k8s.CoreV1Api(self._clients.api(pool_name))
+        try:
+            core.read_namespace(pool.kubernetes.namespace, _preload_content=False)
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_capacity(self, pool_name: str) -> tuple[dict[str, NodeCapacity], int]:
+        """Per-node capacity of the pool from three lists, and how many calls they took."""
         pool = self._clients.pool(pool_name)
         api = self._clients.api(pool_name)
         core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)

@@ -110,6 +110,10 @@ class KubeClients:
         self._lock = threading.Lock()
         self._scratch = tempfile.TemporaryDirectory(prefix="levers9-kube-")
 
+    def names(self) -> list[str]:
+        """The pools loaded, sorted."""
+        return sorted(self._pools)
+
     def pool(self, name: str) -> PoolConfig:
         try:
             return self._pools[name]

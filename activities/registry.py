@@ -13,6 +13,7 @@ from activities.gcp import GcpActivities, gcp_clients
 from activities.images import ImageActivities
 from activities.kube import KubeActivities, KubeObserver
 from activities.kube_clients import KubeClients
+from activities.pool_cache import PoolCaches
 from activities.pools import PoolActivities
 from activities.reconcile import ReconcileActivities
 from levers9.config import ControlplaneSettings
@@ -67,8 +68,10 @@ def controlplane_activities(
     client: Client,
     settings: ControlplaneSettings,
     tunnels: TunnelEndpoints | None = None,
+    caches: PoolCaches | None = None,
 ) -> list[Callable[..., Any]]:
-    reconcile = ReconcileActivities(KubeObserver(clients), client, settings)
+    observer = KubeObserver(clients, caches.get if caches is not None else None)
+    reconcile = ReconcileActivities(observer, client, settings)
     kube = KubeActivities(clients, settings)
     tasks = TaskActivities(client, settings, tunnels)
     return [

@@ -240,14 +240,6 @@ def pod_requests(pod_spec: Obj) -> Resources:
     return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)
 
 
-def _sum_amounts(specs: Iterable[Obj]) -> Resources:
-    gpus = cpu = memory = 0
-    for spec in specs:
-        g, c, m = _pod_amounts(spec)
-        gpus, cpu, memory = gpus + g, cpu + c, memory + m
-    return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)
-
-
 def node_resources(node_status: Obj, field: str) -> Resources:
     amounts = node_status.get(field) or {}
     return Resources(
@@ -288,18 +280,68 @@ def untolerated_taints(node: Obj, tolerations: Sequence[Toleration]) -> list[Obj
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class PodHold:
+    """What one bound, unfinished pod holds on its node: all a pass needs of it (the watch-fed
+    cache keeps this, about 100 bytes, instead of the pod's JSON)."""
+
+    node: str
+    amounts: Amounts
+    pool: str | None = None
+    """The `levers9.dev/pool` label of one of our workers; None for any other pod."""
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobHold:
+    """One of our worker Jobs: where it runs, whether it is active, what its pod asks for."""
+
+    node: str
+    pool: str
+    worker_id: str
+    active: bool
+    amounts: Amounts
+
+
+def pod_hold(pod: Obj) -> PodHold | None:
+    """The hold of a bound pod; None when it is finished (it holds nothing) or not bound."""
+    if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
+        return None
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node:
+        return None
+    labels = pod.get("metadata", {}).get("labels") or {}
+    amounts = _pod_amounts(spec)
+    if labels.get(MANAGED_BY) == MANAGED_BY_US and POOL_LABEL in labels:
+        return PodHold(node, amounts, labels[POOL_LABEL], labels.get(WORKER_ID_LABEL))
+    return PodHold(node, amounts)
+
+
+def job_hold(job: Obj) -> JobHold | None:
+    """The hold of one of our worker Jobs; None for a Job without our pool and node labels."""
+    labels = job.get("metadata", {}).get("labels") or {}
+    pool, node = labels.get(POOL_LABEL), labels.get(NODE_LABEL)
+    if not pool or not node:
+        return None
+    template = job.get("spec", {}).get("template", {}).get("spec") or {}
+    return JobHold(
+        node, pool, labels.get(WORKER_ID_LABEL, ""), job_is_active(job), _pod_amounts(template)
+    )
+
+
 def is_neighbour(pod: Obj, pool_name: str, active_workers: frozenset[str] = frozenset()) -> bool:
     """Not finished, and not one of this pool's workers with an active Job (those are counted
-    from their Jobs, which hold their cards before their pods exist).
+    from their Jobs, which hold their cards before their pods exist)."""
+    hold = pod_hold(pod)
+    return hold is not None and _holds(hold, pool_name, active_workers)
 
-    A worker pod whose Job is gone or finished but which has not ended yet (still terminating
-    after its Job was deleted) holds its cards like any pod, and so does another pool's worker.
-    """
-    if pod.get("status", {}).get("phase") in TERMINAL_PHASES:
-        return False
-    labels = pod.get("metadata", {}).get("labels") or {}
-    ours = labels.get(MANAGED_BY) == MANAGED_BY_US and labels.get(POOL_LABEL) == pool_name
-    return not (ours and labels.get(WORKER_ID_LABEL) in active_workers)
+
+def _holds(hold: PodHold, pool_name: str, active_workers: frozenset[str]) -> bool:
+    """A worker pod whose Job is gone or finished but which has not ended yet (still
+    terminating after its Job was deleted) holds its cards like any pod, and so does another
+    pool's worker."""
+    return not (hold.pool == pool_name and hold.worker_id in active_workers)
 
 
 def job_is_active(job: Obj) -> bool:
@@ -307,6 +349,13 @@ def job_is_active(job: Obj) -> bool:
         if condition.get("type") in ("Complete", "Failed") and condition.get("status") == "True":
             return False
     return True
+
+
+def _total(amounts: Iterable[Amounts]) -> Resources:
+    gpus = cpu = memory = 0
+    for g, c, m in amounts:
+        gpus, cpu, memory = gpus + g, cpu + c, memory + m
+    return Resources(gpus=gpus, cpu_millis=cpu, memory_bytes=memory)
 
 
 @dataclass(frozen=True)
@@ -319,28 +368,19 @@ class PoolView:
 
 
 def node_capacity(
-    node: Obj, neighbours: Iterable[Obj], jobs: Iterable[Obj], pool: PoolView
+    node: Obj, pods: Iterable[PodHold], jobs: Iterable[JobHold], pool: PoolView
 ) -> NodeCapacity:
-    """What one node offers the pool; `neighbours` are pods bound to it, `jobs` our Jobs there."""
+    """What one node offers the pool; `pods` are the holds of the pods bound to it, `jobs` our
+    Jobs there."""
     metadata, status, spec = node.get("metadata", {}), node.get("status", {}), node.get("spec", {})
     allocatable = node_resources(status, "allocatable")
     capacity = node_resources(status, "capacity")
-    active_jobs = [job for job in jobs if job_is_active(job)]
-    active_workers = frozenset(
-        job["metadata"].get("labels", {}).get(WORKER_ID_LABEL, "") for job in active_jobs
-    )
-    held = _sum_amounts(
-        pod.get("spec") or {}
-        for pod in neighbours
-        if is_neighbour(pod, pool.pool_name, active_workers)
-    )
-    worker_held = _sum_amounts(
-        job.get("spec", {}).get("template", {}).get("spec") or {} for job in active_jobs
-    )
+    active_jobs = [job for job in jobs if job.active]
+    active_workers = frozenset(job.worker_id for job in active_jobs)
+    held = _total(pod.amounts for pod in pods if _holds(pod, pool.pool_name, active_workers))
+    worker_held = _total(job.amounts for job in active_jobs)
     free = allocatable.minus(held).minus(worker_held)
-    workers = tuple(
-        sorted(job["metadata"].get("labels", {}).get(WORKER_ID_LABEL, "") for job in active_jobs)
-    )
+    workers = tuple(sorted(job.worker_id for job in active_jobs))
     if not is_ready(node):
         state = MachineStatus.NOT_READY
     elif spec.get("unschedulable"):
@@ -379,16 +419,17 @@ def pool_capacity(
         if selector_matches(node.get("metadata", {}).get("labels") or {}, pool.node_selector)
     ]
     names = {node["metadata"]["name"] for node in selected}
-    pods_by_node: dict[str, list[Obj]] = defaultdict(list)
+    pods_by_node: dict[str, list[PodHold]] = defaultdict(list)
     for pod in pods:
-        node_name = pod.get("spec", {}).get("nodeName")
-        if node_name in names:
-            pods_by_node[node_name].append(pod)
-    jobs_by_node: dict[str, list[Obj]] = defaultdict(list)
+        if pod.get("spec", {}).get("nodeName") in names:
+            hold = pod_hold(pod)
+            if hold is not None:
+                pods_by_node[hold.node].append(hold)
+    jobs_by_node: dict[str, list[JobHold]] = defaultdict(list)
     for job in jobs:
-        labels = job.get("metadata", {}).get("labels") or {}
-        if labels.get(POOL_LABEL) == pool.pool_name and labels.get(NODE_LABEL) in names:
-            jobs_by_node[labels[NODE_LABEL]].append(job)
+        held = job_hold(job)
+        if held is not None and held.pool == pool.pool_name and held.node in names:
+            jobs_by_node[held.node].append(held)
     return {
         node["metadata"]["name"]: node_capacity(
             node,

@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9 import logs
 from levers9.capacity import NODE_LABEL
 from levers9.contract import GPU
-from levers9.models import MachineRecord, ReconcilePoolInput
+from levers9.models import MachineRecord, ReconcilePoolInput, WorkerRecord
 from levers9.temporal import (
     list_machine_records,
     list_worker_records,
@@ -174,11 +174,16 @@ async def test_removed_node_ends_its_machine_and_worker(cp: Controlplane) -> Non
     """Follows the added node: gone from the cluster, its machine ends and stops its worker
     (the record ends `stopped`, not `available` until its TTL)."""
     node = "gke-demo-gpu-extra-1"
-    [record] = [
-        r
-        for r in await list_worker_records(cp.settings, POOL, include_ended=False)
-        if r.node_name == node
-    ]
+
+    async def its_worker() -> list[WorkerRecord]:
+        records = await list_worker_records(cp.settings, POOL, include_ended=False)
+        return [r for r in records if r.node_name == node]
+
+    async def listed() -> bool:  # visibility lags the Job the previous test saw
+        return len(await its_worker()) == 1
+
+    await eventually(listed, within=WITHIN)
+    [record] = await its_worker()
     await cp.sandbox.cluster.remove_node(node)
 
     async def ended() -> bool:

@@ -1,0 +1,110 @@
+"""The watch-fed pool cache against the sandbox's real HTTPS API with the pool's GKE key: once
+synced it gives exactly what three lists give, and follows the cluster by watch alone (no
+list) as nodes join, go and change; it never answers unsynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from activities.kube import KubeObserver
+from activities.pool_cache import PoolCache
+from levers9.capacity import MachineStatus, NodeCapacity
+from tests.controlplane import POOL, Controlplane, controlplane
+from tests.factories import add_gpu_node
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+NODE_1X = "gke-demo-gpu-1x-5d3a1f2b-x7k9"
+
+
+@pytest.fixture(scope="module")
+async def cp(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Controlplane]:
+    directory: Path = tmp_path_factory.mktemp("cache")
+    async with controlplane(directory, "127.0.0.1:1", "unused") as plane:
+        yield plane
+
+
+@pytest.fixture
+async def cache(cp: Controlplane) -> AsyncIterator[PoolCache]:
+    cache = PoolCache(POOL, cp.clients)
+    cache.start()
+    try:
+        await eventually(lambda: _synced(cache), within=30)
+        yield cache
+    finally:
+        await asyncio.to_thread(cache.stop)
+
+
+async def _synced(cache: PoolCache) -> bool:
+    return cache.capacity() is not None
+
+
+def _listed(cp: Controlplane) -> dict[str, NodeCapacity]:
+    nodes, _ = KubeObserver(cp.clients).list_capacity(POOL)
+    return nodes
+
+
+async def _agrees(cp: Controlplane, cache: PoolCache) -> bool:
+    return cache.capacity() == await asyncio.to_thread(_listed, cp)
+
+
+async def test_a_synced_cache_is_what_the_lists_say(cp: Controlplane, cache: PoolCache) -> None:
+    cached = cache.capacity()
+    assert cached is not None
+    assert len(cached) >= 2
+    assert cached == await asyncio.to_thread(_listed, cp)
+    # Read through the observer: one GET proving the cluster still answers, no list.
+    observer = KubeObserver(cp.clients, {POOL: cache}.get)
+    counter = cp.sandbox.sandbox.parts.counter
+    counter.reset()
+    nodes, calls = await asyncio.to_thread(observer.observe, POOL)
+    assert (nodes, calls) == (cached, 1)
+    verbs = {c["verb"]: c["count"] for c in counter.describe()["counts"]}
+    assert verbs == {"get": 1}
+
+
+async def test_nodes_joining_and_leaving_reach_it_by_watch(
+    cp: Controlplane, cache: PoolCache
+) -> None:
+    lists = cache.list_calls()
+    await add_gpu_node(
+        cp.sandbox.cluster, "gke-demo-gpu-2x-cache-a1", 2, "127.0.31.1", "127.0.31.2"
+    )
+
+    async def joined() -> bool:
+        cached = cache.capacity() or {}
+        node = cached.get("gke-demo-gpu-2x-cache-a1")
+        return node is not None and node.status is MachineStatus.HEALTHY
+
+    await eventually(joined, within=30)
+    await eventually(lambda: _agrees(cp, cache), within=30)
+    await cp.sandbox.cluster.set_node_ready("gke-demo-gpu-2x-cache-a1", False)
+
+    async def not_ready() -> bool:
+        node = (cache.capacity() or {}).get("gke-demo-gpu-2x-cache-a1")
+        return node is not None and node.status is MachineStatus.NOT_READY
+
+    await eventually(not_ready, within=30)
+    await cp.sandbox.cluster.remove_node("gke-demo-gpu-2x-cache-a1")
+
+    async def left() -> bool:
+        return "gke-demo-gpu-2x-cache-a1" not in (cache.capacity() or {})
+
+    await eventually(left, within=30)
+    await eventually(lambda: _agrees(cp, cache), within=30)
+    assert cache.list_calls() == lists  # all of it by watch
+
+
+async def test_it_does_not_answer_before_it_is_synced(cp: Controlplane) -> None:
+    cache = PoolCache(POOL, cp.clients)
+    assert (cache.synced, cache.capacity(), cache.take_changes()) == (False, None, [])
+    observer = KubeObserver(cp.clients, {POOL: cache}.get)
+    nodes, calls = await asyncio.to_thread(observer.observe, POOL)
+    assert calls >= 3
+    assert nodes == await asyncio.to_thread(_listed, cp)
