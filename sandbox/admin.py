@@ -15,6 +15,17 @@
 | `PATCH /_sandbox/access` | change any of those (same field names) |
 | `POST /_sandbox/service-account-keys` | mint a key (`project`, `account`, `roles`?) |
 | `POST /_sandbox/logs/<ns>/<pod>/<container>` | append to a container's log (`?finish=true`) |
+| `POST /_sandbox/compact` | drop watch history and list snapshots: older rvs, tokens 410 |
+| `POST /_sandbox/watches/drop` | end every open watch (reset; `{"graceful": true}`: clean) |
+| `POST /_sandbox/tokens/expire` | every access token from `/token` expires now: 401 |
+
+`compact` is an etcd compaction at the current revision: a watch from any earlier
+resourceVersion and every outstanding continue token get 410 Expired (answers
+`{"resourceVersion"}`). `watches/drop` is an apiserver restart as its watchers see it: each
+open watch connection is reset mid-stream, or with `{"graceful": true}` its stream ends
+cleanly; in-process controllers re-watch too (answers `{"dropped": n}`). `tokens/expire` makes
+every issued access token invalid, so a client's next call is 401 until it exchanges its key
+again (answers `{"expired": n}`, the tokens that were still valid).
 """
 
 from __future__ import annotations
@@ -53,6 +64,9 @@ class AdminApi:
             ("PUT", "/_sandbox/access", self._update_access),
             ("POST", "/_sandbox/service-account-keys", self._mint_key),
             ("POST", "/_sandbox/logs/{namespace}/{pod}/{container}", self._write_log),
+            ("POST", "/_sandbox/compact", self._compact),
+            ("POST", "/_sandbox/watches/drop", self._drop_watches),
+            ("POST", "/_sandbox/tokens/expire", self._expire_tokens),
         ):
             app.router.add_route(method, path, admin_only(self._token, handler))
 
@@ -102,6 +116,21 @@ class AdminApi:
         for role in spec.get("roles") or []:
             self._parts.policy.grant(key["client_email"], str(role))
         return json_response(key, 201)
+
+    async def _compact(self, request: web.Request) -> web.Response:
+        store = self._parts.registry.store
+        store.compact()
+        return json_response({"resourceVersion": str(store.resource_version)})
+
+    async def _drop_watches(self, request: web.Request) -> web.Response:
+        graceful = (await _json(request)).get("graceful", False)
+        if not isinstance(graceful, bool):
+            raise ValueError('expected {"graceful": true|false}')
+        dropped = self._parts.registry.store.drop_watches(reset=not graceful)
+        return json_response({"dropped": dropped})
+
+    async def _expire_tokens(self, request: web.Request) -> web.Response:
+        return json_response({"expired": self._parts.authenticator.expire_tokens()})
 
     async def _write_log(self, request: web.Request) -> web.Response:
         info = request.match_info

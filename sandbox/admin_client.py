@@ -100,3 +100,18 @@ class SandboxAdmin:
 
     def reset_requests(self) -> None:
         self.call("DELETE", "/_sandbox/requests")
+
+    def compact(self) -> str:
+        """Drops all watch history and list snapshots; the resourceVersion it compacted at."""
+        answer: dict[str, Any] = self.call("POST", "/_sandbox/compact", {})
+        return str(answer["resourceVersion"])
+
+    def drop_watches(self, *, graceful: bool = False) -> int:
+        """Ends every open watch (connections reset unless `graceful`); how many."""
+        answer: dict[str, Any] = self.call("POST", "/_sandbox/watches/drop", {"graceful": graceful})
+        return int(answer["dropped"])
+
+    def expire_tokens(self) -> int:
+        """Expires every issued access token now; how many were valid."""
+        answer: dict[str, Any] = self.call("POST", "/_sandbox/tokens/expire", {})
+        return int(answer["expired"])

@@ -87,6 +87,7 @@ class _Key:
 class _Issued:
     principal: Principal
     expires: dt.datetime
+    key_id: str
 
 
 def _b64url(data: str) -> bytes:
@@ -107,6 +108,7 @@ class Authenticator:
         self._keys: dict[str, _Key] = {}
         self._issued: dict[str, _Issued] = {}
         self._static: dict[str, Principal] = {}
+        self._exchanges = 0
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -133,10 +135,14 @@ class Authenticator:
         self.register_key(key)
         return key
 
-    def revoke_key(self, key_id: str) -> None:
+    def revoke_key(self, key_id: str, *, revoke_tokens: bool = False) -> None:
         """Deletes a key, as `gcloud iam service-accounts keys delete` does; issued tokens
-        stay valid until they expire, as on Google Cloud."""
+        stay valid until they expire, as on Google Cloud, unless `revoke_tokens` (Google
+        revoking them too, as after a disabled account): then they are 401 at once."""
         self._keys.pop(key_id, None)
+        if revoke_tokens:
+            for token in [t for t, issued in self._issued.items() if issued.key_id == key_id]:
+                del self._issued[token]
 
     # -- the token endpoint ------------------------------------------------------------------
 
@@ -149,7 +155,10 @@ class Authenticator:
         scopes = frozenset(str(claims.get("scope", "")).split())
         username = key.email if scopes & EMAIL_SCOPES else key.unique_id
         token = "ya29." + secrets.token_urlsafe(48)
-        self._issued[token] = _Issued(Principal(username, key.email), self._now() + TOKEN_LIFETIME)
+        self._issued[token] = _Issued(
+            Principal(username, key.email), self._now() + TOKEN_LIFETIME, key.key_id
+        )
+        self._exchanges += 1
         self._expire_old()
         return {
             "access_token": token,
@@ -198,6 +207,19 @@ class Authenticator:
                 "timeframe. Check your iat and exp values in the JWT claim.",
             )
         return claims, key
+
+    def expire_tokens(self) -> int:
+        """Every issued access token expires now (the API answers them 401 until the client
+        exchanges its key again); how many were still valid."""
+        now = self._now()
+        valid = sum(1 for issued in self._issued.values() if issued.expires >= now)
+        self._issued.clear()
+        return valid
+
+    @property
+    def exchanges(self) -> int:
+        """How many access tokens `/token` has issued since start."""
+        return self._exchanges
 
     def _expire_old(self) -> None:
         now = self._now()

@@ -36,12 +36,14 @@ def status_body(
     reason: str,
     message: str,
     details: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A `meta.k8s.io/v1` Status of failure, key order as the apiserver serializes it."""
+    """A `meta.k8s.io/v1` Status of failure, key order as the apiserver serializes it;
+    `metadata` is its ListMeta (a `continue` token, for an expired one)."""
     body: dict[str, Any] = {
         "kind": "Status",
         "apiVersion": "v1",
-        "metadata": {},
+        "metadata": dict(metadata or {}),
         "status": "Failure",
     }
     if message:
@@ -73,12 +75,13 @@ class ApiError(Exception):
     message: str
     details: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
 
     def status(self) -> dict[str, Any]:
-        return status_body(self.code, self.reason, self.message, self.details)
+        return status_body(self.code, self.reason, self.message, self.details, self.metadata)
 
 
 @dataclass(frozen=True)

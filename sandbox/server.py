@@ -3,6 +3,7 @@
     sandbox = await start_sandbox(SandboxOptions(authorized_networks=["203.0.113.0/24"]))
     sandbox.url, sandbox.ca.ca_pem, sandbox.admin_token      # for clients
     sandbox.registry                                         # in-process API (controllers)
+    sandbox.compact(); sandbox.drop_watches(); sandbox.expire_tokens()   # see sandbox.admin
     key = sandbox.mint_service_account_key(project="demo", account="levers9-controlplane")
     sandbox.write_kubeconfig(path)                           # kubectl, as the admin user
     await sandbox.close()
@@ -38,7 +39,12 @@ from sandbox.discovery import ServerVersion
 from sandbox.kubeconfig import write_kubeconfig
 from sandbox.pki import CertificateAuthority, mint_certificate_authority
 from sandbox.registry import Registry
-from sandbox.store import DEFAULT_HISTORY, Store
+from sandbox.store import (
+    DEFAULT_CONTINUE_TTL_SECONDS,
+    DEFAULT_HISTORY,
+    DEFAULT_HISTORY_SECONDS,
+    Store,
+)
 
 LOOPBACK = "127.0.0.1"
 ADMIN_USER = "levers9-admin"
@@ -61,6 +67,10 @@ class SandboxOptions:
         server_version: what /version reports (kubectl's dispatcher picks its version by it).
         bookmark_interval: seconds between BOOKMARK events on an idle watch.
         history_limit: watch events kept per resource for resuming watches.
+        history_seconds: how long a watch event is kept for them (the watch cache's 75 s);
+            a watch from a version older than what is kept gets 410 Expired.
+        continue_ttl_seconds: how long a paginated list's continue token stays valid
+            (etcd's 5-minute compaction); an older one gets 410 Expired.
         ca: the CA and serving certificate; minted when None (a restart that keeps its
             clients' trust passes the one it had).
     """
@@ -75,6 +85,8 @@ class SandboxOptions:
     server_version: ServerVersion = field(default_factory=ServerVersion)
     bookmark_interval: float = 60.0
     history_limit: int = DEFAULT_HISTORY
+    history_seconds: float = DEFAULT_HISTORY_SECONDS
+    continue_ttl_seconds: float = DEFAULT_CONTINUE_TTL_SECONDS
     ca: CertificateAuthority | None = None
 
 
@@ -113,6 +125,22 @@ class Sandbox:
         for role in roles:
             self.parts.policy.grant(key["client_email"], role)
         return key
+
+    def compact(self) -> int:
+        """Drops all watch history and list snapshots (`POST /_sandbox/compact`): a watch
+        from an earlier resourceVersion and every continue token get 410. The current rv."""
+        self.store.compact()
+        return self.store.resource_version
+
+    def drop_watches(self, *, graceful: bool = False) -> int:
+        """Ends every open watch (`POST /_sandbox/watches/drop`): connections reset, or
+        streams ended cleanly when `graceful`. How many were open."""
+        return self.store.drop_watches(reset=not graceful)
+
+    def expire_tokens(self) -> int:
+        """Expires every issued access token now (`POST /_sandbox/tokens/expire`): the next
+        call with one is 401. How many were valid."""
+        return self.parts.authenticator.expire_tokens()
 
     def write_kubeconfig(self, path: Path, *, namespace: str | None = None) -> Path:
         return write_kubeconfig(
@@ -181,7 +209,14 @@ async def start_sandbox(
         for role in roles:
             policy.grant(email, role)
     parts = ApiServerParts(
-        registry=registry or Registry(Store(history_limit=options.history_limit)),
+        registry=registry
+        or Registry(
+            Store(
+                history_limit=options.history_limit,
+                history_seconds=options.history_seconds,
+                continue_ttl_seconds=options.continue_ttl_seconds,
+            )
+        ),
         authenticator=authenticator,
         policy=policy,
         version=options.server_version,

@@ -8,19 +8,22 @@ resourceVersion, creationTimestamp, ownerReferences, labels) and the field label
 API (all methods are synchronous and atomic; call them on the event loop's thread only — the
 store is not thread-safe, and needs no locks because nothing in it awaits):
 
-    store = Store(history_limit=10_000)
+    store = Store(history_limit=10_000, history_seconds=75, continue_ttl_seconds=300)
     obj = store.create(PODS, {"metadata": {"name": "p", "namespace": "ns"}, ...})
     obj = store.get(PODS, "ns", "p")                   # a fresh dict; raises ApiError 404
     page = store.list(PODS, "ns", labels=LabelSelector.parse("app=x"),
                       fields=FieldSelector.parse("spec.nodeName=n1"), limit=500,
                       continue_token=None)             # page.items(), page.raw_items,
                                                        # page.resource_version, page.continue_token
+                                                       # (410 once the token's snapshot is gone)
     obj = store.update(PODS, obj, expected_rv=7)       # 409 Conflict when the rv moved on
     last = store.delete(PODS, "ns", "p")               # the final state, at the deletion's rv
     async with store.watch(PODS, "ns", since="42") as watch:   # 410 when 42 is compacted away
         async for event in watch:                      # StoredEvent: type, rv, object()
             ...
     store.add_listener(callback)                       # sync callback per committed event
+    store.compact()                                    # history and list snapshots dropped: 410
+    store.drop_watches(reset=True)                     # every open watch ends (connection reset)
 
 Objects are kept as their JSON serialization, so a read returns a private copy (a controller
 may mutate what it got), a list page is the join of stored bytes (no per-request
@@ -28,10 +31,21 @@ re-serialization), and one event's bytes fan out to every watcher. Lists are ord
 (`namespace/name`), as etcd orders them, so `continue` tokens are stable; namespace and
 indexed-field (`spec.nodeName`) lookups avoid scanning the whole resource.
 
-Resource versions are one global counter. A watch replays from a bounded per-resource history;
-asking for a version older than the history holds is 410 Expired, as from a compacted etcd.
-Continue tokens resume after the last key against the live data (not an MVCC snapshot):
-objects changed between pages show their current state.
+Resource versions are one global counter. A watch replays from a per-resource history bounded
+as the apiserver's watch cache is, by count (`history_limit`) and by age (`history_seconds`,
+75 s as the cache's event freshness): asking for a version older than the history holds is 410
+Expired, as from a compacted etcd, so a client that re-watches from an old version after a gap
+must relist. `compact()` drops all history at once (any watch from an earlier version is 410).
+
+A paginated list is one MVCC snapshot, as etcd serves every page at the first page's revision:
+the first page that leaves more behind keeps references to the remaining entries (no bytes are
+copied, no sort beyond what the list needs anyway), keyed by an id its continue token carries;
+later pages read from it, so objects created, changed or deleted meanwhile do not show. A
+snapshot lives `continue_ttl_seconds` (300 s, etcd's compaction interval), at most
+`snapshot_limit` are kept (the oldest goes first), the last page frees it, and `compact()`
+drops them all; a token whose snapshot is gone is 410 Expired with the apiserver's message, and
+the Status carries a token that resumes inconsistently from the live data (`rv` -1), as the
+apiserver's does.
 """
 
 from __future__ import annotations
@@ -42,8 +56,10 @@ import bisect
 import builtins
 import datetime as dt
 import json
+import secrets
+import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +75,17 @@ from sandbox.watches import matches
 Listener = Callable[["StoredEvent"], None]
 
 DEFAULT_HISTORY = 10_000
+DEFAULT_HISTORY_SECONDS = 75.0  # the watch cache's eventFreshDuration
+DEFAULT_CONTINUE_TTL_SECONDS = 300.0  # etcd's compaction interval on GKE
+DEFAULT_SNAPSHOTS = 64
 DEFAULT_WATCH_QUEUE = 100_000
+CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter, or use the continue token in this "
+    "response to retrieve the remainder of the results. Continuing with the provided token "
+    "results in an inconsistent list - objects that were created, modified, or deleted between "
+    "the time the first chunk was returned and now may show up in the list."
+)
 
 
 def rfc3339(moment: dt.datetime) -> str:
@@ -90,12 +116,35 @@ class ListPage:
         return [json.loads(raw) for raw in self.raw_items]
 
 
+@dataclass(slots=True)
+class _Snapshot:
+    """What a paginated list has left to serve, as of its first page: keys in order and the
+    entries they held then (references to the stored ones, which are never mutated)."""
+
+    resource: Resource
+    namespace: str | None
+    rv: int
+    created: float
+    keys: list[str]
+    entries: list[_Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class _Continue:
+    """A decoded continue token: `start` is the last key served plus NUL (the next key)."""
+
+    rv: int
+    start: str
+    snapshot: str | None
+
+
 @dataclass
 class _Table:
     """Everything stored for one resource."""
 
     resource: Resource
     history_limit: int
+    history_seconds: float
     entries: dict[str, _Entry] = field(default_factory=dict)
     by_namespace: dict[str, set[str]] = field(default_factory=dict)
     index: dict[str, dict[str, set[str]]] = field(default_factory=dict)
@@ -104,6 +153,7 @@ class _Table:
     sorted_all: list[str] | None = None
     sorted_ns: dict[str, list[str]] = field(default_factory=dict)
     history: deque[StoredEvent] = field(default_factory=deque)
+    recorded: deque[float] = field(default_factory=deque)  # when each history event was
     floor: int = 0  # the newest resourceVersion no longer in `history`
     watchers: set[Watch] = field(default_factory=set)
 
@@ -164,10 +214,23 @@ class _Table:
                 self.sorted_ns[namespace] = keys
         return keys
 
-    def record(self, event: StoredEvent) -> None:
-        if len(self.history) >= self.history_limit:
-            self.floor = self.history.popleft().rv
+    def record(self, event: StoredEvent, now: float) -> None:
         self.history.append(event)
+        self.recorded.append(now)
+        self.trim(now)
+
+    def trim(self, now: float) -> None:
+        """Drops the events beyond the count limit and those older than the age limit."""
+        history, recorded = self.history, self.recorded
+        oldest = now - self.history_seconds
+        while history and (len(history) > self.history_limit or recorded[0] < oldest):
+            self.floor = history.popleft().rv
+            recorded.popleft()
+
+    def compact(self, rv: int) -> None:
+        self.history.clear()
+        self.recorded.clear()
+        self.floor = rv
 
 
 class Store:
@@ -177,10 +240,22 @@ class Store:
         self,
         *,
         history_limit: int = DEFAULT_HISTORY,
+        history_seconds: float = DEFAULT_HISTORY_SECONDS,
+        continue_ttl_seconds: float = DEFAULT_CONTINUE_TTL_SECONDS,
+        snapshot_limit: int = DEFAULT_SNAPSHOTS,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`now` stamps creationTimestamps; `clock` (seconds, monotonic) ages watch history
+        and list snapshots."""
         self._history_limit = history_limit
+        self._history_seconds = history_seconds
+        self._continue_ttl = continue_ttl_seconds
+        self._snapshot_limit = snapshot_limit
         self._now = now
+        self._clock = clock
+        self._compacted = 0  # the resourceVersion of the last compact()
+        self._snapshots: OrderedDict[str, _Snapshot] = OrderedDict()
         self._rv = 1
         self._tables: dict[Resource, _Table] = {}
         self._uids: dict[str, tuple[Resource, str]] = {}
@@ -244,35 +319,87 @@ class Store:
         limit: int = 0,
         continue_token: str | None = None,
     ) -> ListPage:
-        """A page of matching objects in key order; `limit=0` means all of them."""
+        """A page of matching objects in key order; `limit=0` means all of them.
+
+        A continue token reads from its list's snapshot (see module doc); raises 410 Expired
+        when that is gone, 400 for a token that is not one.
+        """
         table = self._table(resource)
         ns = namespace if resource.namespaced else None
-        token_rv, start = (0, "")
-        if continue_token:
-            token_rv, start = _decode_continue(continue_token)
-        keys = self._candidate_keys(table, ns, fields)
         prefix = f"{ns}/" if ns is not None else ""
+        token = _decode_continue(continue_token) if continue_token else None
+        snapshot: _Snapshot | None = None
+        snapshot_id: str | None = None
+        if token is not None and token.rv != -1:
+            snapshot_id = token.snapshot
+            snapshot = self._continued(token, resource, ns)
+            keys = snapshot.keys
+        else:
+            keys = self._candidate_keys(table, ns, fields)
+        start = token.start if token is not None else ""
         begin = bisect.bisect_left(keys, prefix + start) if start else 0
         selective = not ((labels is None or labels.empty) and (fields is None or fields.empty))
+        entries = table.entries
         raw: builtins.list[bytes] = []
         last_key = ""
-        more = False
+        stop: int | None = None
         for i in range(begin, len(keys)):
-            entry = table.entries[keys[i]]
+            entry = snapshot.entries[i] if snapshot is not None else entries[keys[i]]
             if selective and not matches(entry.labels, entry.fields, labels, fields):
                 continue
             if limit and len(raw) == limit:
-                more = True
+                stop = i
                 break
             raw.append(entry.raw)
             last_key = keys[i]
-        page_rv = token_rv or self._rv
-        page = ListPage(raw, page_rv)
-        if more:
-            page.continue_token = _encode_continue(page_rv, last_key[len(prefix) :])
-            if not selective:
-                page.remaining = len(keys) - bisect.bisect_right(keys, last_key)
+        page = ListPage(raw, snapshot.rv if snapshot is not None else self._rv)
+        if stop is None:
+            if snapshot_id is not None:
+                self._snapshots.pop(snapshot_id, None)  # the list is done
+            return page
+        if snapshot_id is None:
+            snapshot_id = self._take_snapshot(table, ns, keys[stop:])
+        page.continue_token = _encode_continue(
+            page.resource_version, last_key[len(prefix) :], snapshot_id
+        )
+        if not selective:
+            page.remaining = len(keys) - bisect.bisect_right(keys, last_key)
         return page
+
+    def _take_snapshot(self, table: _Table, namespace: str | None, keys: builtins.list[str]) -> str:
+        """Keeps what a list has left to serve (`keys` and their entries now); its id."""
+        now = self._clock()
+        self._expire_snapshots(now)
+        while len(self._snapshots) >= self._snapshot_limit:
+            self._snapshots.popitem(last=False)
+        snapshot_id = secrets.token_hex(8)
+        self._snapshots[snapshot_id] = _Snapshot(
+            table.resource,
+            namespace,
+            self._rv,
+            now,
+            keys,
+            builtins.list(map(table.entries.__getitem__, keys)),
+        )
+        return snapshot_id
+
+    def _expire_snapshots(self, now: float) -> None:
+        while self._snapshots:
+            oldest = next(iter(self._snapshots.values()))
+            if now - oldest.created <= self._continue_ttl:
+                break
+            self._snapshots.popitem(last=False)
+
+    def _continued(self, token: _Continue, resource: Resource, namespace: str | None) -> _Snapshot:
+        self._expire_snapshots(self._clock())
+        snapshot = self._snapshots.get(token.snapshot or "")
+        if snapshot is None or snapshot.rv != token.rv:
+            error = errors.expired(CONTINUE_EXPIRED)
+            error.metadata = {"continue": _encode_continue(-1, token.start.removesuffix("\x00"))}
+            raise error
+        if (snapshot.resource, snapshot.namespace) != (resource, namespace):
+            raise errors.bad_request("continue key is not valid: it belongs to another list")
+        return snapshot
 
     def _candidate_keys(
         self, table: _Table, namespace: str | None, fields: FieldSelector | None
@@ -450,11 +577,30 @@ class Store:
             watch.preload(self._snapshot_events(table, ns))
         else:
             start = _parse_rv(str(since))
+            table.trim(self._clock())
             if start < table.floor:
                 raise errors.gone_too_old(start, table.floor + 1)
             watch.preload(e for e in table.history if e.rv > start)
         table.watchers.add(watch)
         return watch
+
+    def compact(self) -> None:
+        """Drops every watch history and list snapshot, as an etcd compaction at the current
+        revision: a watch from any earlier version and every continue token are 410 Expired."""
+        self._compacted = self._rv
+        for table in self._tables.values():
+            table.compact(self._rv)
+        self._snapshots.clear()
+
+    def drop_watches(self, *, reset: bool = False) -> int:
+        """Ends every open watch, as an apiserver restart does; `reset` asks the HTTP layer to
+        break the connection rather than end the stream. Returns how many were open."""
+        dropped = 0
+        for table in self._tables.values():
+            for watch in builtins.list(table.watchers):
+                watch.close(reset=reset)
+                dropped += 1
+        return dropped
 
     def _snapshot_events(self, table: _Table, namespace: str | None) -> Iterator[StoredEvent]:
         resource = table.resource
@@ -478,7 +624,9 @@ class Store:
     def _table(self, resource: Resource) -> _Table:
         table = self._tables.get(resource)
         if table is None:
-            table = self._tables[resource] = _Table(resource, self._history_limit)
+            table = self._tables[resource] = _Table(
+                resource, self._history_limit, self._history_seconds, floor=self._compacted
+            )
         return table
 
     def _entry(self, resource: Resource, obj: dict[str, Any], meta: dict[str, Any]) -> _Entry:
@@ -507,7 +655,7 @@ class Store:
             self._dependents.setdefault(uid, set()).add((resource, key))
 
     def _commit(self, table: _Table, event: StoredEvent) -> None:
-        table.record(event)
+        table.record(event, self._clock())
         for watch in list(table.watchers):
             watch.offer(event)
         for listener in list(self._listeners):
@@ -540,21 +688,27 @@ def parse_resource_version(text: str) -> int:
     return _parse_rv(text)
 
 
-def _encode_continue(rv: int, start: str) -> str:
-    token = {"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"}
+def _encode_continue(rv: int, start: str, snapshot: str | None = None) -> str:
+    """The apiserver's token (`{"v", "rv", "start"}`) plus the id of the list's snapshot."""
+    token: dict[str, Any] = {"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"}
+    if snapshot is not None:
+        token["snapshot"] = snapshot
     return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
 
 
-def _decode_continue(token: str) -> tuple[int, str]:
+def _decode_continue(token: str) -> _Continue:
     try:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded))
         rv, start = int(data["rv"]), str(data["start"])
+        snapshot = data.get("snapshot")
         if data.get("v") != "meta.k8s.io/v1" or not start.endswith("\x00"):
+            raise ValueError
+        if rv < -1 or rv == 0 or not isinstance(snapshot, str | None):
             raise ValueError
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise errors.bad_request(
             "continue key is not valid: incorrect encoded start resourceVersion "
             "(version meta.k8s.io/v1)"
         ) from None
-    return rv, start
+    return _Continue(rv, start, snapshot)

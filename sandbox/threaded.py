@@ -81,6 +81,19 @@ class SandboxThread(LoopThread):
         super().start()
         self._sandbox = self.run(start_sandbox(self._options))
 
+    def compact(self) -> int:
+        """`Sandbox.compact` on the emulator's thread: watches from older versions and
+        continue tokens get 410 from now on."""
+        return self.call(self.sandbox.compact)
+
+    def drop_watches(self, *, graceful: bool = False) -> int:
+        """`Sandbox.drop_watches` on the emulator's thread."""
+        return self.call(self.sandbox.drop_watches, graceful=graceful)
+
+    def expire_tokens(self) -> int:
+        """`Sandbox.expire_tokens` on the emulator's thread."""
+        return self.call(self.sandbox.expire_tokens)
+
     def stop(self) -> None:
         if self._sandbox is not None:
             self.run(self._sandbox.close())

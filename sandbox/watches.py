@@ -87,6 +87,7 @@ class Watch:
         self._queue: deque[StoredEvent] = deque()
         self._ready = asyncio.Event()
         self.closed = False
+        self.reset = False  # closed as a broken connection (`Store.drop_watches`)
 
     def preload(self, events: Iterable[StoredEvent]) -> None:
         """Queues the initial state or the replayed history (exempt from the queue limit)."""
@@ -168,7 +169,9 @@ class Watch:
                 return None
         return self._queue.popleft()
 
-    def close(self) -> None:
+    def close(self, *, reset: bool = False) -> None:
+        """Ends the iteration; `reset` tells the HTTP layer to break the connection."""
+        self.reset = self.reset or (reset and not self.closed)
         self.closed = True
         self._on_close(self)
         self._ready.set()

@@ -5,7 +5,9 @@ as the apiserver's watch cache does), `timeoutSeconds` (the server ends the stre
 `allowWatchBookmarks` (BOOKMARK events while idle and just before the timeout ends it) and
 `sendInitialEvents` (the current state first, closed by a bookmark annotated
 `k8s.io/initial-events-end`). With `Accept: ...as=Table` each event carries a one-row Table,
-which is what `kubectl get -w` prints.
+which is what `kubectl get -w` prints. A watch ended by `Store.drop_watches(reset=True)` breaks
+its connection mid-stream (the client reads a truncated chunked body); one ended without
+`reset` ends its stream cleanly, as an apiserver shutting down does.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class WatchStreamer:
             await self._pump(response, watch, spec, timeout, bookmarks, initial)
         finally:
             watch.close()
+        if watch.reset and request.transport is not None:
+            request.transport.abort()
+            raise asyncio.CancelledError
         await response.write_eof()
         return response
 

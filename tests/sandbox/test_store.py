@@ -179,3 +179,137 @@ def test_owner_index(store: Store) -> None:
     assert store.locate_uid(uid) == (NODES, "", "owner")
     store.delete(PODS, "a", "c1")
     assert store.dependents(uid) == []
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _names(page: Any) -> list[str]:
+    return [o["metadata"]["name"] for o in page.items()]
+
+
+async def test_watch_history_is_bounded_by_age() -> None:
+    clock = Clock()
+    store = Store(history_limit=50, history_seconds=75, clock=clock)
+    start = store.resource_version
+    store.create(NODES, {"metadata": {"name": "n1"}})
+    clock.now += 74
+    replay = store.watch(NODES, since=str(start))
+    assert await drain(replay) == [("ADDED", "n1")]  # still in the window
+    replay.close()
+    clock.now += 2
+    with pytest.raises(errors.ApiError) as caught:
+        store.watch(NODES, since=str(start))
+    assert (caught.value.code, caught.value.reason) == (410, "Expired")
+    # A client that saw the event (or a bookmark after it) resumes without a relist.
+    current = store.watch(NODES, since=str(store.resource_version))
+    store.create(NODES, {"metadata": {"name": "n2"}})
+    assert await drain(current) == [("ADDED", "n2")]
+
+
+async def test_compact_expires_every_earlier_version() -> None:
+    store = Store()
+    before = store.resource_version
+    store.create(PODS, pod("p1"))
+    assert await drain(store.watch(PODS, since=str(before))) == [("ADDED", "p1")]
+    store.compact()
+    for resource in (PODS, NODES):  # NODES: a table made only after the compaction
+        with pytest.raises(errors.ApiError) as caught:
+            store.watch(resource, since=str(store.resource_version - 1))
+        assert caught.value.code == 410
+    resumed = store.watch(PODS, since=str(store.resource_version))
+    store.create(PODS, pod("p2"))
+    assert await drain(resumed) == [("ADDED", "p2")]
+
+
+async def test_drop_watches_ends_every_open_watch() -> None:
+    store = Store()
+    watches = [store.watch(PODS), store.watch(NODES, since=str(store.resource_version))]
+    assert store.drop_watches(reset=True) == 2
+    assert all(w.closed and w.reset for w in watches)
+    assert await watches[1].next(timeout=1) is None
+    assert store.drop_watches() == 0
+
+
+def test_every_page_of_a_list_is_the_first_page_snapshot() -> None:
+    store = Store()
+    for i in range(10):
+        store.create(PODS, pod(f"p{i}", app="x"))
+    first = store.list(PODS, limit=4)
+    assert _names(first) == ["p0", "p1", "p2", "p3"]
+    store.delete(PODS, "a", "p5")
+    store.create(PODS, pod("p55", app="x"))  # sorts into the rest of the list
+    changed = store.get(PODS, "a", "p7")
+    changed["metadata"]["labels"] = {"app": "changed"}
+    store.update(PODS, changed)
+    second = store.list(PODS, limit=4, continue_token=first.continue_token)
+    third = store.list(PODS, limit=4, continue_token=second.continue_token)
+    assert _names(second) + _names(third) == ["p4", "p5", "p6", "p7", "p8", "p9"]
+    assert second.items()[3]["metadata"]["labels"] == {"app": "x"}  # p7 as it was
+    assert first.resource_version == second.resource_version == third.resource_version
+    assert (second.remaining, third.continue_token) == (2, None)
+    # Selectors apply to the snapshot's objects too.
+    selected = store.list(PODS, labels=LabelSelector.parse("app=x"), limit=8)
+    assert _names(selected)[-2:] == ["p6", "p8"]  # p7 changed before this list: not selected
+    store.delete(PODS, "a", "p9")
+    rest = store.list(
+        PODS, labels=LabelSelector.parse("app=x"), limit=8, continue_token=selected.continue_token
+    )
+    assert _names(rest) == ["p9"]
+    # A fresh list sees the changes.
+    assert _names(store.list(PODS)) == ["p0", "p1", "p2", "p3", "p4", "p55", "p6", "p7", "p8"]
+
+
+def test_a_continue_token_expires() -> None:
+    clock = Clock()
+    store = Store(continue_ttl_seconds=300, clock=clock)
+    for i in range(6):
+        store.create(PODS, pod(f"p{i}"))
+    first = store.list(PODS, limit=2)
+    clock.now += 299
+    assert _names(store.list(PODS, limit=2, continue_token=first.continue_token)) == ["p2", "p3"]
+    clock.now += 2
+    store.create(PODS, pod("p22"))
+    with pytest.raises(errors.ApiError) as caught:
+        store.list(PODS, limit=2, continue_token=first.continue_token)
+    error = caught.value
+    assert (error.code, error.reason) == (410, "Expired")
+    assert error.message.startswith("The provided continue parameter is too old to display")
+    # The Status carries a token that goes on inconsistently, from the live data.
+    live = store.list(PODS, limit=2, continue_token=error.metadata["continue"])
+    assert _names(live) == ["p2", "p22"]
+    assert live.resource_version == store.resource_version
+
+
+def test_compaction_and_the_snapshot_bound_expire_continue_tokens() -> None:
+    store = Store(snapshot_limit=2)
+    for i in range(4):
+        store.create(PODS, pod(f"p{i}"))
+    tokens = [store.list(PODS, limit=1).continue_token for _ in range(3)]
+    with pytest.raises(errors.ApiError) as evicted:  # the oldest of three went
+        store.list(PODS, limit=1, continue_token=tokens[0])
+    assert evicted.value.code == 410
+    assert _names(store.list(PODS, limit=1, continue_token=tokens[2])) == ["p1"]
+    store.compact()
+    with pytest.raises(errors.ApiError) as compacted:
+        store.list(PODS, limit=1, continue_token=tokens[1])
+    assert compacted.value.code == 410
+
+
+def test_the_last_page_frees_its_snapshot() -> None:
+    store = Store()
+    for i in range(3):
+        store.create(PODS, pod(f"p{i}"))
+    first = store.list(PODS, limit=2)
+    last = store.list(PODS, limit=2, continue_token=first.continue_token)
+    assert (_names(last), last.continue_token) == (["p2"], None)
+    with pytest.raises(errors.ApiError) as caught:  # the list is done: its token is spent
+        store.list(PODS, limit=2, continue_token=first.continue_token)
+    assert caught.value.code == 410
