@@ -159,7 +159,14 @@ class Timing(_Model):
     heartbeat_seconds: float = Field(default=10.0, gt=0)
     resync_seconds: float = Field(default=30.0, gt=0)
     node_monitor_grace_seconds: float = Field(default=40.0, gt=0)
+    # Pod GC collects the pods of a deleted node once the node has been missing for the
+    # quarantine, on its next pass (every `pod_gc_period_seconds`): 40 to 60 s, as on GKE.
     orphan_pod_quarantine_seconds: float = Field(default=40.0, ge=0)
+    pod_gc_period_seconds: float = Field(default=20.0, ge=0)
+    # The apiserver's watch cache keeps events this long (410 Expired for older versions),
+    # and a paginated list's continue token lasts this long (etcd's compaction interval).
+    watch_cache_seconds: float = Field(default=75.0, gt=0)
+    continue_token_seconds: float = Field(default=300.0, gt=0)
     image_pull_backoff_seconds: float = Field(default=10.0, gt=0)
     image_pull_backoff_max_seconds: float = Field(default=300.0, gt=0)
     crash_loop_backoff_seconds: float = Field(default=10.0, gt=0)

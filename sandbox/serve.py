@@ -210,6 +210,8 @@ async def start(
         admin_token=state.admin_token(),
         egress_ip=network.egress_ips[0] if network.egress_ips else "127.0.0.1",
         authorized_networks=list(network.authorized_networks) or None,
+        history_seconds=scenario.timing.watch_cache_seconds,
+        continue_ttl_seconds=scenario.timing.continue_token_seconds,
         ca=state.certificate_authority(),
     )
     commands = ClusterAdmin()

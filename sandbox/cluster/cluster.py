@@ -108,6 +108,7 @@ class Cluster:
                 timing.resync_seconds,
                 timing.node_monitor_grace_seconds,
                 timing.orphan_pod_quarantine_seconds,
+                timing.pod_gc_period_seconds,
             ),
             JobController(registry, timing),
             ReplicaSetController(registry, timing.resync_seconds),

@@ -5,12 +5,21 @@ here: it keeps the condition taints in step (`node.kubernetes.io/not-ready`,
 `/unreachable`, `/unschedulable`), marks a node whose kubelet stopped posting status
 `Ready=Unknown` after the grace period, and removes the pods bound to a node that no longer
 exists (marked Failed with `DisruptionTarget` first, so their Jobs count them).
+
+As kube-controller-manager's pod GC, it does not collect them at once: a node seen missing
+(deleted, or named by a pod but never observed) is quarantined for
+`orphan_pod_quarantine_seconds` (40 s), and the pods go on the GC pass after that, which runs
+every `pod_gc_period_seconds` (20 s): so the pods of a deleted node stay listed, bound to its
+name and in the phase their kubelet last posted, for 40 to 60 s (the pass's offset is drawn
+at random per node). A node that comes back within the quarantine keeps its pods.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
+import random
 import uuid
 from collections.abc import Iterable
 from fractions import Fraction
@@ -170,12 +179,21 @@ class NodeLifecycle(Controller[str]):
     name = "node-lifecycle"
 
     def __init__(
-        self, registry: Registry, resync_s: float, grace_s: float, quarantine_s: float
+        self,
+        registry: Registry,
+        resync_s: float,
+        grace_s: float,
+        quarantine_s: float,
+        gc_period_s: float = 0.0,
+        rng: random.Random | None = None,
     ) -> None:
         super().__init__(registry, resync_s)
         self._grace_s = grace_s
         self._quarantine_s = quarantine_s
+        self._gc_period_s = gc_period_s
+        self._rng = rng or random.Random()
         self._known: set[str] = set()
+        self._collect_at: dict[str, float] = {}  # missing node -> when its pods go (loop time)
 
     def watched(self) -> list[Watched]:
         return [Watched(NODES, self._on_node), Watched(PODS, self._on_pod)]
@@ -186,15 +204,26 @@ class NodeLifecycle(Controller[str]):
     def _on_node(self, event: StoredEvent) -> None:
         if event.type == "DELETED":
             self._known.discard(event.name)
-        else:
-            self._known.add(event.name)
+            self.queue.add_after(event.name, self._missing(event.name))
+            return
+        self._known.add(event.name)
+        self._collect_at.pop(event.name, None)
         self.queue.add(event.name)
 
     def _on_pod(self, event: StoredEvent) -> None:
         node = event.fields.get("spec.nodeName", "")
         if event.type != "DELETED" and node and node not in self._known:
             # Pod GC waits out a quarantine: the node may just not be observed yet.
-            self.queue.add_after(node, self._quarantine_s)
+            self.queue.add_after(node, self._missing(node))
+
+    def _missing(self, node: str) -> float:
+        """Seconds until the pods of `node`, now seen missing, are collected."""
+        now = asyncio.get_running_loop().time()
+        when = self._collect_at.get(node)
+        if when is None:
+            offset = self._rng.uniform(0.0, self._gc_period_s) if self._gc_period_s else 0.0
+            when = self._collect_at[node] = now + self._quarantine_s + offset
+        return max(when - now, 0.0)
 
     def reconcile(self, key: str) -> float | None:
         try:
@@ -202,8 +231,13 @@ class NodeLifecycle(Controller[str]):
         except errors.ApiError as error:
             if error.code != 404:
                 raise
+            wait = self._missing(key)
+            if wait > 0:
+                return wait  # still in quarantine (another event or timer asked early)
             self._collect_orphans(key)
+            self._collect_at.pop(key, None)
             return None
+        self._collect_at.pop(key, None)
         node = self._check_heartbeat(node)
         self._sync_taints(node)
         ready = condition(node, "Ready") or {}

@@ -4,21 +4,34 @@ Covers model-server's ReplicaSet and status, scaling up onto the free cards and 
 (surplus pods deleted, newest first), a Job's pods going with it on a Background delete and
 staying on the batch/v1 default (Orphan), a Job with parallelism 2 and 3 completions,
 `ttlSecondsAfterFinished`, and the scenario commands that add and remove nodes (pods of a
-vanished node collected, a pending pod scheduled onto a new node).
+vanished node kept listed through pod GC's quarantine, then collected; a pending pod scheduled
+onto a new node).
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 from typing import Any
 
 from sandbox.cluster import Cluster
+from sandbox.cluster.nodes import NodeLifecycle
 from sandbox.cluster.objects import condition
 from sandbox.options import DeleteOptions
 from sandbox.patch import PatchType
 from sandbox.registry import Registry
 from sandbox.resources import DEPLOYMENTS, JOBS, NODES, PODS, REPLICA_SETS
-from sandbox.scenario import Gpus
-from tests.sandbox.cluster.kit import GPU_4X, job_manifest, pod, python, wait_for
+from sandbox.scenario import Gpus, Timing
+from tests.sandbox.cluster.kit import (
+    FAST,
+    GPU_4X,
+    MakeCluster,
+    fast_scenario,
+    job_manifest,
+    pod,
+    python,
+    wait_for,
+)
 
 
 def _servers(registry: Registry, phase: str | None = "Running") -> list[dict[str, Any]]:
@@ -161,6 +174,48 @@ async def test_nodes_come_and_go(cluster: Cluster) -> None:
     )
     [moved] = await wait_for(lambda: _servers(registry))
     assert moved["spec"]["nodeName"] == "gke-demo-gpu-4x-2f7c9e1a-z9z9"
+
+
+async def test_pods_of_a_deleted_node_stay_listed_through_the_quarantine(
+    make_cluster: MakeCluster,
+) -> None:
+    quarantine = 1.5
+    timing = FAST.model_copy(
+        update={"orphan_pod_quarantine_seconds": quarantine, "pod_gc_period_seconds": 0.5}
+    )
+    cluster = await make_cluster(fast_scenario(timing=timing))
+    registry = cluster.registry
+    [server] = await wait_for(lambda: _servers(registry))
+    name = server["metadata"]["name"]
+    loop = asyncio.get_running_loop()
+    removed = loop.time()
+    await cluster.remove_node(GPU_4X)
+    assert not registry.list(NODES, field_selector=f"metadata.name={GPU_4X}").items()
+    await asyncio.sleep(quarantine - 0.5)
+    kept = pod(registry, name)
+    assert kept is not None, "pod GC waits out its quarantine"
+    assert (kept["spec"]["nodeName"], kept["status"]["phase"]) == (GPU_4X, "Running")
+    await wait_for(lambda: pod(registry, name) is None)
+    assert loop.time() - removed >= quarantine
+
+
+async def test_pod_gc_collects_a_deleted_node_40_to_60_seconds_later_by_default(
+    registry: Registry,
+) -> None:
+    timing = Timing()
+    delays = []
+    for seed in range(20):
+        lifecycle = NodeLifecycle(
+            registry,
+            timing.resync_seconds,
+            timing.node_monitor_grace_seconds,
+            timing.orphan_pod_quarantine_seconds,
+            timing.pod_gc_period_seconds,
+            random.Random(seed),
+        )
+        delays.append(lifecycle._missing("gone"))
+    assert all(40 <= d <= 60 for d in delays)
+    assert len({round(d) for d in delays}) > 1  # spread over the GC pass, not one fixed delay
 
 
 async def test_a_finished_job_with_a_ttl_is_deleted_with_its_pods(registry: Registry) -> None:
