@@ -1,9 +1,11 @@
 """Kubernetes API clients built from the pool config loaded in this Temporal worker.
 
 Flavor gke: the service-account key goes through google-auth (a signed JWT exchanged at the
-key's `token_uri`), and the bearer token is refreshed before it expires; endpoint and CA from the
-pool block. Flavor generic: a bearer token, or a kubeconfig. Nothing here passes through Temporal:
-activities receive a pool *name* and look the client up.
+key's `token_uri`), and the bearer token is refreshed before it expires, or at once when the
+cluster answers 401 (the token was revoked or expired early): the call is then sent again, once,
+with the new token; endpoint and CA from the pool block. Flavor generic: a bearer token, or a
+kubeconfig. Nothing here passes through Temporal: activities receive a pool *name* and look the
+client up.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ class _GkeToken:
                 self._credentials.refresh(Request())
             return f"Bearer {self._credentials.token}"
 
+    def renew(self, rejected: str | None) -> str:
+        """A fresh header after the cluster refused `rejected` (401): the key is exchanged
+        again unless another thread already replaced that token."""
+        with self._lock:
+            if rejected is None or rejected == f"Bearer {self._credentials.token}":
+                self._credentials.refresh(Request())
+            return f"Bearer {self._credentials.token}"
+
 
 def _write_ca(ca_base64: str, directory: Path) -> str:
     # The client wants a file path; the CA is public, the directory is private to this process.
@@ -67,6 +77,7 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
             kubeconfig, client_configuration=configuration
         )
         return _with_timeout(k8s.ApiClient(configuration))
+    gke_token: _GkeToken | None = None
     configuration = k8s.Configuration()
     configuration.host = kube.endpoint
     if kube.ca_certificate:
@@ -74,7 +85,7 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
     if kube.flavor == "gke":
         if not text:
             raise ValueError("flavor gke needs credentials")
-        token = _GkeToken(json.loads(text))
+        token = gke_token = _GkeToken(json.loads(text))
         configuration.api_key = {"authorization": ""}
 
         def refresh(config: k8s.Configuration) -> None:
@@ -83,18 +94,36 @@ def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
         configuration.refresh_api_key_hook = refresh  # type: ignore[assignment]
     elif text:
         configuration.api_key = {"authorization": f"Bearer {text.strip()}"}
-    return _with_timeout(k8s.ApiClient(configuration))
+    return _with_timeout(k8s.ApiClient(configuration), gke_token)
 
 
-def _with_timeout(api: k8s.ApiClient) -> k8s.ApiClient:
+def _with_timeout(api: k8s.ApiClient, token: _GkeToken | None = None) -> k8s.ApiClient:
     """Every call of `api` gets REQUEST_TIMEOUT_S unless it sets its own: the generated API
     methods pass `_request_timeout=None` by default, and urllib3 then waits forever for a
-    cluster that drops the packets of an address off its authorized networks (GKE does)."""
+    cluster that drops the packets of an address off its authorized networks (GKE does).
+
+    With a GKE `token`, a call answered 401 is sent once more with a renewed token. This
+    wraps `call_api`, which returns the response before anything reads its body (the generated
+    methods raise ApiException after it returns, and hand a watch its stream only then), so a
+    retry never repeats a stream already partly consumed: only the refused request's status
+    was seen, and its short Status body is read and dropped.
+    """
     call_api = api.call_api
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("_request_timeout") is None:
             kwargs["_request_timeout"] = REQUEST_TIMEOUT_S
+        response = call_api(*args, **kwargs)
+        if token is None or response.status != 401:
+            return response
+        response.read()  # type: ignore[no-untyped-call]  # the refused Status, unseen by callers
+        positional = len(args) > 2  # call_api(method, url, header_params, ...)
+        headers = dict((args[2] if positional else kwargs.get("header_params")) or {})
+        headers["authorization"] = token.renew(headers.get("authorization"))
+        if positional:
+            args = (*args[:2], headers, *args[3:])
+        else:
+            kwargs["header_params"] = headers
         return call_api(*args, **kwargs)
 
     api.call_api = timed  # type: ignore[method-assign]

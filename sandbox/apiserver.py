@@ -2,7 +2,10 @@
 
 Order of the gate, as on GKE: the network (authorized networks; unauthenticated callers are
 treated as coming from the controlplane's egress IP), then the request counter, then staged
-faults, then authentication (401), then IAM authorization (403), then the handler. Discovery
+faults, then authentication (401), then IAM authorization (403), then the handler. So from an
+allowed source a wrong, expired or revoked bearer token is 401 Unauthorized, while a source off
+the networks is refused (403) or dropped (`network_denial: timeout`) whatever its token, as GKE
+filters by address before the apiserver sees the request. Discovery
 (`/version`, `/api`, `/apis`, `/openapi/v3`) is served here; resources by `handlers`.
 """
 

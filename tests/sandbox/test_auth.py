@@ -1,10 +1,12 @@
 """Authentication and authorization as GKE does them: google-auth's service-account flow against
-the emulator's token endpoint, 401 for unknown tokens, IAM-role 403s with GKE's wording, and the
-master-authorized-networks check on the controlplane's egress IP (403 or a dropped
-connection), from which the admin user is exempt."""
+the emulator's token endpoint, 401 for unknown, expired or revoked tokens (from an allowed
+network), IAM-role 403s with GKE's wording, and the master-authorized-networks check on the
+controlplane's egress IP (403 or a dropped connection), from which the admin user is exempt;
+and the product's client exchanging its key again after a 401."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +19,9 @@ from google.auth.exceptions import RefreshError
 from google.oauth2 import service_account
 from kubernetes import client
 
-from sandbox import pki
+from activities.kube_clients import KubeClients
+from levers9.config import parse_pool
+from sandbox import devvalues, pki
 from sandbox.access import DEVELOPER
 from sandbox.server import Sandbox
 from tests.sandbox.factories import Api, api_client, status_of, unique
@@ -221,3 +225,103 @@ def test_admin_endpoints_need_the_admin_token(
         body={"project": "demo", "account": "via-http", "roles": [DEVELOPER]},
     )
     assert json.loads(minted.data)["client_email"] == "via-http@demo.iam.gserviceaccount.com"
+
+
+UNAUTHORIZED = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "Unauthorized",
+    "reason": "Unauthorized",
+    "code": 401,
+}
+
+
+def test_an_expired_token_is_unauthorized_from_an_allowed_network(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    http: Callable[..., urllib3.BaseHTTPResponse],
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+) -> None:
+    token = token_for(mint_key(DEVELOPER))
+    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["203.0.113.10/32"]})
+    assert core_as(token).list_namespace().items
+    expired = http("POST", "/_sandbox/tokens/expire")
+    assert expired.status == 200
+    assert json.loads(expired.data)["expired"] >= 1
+    with pytest.raises(client.ApiException) as caught:
+        core_as(token).list_namespace()
+    assert caught.value.status == 401
+    assert status_of(caught.value) == UNAUTHORIZED
+    # In timeout mode too: an allowed source gets its answer, the 401, not a dropped packet.
+    sandbox_call(sandbox.policy.update, {"networkDenial": "timeout", "timeoutHoldSeconds": 30})
+    with pytest.raises(client.ApiException) as held:
+        core_as(token).list_namespace(_request_timeout=5)
+    assert held.value.status == 401
+    # From a source off the networks, the token does not matter: the network refuses first.
+    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["10.0.0.0/8"]})
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        core_as(token).list_namespace(_request_timeout=0.5)
+    sandbox_call(sandbox.policy.update, {"networkDenial": "forbidden"})
+    with pytest.raises(client.ApiException) as refused:
+        core_as(token).list_namespace()
+    assert forbidden_body(refused.value)["message"].startswith("Forbidden: the request came")
+
+
+def test_a_revoked_keys_tokens_are_unauthorized_once_revoked_too(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core_as: Callable[[str], Api],
+) -> None:
+    key = mint_key(DEVELOPER)
+    token = token_for(key)
+    sandbox_call(sandbox.parts.authenticator.revoke_key, key["private_key_id"])
+    assert core_as(token).list_namespace().items  # deleting a key leaves its tokens valid
+    sandbox_call(sandbox.parts.authenticator.revoke_key, key["private_key_id"], revoke_tokens=True)
+    with pytest.raises(client.ApiException) as caught:
+        core_as(token).list_namespace()
+    assert status_of(caught.value) == UNAUTHORIZED
+
+
+def test_kube_clients_exchange_the_key_again_after_a_401(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    http: Callable[..., urllib3.BaseHTTPResponse],
+    mint_key: Callable[..., dict[str, str]],
+    ca_file: Path,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_file))  # google-auth's token requests
+    block = devvalues.pool_block(base64.b64encode(sandbox.ca.ca_pem).decode(), sandbox.url)
+    block["kubernetes"]["credentials"] = json.dumps(mint_key(DEVELOPER))
+    clients = KubeClients({"p": parse_pool("p", block)})
+
+    def exchanges() -> int:
+        count: int = sandbox_call(lambda: sandbox.parts.authenticator.exchanges)
+        return count
+
+    try:
+        core: Api = client.CoreV1Api(clients.api("p"))
+        before = exchanges()
+        core.list_node()
+        assert exchanges() == before + 1
+        core.list_node()
+        assert exchanges() == before + 1, "a valid token is reused"
+        assert json.loads(http("POST", "/_sandbox/tokens/expire").data)["expired"] >= 1
+        core.list_node()  # refused with 401, then sent again with a new token
+        assert exchanges() == before + 2
+        # A watch is retried before its stream starts, not halfway through it.
+        sandbox_call(sandbox.expire_tokens)
+        raw = core.list_namespace(watch=True, timeout_seconds=1, _preload_content=False)
+        lines = [json.loads(x) for x in raw.data.decode().splitlines() if x]
+        assert {line["type"] for line in lines} == {"ADDED"}
+        assert namespace in {line["object"]["metadata"]["name"] for line in lines}
+        assert exchanges() == before + 3
+    finally:
+        clients.close()
