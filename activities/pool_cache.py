@@ -308,6 +308,14 @@ class PoolCache:
         for listener in self._listeners:
             listener()
 
+    def threads(self) -> list[threading.Thread]:
+        """The reflectors' threads (the benchmark reads their CPU clocks)."""
+        return list(self._threads)
+
+    def state(self) -> object:
+        """What the cache holds (the benchmark sizes it)."""
+        return (self._state, self._capacity)
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {

@@ -108,3 +108,47 @@ async def test_it_does_not_answer_before_it_is_synced(cp: Controlplane) -> None:
     nodes, calls = await asyncio.to_thread(observer.observe, POOL)
     assert calls >= 3
     assert nodes == await asyncio.to_thread(_listed, cp)
+
+
+def _watches(cache: PoolCache) -> int:
+    return sum(reflector.watches for reflector in cache.reflectors)
+
+
+async def test_a_dropped_watch_resumes_from_its_version_without_a_list(
+    cp: Controlplane, cache: PoolCache
+) -> None:
+    lists, watches = cache.list_calls(), _watches(cache)
+    # Connections reset (the sandbox's own controllers watch too).
+    assert cp.sandbox.sandbox.drop_watches() >= len(cache.reflectors)
+    await add_gpu_node(
+        cp.sandbox.cluster, "gke-demo-gpu-2x-cache-b1", 2, "127.0.31.3", "127.0.31.4"
+    )
+
+    async def rewatched() -> bool:
+        return _watches(cache) >= watches + len(cache.reflectors)
+
+    await eventually(rewatched, within=30)
+    await eventually(lambda: _agrees(cp, cache), within=30)
+    assert "gke-demo-gpu-2x-cache-b1" in (cache.capacity() or {})
+    assert cache.list_calls() == lists  # resumed from its resourceVersion: nothing relisted
+    await cp.sandbox.cluster.remove_node("gke-demo-gpu-2x-cache-b1")
+    await eventually(lambda: _agrees(cp, cache), within=30)
+
+
+async def test_a_watch_too_old_for_the_server_relists(cp: Controlplane, cache: PoolCache) -> None:
+    lists = cache.list_calls()
+    # What changes while the watches are down is past the server's window when they return.
+    cp.sandbox.sandbox.drop_watches()
+    await add_gpu_node(
+        cp.sandbox.cluster, "gke-demo-gpu-2x-cache-c1", 2, "127.0.31.5", "127.0.31.6"
+    )
+    cp.sandbox.sandbox.compact()
+
+    async def relisted() -> bool:
+        return cache.list_calls() >= lists + 1 and cache.synced
+
+    await eventually(relisted, within=30)
+    await eventually(lambda: _agrees(cp, cache), within=30)
+    assert "gke-demo-gpu-2x-cache-c1" in (cache.capacity() or {})
+    await cp.sandbox.cluster.remove_node("gke-demo-gpu-2x-cache-c1")
+    await eventually(lambda: _agrees(cp, cache), within=30)
