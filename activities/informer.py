@@ -11,7 +11,8 @@ anything. A stream the server ends (`timeoutSeconds`, 5 to 10 minutes, randomise
 does so that replicas do not reconnect together) is re-watched from the last resourceVersion
 at once; a broken one (connection reset, a garbled line, a 5xx) after a backoff doubling from
 0.8 s to 30 s; a 410 Gone (the resourceVersion is older than the apiserver's watch window, or
-a list's continue token expired) relists, and the sink is told it is not synced meanwhile.
+a list's continue token expired) relists. The sink is told it is not synced from a failure
+until a watch connects again, and during a relist.
 
 The sink gets objects already converted (`convert` keeps what a pass reads and drops the rest,
 `managedFields` first), keyed `namespace/name`.
@@ -57,6 +58,9 @@ class Sink(Protocol[T]):
     def delete(self, kind: str, key: str) -> None: ...
 
     def unsynced(self, kind: str) -> None: ...
+
+    def resumed(self, kind: str) -> None:
+        """A watch connected again from the version of what the sink holds."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -112,6 +116,9 @@ class Reflector(Generic[T]):
             except (k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     return
+                # Until a watch connects again, a pass lists: it says why it cannot, where
+                # this cache would go on answering from what it held.
+                self._sink.unsynced(self.kind)
                 log.warning(
                     "watch broken: retrying",
                     kind=self.kind,
@@ -172,6 +179,7 @@ class Reflector(Generic[T]):
             raise
         self._response = response
         self.watches += 1
+        self._sink.resumed(self.kind)
         try:
             for event in _events(response):
                 if self._stop.is_set():

@@ -223,6 +223,11 @@ class PoolCache:
         with self._lock:
             self._synced.discard(kind)
 
+    def resumed(self, kind: str) -> None:
+        with self._lock:
+            self._synced.add(kind)
+        self._changed()  # what changed while it was away may be pending in a node
+
     def replace(self, kind: str, items: dict[str, Any]) -> None:
         with self._lock:
             state = self._state
