@@ -41,7 +41,7 @@ from levers9.models import (
     machine_workflow_id,
     pool_workflow_id,
 )
-from levers9.observation import diff, fingerprints
+from levers9.observation import diff, fingerprints, vanished
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
 
@@ -82,10 +82,12 @@ class ReconcileActivities:
         before = previous.fingerprints if previous is not None else None
         changes = diff(None if input.full_resync else before, nodes)
         await self._tell(input.pool_name, [nodes[name] for name in changes.changed])
-        # Against the running machine records, every pass: a full resync or a pass without a
-        # previous one has no fingerprints to say what vanished, and a `gone` lost once is
-        # told again.
-        gone = await self._gone(input.pool_name, set(nodes))
+        # Against the running machine records (a visibility list) when the last pass's
+        # fingerprints say a node vanished, and on every pass that has none to say it: a full
+        # resync (so a `gone` lost once is told again) or a pass without a previous one.
+        gone: list[str] = []
+        if input.full_resync or before is None or vanished(before, nodes):
+            gone = await self._gone(input.pool_name, set(nodes))
         return ObservePoolResult(
             fingerprints=fingerprints(nodes),
             nodes=len(nodes),

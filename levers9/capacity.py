@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -312,10 +313,16 @@ def pod_hold(pod: Obj) -> PodHold | None:
     if not node:
         return None
     labels = pod.get("metadata", {}).get("labels") or {}
-    amounts = _pod_amounts(spec)
+    # 100,000 holds repeat a few thousand node names and a handful of amounts: share them.
+    node, amounts = sys.intern(node), _shared(_pod_amounts(spec))
     if labels.get(MANAGED_BY) == MANAGED_BY_US and POOL_LABEL in labels:
         return PodHold(node, amounts, labels[POOL_LABEL], labels.get(WORKER_ID_LABEL))
     return PodHold(node, amounts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared(amounts: Amounts) -> Amounts:
+    return amounts
 
 
 def job_hold(job: Obj) -> JobHold | None:

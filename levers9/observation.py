@@ -58,6 +58,12 @@ class Diff:
     changed: list[str]
 
 
+def vanished(previous: Fingerprints, nodes: Mapping[str, NodeCapacity]) -> bool:
+    """Whether a node of the previous pass is not among `nodes` (a name hash missing)."""
+    now = {name_hash(name) for name in nodes}
+    return any(entry not in now for entry in previous.table())
+
+
 def diff(previous: Fingerprints | None, nodes: Mapping[str, NodeCapacity]) -> Diff:
     """What the pass must tell; every node when there is no previous pass."""
     if previous is None:

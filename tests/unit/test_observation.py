@@ -5,7 +5,7 @@ and the record stays 8 bytes a node (53 KB of base64 at 5,000 nodes).
 from __future__ import annotations
 
 from levers9.capacity import MachineStatus, NodeCapacity, Resources
-from levers9.observation import diff, fingerprints
+from levers9.observation import diff, fingerprints, vanished
 
 
 def _node(name: str, free: int = 4) -> NodeCapacity:
@@ -35,9 +35,12 @@ def test_only_changed_and_new_nodes_are_told() -> None:
 
 
 def test_vanished_nodes_tell_nobody_here() -> None:
-    """What vanished is the running machine records' business (every pass checks them)."""
+    """What vanished is the running machine records' business: a pass asks them when a name
+    hash of the last pass is missing (and on every full resync)."""
     before = {n: _node(n) for n in ("a", "b", "c")}
     assert diff(fingerprints(before), {"a": _node("a")}).changed == []
+    assert vanished(fingerprints(before), {"a": _node("a"), "d": _node("d")})
+    assert not vanished(fingerprints(before), {**before, "d": _node("d")})
 
 
 def test_idle_pass_tells_nobody_and_size_is_bounded() -> None:
