@@ -94,10 +94,13 @@ class Reflector(Generic[T]):
         self._watch_timeout_s = watch_timeout_s
         self._backoff_s = backoff_s
         self._response: Any = None
+        self._wake = threading.Event()
         self.resource_version: str | None = None
         self.lists = 0
         """List passes made (each one or more pages): 1 at start, one more per relist."""
         self.watches = 0
+        self.failures = 0
+        """Lists and watches that failed (refused, dropped, broken), each followed by a backoff."""
 
     def run(self) -> None:
         delay = self._backoff_s[0]
@@ -119,6 +122,7 @@ class Reflector(Generic[T]):
                 # Until a watch connects again, a pass lists: it says why it cannot, where
                 # this cache would go on answering from what it held.
                 self._sink.unsynced(self.kind)
+                self.failures += 1
                 log.warning(
                     "watch broken: retrying",
                     kind=self.kind,
@@ -126,11 +130,18 @@ class Reflector(Generic[T]):
                     retry_in_s=round(delay, 1),
                     **self._labels,
                 )
-                self._stop.wait(delay * random.uniform(1.0, 1.2))  # jitter
+                self._wake.wait(delay * random.uniform(1.0, 1.2))  # jitter
+                self._wake.clear()
                 delay = min(delay * 2, self._backoff_s[1])
 
+    def kick(self) -> None:
+        """Ends a backoff now: the cluster answered someone else (a pass's list)."""
+        self._wake.set()
+
     def close(self) -> None:
-        """Ends the current stream at once (after `stop` is set, so `run` returns)."""
+        """Ends the current stream and any backoff at once (after `stop` is set, so `run`
+        returns)."""
+        self._wake.set()
         response = self._response
         if response is not None:
             with contextlib.suppress(AttributeError, OSError):

@@ -107,6 +107,8 @@ class Cached(Protocol):
 
     def capacity(self) -> dict[str, NodeCapacity] | None: ...
 
+    def kick(self) -> None: ...
+
 
 class KubeObserver:
     """What a pass needs: from the pool's watch-fed cache when this process has one and it is
@@ -126,7 +128,10 @@ class KubeObserver:
             if cached is not None:
                 self.probe(pool_name)
                 return cached, 1
-        return self.list_capacity(pool_name)
+        listed = self.list_capacity(pool_name)
+        if cache is not None:
+            cache.kick()  # the cluster answers: its watches need not wait out their backoff
+        return listed
 
     def probe(self, pool_name: str) -> None:
         """One GET (the pool's namespace; 404 is an answer too) proving the cluster still

@@ -95,6 +95,7 @@ class PoolCache:
         clients: KubeClients,
         *,
         watch_timeout_s: tuple[int, int] | None = None,
+        backoff_s: tuple[float, float] | None = None,
     ) -> None:
         self.pool_name = pool_name
         pool = clients.pool(pool_name)
@@ -110,7 +111,11 @@ class PoolCache:
         self._stop = threading.Event()
         selector = ",".join(f"{k}={v}" for k, v in pool.kubernetes.node_selector.items())
         labels = {"pool_name": pool_name}
-        timeouts = {"watch_timeout_s": watch_timeout_s} if watch_timeout_s else {}
+        timeouts: dict[str, Any] = {}
+        if watch_timeout_s:
+            timeouts["watch_timeout_s"] = watch_timeout_s
+        if backoff_s:
+            timeouts["backoff_s"] = backoff_s
         self.reflectors: list[Reflector[Any]] = [
             Reflector(
                 NODES,
@@ -163,6 +168,11 @@ class PoolCache:
             reflector.close()
         for thread in self._threads:
             thread.join(timeout)
+
+    def kick(self) -> None:
+        """The cluster answered a list: reflectors waiting out a backoff try again now."""
+        for reflector in self.reflectors:
+            reflector.kick()
 
     def on_change(self, listener: Any) -> None:
         """`listener()` is called (from a reflector thread) after every event that may move a

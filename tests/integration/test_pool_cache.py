@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s
 
 from activities.kube import KubeObserver
 from activities.pool_cache import PoolCache
@@ -152,3 +153,34 @@ async def test_a_watch_too_old_for_the_server_relists(cp: Controlplane, cache: P
     assert "gke-demo-gpu-2x-cache-c1" in (cache.capacity() or {})
     await cp.sandbox.cluster.remove_node("gke-demo-gpu-2x-cache-c1")
     await eventually(lambda: _agrees(cp, cache), within=30)
+
+
+async def test_refused_it_makes_passes_list_and_a_list_that_works_ends_its_backoff(
+    cp: Controlplane,
+) -> None:
+    """While the cluster refuses us (the egress IP moved off the authorized networks) the
+    watches back off (30 s here) and the cache answers nothing, so a pass lists and fails with
+    the 403; once allowed again, the pass's list succeeds and wakes the watches at once."""
+    cache = PoolCache(POOL, cp.clients, backoff_s=(30.0, 30.0))
+    observer = KubeObserver(cp.clients, {POOL: cache}.get)
+    cp.sandbox.sandbox.policy.update({"egressIp": "127.0.0.9"})
+    try:
+        cache.start()
+
+        async def refused() -> bool:
+            return all(r.failures >= 1 and r.lists == 0 for r in cache.reflectors)
+
+        await eventually(refused, within=30)
+        with pytest.raises(k8s.ApiException) as caught:
+            await asyncio.to_thread(observer.observe, POOL)
+        assert caught.value.status == 403
+        assert cache.capacity() is None
+    finally:
+        cp.sandbox.sandbox.policy.update({"egressIp": "127.0.0.1"})
+    try:
+        nodes, calls = await asyncio.to_thread(observer.observe, POOL)  # lists, then kicks
+        assert calls >= 3
+        await eventually(lambda: _synced(cache), within=15)  # well inside the 30 s backoff
+        assert cache.capacity() == nodes
+    finally:
+        await asyncio.to_thread(cache.stop)
