@@ -8,11 +8,12 @@ the report) or Temporal cannot be reached now (retry).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from datetime import timedelta
 from typing import Protocol
 
 from pydantic import BaseModel
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.gateway.reports import TaskReport
@@ -30,6 +31,7 @@ REPORT_SIGNAL = "report"
 # timeout; this bounds the whole signal below the agent's call deadline, so the agent hears
 # UNAVAILABLE and retries rather than timing out blind.
 SIGNAL_DEADLINE = timedelta(seconds=5)
+PLACED_KEPT = 10_000
 
 
 class RecordNotFound(Exception):
@@ -42,6 +44,15 @@ class RecordNotFound(Exception):
 
 class RecordsUnavailable(Exception):
     """Temporal did not take the signal now; the same call may succeed later."""
+
+
+class NotPlacedHere(Exception):
+    """The task's record does not say it was placed on the reporting worker: a report is taken
+    only from the worker the task runs on (any other worker's token could fill the task's
+    history with reports)."""
+
+    def __init__(self, task_id: str, worker_id: str) -> None:
+        super().__init__(f"task {task_id} is not placed on worker {worker_id}")
 
 
 class WorkerRecords(Protocol):
@@ -58,6 +69,8 @@ class TemporalWorkerRecords:
     def __init__(self, client: Client, signal_deadline: timedelta = SIGNAL_DEADLINE) -> None:
         self._client = client
         self._signal_deadline = signal_deadline
+        self._placed: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Task id -> (pool, worker) its record named: the next report needs no describe."""
 
     async def register(self, pool_name: str, registration: WorkerRegistration) -> None:
         workflow_id = worker_workflow_id(pool_name, registration.worker_id)
@@ -68,7 +81,44 @@ class TemporalWorkerRecords:
         await self._signal(workflow_id, HEARTBEAT_SIGNAL, heartbeat)
 
     async def report(self, report: TaskReport) -> None:
-        await self._signal(task_workflow_id(report.task_id), REPORT_SIGNAL, report)
+        workflow_id = task_workflow_id(report.task_id)
+        await self._check_placed(workflow_id, report)
+        await self._signal(workflow_id, REPORT_SIGNAL, report)
+
+    async def _check_placed(self, workflow_id: str, report: TaskReport) -> None:
+        """The task's record (its memo, written when it was placed) names this worker."""
+        where = (report.pool_name, report.worker_id)
+        if self._placed.get(report.task_id) == where:
+            self._placed.move_to_end(report.task_id)
+            return
+        handle = self._client.get_workflow_handle(workflow_id)
+        try:
+            async with asyncio.timeout(self._signal_deadline.total_seconds()):
+                described = await handle.describe()
+                record = await described.memo_value("record", None)
+        except TimeoutError:
+            raise RecordsUnavailable(
+                f"Temporal did not describe {workflow_id}"
+                f" within {self._signal_deadline.total_seconds():g}s"
+            ) from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                raise RecordNotFound(workflow_id) from None
+            raise RecordsUnavailable(
+                f"Temporal did not describe {workflow_id}: {exc.status.name} {exc.message}"
+            ) from exc
+        if described.status != WorkflowExecutionStatus.RUNNING:
+            raise RecordNotFound(workflow_id)
+        named = (
+            (record.get("pool_name"), record.get("worker_id"))
+            if isinstance(record, dict)
+            else (None, None)
+        )
+        if named != where:
+            raise NotPlacedHere(report.task_id, report.worker_id)
+        self._placed[report.task_id] = where
+        while len(self._placed) > PLACED_KEPT:
+            self._placed.popitem(last=False)
 
     async def _signal(self, workflow_id: str, signal: str, arg: BaseModel) -> None:
         handle = self._client.get_workflow_handle(workflow_id)

@@ -8,6 +8,7 @@ what a valid request looks like. What the agent gets back tells it what to do:
 | UNAUTHENTICATED | no token, or not this worker's | has a bug or is not ours |
 | INVALID_ARGUMENT | the field the message starts with | has a bug |
 | NOT_FOUND | its record expired or ended | stops (the controlplane starts a new worker) |
+| PERMISSION_DENIED | a report for a task not placed on this worker | drops the report |
 | UNAVAILABLE | Temporal cannot be reached now | retries |
 """
 
@@ -22,7 +23,12 @@ from pydantic import SecretStr
 from levers9.gateway import convert
 from levers9.gateway.auth import authenticate
 from levers9.gateway.errors import Rejection, clipped
-from levers9.gateway.records import RecordNotFound, RecordsUnavailable, WorkerRecords
+from levers9.gateway.records import (
+    NotPlacedHere,
+    RecordNotFound,
+    RecordsUnavailable,
+    WorkerRecords,
+)
 from levers9.gateway.tunnel import Context as TunnelContext
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
@@ -130,6 +136,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             message = f"{gone} ({exc.workflow_id})"
             await self._reject(
                 context, method, worker_id, Rejection(grpc.StatusCode.NOT_FOUND, message)
+            )
+        except NotPlacedHere as exc:
+            await self._reject(
+                context, method, worker_id, Rejection(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             )
         except RecordsUnavailable as exc:
             log.error(

@@ -40,12 +40,22 @@ class Recorders:
     client: Client
     task_queue: str
 
-    async def start(self, workflow_id: str) -> WorkflowHandle[RecorderWorkflow, None]:
+    async def start(
+        self, workflow_id: str, *, placed_on: Agent | None = None
+    ) -> WorkflowHandle[RecorderWorkflow, None]:
+        """A recorder under `workflow_id`; `placed_on`: a task's, whose record (its memo, as
+        TaskWorkflow writes it when placed) names that agent's worker."""
+        memo = (
+            {"record": {"pool_name": placed_on.pool_name, "worker_id": placed_on.worker_id}}
+            if placed_on is not None
+            else None
+        )
         return await self.client.start_workflow(
             RecorderWorkflow.run,
             id=workflow_id,
             task_queue=self.task_queue,
             execution_timeout=timedelta(minutes=5),
+            memo=memo,
         )
 
     async def seen(self, handle: WorkflowHandle[RecorderWorkflow, None], count: int) -> Seen:

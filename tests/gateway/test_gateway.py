@@ -44,7 +44,7 @@ def _task_id() -> str:
 async def test_calls_arrive_as_signals(stub: Stub, agent: Agent, recorders: Recorders) -> None:
     worker = await recorders.start(agent.workflow_id)
     task_id = _task_id()
-    task = await recorders.start(task_workflow_id(task_id))
+    task = await recorders.start(task_workflow_id(task_id), placed_on=agent)
 
     response = await stub.Register(agent.register(), metadata=agent.metadata())
     await stub.Heartbeat(agent.heartbeat(running_tasks=1), metadata=agent.metadata())
@@ -109,7 +109,7 @@ async def test_bad_token_is_unauthenticated_and_nothing_is_signalled(
     metadata: Callable[[Agent, Agent], Metadata],
 ) -> None:
     worker = await recorders.start(agent.workflow_id)
-    task = await recorders.start(task_workflow_id(task_id := _task_id()))
+    task = await recorders.start(task_workflow_id(task_id := _task_id()), placed_on=agent)
     other = Agent.new(secret)
     bad = metadata(agent, other)
 
@@ -190,6 +190,31 @@ async def test_report_for_unknown_task_is_not_found(stub: Stub, agent: Agent) ->
 
     assert error.code() == grpc.StatusCode.NOT_FOUND
     assert "unknown task" in (error.details() or "")
+
+
+async def test_a_report_for_another_workers_task_is_refused_and_not_recorded(
+    stub: Stub, agent: Agent, secret: SecretStr, recorders: Recorders
+) -> None:
+    """A valid token of worker B cannot report (and so fill the history of) a task placed on
+    worker A: refused before any signal; A's own report of it lands."""
+    task_id = _task_id()
+    task = await recorders.start(task_workflow_id(task_id), placed_on=agent)
+    other = Agent.new(secret)
+    for _ in range(3):
+        error = await _status(
+            stub.ReportTask(other.report(task_id, reason="flood"), metadata=other.metadata())
+        )
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error.details() == f"task {task_id} is not placed on worker {other.worker_id}"
+    await stub.ReportTask(agent.report(task_id, reason="mine"), metadata=agent.metadata())
+    seen = await recorders.seen(task, count=1)
+    assert [r.reason for r in seen.reports] == ["mine"]
+    signals = [
+        e
+        for e in (await task.fetch_history()).events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert len(signals) == 1
 
 
 async def test_huge_message_is_refused_and_the_server_stays_up(

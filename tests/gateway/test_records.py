@@ -70,7 +70,7 @@ async def test_signals_reach_the_records(
     records: TemporalWorkerRecords, agent: Agent, recorders: Recorders
 ) -> None:
     worker = await recorders.start(agent.workflow_id)
-    task = await recorders.start(task_workflow_id("t-records"))
+    task = await recorders.start(task_workflow_id("t-records"), placed_on=agent)
 
     await records.register(agent.pool_name, registration(agent.register()))
     await records.heartbeat(agent.pool_name, heartbeat(agent.heartbeat()))
