@@ -28,6 +28,7 @@ from levers9.capacity import (
     WORKER_ID_LABEL,
     NodeCapacity,
     PoolView,
+    Resources,
     pool_capacity,
 )
 from levers9.config import ControlplaneSettings, PoolConfig
@@ -95,7 +96,11 @@ def _list_all(
 
 def pool_view(pool_name: str, pool: PoolConfig) -> PoolView:
     tolerations = (GKE_GPU_TOLERATION,) if pool.kubernetes.flavor == "gke" else ()
-    return PoolView(pool_name, pool.kubernetes.node_selector, tolerations)
+    worker = Resources(
+        cpu_millis=pool.worker_resources.cpu_millis,
+        memory_bytes=pool.worker_resources.memory_bytes,
+    )
+    return PoolView(pool_name, pool.kubernetes.node_selector, tolerations, worker)
 
 
 def job_selector(pool_name: str) -> str:
@@ -359,6 +364,8 @@ def worker_spec(
         default_image=pool.task_defaults.image or "",
         default_memory_bytes=pool.task_defaults.memory_bytes,
         default_cpu_millis=pool.task_defaults.cpu_millis,
+        worker_cpu_millis=pool.worker_resources.cpu_millis,
+        worker_memory_bytes=pool.worker_resources.memory_bytes,
     )
 
 

@@ -18,7 +18,7 @@ import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -77,6 +77,8 @@ class MachineStatus(enum.StrEnum):
     CORDONED = "Cordoned"
     TAINTED = "Tainted"
     FULL = "Full"
+    TOO_SMALL = "TooSmall"
+    """Cards free, but less CPU or memory than the worker pod requests (`workerResources`)."""
 
 
 class Resources(BaseModel):
@@ -372,6 +374,8 @@ class PoolView:
     pool_name: str
     node_selector: Mapping[str, str]
     tolerations: Sequence[Toleration]
+    worker_requests: Resources = field(default_factory=Resources)
+    """What a worker pod asks besides its cards: a node that cannot give it gets no worker."""
 
 
 def node_capacity(
@@ -396,6 +400,11 @@ def node_capacity(
         state = MachineStatus.TAINTED
     elif free.gpus == 0 and worker_held.gpus == 0:
         state = MachineStatus.FULL
+    elif not active_jobs and (
+        free.cpu_millis < pool.worker_requests.cpu_millis
+        or free.memory_bytes < pool.worker_requests.memory_bytes
+    ):
+        state = MachineStatus.TOO_SMALL
     else:
         state = MachineStatus.HEALTHY
     return NodeCapacity(

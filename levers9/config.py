@@ -267,6 +267,32 @@ class TaskDefaults(_Model):
         return millicores(self.cpus) if self.cpus else 0
 
 
+class WorkerResources(_Model):
+    """What the worker pod requests besides its cards (the agent, image pulls, unpacking): so
+    it is Burstable, never BestEffort, and not the first pod the kubelet evicts. A node whose
+    neighbours leave less than this gets no worker (`machine list` says `TooSmall`)."""
+
+    cpu: str = "500m"
+    memory: str = "1Gi"
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        return _positive_quantity(value)
+
+    @property
+    def cpu_millis(self) -> int:
+        from levers9.quantity import millicores
+
+        return millicores(self.cpu)
+
+    @property
+    def memory_bytes(self) -> int:
+        from levers9.quantity import whole
+
+        return whole(self.memory)
+
+
 class PoolConfig(_Model):
     """One block under `config.worker.pools` with `provider: kubernetes`."""
 
@@ -280,6 +306,9 @@ class PoolConfig(_Model):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
+    worker_resources: WorkerResources = Field(
+        default_factory=WorkerResources, alias="workerResources"
+    )
     kubernetes: KubernetesConfig
 
     @field_validator("image_cache_size")

@@ -68,6 +68,9 @@ class WorkerJobSpec:
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
     default_cpu_millis: int = 0
+    worker_cpu_millis: int = 0
+    """The pool's `workerResources`: what the worker pod requests besides its cards."""
+    worker_memory_bytes: int = 0
 
     @property
     def job_name(self) -> str:
@@ -198,7 +201,7 @@ def worker_job(spec: WorkerJobSpec) -> dict[str, Any]:
                 "imagePullPolicy": "Always",
                 "command": list(WORKER_COMMAND),
                 "env": _env(spec),
-                "resources": {"limits": {GPU: str(spec.gpus)}},
+                "resources": _resources(spec),
                 "securityContext": {"privileged": True},
                 "volumeMounts": volume_mounts,
             }
@@ -260,3 +263,14 @@ def namespace(name: str) -> dict[str, Any]:
         "kind": "Namespace",
         "metadata": {"name": name, "labels": {MANAGED_BY: MANAGED_BY_US}},
     }
+
+
+def _resources(spec: WorkerJobSpec) -> dict[str, dict[str, str]]:
+    """Every free card as a limit; CPU and memory requested, not limited (Burstable: the agent
+    unpacking an image may use more for a while, and a limit would throttle or kill it)."""
+    requests = {GPU: str(spec.gpus)}
+    if spec.worker_cpu_millis:
+        requests["cpu"] = f"{spec.worker_cpu_millis}m"
+    if spec.worker_memory_bytes:
+        requests["memory"] = str(spec.worker_memory_bytes)
+    return {"limits": {GPU: str(spec.gpus)}, "requests": requests}

@@ -130,6 +130,8 @@ def worker_job_spec(**overrides: Any) -> WorkerJobSpec:
         "images_path": "/var/lib/levers9/images",
         "durable_disks_path": "/var/lib/levers9/disks",
         "gateway_address": "203.0.113.10:7443",
+        "worker_cpu_millis": 500,
+        "worker_memory_bytes": 1 << 30,
     }
     return WorkerJobSpec(**{**fields, **overrides})
 

@@ -285,3 +285,30 @@ def test_quantity_rounding_and_errors() -> None:
     assert whole("1.2") == 2
     with pytest.raises(ValueError, match="'12 cores' is not a Kubernetes quantity"):
         parse_quantity("12 cores")
+
+
+def test_a_node_too_small_for_the_worker_gets_none() -> None:
+    """Cards free, but the neighbours leave less CPU or memory than the worker pod requests
+    (`workerResources`): not a machine, and `machine list` says why."""
+    view = PoolView(
+        POOL.pool_name,
+        POOL.node_selector,
+        POOL.tolerations,
+        Resources(cpu_millis=500, memory_bytes=1 << 30),
+    )
+    n = node(cpu="4", memory="16Gi")
+    roomy = pool_capacity([n], [pod(gpus=1, cpu="3", memory="8Gi")], [], view)[
+        n["metadata"]["name"]
+    ]
+    assert (roomy.status, roomy.machine) == (MachineStatus.HEALTHY, True)
+    for hog in (pod(gpus=1, cpu="3800m"), pod(gpus=1, memory="15.5Gi")):
+        small = pool_capacity([n], [hog], [], view)[n["metadata"]["name"]]
+        assert (small.status, small.machine, small.free.gpus) == (MachineStatus.TOO_SMALL, False, 3)
+    # A worker already there holds its requests: the node stays its machine.
+    job = worker_job(gpus=3)
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] = {
+        "cpu": "500m",
+        "memory": "1Gi",
+    }
+    held = pool_capacity([n], [pod(gpus=1, cpu="3500m")], [job], view)[n["metadata"]["name"]]
+    assert (held.status, held.free.cpu_millis) == (MachineStatus.HEALTHY, 0)

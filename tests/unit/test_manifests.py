@@ -76,7 +76,11 @@ def test_pinned_by_affinity_not_node_name() -> None:
 def test_every_free_card_privileged_and_paths() -> None:
     pod = _pod_spec(worker_job(SPEC))
     [container] = pod["containers"]
-    assert container["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    # Burstable, never BestEffort: CPU and memory requested (not limited), every card a limit.
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "2", "cpu": "500m", "memory": str(1 << 30)},
+    }
     assert container["securityContext"] == {"privileged": True}
     assert container["command"] == ["levers9-worker"]
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
