@@ -116,6 +116,7 @@ def serving(
         tasks=tasks,
         tunnels=tunnels,
         replicas=replicas(settings),
+        tunnelled={name: clients.pool(name).kubernetes.tunnel for name in clients.names()},
     )
     return Serving(worker, replica, gateway, caches)
 

@@ -13,6 +13,8 @@ The controlplane process starts one (`worker_main.py`, `levers9 dev up`):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
@@ -52,16 +54,19 @@ class Gateway:
         tasks: TaskRecords | None = None,
         tunnels: TunnelHub | None = None,
         replicas: Replicas | None = None,
+        tunnelled: Mapping[str, bool] | None = None,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
+        """`tunnelled`: each loaded pool's `kubernetes.tunnel`, which says how its workers
+        must register (None: as they say, for a gateway that serves no pool's values)."""
         if not secret.get_secret_value():
             raise GatewayError(
                 "the worker token secret is empty: set workerTokenSecret or workerTokenSecretFile"
             )
         if heartbeat_seconds < 1:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
-        self._service = GatewayService(records, secret, heartbeat_seconds, tunnels)
+        self._service = GatewayService(records, secret, heartbeat_seconds, tunnels, tunnelled)
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
         self._tasks = TasksService(tasks, secret, replicas) if tasks is not None else None
         self._max_message_bytes = max_message_bytes

@@ -14,7 +14,7 @@ what a valid request looks like. What the agent gets back tells it what to do:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Never, TypeVar
 
 import grpc
@@ -50,6 +50,13 @@ NO_TUNNEL = (
 )
 
 
+NEEDS_TLS = (
+    "tls: this pool's workers serve TLS with the certificate issued with their Job; a"
+    " registration without it (or through a tunnel) is refused"
+)
+NEEDS_TUNNEL = "tunnel: this pool's workers register through their tunnel (kubernetes.tunnel)"
+
+
 class GatewayService(gateway_pb2_grpc.GatewayServicer):
     def __init__(
         self,
@@ -57,11 +64,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         secret: SecretStr,
         heartbeat_seconds: int,
         tunnels: TunnelHub | None = None,
+        tunnelled: Mapping[str, bool] | None = None,
     ) -> None:
         self._records = records
         self._secret = secret
         self._heartbeat_seconds = heartbeat_seconds
         self._tunnels = tunnels
+        self._tunnelled = tunnelled
 
     async def Tunnel(
         self,
@@ -79,6 +88,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.RegisterRequest, context: Context
     ) -> gateway_pb2.RegisterResponse:
         async def register() -> gateway_pb2.RegisterResponse:
+            self._check_transport(request)
             tunnel = None
             if request.tunnel:
                 if self._tunnels is not None:
@@ -96,6 +106,24 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return gateway_pb2.RegisterResponse(heartbeat_seconds=self._heartbeat_seconds)
 
         return await self._admit(context, "Register", request.worker_id, register)
+
+    def _check_transport(self, request: gateway_pb2.RegisterRequest) -> None:
+        """A worker registers the way its pool's workers were made to: a pool without the
+        tunnel issued it a certificate (with its Job), so it serves TLS; a tunnelled pool's
+        worker comes through its tunnel. Anything else is someone with a worker's token trying
+        to receive that worker's commands elsewhere, in plaintext."""
+        if self._tunnelled is None:
+            return
+        tunnelled = self._tunnelled.get(request.pool_name)
+        if tunnelled is None:
+            raise Rejection(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"pool {clipped(request.pool_name)} is not loaded on this controlplane",
+            )
+        if tunnelled and not request.tunnel:
+            raise Rejection(grpc.StatusCode.PERMISSION_DENIED, NEEDS_TUNNEL)
+        if not tunnelled and (request.tunnel or not request.tls):
+            raise Rejection(grpc.StatusCode.PERMISSION_DENIED, NEEDS_TLS)
 
     async def Heartbeat(
         self, request: gateway_pb2.HeartbeatRequest, context: Context

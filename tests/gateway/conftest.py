@@ -109,8 +109,10 @@ class Serving:
 
 
 @asynccontextmanager
-async def serve(records: WorkerRecords, secret: SecretStr) -> AsyncIterator[Serving]:
-    gateway = Gateway(records, secret)
+async def serve(
+    records: WorkerRecords, secret: SecretStr, tunnelled: dict[str, bool] | None = None
+) -> AsyncIterator[Serving]:
+    gateway = Gateway(records, secret, tunnelled=tunnelled)
     port = await gateway.start(LOOPBACK)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

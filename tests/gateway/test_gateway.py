@@ -23,7 +23,7 @@ from levers9.gateway.reports import TaskPhase, TaskReport
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
 from levers9.models import WorkerHeartbeat, WorkerRegistration, task_workflow_id
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
-from tests.gateway.conftest import LOOPBACK, Recorders, Serving
+from tests.gateway.conftest import LOOPBACK, Recorders, Serving, serve
 
 pytestmark = pytest.mark.integration
 
@@ -296,3 +296,51 @@ async def test_logs_name_the_worker_never_a_token_or_the_secret(
     assert f"worker_id={agent.worker_id}" in text.split("rejected worker call", 1)[1]
     for hidden in (secret.get_secret_value(), agent.token, forged):
         assert hidden not in text
+
+
+@pytest.mark.parametrize(
+    ("tunnelled", "fields", "refusal"),
+    [
+        (False, {"tls": False}, "tls: this pool's workers serve TLS"),
+        (False, {"tls": True, "tunnel": True, "advertised_address": ""}, "tls: this pool's"),
+        (True, {"tls": True}, "tunnel: this pool's workers register through their tunnel"),
+    ],
+    ids=["plaintext downgrade", "tunnel instead of TLS", "direct instead of tunnel"],
+)
+async def test_a_registration_not_as_its_pool_makes_workers_is_refused(
+    records: TemporalWorkerRecords,
+    secret: SecretStr,
+    agent: Agent,
+    recorders: Recorders,
+    tunnelled: bool,
+    fields: dict[str, object],
+    refusal: str,
+) -> None:
+    """With a worker's token, someone registering it at their own address in plaintext (or
+    through a tunnel of their own) would receive its tenants' commands: refused before any
+    signal, and the TLS registration its pool issued a certificate for still lands."""
+    worker = await recorders.start(agent.workflow_id)
+    async with serve(records, secret, tunnelled={agent.pool_name: tunnelled}) as started:
+        error = await _status(
+            started.stub.Register(agent.register(**fields), metadata=agent.metadata())
+        )
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal in (error.details() or "")
+        unknown = Agent.new(secret, pool_name="not-loaded")
+        error = await _status(
+            started.stub.Register(unknown.register(tls=True), metadata=unknown.metadata())
+        )
+        assert (error.code(), error.details()) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "pool not-loaded is not loaded on this controlplane",
+        )
+        if not tunnelled:
+            await started.stub.Register(agent.register(tls=True), metadata=agent.metadata())
+            seen = await recorders.seen(worker, count=1)
+            assert [r.tls for r in seen.registrations] == [True]
+    signals = [
+        e
+        for e in (await worker.fetch_history()).events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert len(signals) == (0 if tunnelled else 1)

@@ -266,6 +266,8 @@ def gateway(dev_env: WorkflowEnvironment, loop: LoopThread) -> Iterator[Served]:
             SecretStr(SECRET),
             tasks=TemporalTaskRecords(client, "bad-input-queue"),
             tunnels=TunnelHub(SecretStr(SECRET), "bad-input-replica-x"),
+            # As worker_main serves it: registrations checked against the pool's transport.
+            tunnelled={"gke-rtx6000": False, "gke-tunnel": True},
         )
         holder["gateway"] = gateway
         return await gateway.start("127.0.0.1:0")
