@@ -100,6 +100,7 @@ def chart_properties() -> dict[str, Any]:
         ),
         "temporalTls": _closed({"existingSecret": {"type": "string"}}),
         "gatewayTls": _closed({"existingSecret": {"type": "string"}, "caKey": {"type": "string"}}),
+        "workerTokenSecret": _closed({"existingSecret": {"type": "string"}}),
         "google": _closed(
             {"credentialsSecret": {"type": "string"}, "credentialsKey": {"type": "string"}}
         ),

@@ -253,6 +253,31 @@ def test_a_token_secret_in_the_values_replaces_the_generated_one(
     assert "s" * 40 in secret_data(find(docs, "Secret", "-private"), "values.json")
 
 
+def test_the_generated_token_secret_is_made_once_and_an_existing_one_replaces_it(
+    pool_values: Path,
+) -> None:
+    """Generated: a pre-install hook (no upgrade or later render makes it again) kept across
+    uninstall; `workerTokenSecret.existingSecret` (GitOps): none generated, that one mounted."""
+    docs = render([pool_values])
+    generated = find(docs, "Secret", "-worker-token")
+    assert generated["metadata"]["annotations"] == {
+        "helm.sh/hook": "pre-install",
+        "helm.sh/hook-weight": "-10",
+        "helm.sh/resource-policy": "keep",
+    }
+    docs = render([pool_values], "--set", "workerTokenSecret.existingSecret=ops-worker-token")
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == [
+        "levers9-controlplane-private"
+    ]
+    volumes = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    [token] = [v for v in volumes if v["name"] == "worker-token"]
+    assert token["secret"]["secretName"] == "ops-worker-token"
+    config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
+    assert config["config"]["controlplane"]["workerTokenSecretFile"] == (
+        "/etc/levers9/worker-token/secret"
+    )
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [

@@ -70,7 +70,8 @@ async def test_kubernetes_faults_are_retried_without_duplicates(plane: World) ->
     admin = _admin(plane)
     await asyncio.to_thread(admin.reset_requests)
     for rule in (
-        {"verb": "list", "resource": "nodes", "status": 500, "times": 2},
+        # A pass reads the watch-fed cache, after one GET proving the cluster answers.
+        {"verb": "get", "resource": "namespaces", "status": 500, "times": 2},
         {"verb": "list", "resource": "pods", "drop": True, "delaySeconds": 1, "times": 1},
         {"verb": "create", "resource": "jobs", "status": 429, "retryAfterSeconds": 1, "times": 2},
         {"verb": "create", "resource": "jobs", "status": 500, "times": 1},
