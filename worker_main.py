@@ -153,7 +153,14 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     assert secret is not None  # main() refuses to start without one
     served = serving(client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN)
     gateway = served.gateway
-    await gateway.start(settings.gateway_listen, tls.gateway_server_credentials(settings))
+    credentials = tls.gateway_server_credentials(settings)
+    if credentials is None:
+        log.warning(
+            "gateway serves plaintext: worker tokens and task output cross the network"
+            " unencrypted; set gatewayTlsCertFile and gatewayTlsKeyFile",
+            listen=settings.gateway_listen,
+        )
+    await gateway.start(settings.gateway_listen, credentials)
     try:
         async with served.caches, served.worker, served.replica:
             log.info("temporal worker started", task_queue=settings.task_queue)

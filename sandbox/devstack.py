@@ -50,7 +50,7 @@ from levers9.cli.runtime import state_home
 from levers9.config import ControlplaneSettings
 from levers9.files import write_private
 from levers9.tokens import operator_token
-from sandbox import aws, devvalues, registries, task_images, worker_image
+from sandbox import aws, devvalues, pki, registries, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
@@ -265,6 +265,7 @@ class DevStack:
             "LEVERS9_INSECURE_REGISTRIES": f"{ecr},{gar}",
             # The CLI's way to the controlplane's gateway (log streams), and its token.
             "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_GATEWAY_TLS_CA_FILE": str(self.gateway_tls()["ca"]),
             "LEVERS9_API_TOKEN_FILE": str(self.api_token_file),
             # Where `levers9 gke attach` keeps the controlplane's key (~/.levers9 for real).
             "LEVERS9_GKE_KEY_FILE": str(self.controlplane_key),
@@ -286,6 +287,24 @@ class DevStack:
     def api_token_file(self) -> Path:
         return self.dir / "api-token"
 
+    def gateway_tls(self) -> dict[str, Path]:
+        """The gateway's certificate, key and CA, minted once under `gateway-tls/` and kept
+        (workers and the CLI trust the CA): the dev stack's gateway speaks TLS, as a real
+        deployment's does."""
+        directory = self.dir / "gateway-tls"
+        files = {
+            "cert": directory / "tls.crt",
+            "key": directory / "tls.key",
+            "ca": directory / "ca.crt",
+        }
+        if not all(path.exists() for path in files.values()):
+            directory.mkdir(parents=True, exist_ok=True)
+            authority = pki.mint_certificate_authority("levers9-dev-gateway-ca", hosts=(HOST,))
+            files["cert"].write_bytes(authority.cert_pem)
+            files["ca"].write_bytes(authority.ca_pem)
+            write_private(files["key"], authority.key_pem.decode())
+        return files
+
     @property
     def token_secret_file(self) -> Path:
         return self.dir / "worker-token-secret"
@@ -302,6 +321,8 @@ class DevStack:
             **self.env(),
             "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
             "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_GATEWAY_TLS_CERT_FILE": str(self.gateway_tls()["cert"]),
+            "LEVERS9_GATEWAY_TLS_KEY_FILE": str(self.gateway_tls()["key"]),
             # The sandbox's nodes are on loopback too, so workers dial the gateway there.
             "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"{HOST}:{self.gateway_port}",
         }

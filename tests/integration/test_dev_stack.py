@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -95,6 +96,17 @@ def test_up_starts_both_and_writes_env(dev: Dev) -> None:
     assert "reconcile:gke-rtx6000" in listed.stdout
     private = dev.home / ".levers9" / "dev" / "private.json"
     assert private.stat().st_mode & 0o777 == 0o600
+    # The gateway speaks TLS by default, with a certificate the env file's CA verifies.
+    host, _, port = env["LEVERS9_GATEWAY_ADDRESS"].rpartition(":")
+    context = ssl.create_default_context(cafile=env["LEVERS9_GATEWAY_TLS_CA_FILE"])
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls_socket,
+    ):
+        assert tls_socket.version() in ("TLSv1.2", "TLSv1.3")
+    key = dev.home / ".levers9" / "dev" / "gateway-tls" / "tls.key"
+    assert key.stat().st_mode & 0o777 == 0o600
 
 
 def _port(dev: Dev, flag: str) -> str:
