@@ -63,6 +63,7 @@ from levers9.telemetry import span
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 RACE_ATTEMPTS = 5
+DISABLED_DETAIL = "disabled: the cluster's API answers any address, nothing to add"
 """Read-modify-write rounds a step tries before it lets Temporal retry it."""
 OPERATION_TIMEOUT_S = 300.0
 DISPLAY_NAME = "levers9 controlplane"
@@ -230,7 +231,23 @@ class GcpActivities:
             config = cluster.master_authorized_networks_config
             existing = [block.cidr_block for block in config.cidr_blocks]
             _, added = appended(existing, input.cidrs)
-            if not added and config.enabled:
+            if not config.enabled:
+                if input.when_disabled == "leave":
+                    return Step(name=name, status="unchanged", detail=DISABLED_DETAIL)
+                if input.when_disabled == "refuse":
+                    raise ApplicationError(
+                        f"{name}: cluster {ref.cluster} has master authorized networks"
+                        " disabled (its API answers any address); enabling them with only the"
+                        f" controlplane's IPs ({', '.join(input.cidrs)}) would lock out kubectl,"
+                        " CI and everyone else. Rerun with --enable-authorized-networks (add"
+                        " your own CIDRs with --ip), or enable them yourself first with the CIDRs"
+                        " you need (gcloud container clusters update ..."
+                        " --enable-master-authorized-networks --master-authorized-networks ...)"
+                        " and rerun: attach appends ours",
+                        type="AuthorizedNetworksDisabled",
+                        non_retryable=True,
+                    )
+            elif not added:
                 return Step(name=name, status="unchanged", detail=f"{len(existing)} CIDRs")
             blocks = [*config.cidr_blocks]
             blocks += [
@@ -256,7 +273,7 @@ class GcpActivities:
                 await asyncio.sleep(2)
                 continue
             await self._wait_container(ref, operation.name)
-            detail = "added " + ", ".join(added)
+            detail = ("enabled with " if not config.enabled else "added ") + ", ".join(added)
             log.info("authorized networks appended", cluster=ref.cluster, added=",".join(added))
             return Step(name=name, status="updated", detail=detail)
         raise ApplicationError(f"{name}: the cluster stayed busy; will retry")

@@ -184,6 +184,10 @@ class FirewallInput(_Model):
 class NetworksInput(_Model):
     cluster: ClusterRef
     cidrs: list[str]
+    when_disabled: Literal["refuse", "enable", "leave"] = "refuse"
+    """A cluster with master authorized networks disabled answers any address: attach refuses
+    (enabling them with only our IPs would lock out kubectl, CI and everyone else) unless told
+    to enable them; the egress workflow's rotations leave such a cluster alone."""
 
 
 class EgressSource(_Model):
@@ -223,6 +227,8 @@ class AttachInput(_Model):
     """Where the controlplane's Temporal worker polls: the egress workflow lives there."""
     tunnel: bool = False
     """A tunnel-only pool: nothing dials the nodes, so no firewall rule."""
+    enable_authorized_networks: bool = False
+    """`--enable-authorized-networks`: on a cluster open to all, turn them on with our IPs."""
 
 
 class AttachResult(_Model):

@@ -125,7 +125,12 @@ class AttachClusterWorkflow:
             )
         self._done(
             await step(
-                GcpActivities.append_authorized_networks, NetworksInput(cluster=ref, cidrs=ips)
+                GcpActivities.append_authorized_networks,
+                NetworksInput(
+                    cluster=ref,
+                    cidrs=ips,
+                    when_disabled="enable" if input.enable_authorized_networks else "refuse",
+                ),
             )
         )
         started = await step(

@@ -123,7 +123,7 @@ class EgressAllowlistWorkflow:
             steps: list[Step] = [
                 await step(
                     GcpActivities.append_authorized_networks,
-                    NetworksInput(cluster=ref, cidrs=cidrs),
+                    NetworksInput(cluster=ref, cidrs=cidrs, when_disabled="leave"),
                 )
             ]
             if self._input.firewall:  # a tunnel-only cluster has no rule to keep

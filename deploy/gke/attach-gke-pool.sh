@@ -9,6 +9,8 @@
 #   deploy/gke/attach-gke-pool.sh --project <project> --zone <zone> --cluster <cluster> \
 #     --node-pool <node-pool> --gpu RTXPro6000 [--pool-name gke-rtx6000] [--ip <extra egress IP>] \
 #     [--tunnel]   # a tunnel-only pool: no firewall rule, the block gets tunnel: true
+#     [--enable-authorized-networks]   # a cluster whose API is open to all: turn master
+#                  # authorized networks on with our IPs (+ --ip); refused without it
 #
 # Needs Google credentials (`gcloud auth application-default login`), AWS credentials for the
 # controlplane's account (`aws sso login`; the egress IPs and the ECR token come from there),
@@ -22,8 +24,8 @@ while [ $# -gt 0 ]; do
     --project|--zone|--cluster|--node-pool|--gpu|--pool-name|--key-file|--ip)
       [ $# -ge 2 ] || { echo "$1 needs a value (see --help)" >&2; exit 2; }
       args+=("$1" "$2"); shift 2 ;;
-    --tunnel) args+=("$1"); shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --tunnel|--enable-authorized-networks) args+=("$1"); shift ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done

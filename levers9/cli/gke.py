@@ -64,6 +64,14 @@ def attach(
     tunnel: Annotated[
         bool, typer.Option("--tunnel", help="a tunnel-only pool: no firewall rule to the nodes")
     ] = False,
+    enable_authorized_networks: Annotated[
+        bool,
+        typer.Option(
+            "--enable-authorized-networks",
+            help="on a cluster whose API is open to all, turn master authorized networks on"
+            " with the controlplane's IPs (and each --ip): everyone else is locked out",
+        ),
+    ] = False,
 ) -> None:
     """Service account, key, registry, image copy, firewall rule, authorized networks; then the
     values block. Safe to rerun: it only appends IPs."""
@@ -98,6 +106,7 @@ def attach(
         ips=list(ip or []),
         controlplane_task_queue=settings.task_queue,
         tunnel=tunnel,
+        enable_authorized_networks=enable_authorized_networks,
     )
     console.print(
         f"attaching {ref.cluster_path} (node pool {node_pool}) as pool {request.pool_name}",

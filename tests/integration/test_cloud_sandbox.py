@@ -354,3 +354,33 @@ async def test_an_identity_without_roles_is_told_what_to_grant(
     assert "403" in err
     assert "roles/container.clusterAdmin" in err
     assert not (tmp_path / "never.json").exists()
+
+
+async def test_attach_on_a_cluster_without_authorized_networks_refuses_unless_told(
+    world: CloudWorld, controlplane_worker: Worker
+) -> None:
+    """A cluster whose API answers any address: enabling authorized networks with only the
+    controlplane's IPs would lock out kubectl and CI, so attach refuses and says why, and
+    changes nothing; `--enable-authorized-networks` turns them on and prints what it adds."""
+    before = world.authorized_networks()
+    world.running.sandbox.policy.set_authorized_networks(None)  # disabled: open to all
+    try:
+        code, out, err = await world.attach()
+        assert code == 1, out + err
+        assert "has master authorized networks disabled (its API answers any address)" in err
+        assert "would lock out kubectl, CI and everyone else" in err
+        assert "--enable-authorized-networks" in err
+        assert world.running.sandbox.policy.authorized_networks is None  # still open
+        # The egress workflow's rotations leave such a cluster alone.
+        code, out, err = await world.levers9(
+            "egress", "rotate", "--cluster", world.cluster, "--ip", "192.0.2.47"
+        )
+        assert code == 0, out + err
+        assert world.running.sandbox.policy.authorized_networks is None
+        code, out, err = await world.attach("--enable-authorized-networks", "--ip", "192.0.2.48")
+        assert code == 0, out + err
+        assert _steps(out)["authorized networks"] == "updated"
+        assert "enabled with " in out
+        assert "192.0.2.48/32" in world.authorized_networks()
+    finally:
+        world.running.sandbox.policy.set_authorized_networks(before)
