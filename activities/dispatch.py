@@ -35,11 +35,10 @@ from levers9.models import (
 )
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
-from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.telemetry import span
 from levers9.temporal import is_running, machine_records
-from levers9.tokens import worker_token
+from levers9.tokens import command_metadata
 
 T = TypeVar("T")
 Metadata = tuple[tuple[str, str], ...]
@@ -289,8 +288,7 @@ class TaskActivities:
         secret = self._settings.token_secret()
         if secret is None:
             raise ApplicationError("no worker token secret", non_retryable=True)
-        token = worker_token(secret.get_secret_value(), input.worker_id)
-        metadata = bearer.metadata(token)
+        metadata = command_metadata(secret.get_secret_value(), input.worker_id)
         address = self._address(input)
         tunnel = bool(input.task_queue)
         # `tls` is never set for a tunnelled worker (gateway.convert.registration): its end of

@@ -37,7 +37,7 @@ from levers9.models import PodState, WorkerJobInput
 from levers9.rpc import tls
 from levers9.rpc.worker_tls import worker_ca
 from levers9.telemetry import span
-from levers9.tokens import worker_token
+from levers9.tokens import command_digest, command_token, worker_token
 
 PAGE = 500
 BOUND_AND_RUNNING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -239,7 +239,11 @@ class KubeActivities:
             issued = worker_ca(secret_text).issue(spec.worker_id, dt.datetime.now(dt.UTC))
             serving = (issued.cert_pem, issued.key_pem)
         secret = manifests.worker_token_secret(
-            spec, token, job_uid=job["metadata"]["uid"], tls=serving
+            spec,
+            token,
+            job_uid=job["metadata"]["uid"],
+            tls=serving,
+            command_digest=command_digest(command_token(secret_text, spec.worker_id)),
         )
         _create_or_exists(lambda: core.create_namespaced_secret(spec.namespace, _body(secret)))
         return spec.job_name

@@ -20,6 +20,10 @@ CREDENTIALS_DIR = "/var/run/levers9/worker"
 `tls.key`): the agent reads its credentials there, never from its environment, so no process
 of the node (a task's least of all) finds them in an environment."""
 TOKEN_FILE = "token"
+COMMAND_DIGEST_FILE = "command-token.sha256"
+"""The SHA-256 of the token the controlplane presents to this worker (not the token)."""
+COMMAND_TOKEN_HEADER = "levers9-command-token"
+"""The call metadata carrying the controlplane's command token to WorkerService."""
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from levers9.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
 from levers9.contract import (
+    COMMAND_DIGEST_FILE,
     CREDENTIALS_DIR,
     DEVICE_PLUGIN_DIR,
     GPU,
@@ -136,9 +137,11 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
 
 
 def _secret_keys(spec: WorkerJobSpec) -> list[str]:
-    """What the worker's Secret gives it: its token, and without the tunnel its TLS pair (a
-    tunnelled worker serves on a unix socket inside the tunnel)."""
-    return [TOKEN_FILE] if spec.tunnel else [TOKEN_FILE, TLS_CERT_FILE, TLS_KEY_FILE]
+    """What the worker's Secret gives it: its token, the digest of the controlplane's command
+    token, and without the tunnel its TLS pair (a tunnelled worker serves on a unix socket
+    inside the tunnel)."""
+    held = [TOKEN_FILE, COMMAND_DIGEST_FILE]
+    return held if spec.tunnel else [*held, TLS_CERT_FILE, TLS_KEY_FILE]
 
 
 def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -228,9 +231,12 @@ def worker_token_secret(
     token: str,
     job_uid: str | None = None,
     tls: tuple[str, str] | None = None,
+    *,
+    command_digest: str,
 ) -> dict[str, Any]:
-    """The Secret the worker reads its token from, and with `tls` (certificate, key; PEM) what
-    it serves TLS with; owned by the Job once it exists."""
+    """The Secret the worker reads its token from, the digest of the controlplane's command
+    token it checks calls against, and with `tls` (certificate, key; PEM) what it serves TLS
+    with; owned by the Job once it exists."""
     metadata: dict[str, Any] = {
         "name": spec.secret_name,
         "namespace": spec.namespace,
@@ -252,7 +258,7 @@ def worker_token_secret(
         "kind": "Secret",
         "type": "Opaque",
         "metadata": metadata,
-        "stringData": {TOKEN_FILE: token}
+        "stringData": {TOKEN_FILE: token, COMMAND_DIGEST_FILE: command_digest}
         | ({TLS_CERT_FILE: tls[0], TLS_KEY_FILE: tls[1]} if tls else {}),
     }
 

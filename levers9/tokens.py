@@ -3,6 +3,11 @@
 A token names its worker, so a worker can only ever speak for itself; checking it needs no
 lookup, only the secret, and compares in constant time. The operator token (the CLI's) is the
 HMAC of a subject no worker id can take, so no worker token opens operator calls.
+
+Each direction has its own credential: the worker token is what a worker presents to the
+gateway; the command token (`command:<worker id>`) is what the controlplane presents to the
+worker. The worker holds only the command token's SHA-256 (its Secret's `command-token.sha256`),
+so nothing on the node, not the worker's own token nor its Secret, lets anyone command it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import hmac
 
 PREFIX = "l9w1."
 OPERATOR_PREFIX = "l9o1."
+COMMAND_PREFIX = "l9c1."
+_COMMAND_SUBJECT = "command:"  # as the operator's: no worker id holds a colon
 _OPERATOR_SUBJECT = "operator:"  # no worker id starts with it (ids are [a-z0-9-])
 
 
@@ -33,3 +40,32 @@ def operator_token(secret: str) -> str:
 
 def operator_token_matches(secret: str, token: str) -> bool:
     return hmac.compare_digest(operator_token(secret).encode(), token.encode())
+
+
+def command_token(secret: str, worker_id: str) -> str:
+    """What the controlplane presents to worker `worker_id` (never the worker's own token)."""
+    subject = (_COMMAND_SUBJECT + worker_id).encode()
+    digest = hmac.new(secret.encode(), subject, hashlib.sha256).digest()
+    return COMMAND_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def command_digest(token: str) -> str:
+    """The SHA-256 (hex) of a command token: what the worker checks calls against."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def command_matches(digest: str, token: str) -> bool:
+    return hmac.compare_digest(command_digest(token).encode(), digest.encode())
+
+
+def command_metadata(secret: str, worker_id: str) -> tuple[tuple[str, str], ...]:
+    """What a controlplane call to WorkerService carries: its command token, and for a worker
+    whose Job predates command tokens the worker's own as `authorization: Bearer` (such a
+    worker has nothing else to check; a current one ignores it)."""
+    from levers9.contract import COMMAND_TOKEN_HEADER
+    from levers9.rpc import bearer
+
+    return (
+        (COMMAND_TOKEN_HEADER, command_token(secret, worker_id)),
+        *bearer.metadata(worker_token(secret, worker_id)),
+    )

@@ -51,7 +51,7 @@ from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_records import cancel_task, start_task, task_ended, task_record
-from levers9.tokens import operator_token, operator_token_matches, worker_token
+from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
 PLACEMENT_POLL_S = (0.02, 0.5)
 """How often a follower re-reads the record of a task not placed yet: from the first value,
@@ -241,7 +241,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             return
         if worker is not None and worker.address and worker.task_queue:
             address = worker.address  # this replica's end of the tunnel, current
-        metadata = bearer.metadata(worker_token(secret, record.worker_id))
+        metadata = command_metadata(secret, record.worker_id)
         async with worker_channel(address, record.worker_id, tls, secret) as channel:
             yield _Worker(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
 

@@ -97,14 +97,19 @@ class Agent:
                 sockets = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="l9-")))
                 socket_path = sockets / "worker.sock"
                 server = await WorkerServer.start_unix(
-                    WorkerService(tasks), token, str(socket_path)
+                    WorkerService(tasks), token, str(socket_path), settings.command_digest
                 )
                 tunnel = TunnelClient(
                     channel, token, settings.pool_name, settings.worker_id, socket_path
                 )
             else:
                 server = await WorkerServer.start(
-                    WorkerService(tasks), token, host, settings.worker_port, serving_tls
+                    WorkerService(tasks),
+                    token,
+                    host,
+                    settings.worker_port,
+                    serving_tls,
+                    command_digest=settings.command_digest,
                 )
             self.gateway, self.server, self.tunnel = gateway, server, tunnel
             log.info(

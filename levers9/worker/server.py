@@ -60,10 +60,15 @@ class WorkerServer:
         advertised_host: str,
         port: int = 0,
         credentials: grpc.ServerCredentials | None = None,
+        *,
+        command_digest: str = "",
     ) -> WorkerServer:
         """Serves on `advertised_host` (or what binds there): TLS with `credentials`."""
         server = aio.server(
-            interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"]), MalformedRequests()]
+            interceptors=[
+                TokenInterceptor(token, [f"/{SERVICE_NAME}/"], command_digest),
+                MalformedRequests(),
+            ]
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
         health = health_aio.HealthServicer()
@@ -84,11 +89,16 @@ class WorkerServer:
         return cls(server, health, join_host_port(advertised_host, bound))
 
     @classmethod
-    async def start_unix(cls, service: WorkerService, token: str, path: str) -> WorkerServer:
+    async def start_unix(
+        cls, service: WorkerService, token: str, path: str, command_digest: str = ""
+    ) -> WorkerServer:
         """Tunnel mode: on a unix socket only, which nothing outside the pod can dial; the
         tunnel's `worker` target connects to it."""
         server = aio.server(
-            interceptors=[TokenInterceptor(token, [f"/{SERVICE_NAME}/"]), MalformedRequests()]
+            interceptors=[
+                TokenInterceptor(token, [f"/{SERVICE_NAME}/"], command_digest),
+                MalformedRequests(),
+            ]
         )
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
         health = health_aio.HealthServicer()

@@ -34,6 +34,7 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from levers9.contract import (
+    COMMAND_DIGEST_FILE,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     TOKEN_FILE,
@@ -61,6 +62,10 @@ class WorkerSettings(BaseModel):
     pool_name: str = Field(min_length=1)
     worker_id: str = Field(min_length=1)
     worker_token: SecretStr
+    command_digest: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    """The SHA-256 of the controlplane's command token: WorkerService takes only calls whose
+    `levers9-command-token` matches it. Empty (a Job of an older controlplane): calls are
+    checked against the worker's own token, as before."""
     pod_uid: str = ""
     node_name: str = ""
     advertised_host: str = ""
@@ -167,6 +172,7 @@ class WorkerSettings(BaseModel):
 
 _CREDENTIAL_FILES = {
     "worker_token": TOKEN_FILE,
+    "command_digest": COMMAND_DIGEST_FILE,
     "worker_tls_cert": TLS_CERT_FILE,
     "worker_tls_key": TLS_KEY_FILE,
 }

@@ -32,7 +32,7 @@ from levers9.models import WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.task_records import task_record
 from levers9.temporal import connect, list_worker_records
-from levers9.tokens import worker_token
+from levers9.tokens import command_metadata, worker_token
 from levers9.tunnel.mux import StreamRefused
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -71,7 +71,9 @@ async def test_workers_are_reached_only_through_their_tunnels(cp: Controlplane) 
     pods = json.loads(await cp.kubectl("get", "pods", "-n", "levers9", "-o", "json"))["items"]
     assert len(pods) == 3
     secrets = json.loads(await cp.kubectl("get", "secrets", "-n", "levers9", "-o", "json"))
-    assert [sorted(s["data"]) for s in secrets["items"]] == [["token"]] * 3, "no certificate"
+    assert [sorted(s["data"]) for s in secrets["items"]] == [
+        ["command-token.sha256", "token"]
+    ] * 3, "no certificate"
     for pod in pods:
         assert pod["spec"].get("hostNetwork", False) is False
         assert pod["status"]["podIP"] != pod["status"]["hostIP"]
@@ -110,8 +112,7 @@ async def test_exec_and_many_concurrent_streams_share_one_tunnel(cp: Controlplan
     found = await task_record(client, task_id)
     assert found is not None
     assert found.address is not None
-    token = worker_token(TOKEN_SECRET, str(found.worker_id))
-    metadata = (("authorization", f"Bearer {token}"),)
+    metadata = command_metadata(TOKEN_SECRET, str(found.worker_id))  # as the controlplane
     async with aio.insecure_channel(found.address) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from levers9.rpc.worker_tls import worker_ca
-from levers9.tokens import operator_token, worker_token
+from levers9.tokens import command_digest, command_token, operator_token, worker_token
 from tests.devstack import Dev
 from tests.reliability.secrets_scan import corpus_of_json, hits, key_needles, pem_needles
 from workflows import WORKFLOWS
@@ -82,6 +83,7 @@ class Demo:
                 (self.state / "sandbox" / "operator-key.json").read_text()
             ),
             "worker tokens": [worker_token(secret, w) for w in worker_ids],
+            "command tokens": [command_token(secret, w) for w in worker_ids],
             "the operator token": [operator_token(secret)],
             "the token secret": [secret],
             "workers' serving keys": [n for key in serving_keys for n in pem_needles(key)],
@@ -114,6 +116,12 @@ def test_the_scanner_finds_each_secret_where_it_belongs(demo: Demo) -> None:
     )  # the Job's token Secrets, data base64-encoded as the API returns it
     assert hits(corpus_of_json(json.dumps(tokens)), needles["worker tokens"])
     assert hits(corpus_of_json(json.dumps(tokens)), needles["workers' serving keys"])
+    # A worker's Secret holds the digest of the token that commands it, never that token.
+    secret = (demo.state / "worker-token-secret").read_text().strip()
+    digests = [command_digest(token) for token in needles["command tokens"]]
+    assert hits(corpus_of_json(json.dumps(tokens)), digests)
+    assert not hits(corpus_of_json(json.dumps(tokens)), needles["command tokens"])
+    assert secret not in json.dumps(tokens)
     # A history's base64 payloads are searched decoded: a planted token is found.
     payload = json.dumps({"token": needles["worker tokens"][0]}).encode()
     planted = json.dumps({"data": base64.b64encode(payload).decode()})
@@ -152,6 +160,33 @@ def test_no_secret_in_any_log(demo: Demo) -> None:
         for what, needles in demo.needles().items()
     }
     assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_no_token_in_the_environment_of_any_agent(demo: Demo) -> None:
+    """Every `levers9-worker` process's environ, read from /proc, against the tokens its
+    Secrets hold (and the ones that command workers)."""
+    needles = demo.needles()
+    tokens = needles["worker tokens"] + needles["command tokens"] + needles["the token secret"]
+    agents = [
+        pid for pid in os.listdir("/proc") if pid.isdigit() and _comm(pid) == "levers9-worker"
+    ]
+    assert agents, "no levers9-worker process to read"
+    found = {}
+    for pid in agents:
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended meanwhile
+        found[pid] = hits(environ.replace("\0", "\n"), tokens)
+    assert found, "every agent ended before it was read"
+    assert {pid: h for pid, h in found.items() if h} == {}
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 async def test_every_history_replays_with_the_current_code(demo: Demo) -> None:

@@ -18,7 +18,10 @@ from levers9.manifests import (
     worker_job_name,
     worker_token_secret,
 )
+from levers9.tokens import command_digest
 from tests.factories import MARKER, worker_job_spec, worker_tls
+
+DIGEST = command_digest("l9c1.test-command-token")
 
 K8S_VERSION = "1.33.0"
 
@@ -35,8 +38,10 @@ def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
     [
         worker_job(SPEC),
         worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True)),
-        worker_token_secret(SPEC, "t0k3n", job_uid="5e0c5b6e-0000-4000-8000-000000000001"),
-        worker_token_secret(SPEC, "t0k3n", tls=worker_tls("a1b2c3d4")),
+        worker_token_secret(
+            SPEC, "t0k3n", job_uid="5e0c5b6e-0000-4000-8000-000000000001", command_digest=DIGEST
+        ),
+        worker_token_secret(SPEC, "t0k3n", tls=worker_tls("a1b2c3d4"), command_digest=DIGEST),
         namespace("levers9"),
     ],
     ids=["job-gke", "job-generic-tunnel", "secret", "secret-tls", "namespace"],
@@ -115,7 +120,10 @@ def test_env_downward_api_and_no_credential_in_the_environment() -> None:
 
 def test_credentials_are_files_of_mode_0400_tls_unless_tunnelled() -> None:
     secret = "worker-gke-rtx6000-a1b2c3d4-token"
-    for tunnel, keys in ((False, ["token", "tls.crt", "tls.key"]), (True, ["token"])):
+    for tunnel, keys in (
+        (False, ["token", "command-token.sha256", "tls.crt", "tls.key"]),
+        (True, ["token", "command-token.sha256"]),
+    ):
         pod = _pod_spec(worker_job(dataclasses.replace(SPEC, tunnel=tunnel)))
         [volume] = [v for v in pod["volumes"] if v["name"] == "credentials"]
         assert volume["secret"]["secretName"] == secret
@@ -132,11 +140,17 @@ def test_credentials_are_files_of_mode_0400_tls_unless_tunnelled() -> None:
 
 def test_token_only_in_the_secret() -> None:
     assert MARKER not in json.dumps(worker_job(SPEC))
-    secret = worker_token_secret(SPEC, MARKER, job_uid="uid-1")
-    assert secret["stringData"] == {"token": MARKER}
+    secret = worker_token_secret(SPEC, MARKER, job_uid="uid-1", command_digest=DIGEST)
+    # The digest of the token that commands the worker, never that token.
+    assert secret["stringData"] == {"token": MARKER, "command-token.sha256": DIGEST}
     cert, key = worker_tls("a1b2c3d4")
-    with_tls = worker_token_secret(SPEC, MARKER, tls=(cert, key))
-    assert with_tls["stringData"] == {"token": MARKER, "tls.crt": cert, "tls.key": key}
+    with_tls = worker_token_secret(SPEC, MARKER, tls=(cert, key), command_digest=DIGEST)
+    assert with_tls["stringData"] == {
+        "token": MARKER,
+        "command-token.sha256": DIGEST,
+        "tls.crt": cert,
+        "tls.key": key,
+    }
     assert key not in json.dumps(worker_job(SPEC))
     [owner] = secret["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == (

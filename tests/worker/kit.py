@@ -9,13 +9,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from levers9.contract import DEVICE_PLUGIN_DIR, GPU
+from levers9.contract import COMMAND_TOKEN_HEADER, DEVICE_PLUGIN_DIR, GPU
 from levers9.rpc import bearer
 from levers9.worker.paths import HostPaths
 from sandbox.cluster.devices import DeviceManager
 
 TOKEN = "l9w1.test-token"
 AUTH = bearer.metadata(TOKEN)
+COMMAND_TOKEN = "l9c1.test-command-token"
+COMMAND_AUTH = ((COMMAND_TOKEN_HEADER, COMMAND_TOKEN),)
+"""What the controlplane presents to a worker whose Secret holds `command_digest(COMMAND_TOKEN)`."""
 POD_UID = "0d5c3e4a-7a51-4a55-9a2b-6f1f0b9d2c11"
 NEIGHBOUR_UID = "5b1f2c77-0e0a-4c1e-8a53-2b8d7c6e9f00"
 UUIDS = (

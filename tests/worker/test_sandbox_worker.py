@@ -17,13 +17,16 @@ from grpc import aio
 from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc.worker_tls import worker_channel
+from levers9.tokens import command_digest
 from sandbox.cluster import Cluster
 from sandbox.registry import Registry
 from sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
 from tests.factories import WORKER_CA_SECRET, worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, fast_scenario
-from tests.worker.kit import AUTH, TOKEN
+from tests.worker.kit import AUTH, COMMAND_AUTH, COMMAND_TOKEN, TOKEN
 from tests.worker.recording_gateway import RecordingGateway
+
+DIGEST = command_digest(COMMAND_TOKEN)
 
 WORKER_IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
 EXTERNAL_IP = "127.0.20.2"  # the 2-GPU node's, in the default scenario
@@ -57,7 +60,9 @@ async def test_the_worker_job_registers_with_its_cards(
     assert (cluster.node_root(GPU_2X) / "usr/local/nvidia/lib64").is_dir()
     spec = _worker_spec(gateway.address)
     registry.create(NAMESPACES, {"metadata": {"name": spec.namespace}})
-    registry.create(SECRETS, worker_token_secret(spec, TOKEN, tls=worker_tls("w1")))
+    registry.create(
+        SECRETS, worker_token_secret(spec, TOKEN, tls=worker_tls("w1"), command_digest=DIGEST)
+    )
     registry.create(JOBS, worker_job(spec))
 
     await gateway.wait_for(lambda calls: len(calls.registers) == 1, within=20)
@@ -87,7 +92,7 @@ async def test_the_worker_job_registers_with_its_cards(
         task = worker_pb2.TaskSpec(
             task_id="t-gpu-check", command=["python", "-c", code], gpu_indices=[1]
         )
-        await stub.RunTask(worker_pb2.RunTaskRequest(task=task), metadata=AUTH)
+        await stub.RunTask(worker_pb2.RunTaskRequest(task=task), metadata=COMMAND_AUTH)
         await gateway.wait_for(lambda calls: len(calls.reports) == 2)  # its start, its end
     # Each report travels on its own: the start's may arrive after the end's.
     [report] = [r for r in gateway.calls.reports if r.status.state != worker_pb2.TASK_STATE_RUNNING]

@@ -21,8 +21,15 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from levers9.proto import worker_pb2
+from levers9.contract import COMMAND_TOKEN_HEADER
+from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
+from levers9.tokens import command_digest, command_metadata, command_token, worker_token
+from levers9.worker.driver import DriverSetup
+from levers9.worker.process_runtime import ProcessRuntime
+from levers9.worker.server import WorkerServer
+from levers9.worker.service import WorkerService
+from levers9.worker.supervisor import TaskManager
 from tests.waiting import eventually
 from tests.worker.conftest import ServedWorker
 from tests.worker.kit import AUTH
@@ -361,3 +368,36 @@ async def test_health_needs_no_token(served: ServedWorker) -> None:
     for service in ("", "levers9.v1.WorkerService"):
         response = await health.Check(health_pb2.HealthCheckRequest(service=service))
         assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_a_worker_given_a_command_digest_takes_only_the_controlplane_s_token(
+    tmp_path: Path,
+) -> None:
+    """One credential per direction: the worker's own token (what it presents to the gateway,
+    in its Secret) does not command it; only the controlplane's command token, of which the
+    worker holds just the SHA-256, does."""
+    secret, worker_id = "s" * 40, "w-command"
+    own = worker_token(secret, worker_id)
+    digest = command_digest(command_token(secret, worker_id))
+    driver = DriverSetup((), (tmp_path / "driver/bin",), ())
+    tasks = TaskManager(ProcessRuntime(driver, {}), (0,), tmp_path / "work", lambda _: None)
+    server = await WorkerServer.start(WorkerService(tasks), own, "127.0.0.1", command_digest=digest)
+    try:
+        async with aio.insecure_channel(server.advertised_address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            request = worker_pb2.GetTaskRequest(task_id="t-none")
+            for metadata in (
+                bearer.metadata(own),  # the worker's own token
+                ((COMMAND_TOKEN_HEADER, command_token(secret, "w-other")),),
+                ((COMMAND_TOKEN_HEADER, own),),
+            ):
+                with pytest.raises(aio.AioRpcError) as refused:
+                    await stub.GetTask(request, metadata=metadata)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(aio.AioRpcError) as answered:
+                await stub.GetTask(request, metadata=command_metadata(secret, worker_id))
+            assert answered.value.code() == grpc.StatusCode.NOT_FOUND  # past the check
+    finally:
+        await tasks.shutdown(grace_s=1)
+        await server.stop(0)
+    assert command_token(secret, worker_id) != own

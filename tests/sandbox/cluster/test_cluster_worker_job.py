@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 
 from levers9.manifests import worker_job, worker_token_secret
+from levers9.tokens import command_digest
 from sandbox.cluster import Cluster
 from sandbox.cluster.objects import condition
 from sandbox.resources import JOBS, NAMESPACES, PODS, SECRETS
 from tests.factories import worker_job_spec, worker_tls
 from tests.sandbox.cluster.kit import GPU_2X, PYTHON_IMAGE, python, wait_for
+
+DIGEST = command_digest("l9c1.test-command-token")
 
 AGENT = """
 import json, os, pathlib
@@ -48,7 +51,10 @@ async def test_the_worker_job_runs_with_its_cards_and_token(cluster: Cluster) ->
     job = worker_job(spec)
     job["spec"]["template"]["spec"]["containers"][0]["command"] = python(AGENT)
     registry.create(JOBS, job)
-    registry.create(SECRETS, worker_token_secret(spec, "worker-token", tls=worker_tls("w1")))
+    registry.create(
+        SECRETS,
+        worker_token_secret(spec, "worker-token", tls=worker_tls("w1"), command_digest=DIGEST),
+    )
 
     def complete() -> bool:
         cond = condition(registry.get(JOBS, "levers9", spec.job_name), "Complete")
