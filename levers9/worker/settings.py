@@ -179,7 +179,8 @@ _CREDENTIAL_FILES = {
 
 
 def _credentials(directory: str, paths: HostPaths) -> dict[str, str]:
-    """The Secret's files: the token must be there; the TLS pair only without the tunnel."""
+    """The Secret's files: the token must be there; the command digest from a current
+    controlplane (a Job of an older one has none); the TLS pair only without the tunnel."""
     found = {}
     for field, name in _CREDENTIAL_FILES.items():
         node_path = f"{directory.rstrip('/')}/{name}"
