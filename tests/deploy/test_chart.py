@@ -253,6 +253,21 @@ def test_a_token_secret_in_the_values_replaces_the_generated_one(
     assert "s" * 40 in secret_data(find(docs, "Secret", "-private"), "values.json")
 
 
+def test_the_gateway_service_takes_its_source_ranges_from_the_values(pool_values: Path) -> None:
+    ranges = ["203.0.113.0/24", "198.51.100.7/32"]
+    docs = render(
+        [pool_values],
+        "--set",
+        f"gateway.service.loadBalancerSourceRanges={{{','.join(ranges)}}}",
+    )
+    service = find(docs, "Service", "-gateway")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["loadBalancerSourceRanges"] == ranges
+    assert (
+        "loadBalancerSourceRanges" not in find(render([pool_values]), "Service", "-gateway")["spec"]
+    )
+
+
 def test_the_generated_token_secret_is_made_once_and_an_existing_one_replaces_it(
     pool_values: Path,
 ) -> None:
