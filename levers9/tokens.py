@@ -54,10 +54,6 @@ def command_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def command_matches(digest: str, token: str) -> bool:
-    return hmac.compare_digest(command_digest(token).encode(), digest.encode())
-
-
 def command_metadata(secret: str, worker_id: str) -> tuple[tuple[str, str], ...]:
     """What a controlplane call to WorkerService carries: its command token, and for a worker
     whose Job predates command tokens the worker's own as `authorization: Bearer` (such a
