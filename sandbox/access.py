@@ -92,6 +92,9 @@ class AccessPolicy:
     role_bindings: dict[str, set[str]] = field(default_factory=dict)
     authorized_networks: list[IpNetwork] | None = None
     egress_ip: str = "203.0.113.10"
+    workstation_ip: str = "127.0.9.9"
+    """Where the admin's calls (kubectl at the operator's desk) come from: inside the default
+    scenario's authorized networks, and shut out, as on GKE, by networks that leave it out."""
     network_denial: NetworkDenial = "forbidden"
     timeout_hold_seconds: float = 30.0
 
@@ -109,21 +112,28 @@ class AccessPolicy:
             None if cidrs is None else [ipaddress.ip_network(c, strict=False) for c in cidrs]
         )
 
+    def source(self, principal: Principal | None) -> str:
+        """The address a caller's requests come from."""
+        return (
+            self.workstation_ip
+            if principal is not None and principal.network_exempt
+            else (self.egress_ip)
+        )
+
     def network_allows(self, principal: Principal | None) -> bool:
-        if principal is not None and principal.network_exempt:
-            return True
         if self.authorized_networks is None:
             return True
-        address = ipaddress.ip_address(self.egress_ip)
+        address = ipaddress.ip_address(self.source(principal))
         return any(address in network for network in self.authorized_networks)
 
-    def network_error(self) -> errors.ApiError:
+    def network_error(self, principal: Principal | None = None) -> errors.ApiError:
         networks = ", ".join(str(n) for n in self.authorized_networks or []) or "none"
         return errors.ApiError(
             403,
             "Forbidden",
-            f"Forbidden: the request came from {self.egress_ip}, which is not in the cluster's "
-            f"master authorized networks ({networks}); GKE would not answer this connection",
+            f"Forbidden: the request came from {self.source(principal)}, which is not in the"
+            f" cluster's master authorized networks ({networks}); GKE would not answer this"
+            " connection",
             {},
         )
 
@@ -140,6 +150,7 @@ class AccessPolicy:
     def describe(self) -> dict[str, Any]:
         return {
             "egressIp": self.egress_ip,
+            "workstationIp": self.workstation_ip,
             "authorizedNetworks": None
             if self.authorized_networks is None
             else [str(n) for n in self.authorized_networks],
@@ -153,6 +164,9 @@ class AccessPolicy:
         if "egressIp" in changes:
             ipaddress.ip_address(changes["egressIp"])
             self.egress_ip = str(changes["egressIp"])
+        if "workstationIp" in changes:
+            ipaddress.ip_address(changes["workstationIp"])
+            self.workstation_ip = str(changes["workstationIp"])
         if "authorizedNetworks" in changes:
             self.set_authorized_networks(changes["authorizedNetworks"])
         if "networkDenial" in changes:

@@ -75,7 +75,7 @@ class ApiServer:
                 if parts.policy.network_denial == "timeout":
                     await asyncio.sleep(parts.policy.timeout_hold_seconds)
                     return await drop_connection(request)
-                raise parts.policy.network_error()
+                raise parts.policy.network_error(principal)
             info = resolve(parts.registry.catalog, request.method, request.path, request.query)
             parts.counter.count(info)
             rule = parts.faults.match(info)

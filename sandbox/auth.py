@@ -54,7 +54,9 @@ class Principal:
         username: the name the API uses in messages (`User "..."`).
         email: the Google identity IAM roles are bound to; None for static-token users.
         superuser: static users configured as cluster admins skip IAM checks.
-        network_exempt: calls from a network other than the controlplane's (the laptop).
+        network_exempt: calls from the operator's workstation (the admin's kubectl), not the
+            controlplane's egress: checked against the authorized networks from its own address
+            (`AccessPolicy.workstation_ip`), as GKE checks every caller's source.
     """
 
     username: str

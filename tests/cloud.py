@@ -27,6 +27,7 @@ from tests.controlplane import quick_scenario
 
 BIN = Path(sys.executable).parent
 OFFICE = "198.51.100.0/24"
+OFFICE_IP = "198.51.100.10"
 GAR_HOST = "us-central1-docker.pkg.dev"
 
 
@@ -98,6 +99,7 @@ async def cloud_world(
         running = await start(base, directory / "sandbox")
         running.sandbox.policy.egress_ip = seeded.node_ips[0]
         running.sandbox.policy.set_authorized_networks([OFFICE])
+        running.sandbox.policy.workstation_ip = OFFICE_IP  # the admin's kubectl, in the office
         key_file = directory / "home" / ".levers9" / "gke-sa.json"
         env = {
             **os.environ,

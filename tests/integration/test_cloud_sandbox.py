@@ -39,8 +39,8 @@ from levers9.cloud import Allowlist, egress_workflow_id
 from levers9.config import ControlplaneSettings, parse_pool
 from sandbox import aws, devvalues, registries
 from sandbox.gcp.container import network_tag
-from tests.cloud import BIN, OFFICE, CloudWorld, cloud_world, run
-from tests.controlplane import trusting
+from tests.cloud import BIN, OFFICE, OFFICE_IP, CloudWorld, cloud_world, run
+from tests.controlplane import admin_api, trusting
 from tests.waiting import eventually
 from workflows.egress import EgressAllowlistWorkflow
 
@@ -382,5 +382,12 @@ async def test_attach_on_a_cluster_without_authorized_networks_refuses_unless_to
         assert _steps(out)["authorized networks"] == "updated"
         assert "enabled with " in out
         assert "192.0.2.48/32" in world.authorized_networks()
+        # What the refusal guards against: the office (the admin's kubectl) is shut out now.
+        assert OFFICE not in world.authorized_networks()
+        core = k8s.CoreV1Api(admin_api(world.running))
+        with pytest.raises(k8s.ApiException) as locked:
+            await asyncio.to_thread(core.list_namespace)
+        assert locked.value.status == 403
+        assert f"the request came from {OFFICE_IP}" in str(locked.value.body)
     finally:
         world.running.sandbox.policy.set_authorized_networks(before)

@@ -65,6 +65,7 @@ def _fresh_access(request: pytest.FixtureRequest) -> Iterator[None]:
             {
                 "authorizedNetworks": None,
                 "egressIp": SandboxOptions.egress_ip,
+                "workstationIp": "127.0.9.9",
                 "networkDenial": "forbidden",
             }
         )

@@ -166,13 +166,21 @@ def test_egress_ip_outside_authorized_networks_is_forbidden(
     core: Api,
 ) -> None:
     token = token_for(mint_key(DEVELOPER))
-    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24"]})
+    sandbox_call(
+        sandbox.policy.update,
+        {"authorizedNetworks": ["198.51.100.0/24"], "workstationIp": "198.51.100.10"},
+    )
     with pytest.raises(client.ApiException) as caught:
         core_as(token).list_namespace()
     message = forbidden_body(caught.value)["message"]
     assert "203.0.113.10" in message
     assert "master authorized networks (198.51.100.0/24)" in message
-    assert core.list_namespace().items, "the admin at the laptop is not the controlplane"
+    assert core.list_namespace().items, "the admin at the office is not the controlplane"
+    # Nobody is exempt, as on GKE: networks that leave the office out shut the admin out too.
+    sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["203.0.113.10/32"]})
+    with pytest.raises(client.ApiException) as locked:
+        core.list_namespace()
+    assert "the request came from 198.51.100.10" in forbidden_body(locked.value)["message"]
     sandbox_call(
         sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24", "203.0.113.10/32"]}
     )
