@@ -99,7 +99,14 @@ def chart_properties() -> dict[str, Any]:
             {"enabled": {"type": "boolean"}, "port": _PORT, "podAnnotations": {"type": "boolean"}}
         ),
         "temporalTls": _closed({"existingSecret": {"type": "string"}}),
-        "gatewayTls": _closed({"existingSecret": {"type": "string"}, "caKey": {"type": "string"}}),
+        "gatewayTls": _closed(
+            {
+                "existingSecret": {"type": "string"},
+                "caKey": {"type": "string"},
+                "hosts": {"type": "array", "items": {"type": "string"}},
+                "plaintext": {"type": "boolean"},
+            }
+        ),
         "workerTokenSecret": _closed({"existingSecret": {"type": "string"}}),
         "google": _closed(
             {"credentialsSecret": {"type": "string"}, "credentialsKey": {"type": "string"}}

@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 
 from levers9.config import load
 from levers9.gateway.server import SERVICE_NAME
@@ -64,8 +65,9 @@ def test_lint_and_every_manifest_is_a_valid_object(pool_values: Path, private_va
     assert kinds == [
         "ConfigMap",
         "Deployment",
-        "Secret",
-        "Secret",
+        "Secret",  # the private values
+        "Secret",  # the gateway's TLS
+        "Secret",  # the worker token secret
         "Service",
         "Service",
         "ServiceAccount",
@@ -156,7 +158,13 @@ def test_ports_probes_and_identity_agree_with_the_code(pool_values: Path) -> Non
     container = spec["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": 7500, "metrics": 9100}
-    assert container["readinessProbe"]["grpc"] == {"port": 7500, "service": SERVICE_NAME}
+    # TLS by default: the kubelet's gRPC probe speaks none, so a TCP connect; plaintext: gRPC.
+    assert container["readinessProbe"]["tcpSocket"] == {"port": 7500}
+    plain = render(
+        [pool_values], "--set", "gateway.port=7500", "--set", "gatewayTls.plaintext=true"
+    )
+    probe = find(plain, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert probe["readinessProbe"]["grpc"] == {"port": 7500, "service": SERVICE_NAME}
     env = {e["name"]: e for e in container["env"]}
     assert env["LEVERS9_METRICS_ADDRESS"]["value"] == "0.0.0.0:9100"
     assert env["LEVERS9_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -234,8 +242,58 @@ def test_gateway_tls_from_a_secret_of_yours_serves_from_the_mounted_files(
     )
     assert tls.gateway_server_credentials(in_pod) is not None
     assert tls.gateway_ca_pem(in_pod) == authority.ca_pem
-    plain = find(render([pool_values]), "Deployment")["spec"]["template"]["spec"]
+    plaintext = render([pool_values], "--set", "gatewayTls.plaintext=true")
+    plain = find(plaintext, "Deployment")["spec"]["template"]["spec"]
     assert "grpc" in plain["containers"][0]["readinessProbe"]
+
+
+def test_the_gateway_speaks_tls_by_default_with_a_certificate_the_chart_makes(
+    pool_values: Path,
+) -> None:
+    """No Secret of yours: a CA and a certificate for the advertised address, generated once
+    (kept, and reissued from the same CA when the names change); cert-manager's when it is
+    installed; plaintext only when asked for."""
+    docs = render([pool_values])
+    secret = find(docs, "Secret", "-gateway-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["annotations"]["levers9.dev/hosts"] == "203.0.113.7"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    cert = x509.load_pem_x509_certificate(secret_data(secret, "tls.crt").encode())
+    ca = x509.load_pem_x509_certificate(secret_data(secret, "ca.crt").encode())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["203.0.113.7"]
+    cert.verify_directly_issued_by(ca)
+    config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
+    controlplane = config["config"]["controlplane"]
+    assert controlplane["gatewayTlsCertFile"] == "/etc/levers9/gateway-tls/tls.crt"
+    assert controlplane["gatewayTlsCaFile"] == "/etc/levers9/gateway-tls/ca.crt"
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "gateway-tls"]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert [i["key"] for i in volume["secret"]["items"]] == ["tls.crt", "tls.key", "ca.crt"]
+    assert "tcpSocket" in pod["containers"][0]["readinessProbe"]
+    # With cert-manager: its Issuers and Certificates, and no key made by the chart.
+    managed = render([pool_values], "--api-versions", "cert-manager.io/v1")
+    certificate = find(managed, "Certificate", "-gateway")
+    assert certificate["spec"]["secretName"] == secret["metadata"]["name"]
+    assert certificate["spec"]["ipAddresses"] == ["203.0.113.7"]
+    assert not [
+        d for d in managed if d["kind"] == "Secret" and "gateway-tls" in d["metadata"]["name"]
+    ]
+    # Plaintext only when asked.
+    plaintext = render([pool_values], "--set", "gatewayTls.plaintext=true")
+    assert not [d for d in plaintext if "gateway-tls" in json.dumps(d)]
+    error = helm(
+        "template",
+        "t",
+        str(CHART),
+        "-f",
+        str(pool_values),
+        "--set",
+        "config.controlplane.gatewayAdvertisedAddress=",
+        ok=False,
+    )
+    assert "must name the address workers dial" in error
 
 
 def test_a_token_secret_in_the_values_replaces_the_generated_one(
@@ -246,7 +304,8 @@ def test_a_token_secret_in_the_values_replaces_the_generated_one(
     )
     docs = render([pool_values, private])
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == [
-        "levers9-controlplane-private"
+        "levers9-controlplane-gateway-tls",
+        "levers9-controlplane-private",
     ]
     config = yaml.safe_load(find(docs, "ConfigMap")["data"]["values.yaml"])
     assert "workerTokenSecretFile" not in config["config"]["controlplane"]
@@ -282,7 +341,8 @@ def test_the_generated_token_secret_is_made_once_and_an_existing_one_replaces_it
     }
     docs = render([pool_values], "--set", "workerTokenSecret.existingSecret=ops-worker-token")
     assert [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"] == [
-        "levers9-controlplane-private"
+        "levers9-controlplane-gateway-tls",
+        "levers9-controlplane-private",
     ]
     volumes = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     [token] = [v for v in volumes if v["name"] == "worker-token"]

@@ -70,12 +70,13 @@ the Secret; everything else to the ConfigMap. The controlplane merges the two fi
 {{- $_ := set $public "temporalTlsKeyFile" "/etc/levers9/temporal-tls/tls.key" -}}
 {{- $_ := set $public "temporalTlsServerCaFile" "/etc/levers9/temporal-tls/ca.crt" -}}
 {{- end -}}
-{{- if .Values.gatewayTls.existingSecret -}}
+{{- if include "levers9.gatewayTlsSecret" . -}}
 {{- $_ := set $public "gatewayTls" true -}}
 {{- $_ := set $public "gatewayTlsCertFile" "/etc/levers9/gateway-tls/tls.crt" -}}
 {{- $_ := set $public "gatewayTlsKeyFile" "/etc/levers9/gateway-tls/tls.key" -}}
-{{- if .Values.gatewayTls.caKey -}}
-{{- $_ := set $public "gatewayTlsCaFile" (printf "/etc/levers9/gateway-tls/%s" .Values.gatewayTls.caKey) -}}
+{{- $caKey := include "levers9.gatewayTlsCaKey" . -}}
+{{- if $caKey -}}
+{{- $_ := set $public "gatewayTlsCaFile" (printf "/etc/levers9/gateway-tls/%s" $caKey) -}}
 {{- end -}}
 {{- end -}}
 {{- $pools := dict -}}
@@ -107,4 +108,33 @@ the Secret; everything else to the ConfigMap. The controlplane merges the two fi
 {{- end -}}
 {{- end -}}
 {{- toJson (dict "config" (dict "controlplane" $private "worker" (dict "pools" $pools))) -}}
+{{- end -}}
+
+{{/* The Secret the gateway serves TLS from: gatewayTls.existingSecret, else the chart's own
+(cert-manager's when it is installed, else generated once); empty with gatewayTls.plaintext. */}}
+{{- define "levers9.gatewayTlsSecret" -}}
+{{- if .Values.gatewayTls.existingSecret -}}
+{{- .Values.gatewayTls.existingSecret -}}
+{{- else if not .Values.gatewayTls.plaintext -}}
+{{- printf "%s-gateway-tls" (include "levers9.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "levers9.gatewayTlsCaKey" -}}
+{{- if .Values.gatewayTls.existingSecret -}}{{ .Values.gatewayTls.caKey }}{{- else -}}ca.crt{{- end -}}
+{{- end -}}
+
+{{/* The names the chart's own gateway certificate carries: the host of
+config.controlplane.gatewayAdvertisedAddress (what workers and the CLI dial), and
+gatewayTls.hosts; comma-separated. */}}
+{{- define "levers9.gatewayHosts" -}}
+{{- $cp := include "levers9.controlplaneSettings" . | fromJson -}}
+{{- $hosts := list -}}
+{{- with $cp.gatewayAdvertisedAddress -}}
+{{- $hosts = append $hosts (regexReplaceAll "^\\[|\\]$" (regexReplaceAll ":[0-9]+$" . "") "") -}}
+{{- end -}}
+{{- range .Values.gatewayTls.hosts -}}
+{{- $hosts = append $hosts . -}}
+{{- end -}}
+{{- $hosts | uniq | join "," -}}
 {{- end -}}
