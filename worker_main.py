@@ -117,6 +117,8 @@ def serving(
         tunnels=tunnels,
         replicas=replicas(settings),
         tunnelled={name: clients.pool(name).kubernetes.tunnel for name in clients.names()},
+        operator_generation=settings.operator_token_generation,
+        ca_generation=settings.worker_ca_generation,
     )
     return Serving(worker, replica, gateway, caches)
 

@@ -293,7 +293,13 @@ class TaskActivities:
         tunnel = bool(input.task_queue)
         # `tls` is never set for a tunnelled worker (gateway.convert.registration): its end of
         # the tunnel is this replica's own, and the tunnel rides the gateway's channel.
-        channel = worker_channel(address, input.worker_id, input.tls, secret.get_secret_value())
+        channel = worker_channel(
+            address,
+            input.worker_id,
+            input.tls,
+            secret.get_secret_value(),
+            self._settings.worker_ca_generation,
+        )
         with span(
             f"worker {rpc}",
             worker_id=input.worker_id,

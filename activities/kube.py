@@ -236,7 +236,8 @@ class KubeActivities:
         token = worker_token(secret_text, spec.worker_id)
         serving = None
         if not spec.tunnel:
-            issued = worker_ca(secret_text).issue(spec.worker_id, dt.datetime.now(dt.UTC))
+            ca = worker_ca(secret_text, self._settings.worker_ca_generation)
+            issued = ca.issue(spec.worker_id, dt.datetime.now(dt.UTC))
             serving = (issued.cert_pem, issued.key_pem)
         secret = manifests.worker_token_secret(
             spec,

@@ -491,6 +491,20 @@ class ControlplaneSettings(BaseSettings):
     api_token_file: Path | None = Field(
         default=None, validation_alias=AliasChoices("apiTokenFile", "LEVERS9_API_TOKEN_FILE")
     )
+    operator_token_generation: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices(
+            "operatorTokenGeneration", "LEVERS9_OPERATOR_TOKEN_GENERATION"
+        ),
+    )
+    """Raise by one to rotate the operator token alone (the CLI's; no worker is touched)."""
+    worker_ca_generation: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices("workerCaGeneration", "LEVERS9_WORKER_CA_GENERATION"),
+    )
+    """Raise by one to rotate the worker CA alone (running workers are replaced)."""
     worker_token_secret: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("workerTokenSecret", "LEVERS9_WORKER_TOKEN_SECRET"),
@@ -539,7 +553,9 @@ class ControlplaneSettings(BaseSettings):
         if self.api_token_file is not None:
             return SecretStr(self.api_token_file.expanduser().read_text().strip())
         secret = self.token_secret()
-        return None if secret is None else SecretStr(operator_token(secret.get_secret_value()))
+        if secret is None:
+            return None
+        return SecretStr(operator_token(secret.get_secret_value(), self.operator_token_generation))
 
     def mirrors(self) -> dict[str, str]:
         """`registry_mirrors` parsed; a malformed entry names the setting and the form."""

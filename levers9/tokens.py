@@ -32,14 +32,19 @@ def token_matches(secret: str, worker_id: str, token: str) -> bool:
     return hmac.compare_digest(worker_token(secret, worker_id).encode(), token.encode())
 
 
-def operator_token(secret: str) -> str:
-    """The token operators' calls to the controlplane carry (the CLI's `levers9 task logs`)."""
-    digest = hmac.new(secret.encode(), _OPERATOR_SUBJECT.encode(), hashlib.sha256).digest()
+def operator_token(secret: str, generation: int = 1) -> str:
+    """The token operators' calls to the controlplane carry (the CLI's `levers9 task logs`).
+
+    `generation` (the controlplane's `operatorTokenGeneration`) rotates it on its own: each
+    generation is another subject, so a leaked operator token is revoked by moving to the next
+    one, and no worker is touched."""
+    subject = _OPERATOR_SUBJECT + (str(generation) if generation > 1 else "")
+    digest = hmac.new(secret.encode(), subject.encode(), hashlib.sha256).digest()
     return OPERATOR_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def operator_token_matches(secret: str, token: str) -> bool:
-    return hmac.compare_digest(operator_token(secret).encode(), token.encode())
+def operator_token_matches(secret: str, token: str, generation: int = 1) -> bool:
+    return hmac.compare_digest(operator_token(secret, generation).encode(), token.encode())
 
 
 def command_token(secret: str, worker_id: str) -> str:

@@ -55,6 +55,8 @@ class Gateway:
         tunnels: TunnelHub | None = None,
         replicas: Replicas | None = None,
         tunnelled: Mapping[str, bool] | None = None,
+        operator_generation: int = 1,
+        ca_generation: int = 1,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -68,7 +70,17 @@ class Gateway:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
         self._service = GatewayService(records, secret, heartbeat_seconds, tunnels, tunnelled)
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
-        self._tasks = TasksService(tasks, secret, replicas) if tasks is not None else None
+        self._tasks = (
+            TasksService(
+                tasks,
+                secret,
+                replicas,
+                operator_generation=operator_generation,
+                ca_generation=ca_generation,
+            )
+            if tasks is not None
+            else None
+        )
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None

@@ -189,18 +189,28 @@ class _Replica:
 
 class TasksService(gateway_pb2_grpc.TasksServicer):
     def __init__(
-        self, records: TaskRecords, secret: SecretStr, replicas: Replicas | None = None
+        self,
+        records: TaskRecords,
+        secret: SecretStr,
+        replicas: Replicas | None = None,
+        *,
+        operator_generation: int = 1,
+        ca_generation: int = 1,
     ) -> None:
         self._records = records
         self._secret = secret
         self._replicas = replicas
+        self._operator_generation = operator_generation
+        self._ca_generation = ca_generation
 
     async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
             token = bearer_token(context.invocation_metadata() or ())
         except Unauthenticated as exc:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        if not operator_token_matches(self._secret.get_secret_value(), token):
+        if not operator_token_matches(
+            self._secret.get_secret_value(), token, self._operator_generation
+        ):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "operator token does not match this controlplane's secret: use the token"
@@ -242,7 +252,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if worker is not None and worker.address and worker.task_queue:
             address = worker.address  # this replica's end of the tunnel, current
         metadata = command_metadata(secret, record.worker_id)
-        async with worker_channel(address, record.worker_id, tls, secret) as channel:
+        async with worker_channel(
+            address, record.worker_id, tls, secret, self._ca_generation
+        ) as channel:
             yield _Worker(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
 
     async def _relay(
@@ -269,7 +281,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
         assert self._replicas is not None
         assert worker.replica_address is not None
-        token = operator_token(self._secret.get_secret_value())
+        token = operator_token(self._secret.get_secret_value(), self._operator_generation)
         metadata = (*bearer.metadata(token), (RELAYED, self._replicas.task_queue))
         return worker.replica_address, metadata
 

@@ -90,23 +90,30 @@ def server_name(worker_id: str) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def worker_ca(secret: str) -> WorkerCa:
-    """The CA derived from the worker token secret: the same key on every replica."""
-    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO).derive(
-        secret.encode()
-    )
+def worker_ca(secret: str, generation: int = 1) -> WorkerCa:
+    """The CA derived from the worker token secret: the same key on every replica.
+
+    `generation` (the controlplane's `workerCaGeneration`) rotates it on its own: another
+    derivation label, so a new CA without a new root secret (workers with certificates of the
+    old one are replaced, as they can no longer be verified)."""
+    info = _HKDF_INFO + (f" generation {generation}".encode() if generation > 1 else b"")
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret.encode())
     order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256's n
     key = ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
     cert = certificates.ca_certificate(key, CA_NAME, 1, CA_NOT_BEFORE, CA_NOT_AFTER)
     return WorkerCa(key, cert)
 
 
-def worker_channel(address: str, worker_id: str, tls: bool, secret: str) -> aio.Channel:
+def worker_channel(
+    address: str, worker_id: str, tls: bool, secret: str, ca_generation: int = 1
+) -> aio.Channel:
     """A channel to one worker: TLS checked against the worker CA and the worker's own name
     when it registered `tls`, else plaintext (tunnel ends, workers of an older controlplane)."""
     if not tls:
         return aio.insecure_channel(address)
-    credentials = grpc.ssl_channel_credentials(root_certificates=worker_ca(secret).cert_pem)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=worker_ca(secret, ca_generation).cert_pem
+    )
     options = (("grpc.ssl_target_name_override", server_name(worker_id)),)
     return aio.secure_channel(address, credentials, options=options)
 

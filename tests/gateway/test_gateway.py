@@ -17,11 +17,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
+from temporalio.testing import WorkflowEnvironment
 
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.reports import TaskPhase, TaskReport
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
+from levers9.gateway.task_service import TemporalTaskRecords
 from levers9.models import WorkerHeartbeat, WorkerRegistration, task_workflow_id
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.rpc import bearer
+from levers9.tokens import operator_token
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
 from tests.gateway.conftest import LOOPBACK, Recorders, Serving, serve
 
@@ -344,3 +349,26 @@ async def test_a_registration_not_as_its_pool_makes_workers_is_refused(
         if e.HasField("workflow_execution_signaled_event_attributes")
     ]
     assert len(signals) == (0 if tunnelled else 1)
+
+
+async def test_the_operator_token_rotates_on_its_own_generation(
+    dev_env: WorkflowEnvironment, records: TemporalWorkerRecords, secret: SecretStr
+) -> None:
+    """`operatorTokenGeneration: 2`: the first generation's token is refused, the second's is
+    taken, from the same root secret (no worker token changes)."""
+    tasks = TemporalTaskRecords(dev_env.client, f"tq-{uuid.uuid4().hex[:8]}")
+    gateway = Gateway(records, secret, tasks=tasks, operator_generation=2)
+    port = await gateway.start(LOOPBACK)
+    request = gateway_pb2.GetTaskRecordRequest(task_id="t-no-such-task")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = gateway_pb2_grpc.TasksStub(channel)
+            old = bearer.metadata(operator_token(secret.get_secret_value()))
+            denied = await _status(stub.GetTaskRecord(request, metadata=old, timeout=10))
+            assert denied.code() == grpc.StatusCode.UNAUTHENTICATED
+            new = bearer.metadata(operator_token(secret.get_secret_value(), 2))
+            answered = await _status(stub.GetTaskRecord(request, metadata=new, timeout=10))
+            assert answered.code() == grpc.StatusCode.NOT_FOUND  # past the check
+    finally:
+        await gateway.stop(grace=0)
+    assert operator_token(secret.get_secret_value(), 2) != operator_token(secret.get_secret_value())

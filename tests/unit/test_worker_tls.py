@@ -103,6 +103,26 @@ async def test_a_certificate_from_another_secret_fails_the_handshake() -> None:
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_the_ca_rotates_on_its_own_generation() -> None:
+    """`workerCaGeneration: 2`: another CA from the same root; a certificate of the first
+    generation no longer passes, one of the second does (generation 1 is the CA of before)."""
+
+    def key(generation: int) -> int:
+        return worker_ca(SECRET, generation).key.private_numbers().private_value
+
+    assert key(1) == worker_ca(SECRET).key.private_numbers().private_value
+    assert key(2) != key(1)
+    old = worker_ca(SECRET).issue("w1", NOW)
+    async with serving(old) as address:
+        with pytest.raises(aio.AioRpcError) as raised:
+            await check(worker_channel(address, "w1", True, SECRET, ca_generation=2))
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    new = worker_ca(SECRET, 2).issue("w1", NOW)
+    async with serving(new) as address:
+        reply = await check(worker_channel(address, "w1", True, SECRET, ca_generation=2))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 async def test_a_plaintext_worker_is_dialed_in_plaintext_and_a_tls_one_refuses_plaintext() -> None:
     async with serving(None) as address:
         reply = await check(worker_channel(address, "w1", False, SECRET))
