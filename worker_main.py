@@ -92,7 +92,12 @@ def serving(
     gateway with the tunnel hub both share, and the watch-fed caches of the pools (each
     replica its own) that the passes read and whose events start passes."""
     caches = PoolCaches(clients, clients.names(), client)
-    tunnels = TunnelHub(secret, settings.replica_task_queue, settings.replica_gateway())
+    tunnels = TunnelHub(
+        secret,
+        settings.replica_task_queue,
+        settings.replica_gateway(),
+        token_generation=settings.worker_token_generation,
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -119,6 +124,7 @@ def serving(
         tunnelled={name: clients.pool(name).kubernetes.tunnel for name in clients.names()},
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,
+        token_generation=settings.worker_token_generation,
     )
     return Serving(worker, replica, gateway, caches)
 

@@ -288,7 +288,9 @@ class TaskActivities:
         secret = self._settings.token_secret()
         if secret is None:
             raise ApplicationError("no worker token secret", non_retryable=True)
-        metadata = command_metadata(secret.get_secret_value(), input.worker_id)
+        metadata = command_metadata(
+            secret.get_secret_value(), input.worker_id, self._settings.worker_token_generation
+        )
         address = self._address(input)
         tunnel = bool(input.task_queue)
         # `tls` is never set for a tunnelled worker (gateway.convert.registration): its end of

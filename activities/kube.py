@@ -233,7 +233,8 @@ class KubeActivities:
         raw: Any = batch.read_namespaced_job(spec.job_name, spec.namespace, _preload_content=False)
         job = json.loads(raw.data)
         secret_text = secret_value.get_secret_value()
-        token = worker_token(secret_text, spec.worker_id)
+        generation = self._settings.worker_token_generation
+        token = worker_token(secret_text, spec.worker_id, generation)
         serving = None
         if not spec.tunnel:
             ca = worker_ca(secret_text, self._settings.worker_ca_generation)
@@ -244,7 +245,7 @@ class KubeActivities:
             token,
             job_uid=job["metadata"]["uid"],
             tls=serving,
-            command_digest=command_digest(command_token(secret_text, spec.worker_id)),
+            command_digest=command_digest(command_token(secret_text, spec.worker_id, generation)),
         )
         _create_or_exists(lambda: core.create_namespaced_secret(spec.namespace, _body(secret)))
         return spec.job_name

@@ -499,6 +499,13 @@ class ControlplaneSettings(BaseSettings):
         ),
     )
     """Raise by one to rotate the operator token alone (the CLI's; no worker is touched)."""
+    worker_token_generation: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices("workerTokenGeneration", "LEVERS9_WORKER_TOKEN_GENERATION"),
+    )
+    """Raise by one to rotate every worker's token and command token alone (running workers
+    are replaced; the operator token and the worker CA stay)."""
     worker_ca_generation: int = Field(
         default=1,
         ge=1,

@@ -23,13 +23,22 @@ _COMMAND_SUBJECT = "command:"  # as the operator's: no worker id holds a colon
 _OPERATOR_SUBJECT = "operator:"  # no worker id starts with it (ids are [a-z0-9-])
 
 
-def worker_token(secret: str, worker_id: str) -> str:
-    digest = hmac.new(secret.encode(), worker_id.encode(), hashlib.sha256).digest()
+def _generation(generation: int) -> str:
+    """A label's generation suffix: none for the first (the derivation of before)."""
+    return f":{generation}" if generation > 1 else ""
+
+
+def worker_token(secret: str, worker_id: str, generation: int = 1) -> str:
+    """What worker `worker_id` presents to the gateway. `generation` (the controlplane's
+    `workerTokenGeneration`) rotates every worker's token, and command token, on its own."""
+    subject = (worker_id + _generation(generation)).encode()
+    digest = hmac.new(secret.encode(), subject, hashlib.sha256).digest()
     return PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def token_matches(secret: str, worker_id: str, token: str) -> bool:
-    return hmac.compare_digest(worker_token(secret, worker_id).encode(), token.encode())
+def token_matches(secret: str, worker_id: str, token: str, generation: int = 1) -> bool:
+    expected = worker_token(secret, worker_id, generation)
+    return hmac.compare_digest(expected.encode(), token.encode())
 
 
 def operator_token(secret: str, generation: int = 1) -> str:
@@ -38,7 +47,7 @@ def operator_token(secret: str, generation: int = 1) -> str:
     `generation` (the controlplane's `operatorTokenGeneration`) rotates it on its own: each
     generation is another subject, so a leaked operator token is revoked by moving to the next
     one, and no worker is touched."""
-    subject = _OPERATOR_SUBJECT + (str(generation) if generation > 1 else "")
+    subject = _OPERATOR_SUBJECT + (str(generation) if generation > 1 else "")  # as before
     digest = hmac.new(secret.encode(), subject.encode(), hashlib.sha256).digest()
     return OPERATOR_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
@@ -47,9 +56,9 @@ def operator_token_matches(secret: str, token: str, generation: int = 1) -> bool
     return hmac.compare_digest(operator_token(secret, generation).encode(), token.encode())
 
 
-def command_token(secret: str, worker_id: str) -> str:
+def command_token(secret: str, worker_id: str, generation: int = 1) -> str:
     """What the controlplane presents to worker `worker_id` (never the worker's own token)."""
-    subject = (_COMMAND_SUBJECT + worker_id).encode()
+    subject = (_COMMAND_SUBJECT + worker_id + _generation(generation)).encode()
     digest = hmac.new(secret.encode(), subject, hashlib.sha256).digest()
     return COMMAND_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
@@ -59,7 +68,9 @@ def command_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def command_metadata(secret: str, worker_id: str) -> tuple[tuple[str, str], ...]:
+def command_metadata(
+    secret: str, worker_id: str, generation: int = 1
+) -> tuple[tuple[str, str], ...]:
     """What a controlplane call to WorkerService carries: its command token, and for a worker
     whose Job predates command tokens the worker's own as `authorization: Bearer` (such a
     worker has nothing else to check; a current one ignores it)."""
@@ -67,6 +78,6 @@ def command_metadata(secret: str, worker_id: str) -> tuple[tuple[str, str], ...]
     from levers9.rpc import bearer
 
     return (
-        (COMMAND_TOKEN_HEADER, command_token(secret, worker_id)),
-        *bearer.metadata(worker_token(secret, worker_id)),
+        (COMMAND_TOKEN_HEADER, command_token(secret, worker_id, generation)),
+        *bearer.metadata(worker_token(secret, worker_id, generation)),
     )

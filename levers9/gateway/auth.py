@@ -25,12 +25,15 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]]) -> str:
 
 
 def authenticate(
-    secret: SecretStr, worker_id: str, metadata: Iterable[tuple[str, str | bytes]]
+    secret: SecretStr,
+    worker_id: str,
+    metadata: Iterable[tuple[str, str | bytes]],
+    generation: int = 1,
 ) -> None:
-    """Passes when the call carries the token of `worker_id`; a forged token, another worker's
-    token or none at all raise `Unauthenticated`."""
+    """Passes when the call carries the token of `worker_id` (of `generation`); a forged
+    token, another worker's token or none at all raise `Unauthenticated`."""
     token = bearer_token(metadata)
-    if not token_matches(secret.get_secret_value(), worker_id, token):
+    if not token_matches(secret.get_secret_value(), worker_id, token, generation):
         raise Unauthenticated(
             "worker token does not match worker_id: each worker sends the token of its own"
             " Secret (worker-<pool>-<id>-token)"

@@ -57,6 +57,7 @@ class Gateway:
         tunnelled: Mapping[str, bool] | None = None,
         operator_generation: int = 1,
         ca_generation: int = 1,
+        token_generation: int = 1,
         heartbeat_seconds: int = HEARTBEAT_SECONDS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
@@ -68,7 +69,9 @@ class Gateway:
             )
         if heartbeat_seconds < 1:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
-        self._service = GatewayService(records, secret, heartbeat_seconds, tunnels, tunnelled)
+        self._service = GatewayService(
+            records, secret, heartbeat_seconds, tunnels, tunnelled, token_generation
+        )
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
         self._tasks = (
             TasksService(
@@ -77,6 +80,7 @@ class Gateway:
                 replicas,
                 operator_generation=operator_generation,
                 ca_generation=ca_generation,
+                token_generation=token_generation,
             )
             if tasks is not None
             else None

@@ -65,8 +65,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         heartbeat_seconds: int,
         tunnels: TunnelHub | None = None,
         tunnelled: Mapping[str, bool] | None = None,
+        token_generation: int = 1,
     ) -> None:
         self._records = records
+        self._token_generation = token_generation
         self._secret = secret
         self._heartbeat_seconds = heartbeat_seconds
         self._tunnels = tunnels
@@ -155,7 +157,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, context: Context, method: str, worker_id: str, serve: Callable[[], Awaitable[T]]
     ) -> T:
         try:
-            authenticate(self._secret, worker_id, context.invocation_metadata() or ())
+            metadata = context.invocation_metadata() or ()
+            authenticate(self._secret, worker_id, metadata, self._token_generation)
             return await serve()
         except Rejection as exc:
             await self._reject(context, method, worker_id, exc)

@@ -196,12 +196,14 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         *,
         operator_generation: int = 1,
         ca_generation: int = 1,
+        token_generation: int = 1,
     ) -> None:
         self._records = records
         self._secret = secret
         self._replicas = replicas
         self._operator_generation = operator_generation
         self._ca_generation = ca_generation
+        self._token_generation = token_generation
 
     async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         try:
@@ -251,7 +253,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             return
         if worker is not None and worker.address and worker.task_queue:
             address = worker.address  # this replica's end of the tunnel, current
-        metadata = command_metadata(secret, record.worker_id)
+        metadata = command_metadata(secret, record.worker_id, self._token_generation)
         async with worker_channel(
             address, record.worker_id, tls, secret, self._ca_generation
         ) as channel:

@@ -58,9 +58,15 @@ class TunnelHub:
     """The tunnel sessions this replica holds, by (pool, worker id)."""
 
     def __init__(
-        self, secret: SecretStr, task_queue: str, replica_address: str | None = None
+        self,
+        secret: SecretStr,
+        task_queue: str,
+        replica_address: str | None = None,
+        *,
+        token_generation: int = 1,
     ) -> None:
         self._secret = secret
+        self._token_generation = token_generation
         self.task_queue = task_queue
         self.replica_address = replica_address
         self._held: dict[tuple[str, str], Held] = {}
@@ -100,7 +106,12 @@ class TunnelHub:
         pool_name, worker_id = first.hello.pool_name, first.hello.worker_id
         try:
             check_worker(pool_name, worker_id)
-            authenticate(self._secret, worker_id, context.invocation_metadata() or ())
+            authenticate(
+                self._secret,
+                worker_id,
+                context.invocation_metadata() or (),
+                self._token_generation,
+            )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Unauthenticated as exc:

@@ -26,7 +26,7 @@ from levers9.gateway.task_service import TemporalTaskRecords
 from levers9.models import WorkerHeartbeat, WorkerRegistration, task_workflow_id
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.rpc import bearer
-from levers9.tokens import operator_token
+from levers9.tokens import command_token, operator_token, worker_token
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
 from tests.gateway.conftest import LOOPBACK, Recorders, Serving, serve
 
@@ -372,3 +372,28 @@ async def test_the_operator_token_rotates_on_its_own_generation(
     finally:
         await gateway.stop(grace=0)
     assert operator_token(secret.get_secret_value(), 2) != operator_token(secret.get_secret_value())
+
+
+async def test_worker_tokens_rotate_on_their_own_generation(
+    records: TemporalWorkerRecords, secret: SecretStr, agent: Agent, recorders: Recorders
+) -> None:
+    """`workerTokenGeneration: 2`: a worker's token of the first generation is refused, the
+    second's is taken (and so is its command token of the second generation), from the same
+    root secret; the operator token does not change."""
+    worker = await recorders.start(agent.workflow_id)
+    gateway = Gateway(records, secret, token_generation=2)
+    port = await gateway.start(LOOPBACK)
+    value = secret.get_secret_value()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            old = await _status(stub.Heartbeat(agent.heartbeat(), metadata=agent.metadata()))
+            assert old.code() == grpc.StatusCode.UNAUTHENTICATED
+            renewed = agent.metadata(worker_token(value, agent.worker_id, 2))
+            await stub.Heartbeat(agent.heartbeat(running_tasks=4), metadata=renewed)
+        seen = await recorders.seen(worker, count=1)
+        assert [h.running_tasks for h in seen.heartbeats] == [4]
+    finally:
+        await gateway.stop(grace=0)
+    assert command_token(value, agent.worker_id, 2) != command_token(value, agent.worker_id)
+    assert operator_token(value) == operator_token(value, 1)
