@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,67 +211,91 @@ async def until(check: Callable[[], bool], within: float = 600) -> None:
             await asyncio.sleep(0.05)
 
 
-async def measure(nodes: int, pods_per_node: int, temporal: Path, cached: bool) -> dict[str, Any]:
+@dataclass
+class Bench:
+    """A synthetic cluster in the emulator, a Temporal dev server, and one pool on them."""
+
+    thread: SandboxThread
+    env: WorkflowEnvironment
+    settings: ControlplaneSettings
+    clients: KubeClients
+
+
+@contextlib.asynccontextmanager
+async def bench(
+    nodes: int,
+    pods_per_node: int,
+    temporal: Path,
+    pool_name: str,
+    selector: dict[str, str],
+    **settings: object,
+) -> AsyncIterator[Bench]:
     options = SandboxOptions(static_tokens={TOKEN: "levers9-bench"})
     with SandboxThread(options) as thread:
         thread.call(load, thread.sandbox.store, nodes, nodes * pods_per_node)
-        pool = bench_pool(POOL, thread, {"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"})
+        pool = bench_pool(pool_name, thread, selector)
         env = await WorkflowEnvironment.start_local(
             dev_server_existing_path=str(temporal), data_converter=pydantic_data_converter
         )
         async with env:
             await ensure_search_attributes(env.client, "default")
-            settings = ControlplaneSettings.model_validate(
+            values = ControlplaneSettings.model_validate(
                 {
                     "temporalAddress": env.client.service_client.config.target_host,
                     "taskQueue": f"bench-{uuid.uuid4()}",
                     "reconcileIntervalSeconds": 3600,
+                    **settings,
                 }
             )
-            clients = KubeClients({POOL: pool})
-            figures: dict[str, Any] = {"nodes": nodes}
-            async with PoolCaches(clients, [POOL] if cached else [], None) as caches:
-                cache = caches.get(POOL)
+            clients = KubeClients({pool_name: pool})
+            try:
+                yield Bench(thread, env, values, clients)
+            finally:
+                clients.close()
+
+
+async def measure(nodes: int, pods_per_node: int, temporal: Path, cached: bool) -> dict[str, Any]:
+    selector = {"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"}
+    async with bench(nodes, pods_per_node, temporal, POOL, selector) as world:
+        thread, env, settings, clients = world.thread, world.env, world.settings, world.clients
+        figures: dict[str, Any] = {"nodes": nodes}
+        async with PoolCaches(clients, [POOL] if cached else [], None) as caches:
+            cache = caches.get(POOL)
+            if cache is not None:
+                synced_at = time.perf_counter()
+                await until(lambda: cache.synced)
+                figures["cache_sync_s"] = time.perf_counter() - synced_at
+                figures["cache_memory_mib"] = deep_size(cache.state()) / 2**20
+                figures["cache_counts"] = cache.counts()
+            observer = TimedObserver(clients, caches.get)
+            observer.cpu_seconds = []
+            observer.capacity_seconds = []
+            # The machine records the passes start go to a queue nobody polls: the 5,000 of
+            # the first pass wait on the server (their own work is not what this measures).
+            unpolled = settings.model_copy(update={"task_queue": f"{settings.task_queue}-m"})
+            reconcile = ReconcileActivities(observer, env.client, unpolled)
+            async with Worker(
+                env.client,
+                task_queue=settings.task_queue,
+                workflows=WORKFLOWS,
+                workflow_runner=RUNNER,
+                activities=[reconcile.observe_pool],
+                max_concurrent_activities=4,
+            ):
+                await sync_reconcile_schedules(env.client, [POOL], settings)
+                schedule_id = f"reconcile:{POOL}"
+                thread.call(thread.sandbox.parts.counter.reset)
+                figures["first"] = await run_pass(env.client, thread, observer, schedule_id, cache)
+                figures["idle"] = await run_pass(env.client, thread, observer, schedule_id, cache)
+                pods_before = cache.counts()[CACHED_PODS] if cache is not None else 0
+                cpu_before = thread_cpu(cache.threads()) if cache is not None else 0.0
+                deleted = change_one_percent(thread, nodes)
                 if cache is not None:
-                    synced_at = time.perf_counter()
-                    await until(lambda: cache.synced)
-                    figures["cache_sync_s"] = time.perf_counter() - synced_at
-                    figures["cache_memory_mib"] = deep_size(cache.state()) / 2**20
-                    figures["cache_counts"] = cache.counts()
-                observer = TimedObserver(clients, caches.get)
-                observer.cpu_seconds = []
-                observer.capacity_seconds = []
-                # The machine records the passes start go to a queue nobody polls: the 5,000 of
-                # the first pass wait on the server (their own work is not what this measures).
-                unpolled = settings.model_copy(update={"task_queue": f"{settings.task_queue}-m"})
-                reconcile = ReconcileActivities(observer, env.client, unpolled)
-                async with Worker(
-                    env.client,
-                    task_queue=settings.task_queue,
-                    workflows=WORKFLOWS,
-                    workflow_runner=RUNNER,
-                    activities=[reconcile.observe_pool],
-                    max_concurrent_activities=4,
-                ):
-                    await sync_reconcile_schedules(env.client, [POOL], settings)
-                    schedule_id = f"reconcile:{POOL}"
-                    thread.call(thread.sandbox.parts.counter.reset)
-                    figures["first"] = await run_pass(
-                        env.client, thread, observer, schedule_id, cache
-                    )
-                    figures["idle"] = await run_pass(
-                        env.client, thread, observer, schedule_id, cache
-                    )
-                    pods_before = cache.counts()[CACHED_PODS] if cache is not None else 0
-                    cpu_before = thread_cpu(cache.threads()) if cache is not None else 0.0
-                    deleted = change_one_percent(thread, nodes)
-                    if cache is not None:
-                        await until(lambda: cache.counts()[CACHED_PODS] == pods_before - deleted)
-                    # The cache's CPU counts from the change: its threads took the events.
-                    figures["changed"] = await run_pass(
-                        env.client, thread, observer, schedule_id, cache, cpu_before
-                    )
-            clients.close()
+                    await until(lambda: cache.counts()[CACHED_PODS] == pods_before - deleted)
+                # The cache's CPU counts from the change: its threads took the events.
+                figures["changed"] = await run_pass(
+                    env.client, thread, observer, schedule_id, cache, cpu_before
+                )
     return figures
 
 
@@ -281,57 +306,47 @@ REACTION_LABEL = "levers9.dev/bench"
 async def reaction(nodes: int, pods_per_node: int, temporal: Path, times: int = 5) -> list[float]:
     """Seconds from a node created to its worker Job in the store, `times` nodes one by one,
     on a cluster of `nodes` other nodes and their pods (which the pool's pod watch follows)."""
-    options = SandboxOptions(static_tokens={TOKEN: "levers9-bench"})
-    with SandboxThread(options) as thread:
+    async with bench(
+        nodes,
+        pods_per_node,
+        temporal,
+        REACTION_POOL,
+        {REACTION_LABEL: "reaction"},
+        workerTokenSecret="bench-worker-token-secret-0123456789",
+        gatewayAdvertisedAddress="127.0.0.1:1",
+    ) as world:
+        thread, env, settings, clients = world.thread, world.env, world.settings, world.clients
         store = thread.sandbox.store
-        thread.call(load, store, nodes, nodes * pods_per_node)
-        pool = bench_pool(REACTION_POOL, thread, {REACTION_LABEL: "reaction"})
-        env = await WorkflowEnvironment.start_local(
-            dev_server_existing_path=str(temporal), data_converter=pydantic_data_converter
-        )
-        async with env:
-            await ensure_search_attributes(env.client, "default")
-            settings = ControlplaneSettings.model_validate(
-                {
-                    "temporalAddress": env.client.service_client.config.target_host,
-                    "taskQueue": f"bench-{uuid.uuid4()}",
-                    "reconcileIntervalSeconds": 3600,
-                    "workerTokenSecret": "bench-worker-token-secret-0123456789",
-                    "gatewayAdvertisedAddress": "127.0.0.1:1",
-                }
-            )
-            clients = KubeClients({REACTION_POOL: pool})
-            seconds: list[float] = []
-            async with PoolCaches(clients, [REACTION_POOL], env.client) as caches:
-                cache = caches.get(REACTION_POOL)
-                assert cache is not None
-                await until(lambda: cache.synced)
-                async with Worker(
-                    env.client,
-                    task_queue=settings.task_queue,
-                    workflows=WORKFLOWS,
-                    workflow_runner=RUNNER,
-                    activities=controlplane_activities(clients, env.client, settings, None, caches),
-                ):
-                    await sync_reconcile_schedules(env.client, [REACTION_POOL], settings)
-                    for i in range(times):
-                        await asyncio.sleep(1.5)  # past the trigger's spacing
-                        name = f"gke-react-{i}"
-                        node = node_object(nodes + i)
-                        node["metadata"]["name"] = name
-                        node["metadata"]["labels"][REACTION_LABEL] = "reaction"
-                        node["spec"] = {}  # untainted: flavor generic tolerates nothing
-                        started = time.perf_counter()
-                        thread.call(store.create, NODES, node)
-                        selector = LabelSelector.parse(f"{NODE_LABEL}={name}")
+        seconds: list[float] = []
+        async with PoolCaches(clients, [REACTION_POOL], env.client) as caches:
+            cache = caches.get(REACTION_POOL)
+            assert cache is not None
+            await until(lambda: cache.synced)
+            async with Worker(
+                env.client,
+                task_queue=settings.task_queue,
+                workflows=WORKFLOWS,
+                workflow_runner=RUNNER,
+                activities=controlplane_activities(clients, env.client, settings, None, caches),
+            ):
+                await sync_reconcile_schedules(env.client, [REACTION_POOL], settings)
+                for i in range(times):
+                    await asyncio.sleep(1.5)  # past the trigger's spacing
+                    name = f"gke-react-{i}"
+                    node = node_object(nodes + i)
+                    node["metadata"]["name"] = name
+                    node["metadata"]["labels"][REACTION_LABEL] = "reaction"
+                    node["spec"] = {}  # untainted: flavor generic tolerates nothing
+                    started = time.perf_counter()
+                    thread.call(store.create, NODES, node)
+                    selector = LabelSelector.parse(f"{NODE_LABEL}={name}")
 
-                        def has_job(selector: LabelSelector = selector) -> bool:
-                            page = thread.call(store.list, JOBS, "levers9", labels=selector)
-                            return bool(page.items())
+                    def has_job(selector: LabelSelector = selector) -> bool:
+                        page = thread.call(store.list, JOBS, "levers9", labels=selector)
+                        return bool(page.items())
 
-                        await until(has_job, within=60)
-                        seconds.append(time.perf_counter() - started)
-            clients.close()
+                    await until(has_job, within=60)
+                    seconds.append(time.perf_counter() - started)
     return seconds
 
 

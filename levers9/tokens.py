@@ -47,7 +47,7 @@ def operator_token(secret: str, generation: int = 1) -> str:
     `generation` (the controlplane's `operatorTokenGeneration`) rotates it on its own: each
     generation is another subject, so a leaked operator token is revoked by moving to the next
     one, and no worker is touched."""
-    subject = _OPERATOR_SUBJECT + (str(generation) if generation > 1 else "")  # as before
+    subject = _OPERATOR_SUBJECT + _generation(generation)
     digest = hmac.new(secret.encode(), subject.encode(), hashlib.sha256).digest()
     return OPERATOR_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 

@@ -8,7 +8,9 @@ the report) or Temporal cannot be reached now (retry).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Protocol
 
@@ -92,21 +94,9 @@ class TemporalWorkerRecords:
             self._placed.move_to_end(report.task_id)
             return
         handle = self._client.get_workflow_handle(workflow_id)
-        try:
-            async with asyncio.timeout(self._signal_deadline.total_seconds()):
-                described = await handle.describe()
-                record = await described.memo_value("record", None)
-        except TimeoutError:
-            raise RecordsUnavailable(
-                f"Temporal did not describe {workflow_id}"
-                f" within {self._signal_deadline.total_seconds():g}s"
-            ) from None
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                raise RecordNotFound(workflow_id) from None
-            raise RecordsUnavailable(
-                f"Temporal did not describe {workflow_id}: {exc.status.name} {exc.message}"
-            ) from exc
+        async with self._bounded(workflow_id, f"describe {workflow_id}"):
+            described = await handle.describe()
+            record = await described.memo_value("record", None)
         if described.status != WorkflowExecutionStatus.RUNNING:
             raise RecordNotFound(workflow_id)
         named = (
@@ -122,20 +112,25 @@ class TemporalWorkerRecords:
 
     async def _signal(self, workflow_id: str, signal: str, arg: BaseModel) -> None:
         handle = self._client.get_workflow_handle(workflow_id)
+        # The signal may still land after a timeout; every signal here is safe to repeat.
+        async with self._bounded(workflow_id, f"take signal {signal} to {workflow_id}"):
+            await handle.signal(signal, arg)
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, workflow_id: str, doing: str) -> AsyncIterator[None]:
+        """One call to Temporal within the deadline: a timeout or an unavailable server is
+        `RecordsUnavailable` ("Temporal did not <doing> ..."), NOT_FOUND `RecordNotFound` (a
+        completed workflow answers it too: its record is over either way)."""
         try:
             async with asyncio.timeout(self._signal_deadline.total_seconds()):
-                await handle.signal(signal, arg)
+                yield
         except TimeoutError:
-            # The signal may still land; every signal here is safe to repeat.
             raise RecordsUnavailable(
-                f"Temporal did not take signal {signal} to {workflow_id}"
-                f" within {self._signal_deadline.total_seconds():g}s"
+                f"Temporal did not {doing} within {self._signal_deadline.total_seconds():g}s"
             ) from None
         except RPCError as exc:
-            # A completed workflow answers NOT_FOUND too: its record is over either way.
             if exc.status == RPCStatusCode.NOT_FOUND:
                 raise RecordNotFound(workflow_id) from None
             raise RecordsUnavailable(
-                f"Temporal did not take signal {signal} to {workflow_id}:"
-                f" {exc.status.name} {exc.message}"
+                f"Temporal did not {doing}: {exc.status.name} {exc.message}"
             ) from exc

@@ -31,6 +31,17 @@ CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 EMAIL = "https://www.googleapis.com/auth/userinfo.email"
 
 
+UNAUTHORIZED = {
+    "kind": "Status",
+    "apiVersion": "v1",
+    "metadata": {},
+    "status": "Failure",
+    "message": "Unauthorized",
+    "reason": "Unauthorized",
+    "code": 401,
+}
+
+
 @pytest.fixture
 def mint_key(sandbox: Sandbox, sandbox_call: Call) -> Callable[..., dict[str, str]]:
     def mint(*roles: str) -> dict[str, str]:
@@ -110,15 +121,7 @@ def test_unknown_bearer_token_is_unauthorized(core_as: Callable[[str], Api]) -> 
     with pytest.raises(client.ApiException) as caught:
         core_as("not-a-token").list_namespace()
     assert caught.value.status == 401
-    assert status_of(caught.value) == {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "Unauthorized",
-        "reason": "Unauthorized",
-        "code": 401,
-    }
+    assert status_of(caught.value) == UNAUTHORIZED
 
 
 def test_account_without_the_role_is_forbidden(
@@ -233,17 +236,6 @@ def test_admin_endpoints_need_the_admin_token(
         body={"project": "demo", "account": "via-http", "roles": [DEVELOPER]},
     )
     assert json.loads(minted.data)["client_email"] == "via-http@demo.iam.gserviceaccount.com"
-
-
-UNAUTHORIZED = {
-    "kind": "Status",
-    "apiVersion": "v1",
-    "metadata": {},
-    "status": "Failure",
-    "message": "Unauthorized",
-    "reason": "Unauthorized",
-    "code": 401,
-}
 
 
 def test_an_expired_token_is_unauthorized_from_an_allowed_network(
