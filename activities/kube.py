@@ -107,6 +107,11 @@ def job_selector(pool_name: str) -> str:
     return f"{MANAGED_BY}={MANAGED_BY_US},{POOL_LABEL}={pool_name}"
 
 
+def node_selector(pool: PoolConfig) -> str | None:
+    """The pool's `nodeSelector` as a label selector; None for every node."""
+    return ",".join(f"{k}={v}" for k, v in pool.kubernetes.node_selector.items()) or None
+
+
 class Cached(Protocol):
     """A watch-fed view of a pool (activities/pool_cache.py)."""
 
@@ -117,7 +122,7 @@ class Cached(Protocol):
 
 class KubeObserver:
     """What a pass needs: from the pool's watch-fed cache when this process has one and it is
-    synced (no API call), else listed, in a constant number of calls (plus pagination)."""
+    synced (one GET, no list), else listed, in a constant number of calls (plus pagination)."""
 
     def __init__(
         self, clients: KubeClients, caches: Callable[[str], Cached | None] | None = None
@@ -155,10 +160,9 @@ class KubeObserver:
         pool = self._clients.pool(pool_name)
         api = self._clients.api(pool_name)
         core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
-        selector = ",".join(f"{k}={v}" for k, v in pool.kubernetes.node_selector.items())
         calls = 0
         nodes: list[dict[str, Any]] = []
-        for items, n in _list_all(core.list_node, label_selector=selector or None):
+        for items, n in _list_all(core.list_node, label_selector=node_selector(pool)):
             nodes += items
             calls += n
         pods: list[dict[str, Any]] = []

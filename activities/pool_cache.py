@@ -31,7 +31,7 @@ from temporalio.client import Client, ScheduleOverlapPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.informer import Reflector
-from activities.kube import BOUND_AND_RUNNING, job_selector, pool_view
+from activities.kube import BOUND_AND_RUNNING, job_selector, node_selector, pool_view
 from activities.kube_clients import KubeClients
 from levers9.capacity import (
     JobHold,
@@ -109,7 +109,6 @@ class PoolCache:
         self._dirty: set[str] = set()
         self._listeners: list[Any] = []
         self._stop = threading.Event()
-        selector = ",".join(f"{k}={v}" for k, v in pool.kubernetes.node_selector.items())
         labels = {"pool_name": pool_name}
         timeouts: dict[str, Any] = {}
         if watch_timeout_s:
@@ -120,7 +119,7 @@ class PoolCache:
             Reflector(
                 NODES,
                 core.list_node,
-                {"label_selector": selector or None},
+                {"label_selector": node_selector(pool)},
                 convert=strip_node,
                 sink=self,
                 stop=self._stop,
