@@ -24,6 +24,7 @@ from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, load
+from levers9.gateway.endpoint_proxy import EndpointProxy, TemporalEndpointBook
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import Replicas, TemporalTaskRecords
@@ -76,6 +77,7 @@ class Serving:
     replica: Worker
     gateway: Gateway
     caches: PoolCaches
+    endpoints: EndpointProxy
 
 
 def serving(
@@ -126,7 +128,15 @@ def serving(
         ca_generation=settings.worker_ca_generation,
         token_generation=settings.worker_token_generation,
     )
-    return Serving(worker, replica, gateway, caches)
+    assert gateway.tasks_service is not None
+    endpoints = EndpointProxy(
+        TemporalEndpointBook(client),
+        gateway.tasks_service,
+        secret,
+        settings.replica_id,
+        operator_generation=settings.operator_token_generation,
+    )
+    return Serving(worker, replica, gateway, caches, endpoints)
 
 
 async def run(values: Values, stop: asyncio.Event) -> None:
@@ -170,11 +180,13 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         )
     await gateway.start(settings.gateway_listen, credentials)
     try:
+        await served.endpoints.start(settings.endpoints_listen, tls.endpoints_ssl_context(settings))
         async with served.caches, served.worker, served.replica:
             log.info("temporal worker started", task_queue=settings.task_queue)
             await stop.wait()
             log.info("shutting down")
     finally:
+        await served.endpoints.stop()
         await gateway.stop(grace=GATEWAY_GRACE_S)
         clients.close()
 

@@ -236,6 +236,8 @@ class TaskActivities:
             gpu_indices=list(input.gpu_indices),
             memory_bytes=task.memory_bytes,
             cpu_millis=task.cpu_millis,
+            ports=list(task.ports),
+            ready_path=task.ready_path,
         )
         response = await self._call(
             input,

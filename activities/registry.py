@@ -9,6 +9,7 @@ from temporalio.client import Client
 
 from activities.aws import AwsActivities
 from activities.dispatch import TaskActivities, TunnelEndpoints
+from activities.endpoints import EndpointActivities
 from activities.gcp import GcpActivities, gcp_clients
 from activities.images import ImageActivities
 from activities.kube import KubeActivities, KubeObserver
@@ -74,6 +75,7 @@ def controlplane_activities(
     reconcile = ReconcileActivities(observer, client, settings)
     kube = KubeActivities(clients, settings)
     tasks = TaskActivities(client, settings, tunnels)
+    endpoints = EndpointActivities(clients)
     return [
         reconcile.observe_pool,
         kube.create_worker_job,
@@ -86,5 +88,6 @@ def controlplane_activities(
         tasks.run_task,
         tasks.get_task,
         tasks.cancel_task,
+        endpoints.replica_environment,
         *cloud_activities(client, clients, settings),
     ]

@@ -425,6 +425,17 @@ class ControlplaneSettings(BaseSettings):
             "gatewayAdvertisedAddress", "LEVERS9_GATEWAY_ADVERTISED_ADDRESS"
         ),
     )
+    endpoints_listen: str = Field(
+        default="127.0.0.1:7480",
+        validation_alias=AliasChoices("endpointsListen", "LEVERS9_ENDPOINTS_LISTEN"),
+    )
+    """Where the endpoints' HTTP front listens (`levers9 endpoint create`); HTTPS with the
+    gateway's certificate when it has one."""
+    endpoints_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("endpointsUrl", "LEVERS9_ENDPOINTS_URL")
+    )
+    """The endpoints' base URL as users reach it (a load balancer's); `endpoint create` prints
+    `<endpointsUrl>/<name>/`. Unset: from endpointsListen and the gateway's TLS."""
     gateway_tls: bool = Field(
         default=False, validation_alias=AliasChoices("gatewayTls", "LEVERS9_GATEWAY_TLS")
     )
@@ -581,6 +592,12 @@ class ControlplaneSettings(BaseSettings):
             return self.replica_address
         host = self.gateway_listen.rpartition(":")[0].strip("[]")
         return None if host in ("", "0.0.0.0", "::") else self.gateway_listen
+
+    def endpoints_base_url(self) -> str:
+        if self.endpoints_url:
+            return self.endpoints_url.rstrip("/")
+        tls = self.gateway_tls_cert_file is not None or self.gateway_tls
+        return f"{'https' if tls else 'http'}://{self.endpoints_listen}"
 
     def cli_gateway_address(self) -> str:
         return self.gateway_address or self.gateway_advertised_address

@@ -12,6 +12,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.capacity import NodeCapacity
+from levers9.endpoints import EndpointSpec, EndpointState
 from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
 from levers9.placement import Placement, PoolState, QueueSpot
@@ -21,6 +22,7 @@ MACHINE_WORKFLOW = "MachineWorkflow"
 WORKER_WORKFLOW = "WorkerWorkflow"
 POOL_WORKFLOW = "PoolWorkflow"
 TASK_WORKFLOW = "TaskWorkflow"
+ENDPOINT_WORKFLOW = "EndpointWorkflow"
 
 
 class _Record(BaseModel):
@@ -232,6 +234,8 @@ class PlaceRequest(_Record):
     gpus: int
     created_at: datetime | None = None
     """The task's creation: the queue keeps this order."""
+    ports: tuple[int, ...] = ()
+    """The ports it publishes: it goes to a worker where no placed task publishes them."""
 
 
 class WorkerSlotInput(_Record):
@@ -282,6 +286,13 @@ class TaskInput(_Record):
     """Its container's memory limit (`--memory 8Gi`); 0: the worker's default."""
     cpu_millis: int = 0
     """Its container's CPU limit in millicores (`--cpus 4`); 0: the worker's default."""
+    ports: tuple[int, ...] = ()
+    """Container ports reachable through the controlplane (`--port 8080`)."""
+    ready_path: str = ""
+    """Readiness: "" the first port accepts connections; a path, a GET of it answers 2xx."""
+    endpoint: str = ""
+    """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
+    task is ready and when it ends."""
     resume: TaskResume | None = None
     """Set when the record continues as new while its task runs."""
     max_history_events: int = Field(default=10_000, ge=50)
@@ -321,6 +332,10 @@ class TaskRecord(_Record):
     host: str = ""
     image_digest: str = ""
     """The manifest digest the task's image resolved to, when it ran in one (runc)."""
+    ports: tuple[int, ...] = ()
+    ready: bool = False
+    """Its first port answered (`container.ready`)."""
+    endpoint: str = ""
     finished_at: datetime | None = None
     queue: QueueSpot | None = None
     """Where it waits, while queued: read from its pool when the record is read, not kept."""
@@ -362,6 +377,29 @@ def new_task_id() -> str:
 
 def task_workflow_id(task_id: str) -> str:
     return f"task:{task_id}"
+
+
+def endpoint_workflow_id(name: str) -> str:
+    return f"endpoint:{name}"
+
+
+class EndpointInput(_Record):
+    """EndpointWorkflow's argument: the spec at create; its state across continue-as-new."""
+
+    spec: EndpointSpec
+    state: EndpointState | None = None
+    env: dict[str, str] | None = None
+    """The replicas' environment, once computed (`replica_environment`)."""
+    max_history_events: int = Field(default=2_000, ge=50)
+
+
+class ReplicaReport(_Record):
+    """Signal `replica` to `endpoint:<name>`, from a replica's record: it is ready, or ended."""
+
+    task_id: str
+    state: str
+    """`ready`, or the task's end: succeeded, failed, cancelled, lost."""
+    reason: str = ""
 
 
 TaskInput.model_rebuild()  # its `resume` names TaskResume, defined after it

@@ -43,6 +43,9 @@ class Waiting(BaseModel):
     task_id: str
     gpus: int
     since: datetime
+    ports: tuple[int, ...] = ()
+    """Ports it publishes: its containers share the worker's network, so it goes where no
+    placed task publishes them."""
 
 
 class Placement(BaseModel):
@@ -55,6 +58,7 @@ class Placement(BaseModel):
     gpu_indices: tuple[int, ...]
     task_queue: str | None = None
     tls: bool = False
+    ports: tuple[int, ...] = ()
 
 
 class QueueSpot(BaseModel):
@@ -100,12 +104,20 @@ class PoolState(BaseModel):
             del self.placed[task_id]
         return lost
 
-    def request(self, task_id: str, gpus: int, now: datetime, *, notify: bool = False) -> None:
+    def request(
+        self,
+        task_id: str,
+        gpus: int,
+        now: datetime,
+        *,
+        notify: bool = False,
+        ports: tuple[int, ...] = (),
+    ) -> None:
         """Queues the task (once: a repeated request changes nothing), in the order of `now`:
         its creation when the request carries it, so the queue keeps the tasks' own order."""
         if task_id in self.placed or task_id in self._ids():
             return
-        waiting = Waiting(task_id=task_id, gpus=gpus, since=now)
+        waiting = Waiting(task_id=task_id, gpus=gpus, since=now, ports=ports)
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
         else:
@@ -176,6 +188,7 @@ class PoolState(BaseModel):
                 task_queue=slot.task_queue,
                 tls=slot.tls,
                 gpu_indices=cards,
+                ports=waiting.ports,
             )
             self.placed[waiting.task_id] = placement
             for worker_id, holder in list(self.reservations.items()):
@@ -193,8 +206,18 @@ class PoolState(BaseModel):
             for slot in self.slots.values()
             if len(slot.free()) >= waiting.gpus
             and self.reservations.get(slot.worker_id, waiting.task_id) == waiting.task_id
+            and not (waiting.ports and self._published(slot) & set(waiting.ports))
         ]
         return min(fits, key=lambda s: (len(s.free()), s.worker_id), default=None)
+
+    def _published(self, slot: Slot) -> set[int]:
+        """Ports the tasks placed on the worker publish."""
+        return {
+            port
+            for task_id in slot.busy
+            if (placed := self.placed.get(task_id)) is not None
+            for port in placed.ports
+        }
 
     def _reserve(self, waiting: Waiting) -> None:
         if waiting.task_id in self.reservations.values():

@@ -59,6 +59,7 @@ DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 DEFAULT_SANDBOX_PORT = 6443
 DEFAULT_GATEWAY_PORT = 7443
+DEFAULT_ENDPOINTS_PORT = 7480
 DEFAULT_ECR_PORT = 5050
 DEFAULT_GAR_PORT = 5051
 DEFAULT_MOTO_PORT = 5052
@@ -183,6 +184,7 @@ class DevStack:
         gar_port: int = DEFAULT_GAR_PORT,
         moto_port: int = DEFAULT_MOTO_PORT,
         tunnel: bool = False,
+        endpoints_port: int = DEFAULT_ENDPOINTS_PORT,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
         self.tunnel = tunnel
@@ -191,6 +193,7 @@ class DevStack:
         self.sandbox_port = sandbox_port
         self.scenario = scenario
         self.gateway_port = gateway_port
+        self.endpoints_port = endpoints_port
         self.ecr_port = ecr_port
         self.gar_port = gar_port
         self.moto_port = moto_port
@@ -267,6 +270,8 @@ class DevStack:
             "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.gateway_port}",
             "LEVERS9_GATEWAY_TLS_CA_FILE": str(self.gateway_tls()["ca"]),
             "LEVERS9_API_TOKEN_FILE": str(self.api_token_file),
+            # The endpoints' HTTPS front (the gateway's certificate; curl --cacert the CA).
+            "LEVERS9_ENDPOINTS_URL": f"https://{HOST}:{self.endpoints_port}",
             # Where `levers9 gke attach` keeps the controlplane's key (~/.levers9 for real).
             "LEVERS9_GKE_KEY_FILE": str(self.controlplane_key),
             # certifi's roots plus the sandbox's CA: google-auth and the Google clients trust
@@ -321,6 +326,7 @@ class DevStack:
             **self.env(),
             "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
             "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_ENDPOINTS_LISTEN": f"{HOST}:{self.endpoints_port}",
             "LEVERS9_GATEWAY_TLS_CERT_FILE": str(self.gateway_tls()["cert"]),
             "LEVERS9_GATEWAY_TLS_KEY_FILE": str(self.gateway_tls()["key"]),
             # The sandbox's nodes are on loopback too, so workers dial the gateway there.
@@ -432,7 +438,10 @@ class DevStack:
             "moto": [(self.moto_port, "--moto-port")],
             "sandbox": [(self.sandbox_port, "--sandbox-port")],
             "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
-            "worker": [(self.gateway_port, "--gateway-port")],
+            "worker": [
+                (self.gateway_port, "--gateway-port"),
+                (self.endpoints_port, "--endpoints-port"),
+            ],
         }
         for name, wanted in ports.items():
             if name not in records:

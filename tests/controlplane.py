@@ -32,6 +32,7 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.server import Gateway
 from levers9.models import RECONCILE_POOL_WORKFLOW
 from levers9.rpc import tls
@@ -112,6 +113,7 @@ class Controlplane:
     gateway: Gateway | None = None
     caches: PoolCaches | None = None
     """The running worker's watch-fed pool caches."""
+    endpoints: EndpointProxy | None = None
 
     def cli_env(self) -> dict[str, str]:
         """A user's shell: this controlplane's Temporal and task queue, the gateway and the
@@ -122,6 +124,7 @@ class Controlplane:
             "LEVERS9_TASK_QUEUE": self.settings.task_queue,
             "LEVERS9_GATEWAY_ADDRESS": self.settings.gateway_advertised_address,
             "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
+            "LEVERS9_ENDPOINTS_URL": self.settings.endpoints_base_url(),
             "LEVERS9_HOME": str(self.sandbox.state.dir.parent / "no-dev-stack"),
             **(
                 {"LEVERS9_GATEWAY_TLS_CA_FILE": str(self.settings.gateway_tls_ca_file)}
@@ -185,11 +188,16 @@ class Controlplane:
             self.settings.gateway_listen, tls.gateway_server_credentials(self.settings)
         )
         self.gateway = gateway
+        self.endpoints = served.endpoints
         try:
+            await served.endpoints.start(
+                self.settings.endpoints_listen, tls.endpoints_ssl_context(self.settings)
+            )
             async with served.caches, served.worker, served.replica:
                 self.caches = served.caches
                 yield served.worker
         finally:
+            await served.endpoints.stop()
             await (self.gateway or gateway).stop(grace=1)  # a test may have restarted it
             if not keep_records:
                 await _terminate_running(client, self.settings.task_queue)
@@ -239,6 +247,7 @@ async def controlplane(
             "workerTokenSecret": TOKEN_SECRET,
             "gatewayListen": f"127.0.0.1:{gateway_port}",
             "gatewayAdvertisedAddress": f"127.0.0.1:{gateway_port}",
+            "endpointsListen": f"127.0.0.1:{free_port()}",
             **(settings or {}),
         }
     )

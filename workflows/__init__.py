@@ -7,6 +7,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from workflows.attach import AttachClusterWorkflow
 from workflows.egress import EgressAllowlistWorkflow
+from workflows.endpoint import EndpointWorkflow
 from workflows.machine import MachineWorkflow
 from workflows.pool import PoolWorkflow
 from workflows.pool_ops import ImageRecopyWorkflow, RemovePoolWorkflow
@@ -20,6 +21,7 @@ WORKFLOWS = [
     WorkerWorkflow,
     PoolWorkflow,
     TaskWorkflow,
+    EndpointWorkflow,
     EgressAllowlistWorkflow,
     ImageRecopyWorkflow,
     RemovePoolWorkflow,
@@ -42,6 +44,7 @@ __all__ = [
     "WORKFLOWS",
     "AttachClusterWorkflow",
     "EgressAllowlistWorkflow",
+    "EndpointWorkflow",
     "ImageRecopyWorkflow",
     "MachineWorkflow",
     "PoolWorkflow",

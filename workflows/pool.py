@@ -81,7 +81,9 @@ class PoolWorkflow:
         not 10,000, so that the pool's history and its continue-as-new keep up)."""
         for request in requests:
             since = request.created_at or workflow.now()
-            self._state.request(request.task_id, request.gpus, since, notify=True)
+            self._state.request(
+                request.task_id, request.gpus, since, notify=True, ports=request.ports
+            )
         self._changed = True
 
     @workflow.update

@@ -49,10 +49,12 @@ with workflow.unsafe.imports_passed_through():
         TASK_WORKFLOW,
         TERMINAL,
         PlaceRequest,
+        ReplicaReport,
         TaskInput,
         TaskRecord,
         TaskResume,
         WorkerTaskInput,
+        endpoint_workflow_id,
         pool_workflow_id,
     )
     from levers9.placement import Placement
@@ -144,6 +146,12 @@ class TaskWorkflow:
 
     @workflow.run
     async def run(self, input: TaskInput) -> TaskRecord:
+        record = await self._run(input)
+        if input.endpoint:  # (a run that continues as new never gets here)
+            await self._tell_endpoint(input)
+        return record
+
+    async def _run(self, input: TaskInput) -> TaskRecord:
         if input.resume is not None:
             return await self._resume(input, input.resume)
         self._signalled = workflow.patched(PLACE_BY_SIGNAL)
@@ -155,6 +163,8 @@ class TaskWorkflow:
             image=input.image,
             state="queued",
             created_at=workflow.now(),
+            ports=input.ports,
+            endpoint=input.endpoint,
         )
         if self._signalled:  # `levers9 task list` shows it while it waits
             workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
@@ -195,6 +205,21 @@ class TaskWorkflow:
         with contextlib.suppress(FailureError):  # a pool that is gone holds no cards
             await pool.signal("release", input.task_id)
 
+    async def _tell_endpoint(self, input: TaskInput) -> None:
+        """An endpoint's replica tells `endpoint:<name>` it is ready, or how it ended."""
+        record = self._record
+        assert record is not None
+        report = ReplicaReport(
+            task_id=input.task_id,
+            state=record.state if record.state in TERMINAL else "ready" if record.ready else "",
+            reason=record.reason,
+        )
+        if not report.state:
+            return
+        endpoint = workflow.get_external_workflow_handle(endpoint_workflow_id(input.endpoint))
+        with contextlib.suppress(FailureError):  # an endpoint deleted meanwhile
+            await endpoint.signal("replica", report)
+
     async def _resume(self, input: TaskInput, resume: TaskResume) -> TaskRecord:
         """A run continued as new while its task ran (its state set in __init__): on
         following the task to its end."""
@@ -214,6 +239,7 @@ class TaskWorkflow:
             task_id=input.task_id,
             gpus=input.gpus,
             created_at=self._record.created_at,
+            ports=input.ports,
         )
         self._offered = None
         self._queued = True
@@ -346,9 +372,12 @@ class TaskWorkflow:
                     )
                 except ActivityError as exc:
                     return self._finish("lost", f"worker lost mid-task: {failure_reason(exc)}")
+            was_ready = self._record is not None and self._record.ready
             self._apply(report)
             if report.state in TERMINAL:
                 return self._finish(report.state, report.reason)
+            if input.endpoint and report.ready and not was_ready:
+                await self._tell_endpoint(input)
             long = workflow.info().get_current_history_length() > input.max_history_events
             if self._signalled and long:
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -434,6 +463,7 @@ class TaskWorkflow:
             host=report.host,
             image_digest=report.image_digest,
             image=report.image or self._record.image,
+            ready=self._record.ready or report.ready,
         )
 
     def _update(self, **changes: object) -> None:

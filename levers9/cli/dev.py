@@ -19,6 +19,7 @@ from levers9.cli.output import Output, console, fail, render
 from levers9.temporal import wait_for_passes, wait_for_workers
 from sandbox.devstack import (
     DEFAULT_ECR_PORT,
+    DEFAULT_ENDPOINTS_PORT,
     DEFAULT_GAR_PORT,
     DEFAULT_GATEWAY_PORT,
     DEFAULT_MOTO_PORT,
@@ -42,6 +43,9 @@ SandboxPort = Annotated[
 ]
 GatewayPort = Annotated[
     int, typer.Option("--gateway-port", help="port of the gateway the workers dial")
+]
+EndpointsPort = Annotated[
+    int, typer.Option("--endpoints-port", help="port of the endpoints' HTTPS front")
 ]
 EcrPort = Annotated[
     int, typer.Option("--ecr-port", help="port of the registry standing in for ECR")
@@ -88,6 +92,7 @@ def up(
     gar_port: GarPort = DEFAULT_GAR_PORT,
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
     tunnel: Tunnel = False,
+    endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
 ) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
     stack = DevStack(
@@ -96,6 +101,7 @@ def up(
         ui_port=ui_port,
         sandbox_port=sandbox_port,
         gateway_port=gateway_port,
+        endpoints_port=endpoints_port,
         scenario=scenario,
         ecr_port=ecr_port,
         gar_port=gar_port,
@@ -161,6 +167,7 @@ def demo(
     gar_port: GarPort = DEFAULT_GAR_PORT,
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
     tunnel: Tunnel = False,
+    endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
 ) -> None:
     """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
     start = datetime.now(UTC)
@@ -170,6 +177,7 @@ def demo(
         ui_port=ui_port,
         sandbox_port=sandbox_port,
         gateway_port=gateway_port,
+        endpoints_port=endpoints_port,
         scenario=scenario,
         ecr_port=ecr_port,
         gar_port=gar_port,

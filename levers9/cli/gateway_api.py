@@ -6,6 +6,7 @@ loads the Temporal SDK (what makes `levers9 run` and `levers9 task get` start at
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from levers9.rpc import bearer, tls
 from levers9.rpc.channel import gateway_channel
 
 T = TypeVar("T")
+PORT_CHUNK = 64 * 1024
 CALL_TIMEOUT_S = 10.0
 """Past any honest answer of the gateway (a wait adds its own seconds)."""
 
@@ -102,6 +104,7 @@ async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
         image=task.image,
         memory_bytes=task.memory_bytes,
         cpu_millis=task.cpu_millis,
+        ports=list(task.ports),
     )
     await _unary(
         settings, lambda stub, md: stub.SubmitTask(request, metadata=md, timeout=CALL_TIMEOUT_S)
@@ -181,6 +184,38 @@ async def exec_in_task(
             elif kind == "exit_code":
                 code = response.exit_code
     return code
+
+
+PortForwarder = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def port_forwarder(
+    settings: ControlplaneSettings, task_id: str, port: int
+) -> AsyncIterator[PortForwarder]:
+    """One gateway channel for a `port-forward` session; the callable carries one accepted
+    connection to `port` of the task's container (Tasks/PortForward) until either side ends.
+    A connection the gateway refuses raises GatewayRefused / GatewayUnavailable."""
+    metadata = _metadata(settings)
+    address = settings.cli_gateway_address()
+    async with gateway_channel(address, _credentials(settings)) as channel:
+        stub = gateway_pb2_grpc.TasksStub(channel)
+
+        async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            async def requests() -> AsyncIterator[worker_pb2.PortForwardRequest]:
+                start = worker_pb2.PortForwardStart(task_id=task_id, port=port)
+                yield worker_pb2.PortForwardRequest(start=start)
+                while data := await reader.read(PORT_CHUNK):
+                    yield worker_pb2.PortForwardRequest(data=data)
+
+            try:
+                async for response in stub.PortForward(requests(), metadata=metadata):
+                    writer.write(response.data)
+                    await writer.drain()
+            except aio.AioRpcError as exc:
+                raise _translate(exc, address) from None
+
+        yield forward
 
 
 async def stream_task_logs(

@@ -54,6 +54,15 @@ COMMANDS: dict[str, _Entry] = {
         "Run CMD in a running task's container: its output, then its exit code as ours.",
         attr="exec_",
     ),
+    "port-forward": _Entry(
+        "levers9.cli.port_forward",
+        "Forward local ports to a task's published container ports, as kubectl port-forward.",
+        attr="port_forward",
+    ),
+    "endpoint": _Entry(
+        "levers9.cli.endpoint",
+        "Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
+    ),
     "gke": _Entry("levers9.cli.gke", "The cloud side of GKE pools."),
     "egress": _Entry("levers9.cli.egress", "The controlplane's egress IPs on GKE allowlists."),
     "image": _Entry("levers9.cli.image", "The worker image in the pools' registries."),

@@ -275,6 +275,12 @@ def run(
     cpus: Annotated[
         str, typer.Option("--cpus", help="its container's CPU limit, e.g. 4 or 500m (--image)")
     ] = "",
+    port: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--port", min=1, max=65535, help="a container port to publish (levers9 port-forward)"
+        ),
+    ] = None,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     settings = settings_from_env()
@@ -286,6 +292,7 @@ def run(
         image=image,
         memory_bytes=_quantity("--memory", memory, bytes_=True),
         cpu_millis=_quantity("--cpus", cpus, bytes_=False),
+        ports=_ports(port or []),
     )
     if detach:
         _answered(tasks_for(settings).submit(task))
@@ -308,6 +315,12 @@ def run(
         raise typer.Exit(DEADLINE_EXIT)
     print_result(record)
     raise typer.Exit(0 if record.state == "succeeded" else 1)
+
+
+def _ports(ports: list[int]) -> tuple[int, ...]:
+    if len(set(ports)) != len(ports):
+        raise typer.BadParameter(f"{ports} names a port twice", param_hint="--port")
+    return tuple(ports)
 
 
 def _quantity(option: str, text: str, bytes_: bool) -> int:

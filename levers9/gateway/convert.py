@@ -80,6 +80,7 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         raise InvalidRequest("cpu_millis", f"{request.cpu_millis} is not 0 to 4096 cores")
     if request.image:
         _check_image("image", request.image)
+    ports = check_ports("ports", request.ports)
     return TaskInput(
         task_id=request.task_id,
         pool_name=request.pool_name,
@@ -88,7 +89,23 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         image=request.image,
         memory_bytes=request.memory_bytes,
         cpu_millis=request.cpu_millis,
+        ports=ports,
     )
+
+
+MAX_PORTS = 16
+
+
+def check_ports(field: str, ports: Sequence[int]) -> tuple[int, ...]:
+    """Container ports to publish: TCP ports, none twice, at most MAX_PORTS."""
+    bad = [p for p in ports if not 0 < p < 65536]
+    if bad:
+        raise InvalidRequest(field, f"{bad[0]} is not a TCP port (1-65535)")
+    if len(set(ports)) != len(ports):
+        raise InvalidRequest(field, f"{list(ports)} names a port twice")
+    if len(ports) > MAX_PORTS:
+        raise InvalidRequest(field, f"{len(ports)} ports, at most {MAX_PORTS}")
+    return tuple(ports)
 
 
 class TunnelEndpoint(NamedTuple):
@@ -176,6 +193,7 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
         host=status.host,
         image_digest=status.image_digest,
         image=status.image,
+        ready=status.ready,
     )
 
 

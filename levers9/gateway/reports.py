@@ -54,3 +54,5 @@ class TaskReport(BaseModel):
     """The manifest digest the task's image resolved to (runc)."""
     image: str = ""
     """The image it ran in: its own, or the pool's default (empty from an older worker)."""
+    ready: bool = False
+    """Its first published port answered (`container.ready`)."""

@@ -85,6 +85,8 @@ class Gateway:
             if tasks is not None
             else None
         )
+        self.tasks_service = self._tasks
+        """The CLI's service (the endpoints' proxy opens replicas' ports through it)."""
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None

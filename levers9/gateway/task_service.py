@@ -149,6 +149,11 @@ class _Upstream(Protocol):
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         """A command in the task's container."""
 
+    def port_forward(
+        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
+    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        """One TCP connection to a published port of the task's container."""
+
 
 @dataclass(frozen=True)
 class _Worker:
@@ -165,6 +170,11 @@ class _Worker:
         self, requests: AsyncIterator[worker_pb2.ExecRequest]
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         return aiter(self.stub.Exec(requests, metadata=self.metadata))
+
+    def port_forward(
+        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
+    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        return aiter(self.stub.PortForward(requests, metadata=self.metadata))
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,15 @@ class _Replica:
         self, requests: AsyncIterator[worker_pb2.ExecRequest]
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         return aiter(self.stub.ExecTask(requests, metadata=self.metadata))
+
+    def port_forward(
+        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
+    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        return aiter(self.stub.PortForward(requests, metadata=self.metadata))
+
+
+class Unroutable(Exception):
+    """The worker's tunnel is held by another replica and the call cannot be relayed there."""
 
 
 class TasksService(gateway_pb2_grpc.TasksServicer):
@@ -230,6 +249,20 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
     async def _upstream(
         self, record: TaskRecord, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[_Upstream]:
+        relayed_by = next(
+            (str(value) for key, value in context.invocation_metadata() or () if key == RELAYED),
+            None,
+        )
+        try:
+            async with self.upstream(record, relayed_by) as up:
+                yield up
+        except Unroutable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    @asynccontextmanager
+    async def upstream(
+        self, record: TaskRecord, relayed_by: str | None = None
+    ) -> AsyncIterator[_Upstream]:
         """Where the task's worker is reached from here: its WorkerService (over its TLS when
         it serves it, with that worker's own token), through this replica's end of its
         tunnel, or through the gateway of the replica that holds the tunnel."""
@@ -240,7 +273,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         worker = await self._records.worker(record.pool_name, record.worker_id)
         here = self._replicas.task_queue if self._replicas else None
         if worker is not None and worker.task_queue and worker.task_queue != here:
-            replica, metadata = await self._relay(worker, context)
+            replica, metadata = self._relay(worker, relayed_by)
             assert self._replicas is not None
             log.info(
                 "relaying to the replica holding the worker's tunnel",
@@ -259,15 +292,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         ) as channel:
             yield _Worker(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
 
-    async def _relay(
-        self, worker: WorkerRecord, context: grpc.aio.ServicerContext[Any, Any]
+    def _relay(
+        self, worker: WorkerRecord, relayed_by: str | None
     ) -> tuple[str, tuple[tuple[str, str], ...]]:
         """The gateway of the replica holding the worker's tunnel, and the metadata to call it
-        with; aborts UNAVAILABLE, saying why, when the call cannot be relayed."""
-        relayed_by = next(
-            (str(value) for key, value in context.invocation_metadata() or () if key == RELAYED),
-            None,
-        )
+        with; raises Unroutable, saying why, when the call cannot be relayed."""
         if self._replicas is None or relayed_by is not None or not worker.replica_address:
             why = (
                 "it gives no replicaAddress to relay through"
@@ -276,10 +305,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 if relayed_by is not None
                 else "this gateway relays to no other replica"
             )
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
+            raise Unroutable(
                 f"worker {worker.worker_id}'s tunnel is held by another replica"
-                f" ({worker.task_queue}) and {why}",
+                f" ({worker.task_queue}) and {why}"
             )
         assert self._replicas is not None
         assert worker.replica_address is not None
@@ -378,6 +406,65 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             if via is not None:  # the other replica's answer names the worker already
                 await context.abort(code, f"through replica {via}: {exc.details()}")
             passed_on = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+            await context.abort(
+                code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
+                f"worker {record.worker_id}: {code.name}: {exc.details()}",
+            )
+
+    async def PortForward(
+        self,
+        request_iterator: AsyncIterator[worker_pb2.PortForwardRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        await self._authorize(context)
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("start"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "PortForward starts with a PortForwardStart"
+            )
+            return
+        start = first.start
+        await self._task_id(context, start.task_id)
+        if not 0 < start.port < 65536:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"port: {start.port} is not a TCP port"
+            )
+        record = await self._records.get(start.task_id)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {start.task_id}")
+        if record.state != "running" or record.worker_id is None or record.address is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {start.task_id} is {record.state}, not running: its ports are closed",
+            )
+        if start.port not in record.ports:
+            published = ", ".join(map(str, record.ports)) or "none"
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"task {start.task_id} did not publish port {start.port} (published:"
+                f" {published}): run it with --port {start.port}",
+            )
+
+        async def upstream() -> AsyncIterator[worker_pb2.PortForwardRequest]:
+            yield first
+            async for request in request_iterator:
+                yield request
+
+        via: str | None = None
+        try:
+            async with self._upstream(record, context) as up:
+                via = up.via
+                async for response in up.port_forward(upstream()):
+                    yield response
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            if via is not None:
+                await context.abort(code, f"through replica {via}: {exc.details()}")
+            passed_on = (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
             await context.abort(
                 code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
                 f"worker {record.worker_id}: {code.name}: {exc.details()}",

@@ -409,6 +409,7 @@ class SubmitTaskRequest(_message.Message):
     IMAGE_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     CPU_MILLIS_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """the caller's id: a retried submit starts nothing twice"""
     pool_name: _builtins.str
@@ -420,6 +421,10 @@ class SubmitTaskRequest(_message.Message):
     """0: the worker's default"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """container ports reachable through the controlplane (--port)"""
+
     def __init__(
         self,
         *,
@@ -430,10 +435,11 @@ class SubmitTaskRequest(_message.Message):
         image: _builtins.str = ...,
         memory_bytes: _builtins.int = ...,
         cpu_millis: _builtins.int = ...,
+        ports: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "ports", b"ports", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

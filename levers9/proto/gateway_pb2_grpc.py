@@ -63,6 +63,11 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
                 _registered_method=True)
+        self.PortForward = channel.stream_stream(
+                '/levers9.v1.Tasks/PortForward',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -103,6 +108,15 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PortForward(self, request_iterator, context):
+        """`levers9 port-forward`: one TCP connection to a published port of the task's container,
+        relayed to the worker's PortForward (directly, or through its tunnel); the first message is
+        the PortForwardStart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +144,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.ExecTask,
                     request_deserializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.SerializeToString,
+            ),
+            'PortForward': grpc.stream_stream_rpc_method_handler(
+                    servicer.PortForward,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +289,33 @@ class Tasks:
             '/levers9.v1.Tasks/ExecTask',
             levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PortForward(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Tasks/PortForward',
+            levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,11 @@ class TasksStub:
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
     """
+    PortForward: _grpc.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]
+    """`levers9 port-forward`: one TCP connection to a published port of the task's container,
+    relayed to the worker's PortForward (directly, or through its tunnel); the first message is
+    the PortForwardStart.
+    """
 
 @_typing.type_check_only
 class TasksAsyncStub(TasksStub):
@@ -63,6 +68,11 @@ class TasksAsyncStub(TasksStub):
     ExecTask: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
+    """
+    PortForward: _aio.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]  # type: ignore[assignment]
+    """`levers9 port-forward`: one TCP connection to a published port of the task's container,
+    relayed to the worker's PortForward (directly, or through its tunnel); the first message is
+    the PortForwardStart.
     """
 
 class TasksServicer(metaclass=_abc_1.ABCMeta):
@@ -107,6 +117,17 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_worker_pb2.ExecResponse], _abc.AsyncIterator[_worker_pb2.ExecResponse]]:
         """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
         is the ExecStart.
+        """
+
+    @_abc_1.abstractmethod
+    def PortForward(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.PortForwardRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.PortForwardResponse], _abc.AsyncIterator[_worker_pb2.PortForwardResponse]]:
+        """`levers9 port-forward`: one TCP connection to a published port of the task's container,
+        relayed to the worker's PortForward (directly, or through its tunnel); the first message is
+        the PortForwardStart.
         """
 
 def add_TasksServicer_to_server(servicer: TasksServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

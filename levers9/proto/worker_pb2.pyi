@@ -75,11 +75,17 @@ class TaskSpec(_message.Message):
     GPU_INDICES_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     CPU_MILLIS_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    READY_PATH_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
     """Limits of its container (runc); 0: the worker's defaults."""
     cpu_millis: _builtins.int
+    ready_path: _builtins.str
+    """Readiness: "" means the first port accepts connections; a path ("/health") means an HTTP GET
+    of it on the first port answers 2xx. The worker reports the task once it is ready.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -87,6 +93,12 @@ class TaskSpec(_message.Message):
     @_builtins.property
     def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Card indices (of the worker's own cards) this task may use."""
+
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Container ports reachable through the controlplane (PortForward); the container shares the
+        worker's network, so a port is published by at most one running task of this worker.
+        """
 
     def __init__(
         self,
@@ -98,10 +110,12 @@ class TaskSpec(_message.Message):
         gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
         memory_bytes: _builtins.int = ...,
         cpu_millis: _builtins.int = ...,
+        ports: _abc.Iterable[_builtins.int] | None = ...,
+        ready_path: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -212,6 +226,7 @@ class TaskStatus(_message.Message):
     HOST_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -226,6 +241,8 @@ class TaskStatus(_message.Message):
     """the manifest digest its image resolved to (runc)"""
     image: _builtins.str
     """the image it ran in: its own, or the pool's default"""
+    ready: _builtins.bool
+    """its first port answered (see TaskSpec.ready_path)"""
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Phase]: ...
     def __init__(
@@ -241,10 +258,11 @@ class TaskStatus(_message.Message):
         host: _builtins.str = ...,
         image_digest: _builtins.str = ...,
         image: _builtins.str = ...,
+        ready: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -445,3 +463,76 @@ class ExecResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
 Global___ExecResponse: _TypeAlias = ExecResponse  # noqa: Y015
+
+@_typing.final
+class PortForwardRequest(_message.Message):
+    """PortForward: one TCP connection to a port of a running task's container (what `levers9
+    port-forward` and endpoints carry). The first request is the start; then `data` both ways.
+    The caller ending its stream half-closes the connection; the worker ends its stream when the
+    container closes its side. A port the task did not publish, a task not running, or nothing
+    accepting on the port: the call fails saying which.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def start(self) -> Global___PortForwardStart: ...
+    def __init__(
+        self,
+        *,
+        start: Global___PortForwardStart | None = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "message", b"message", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "message", b"message", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["start", "data"]  # noqa: Y015
+    _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
+
+Global___PortForwardRequest: _TypeAlias = PortForwardRequest  # noqa: Y015
+
+@_typing.final
+class PortForwardStart(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortForwardStart: _TypeAlias = PortForwardStart  # noqa: Y015
+
+@_typing.final
+class PortForwardResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PortForwardResponse: _TypeAlias = PortForwardResponse  # noqa: Y015

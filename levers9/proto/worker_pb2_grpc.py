@@ -59,6 +59,11 @@ class WorkerServiceStub:
                 request_serializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
                 _registered_method=True)
+        self.PortForward = channel.stream_stream(
+                '/levers9.v1.WorkerService/PortForward',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -94,6 +99,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PortForward(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Exec,
                     request_deserializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.ExecResponse.SerializeToString,
+            ),
+            'PortForward': grpc.stream_stream_rpc_method_handler(
+                    servicer.PortForward,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class WorkerService:
             '/levers9.v1.WorkerService/Exec',
             levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.ExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PortForward(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.WorkerService/PortForward',
+            levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,7 @@ class WorkerServiceStub:
     CancelTask: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CancelTaskRequest, _worker_pb2.CancelTaskResponse]
     StreamLogs: _grpc.UnaryStreamMultiCallable[_worker_pb2.StreamLogsRequest, _worker_pb2.LogChunk]
     Exec: _grpc.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]
+    PortForward: _grpc.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -47,6 +48,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     CancelTask: _aio.UnaryUnaryMultiCallable[_worker_pb2.CancelTaskRequest, _worker_pb2.CancelTaskResponse]  # type: ignore[assignment]
     StreamLogs: _aio.UnaryStreamMultiCallable[_worker_pb2.StreamLogsRequest, _worker_pb2.LogChunk]  # type: ignore[assignment]
     Exec: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
+    PortForward: _aio.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]  # type: ignore[assignment]
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -83,5 +85,12 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_worker_pb2.ExecRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_worker_pb2.ExecResponse], _abc.AsyncIterator[_worker_pb2.ExecResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PortForward(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.PortForwardRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_pb2.PortForwardResponse], _abc.AsyncIterator[_worker_pb2.PortForwardResponse]]: ...
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -10,6 +10,7 @@ handshake error on the first worker.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,16 @@ def gateway_server_credentials(settings: ControlplaneSettings) -> grpc.ServerCre
     if cert is None or key is None:
         return None
     return server_credentials(cert, key)
+
+
+def endpoints_ssl_context(settings: ControlplaneSettings) -> ssl.SSLContext | None:
+    """The endpoints' HTTPS: the gateway's own certificate; None when the gateway has none."""
+    cert, key = settings.gateway_tls_cert_file, settings.gateway_tls_key_file
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 def check_gateway_settings(settings: ControlplaneSettings) -> None:

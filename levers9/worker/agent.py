@@ -89,7 +89,12 @@ class Agent:
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
             runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir, visible))
             tasks = TaskManager(
-                runtime, visible, work_dir, gateway.report, defaults=settings.task_defaults()
+                runtime,
+                visible,
+                work_dir,
+                gateway.report,
+                defaults=settings.task_defaults(),
+                task_host=settings.task_host(),
             )
             tunnel: TunnelClient | None = None
             if settings.tunnel:

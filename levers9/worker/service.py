@@ -1,7 +1,8 @@
 """WorkerService: what the controlplane calls on this worker (RunTask, GetTask, CancelTask,
-StreamLogs, Exec), over `supervisor.TaskManager`. Errors map to gRPC codes the caller can act on:
-an unknown task is NOT_FOUND, a malformed one INVALID_ARGUMENT, Exec on an ended task
-FAILED_PRECONDITION, a task while the worker shuts down UNAVAILABLE.
+StreamLogs, Exec, PortForward), over `supervisor.TaskManager`. Errors map to gRPC codes the
+caller can act on: an unknown task is NOT_FOUND, a malformed one (or a port it did not publish)
+INVALID_ARGUMENT, Exec or PortForward on an ended task FAILED_PRECONDITION, a task while the
+worker shuts down (or a port nothing accepts on yet) UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.runtime import StartError
 from levers9.worker.supervisor import (
     InvalidTask,
+    PortUnavailable,
     ShuttingDown,
     TaskManager,
     TaskNotFound,
@@ -39,6 +41,7 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (TaskNotRunning, grpc.StatusCode.FAILED_PRECONDITION),
     (StartError, grpc.StatusCode.FAILED_PRECONDITION),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (PortUnavailable, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -121,6 +124,58 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
+
+    async def PortForward(
+        self, request_iterator: AsyncIterator[worker_pb2.PortForwardRequest], context: Context
+    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        first = await anext(request_iterator, None)
+        if first is None or not first.HasField("start"):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "PortForward starts with a PortForwardStart"
+            )
+            return
+        start = first.start
+        reader, writer = await _answer(
+            context, lambda: self._tasks.connect(start.task_id, start.port)
+        )
+        try:
+            async for data in forward_port(request_iterator, reader, writer):
+                yield worker_pb2.PortForwardResponse(data=data)
+        except OSError as error:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"task {start.task_id} port {start.port}: the connection broke: {error}",
+            )
+
+
+async def forward_port(
+    requests: AsyncIterator[worker_pb2.PortForwardRequest],
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> AsyncIterator[bytes]:
+    """Copies the caller's `data` into the connection (its end of stream: a half-close) and
+    yields what the connection sends until it closes its side; the connection is closed when
+    this ends, however it ends."""
+
+    async def feed() -> None:
+        async for request in requests:
+            if request.data:
+                writer.write(request.data)
+                await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+    feeding = asyncio.create_task(feed())
+    try:
+        while data := await reader.read(_CHUNK):
+            yield data
+    finally:
+        feeding.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await feeding
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
 
 def _resize(master: int, size: worker_pb2.TerminalSize) -> None:

@@ -70,6 +70,7 @@ class WorkerSettings(BaseModel):
     node_name: str = ""
     advertised_host: str = ""
     host_ip: str = ""
+    pod_ip: str = ""
     worker_port: int = Field(default=0, ge=0, le=65535)
     gpus: int | None = Field(default=None, ge=0)
     gpu_product: str = ""
@@ -88,6 +89,11 @@ class WorkerSettings(BaseModel):
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
     default_memory_bytes: int = Field(default=0, ge=0)
     default_cpu_millis: int = Field(default=0, ge=0)
+
+    def task_host(self) -> str:
+        """Where the tasks' published ports are reached: the pod's IP (the node's own on the
+        host network), as the containers share the worker's network."""
+        return self.pod_ip or self.host_ip or "127.0.0.1"
 
     def task_defaults(self) -> TaskDefaults:
         return TaskDefaults(self.default_image, self.default_memory_bytes, self.default_cpu_millis)

@@ -5,7 +5,17 @@ the cards it names if they are this worker's and free (else it fails with the sp
 `not enough GPUs available: requested=<n> visible=<m>`), runs in the runtime, and on exit keeps
 its exit code, result JSON and log tail until the controlplane fetches them; every end is also
 reported to the gateway. Phases carry timestamps: `worker.gpu_assignment`, `container.start`,
-`container.exit` (and `task.result` when the result file is unusable).
+`container.ready`, `container.exit` (and `task.result` when the result file is unusable).
+
+Ports. A task's containers share the worker's network namespace, so a task that publishes ports
+(`levers9 run --port 8080`) claims them on this worker: a second running task that names one of
+them fails at once (`port 8080 is already published by task <id> on this worker`; the pool's
+placement keeps such tasks apart, so this is the guard, not the rule). Its container is told
+where it is reached (`LEVERS9_HOST`, the worker's pod IP, and `PORT`, its first port, unless it
+set them); binding 0.0.0.0 works too. Once its first port accepts connections (or answers 2xx
+to `ready_path`), the task is `ready`: a `container.ready` phase, reported at once.
+`connect(task_id, port)` opens a connection to a published port of a running task
+(WorkerService.PortForward).
 """
 
 from __future__ import annotations
@@ -45,11 +55,18 @@ CANCELLED: State = worker_pb2.TASK_STATE_CANCELLED
 LOST: State = worker_pb2.TASK_STATE_LOST
 
 GPU_ASSIGNMENT = "worker.gpu_assignment"
+PORTS = "worker.ports"
 IMAGE_PULL = "image.pull"
 OOM_KILLED = "OOMKilled"
 """The reason of a task the kernel killed at its memory limit (Kubernetes' word)."""
 CONTAINER_START = "container.start"
 CONTAINER_EXIT = "container.exit"
+CONTAINER_READY = "container.ready"
+READY_POLL_S = (0.1, 1.0)
+"""How often readiness is probed until the first port answers: from the first, doubling to the
+second."""
+PROBE_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 10.0
 TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
 
@@ -77,6 +94,10 @@ class ShuttingDown(RuntimeError):
     pass
 
 
+class PortUnavailable(ConnectionError):
+    """Nothing accepts connections on the task's port (yet); the message says which."""
+
+
 @dataclass
 class TaskRecord:
     spec: worker_pb2.TaskSpec
@@ -95,6 +116,7 @@ class TaskRecord:
     ending: tuple[State, str] | None = None
     """Set when the agent ends the task (cancel, shutdown): the state and reason to record."""
     fetched: bool = False
+    ready: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -122,6 +144,7 @@ class TaskRecord:
             host=self.host,
             image_digest=self.image_digest,
             image=self.spec.image,
+            ready=self.ready,
         )
 
 
@@ -138,8 +161,10 @@ class TaskManager:
         clock: Callable[[], float] = time.time,
         keep_finished: int = KEEP_FINISHED,
         defaults: TaskDefaults = NO_DEFAULTS,
+        task_host: str = "127.0.0.1",
     ) -> None:
         self._runtime = runtime
+        self._task_host = task_host
         self._defaults = defaults
         self._visible = tuple(visible)
         self._dir = work_dir / "tasks"
@@ -177,14 +202,17 @@ class TaskManager:
             raise InvalidTask("command is required")
         if self._closed:
             raise ShuttingDown("the worker is shutting down")
+        _check_ports(spec)
         record = self._accept(spec)
-        problem = self._assign(record)
-        if problem is not None:
-            reason, detail = problem
-            record.phase(GPU_ASSIGNMENT, detail)
-            self._finish(record, FAILED, reason)
-            return False
-        record.phase(GPU_ASSIGNMENT)
+        for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
+            problem = check(record)
+            if problem is not None:
+                reason, detail = problem
+                record.phase(phase, detail)
+                self._finish(record, FAILED, reason)
+                return False
+            if phase == GPU_ASSIGNMENT or record.spec.ports:
+                record.phase(phase)
         await self._start(record)
         return False
 
@@ -217,6 +245,29 @@ class TaskManager:
         if record.state != RUNNING or record.container is None:
             raise TaskNotRunning(f"task {task_id} is not running")
         return await self._runtime.exec(record.container, command, terminal)
+
+    async def connect(
+        self, task_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to `port` of the running task's container (one it published)."""
+        record = self._record(task_id)
+        if record.state != RUNNING or record.container is None:
+            raise TaskNotRunning(f"task {task_id} is not running: its ports are closed")
+        if port not in record.spec.ports:
+            published = ", ".join(map(str, record.spec.ports)) or "none"
+            raise InvalidTask(
+                f"task {task_id} did not publish port {port} (published: {published});"
+                " run it with --port"
+            )
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return await asyncio.open_connection(self._task_host, port)
+        except (OSError, TimeoutError) as error:
+            why = str(error) or type(error).__name__
+            raise PortUnavailable(
+                f"task {task_id}: nothing accepts connections on port {port}"
+                f"{'' if record.ready else ' yet (it is starting)'}: {why}"
+            ) from None
 
     async def shutdown(self, grace_s: float, reason: str = SHUT_DOWN) -> None:
         """Kills every running task and records it LOST with `reason`."""
@@ -276,13 +327,34 @@ class TaskManager:
         record.cards = wanted
         return None
 
+    def _claim_ports(self, record: TaskRecord) -> tuple[str, str] | None:
+        """(reason, detail) when another running task of this worker published one of its
+        ports (they share the worker's network)."""
+        for other in self._records.values():
+            if other is record or other.state != RUNNING:
+                continue
+            taken = sorted(set(record.spec.ports) & set(other.spec.ports))
+            if taken:
+                reason = (
+                    f"port {taken[0]} is already published by task {other.task_id} on this worker"
+                )
+                return reason, f"ports {taken} are in use by task {other.task_id}"
+        return None
+
+    def _task_env(self, spec: worker_pb2.TaskSpec) -> dict[str, str]:
+        env = dict(spec.env)
+        if spec.ports:
+            env.setdefault("LEVERS9_HOST", self._task_host)
+            env.setdefault("PORT", str(spec.ports[0]))
+        return env
+
     async def _start(self, record: TaskRecord) -> None:
         spec = record.spec
         container_spec = ContainerSpec(
             task_id=spec.task_id,
             image=spec.image,
             command=tuple(spec.command),
-            env=dict(spec.env),
+            env=self._task_env(spec),
             gpu_indices=record.cards,
             result_path=record.result_path,
             work_dir=record.directory / "work",
@@ -310,6 +382,29 @@ class TaskManager:
         watcher = asyncio.create_task(self._watch(record, container), name=spec.task_id)
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
+        if spec.ports:
+            probe = asyncio.create_task(self._probe(record), name=f"{spec.task_id}-ready")
+            self._watchers.add(probe)
+            probe.add_done_callback(self._watchers.discard)
+
+    async def _probe(self, record: TaskRecord) -> None:
+        """Until the task's first port answers (or the task ends): then `ready`, reported."""
+        port, path = record.spec.ports[0], record.spec.ready_path
+        pause, longest = READY_POLL_S
+        while record.state == RUNNING and record.ending is None:
+            answer = await _probe_once(self._task_host, port, path)
+            if answer is not None:
+                if record.state != RUNNING:
+                    return
+                record.ready = True
+                record.phase(CONTAINER_READY, detail=answer)
+                log.info("task ready", task_id=record.task_id, port=port, probe=answer)
+                self._report(record.status())
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await record.finished.wait()
+            pause = min(pause * 2, longest)
 
     async def _watch(self, record: TaskRecord, container: Container) -> None:
         if record.ending is not None:  # cancelled or shut down while it was starting
@@ -386,6 +481,43 @@ class TaskManager:
             record = self._records.pop(victim)
             with contextlib.suppress(OSError):
                 shutil.rmtree(record.directory)
+
+
+def _check_ports(spec: worker_pb2.TaskSpec) -> None:
+    ports = list(spec.ports)
+    bad = [p for p in ports if not 0 < p < 65536]
+    if bad:
+        raise InvalidTask(f"ports: {bad[0]} is not a TCP port (1-65535)")
+    if len(set(ports)) != len(ports):
+        raise InvalidTask(f"ports: {ports} names a port twice")
+    if spec.ready_path and not spec.ready_path.startswith("/"):
+        raise InvalidTask(f"ready_path: {spec.ready_path!r} must start with /")
+    if spec.ready_path and not spec.ports:
+        raise InvalidTask("ready_path: needs a port to probe (ports is empty)")
+
+
+async def _probe_once(host: str, port: int, path: str) -> str | None:
+    """What answered (the probe's detail), or None when the port does not answer yet."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                if not path:
+                    return f"port {port} accepts connections"
+                request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+                writer.write(request.encode("latin-1"))
+                await writer.drain()
+                line = await reader.readline()
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError, UnicodeError):
+        return None
+    parts = line.split()
+    if len(parts) >= 2 and parts[1].isdigit() and 200 <= int(parts[1]) < 300:
+        return f"GET {path} on port {port}: {int(parts[1])}"
+    return None
 
 
 def _directory_name(task_id: str) -> str:

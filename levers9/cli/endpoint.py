@@ -1,0 +1,311 @@
+"""`levers9 endpoint create|list|get|delete`: HTTP services whose replicas are tasks.
+
+`create` starts the endpoint's record (`EndpointWorkflow`, `endpoint:<name>`) and prints its URL
+on the controlplane's endpoints front (`<endpointsUrl>/<name>/`). With `--min-replicas 0` (the
+default) nothing runs until the first request, which is held through the cold start (image
+pull, container start, readiness) and answered then: keep the client waiting long enough
+(`curl -m 1500`). `get` shows its replicas and its latest scale decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from levers9.cli.output import Output, ago, console, fail, render
+from levers9.cli.runtime import settings_from_env
+from levers9.config import ControlplaneSettings
+from levers9.contract import DNS_LABEL
+from levers9.endpoint_records import (
+    EndpointExists,
+    create_endpoint,
+    delete_endpoint,
+    endpoint_view,
+    list_endpoints,
+)
+from levers9.endpoints import EndpointSpec, EndpointView
+from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.temporal import connect
+
+app = typer.Typer(
+    help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
+    no_args_is_help=True,
+)
+
+COLUMNS = [
+    ("name", "NAME"),
+    ("pool", "POOL"),
+    ("ready", "READY"),
+    ("replicas", "REPLICAS"),
+    ("range", "MIN-MAX"),
+    ("in_flight", "IN FLIGHT"),
+    ("waiting", "WAITING"),
+    ("age", "AGE"),
+    ("url", "URL"),
+]
+REPLICA_COLUMNS = [
+    ("task_id", "REPLICA"),
+    ("state", "STATE"),
+    ("age", "AGE"),
+    ("ready_after", "READY AFTER"),
+]
+DELETE_WAIT_S = 150.0
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise typer.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+def _check(name: str, pool: str, image: str, command: list[str]) -> None:
+    if not DNS_LABEL.fullmatch(name):
+        raise typer.BadParameter(
+            f"{name!r}: a lowercase DNS label (a-z, 0-9, -)", param_hint="NAME"
+        )
+    if not DNS_LABEL.fullmatch(pool):
+        raise typer.BadParameter(
+            f"{pool!r}: a pool name (a lowercase DNS label)", param_hint="--pool"
+        )
+    if image:
+        try:
+            ImageReference.parse(image)
+        except ImageReferenceError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--image") from None
+    if not command:
+        raise typer.BadParameter("give the replicas' command after --", param_hint="CMD")
+
+
+@app.command()
+def create(
+    name: Annotated[str, typer.Argument(help="the endpoint's name (a DNS label)")],
+    command: Annotated[list[str], typer.Argument(help="the replicas' command, after --")],
+    pool: Annotated[str, typer.Option("--pool", help="the pool its replicas run on")],
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="the port it serves")],
+    image: Annotated[str, typer.Option("--image", help="container image")] = "",
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="cards per replica")] = 1,
+    min_replicas: Annotated[int, typer.Option("--min-replicas", min=0)] = 0,
+    max_replicas: Annotated[int, typer.Option("--max-replicas", min=1)] = 1,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="requests per replica before another")
+    ] = 4,
+    idle: Annotated[
+        float, typer.Option("--idle", min=1, help="seconds a surplus replica idles before it stops")
+    ] = 300.0,
+    ready_path: Annotated[
+        str,
+        typer.Option(
+            "--ready-path", help="ready when GET of this answers 2xx (else: the port accepts)"
+        ),
+    ] = "",
+    cold_start_timeout: Annotated[
+        float,
+        typer.Option("--cold-start-timeout", min=1, help="seconds a request waits for a replica"),
+    ] = 1500.0,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE")] = None,
+    public: Annotated[
+        bool, typer.Option("--public", help="requests need no operator token")
+    ] = False,
+) -> None:
+    """Create an endpoint: prints its URL. Its first request starts a replica (at zero)."""
+    _check(name, pool, image, command)
+    if min_replicas > max_replicas:
+        raise typer.BadParameter(
+            f"--min-replicas {min_replicas} is above --max-replicas {max_replicas}",
+            param_hint="--min-replicas",
+        )
+    if ready_path and not ready_path.startswith("/"):
+        raise typer.BadParameter(f"{ready_path!r} must start with /", param_hint="--ready-path")
+    spec = EndpointSpec(
+        name=name,
+        pool_name=pool,
+        command=tuple(command),
+        port=port,
+        image=image,
+        gpus=gpus,
+        env=_env(env or []),
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        target_in_flight=concurrency,
+        idle_seconds=idle,
+        ready_path=ready_path,
+        cold_start_timeout_seconds=cold_start_timeout,
+        public=public,
+    )
+    settings = settings_from_env()
+    try:
+        asyncio.run(_create(settings, spec))
+    except EndpointExists as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+    url = endpoint_url(settings, name)
+    console.print(f"endpoint {name} created: {url}", highlight=False)
+    console.print(
+        f"  replicas {min_replicas}-{max_replicas} on pool {pool}, {gpus} card(s) each, port"
+        f" {port}; a surplus replica stops after {idle:g} s idle",
+        highlight=False,
+    )
+    console.print(f"  {curl_line(settings, url, public)}", highlight=False, soft_wrap=True)
+
+
+def endpoint_url(settings: ControlplaneSettings, name: str) -> str:
+    return f"{settings.endpoints_base_url()}/{name}/"
+
+
+def curl_line(settings: ControlplaneSettings, url: str, public: bool) -> str:
+    """A request that waits through a cold start (the page: `curl -m 1500`)."""
+    parts = ["curl", "-m", "1500"]
+    if url.startswith("https:") and settings.gateway_tls_ca_file:
+        parts += ["--cacert", str(settings.gateway_tls_ca_file)]
+    if not public:
+        token = (
+            f'"$(cat {settings.api_token_file})"'
+            if settings.api_token_file
+            else "$LEVERS9_API_TOKEN"
+        )
+        parts += [
+            "-H",
+            f'"Authorization: Bearer {token[1:-1] if token.startswith(chr(34)) else token}"',
+        ]
+    return " ".join([*parts, url])
+
+
+async def _create(settings: ControlplaneSettings, spec: EndpointSpec) -> None:
+    client = await connect(settings)
+    await create_endpoint(client, settings.task_queue, spec)
+
+
+def _row(settings: ControlplaneSettings, view: EndpointView, now: datetime) -> dict[str, Any]:
+    active = [r for r in view.replicas if r.state != "stopping"]
+    return {
+        "name": view.name,
+        "pool": view.spec.pool_name,
+        "ready": len(view.replicas_ready()),
+        "replicas": len(active),
+        "range": f"{view.spec.min_replicas}-{view.spec.max_replicas}",
+        "in_flight": view.in_flight,
+        "waiting": view.waiting,
+        "age": ago(view.created_at, now),
+        "url": endpoint_url(settings, view.name),
+    }
+
+
+@app.command("list")
+def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
+    """List endpoints: replicas ready and running, requests in flight and waiting, the URL."""
+    settings = settings_from_env()
+    views = asyncio.run(_views(settings))
+    now = datetime.now(UTC)
+    if output is Output.json:
+        render([v.model_dump(mode="json") for v in views], COLUMNS, output)
+        return
+    render([_row(settings, v, now) for v in views], COLUMNS, output, title="endpoints")
+
+
+async def _views(settings: ControlplaneSettings) -> list[EndpointView]:
+    client = await connect(settings)
+    views = [await endpoint_view(client, name) for name in await list_endpoints(client)]
+    return [v for v in views if v is not None]
+
+
+@app.command()
+def get(
+    name: Annotated[str, typer.Argument(help="the endpoint")],
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+) -> None:
+    """One endpoint: its spec, its replicas, and its latest cold starts and scale decisions."""
+    settings = settings_from_env()
+    view = asyncio.run(_view(settings, name))
+    if view is None:
+        fail([f"no endpoint {name}: `levers9 endpoint list` shows them"])
+        raise typer.Exit(1)
+    if output is Output.json:
+        console.print_json(view.model_dump_json())
+        return
+    now = datetime.now(UTC)
+    spec = view.spec
+    lines = [
+        f"endpoint {name}: {endpoint_url(settings, name)}",
+        f"  pool {spec.pool_name}, {spec.gpus} card(s) per replica, port {spec.port}"
+        + (f", ready when GET {spec.ready_path} is 2xx" if spec.ready_path else ""),
+        f"  image {spec.image or '(the pool default)'}; command {' '.join(spec.command)}",
+        f"  replicas {spec.min_replicas}-{spec.max_replicas} (wanted now {view.wanted}),"
+        f" {spec.target_in_flight} in flight each; idle {spec.idle_seconds:g} s",
+        f"  requests: {view.in_flight} in flight, {view.waiting} waiting; cold starts:"
+        f" {view.cold_starts}",
+    ]
+    if view.failing:
+        lines.append(f"  FAILING: {view.failing}")
+    console.print("\n".join(lines), highlight=False)
+    rows = [
+        {
+            "task_id": r.task_id,
+            "state": r.state,
+            "age": ago(r.started_at, now),
+            "ready_after": f"{(r.ready_at - r.started_at).total_seconds():.1f}s"
+            if r.ready_at
+            else "",
+        }
+        for r in view.replicas
+    ]
+    render(rows, REPLICA_COLUMNS, Output.table, title="replicas")
+    events = [
+        {"at": e.at.strftime("%H:%M:%S"), "kind": e.kind, "message": e.message}
+        for e in view.events[-15:]
+    ]
+    render(
+        events,
+        [("at", "AT"), ("kind", "EVENT"), ("message", "MESSAGE")],
+        Output.table,
+        title="events",
+    )
+
+
+async def _view(settings: ControlplaneSettings, name: str) -> EndpointView | None:
+    return await endpoint_view(await connect(settings), name)
+
+
+@app.command()
+def delete(
+    name: Annotated[str, typer.Argument(help="the endpoint")],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="until its replicas ended")] = True,
+) -> None:
+    """Delete an endpoint: its replicas are stopped, then its record ends."""
+    settings = settings_from_env()
+    found = asyncio.run(_delete(settings, name, wait))
+    if not found:
+        fail([f"no endpoint {name}: `levers9 endpoint list` shows them"])
+        raise typer.Exit(1)
+
+
+async def _delete(settings: ControlplaneSettings, name: str, wait: bool) -> bool:
+    client = await connect(settings)
+    if not await delete_endpoint(client, name):
+        return False
+    console.print(f"endpoint {name}: deleting (its replicas stop)", highlight=False)
+    if not wait:
+        return True
+    from levers9.models import endpoint_workflow_id
+
+    handle = client.get_workflow_handle(endpoint_workflow_id(name), result_type=EndpointView)
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(DELETE_WAIT_S):
+            view = await handle.result()
+    except TimeoutError:
+        fail([f"endpoint {name}: its replicas did not end within {DELETE_WAIT_S:g} s"])
+        raise typer.Exit(1) from None
+    console.print(
+        f"endpoint {name} deleted ({len(view.replicas)} replica(s) still ending) in"
+        f" {time.monotonic() - started:.1f} s",
+        highlight=False,
+    )
+    return True

@@ -1,0 +1,90 @@
+"""Endpoints as Temporal holds them (EndpointWorkflow, `endpoint:<name>`): create, read, list,
+tell, delete. The CLI and the gateway's proxy share these."""
+
+from __future__ import annotations
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from levers9.endpoints import EndpointSpec, EndpointView, Load
+from levers9.models import ENDPOINT_WORKFLOW, EndpointInput, endpoint_workflow_id
+
+
+class EndpointExists(Exception):
+    """An endpoint of that name runs already."""
+
+
+async def create_endpoint(client: Client, task_queue: str, spec: EndpointSpec) -> None:
+    try:
+        await client.start_workflow(
+            ENDPOINT_WORKFLOW,
+            EndpointInput(spec=spec),
+            id=endpoint_workflow_id(spec.name),
+            task_queue=task_queue,
+            memo={"spec": spec.model_dump(mode="json")},
+            static_summary=f"endpoint {spec.name}: {spec.gpus} card(s) per replica,"
+            f" {spec.min_replicas}-{spec.max_replicas} replicas",
+        )
+    except WorkflowAlreadyStartedError:
+        raise EndpointExists(
+            f"endpoint {spec.name} exists: `levers9 endpoint delete {spec.name}` first"
+        ) from None
+
+
+async def endpoint_view(client: Client, name: str) -> EndpointView | None:
+    """The endpoint now; None when there is none running of that name."""
+    handle = client.get_workflow_handle(endpoint_workflow_id(name))
+    try:
+        description = await handle.describe()
+        if description.status != WorkflowExecutionStatus.RUNNING:
+            return None
+        view: EndpointView = await handle.query("view", result_type=EndpointView)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return view
+
+
+async def query_endpoint(client: Client, name: str) -> EndpointView | None:
+    """`endpoint_view` in one call (a query; the gateway's hot path): None when unknown."""
+    handle = client.get_workflow_handle(endpoint_workflow_id(name))
+    try:
+        view: EndpointView = await handle.query("view", result_type=EndpointView)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return None if view.deleted else view
+
+
+async def report_load(client: Client, name: str, load: Load) -> bool:
+    """Signals `load`; False when the endpoint is gone."""
+    try:
+        await client.get_workflow_handle(endpoint_workflow_id(name)).signal("load", load)
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def delete_endpoint(client: Client, name: str) -> bool:
+    """Signals `delete`; False when there is no such endpoint running."""
+    try:
+        await client.get_workflow_handle(endpoint_workflow_id(name)).signal("delete")
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
+
+
+async def list_endpoints(client: Client) -> list[str]:
+    """The names of the running endpoints."""
+    query = f"WorkflowType = '{ENDPOINT_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    names = []
+    async for execution in client.list_workflows(query):
+        names.append(execution.id.removeprefix("endpoint:"))
+    return sorted(names)
