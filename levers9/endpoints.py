@@ -226,9 +226,14 @@ class EndpointState(BaseModel):
         idle = timedelta(seconds=self.spec.idle_seconds)
         if now - self.surplus_since < idle:
             return Decision()
-        # The surplus, the newest ready first; a starting replica is never stopped for idling.
+        # The surplus, the newest ready first; a starting replica is never stopped for idling,
+        # and a ready one only once it has been ready for the idle time itself.
         ready = sorted(
-            (r for r in active if r.state == "ready"),
+            (
+                r
+                for r in active
+                if r.state == "ready" and now - (r.ready_at or r.started_at) >= idle
+            ),
             key=lambda r: (r.ready_at or r.started_at, r.task_id),
             reverse=True,
         )
@@ -245,16 +250,24 @@ class EndpointState(BaseModel):
 
     def next_wake(self, now: datetime) -> timedelta | None:
         """When `decide` could decide otherwise without a new report: the idle time running
-        out, a backoff ending, or a report going stale."""
+        out (for the surplus, then for each ready replica's own), a backoff ending, or a
+        report going stale. None: only a report can change anything."""
+        idle = timedelta(seconds=self.spec.idle_seconds)
         times: list[datetime] = []
         if self.surplus_since is not None:
-            times.append(self.surplus_since + timedelta(seconds=self.spec.idle_seconds))
+            times.append(self.surplus_since + idle)
+            times += [
+                r.ready_at + idle
+                for r in self.replicas.values()
+                if r.state == "ready" and r.ready_at is not None
+            ]
         if self.next_start_at is not None:
             times.append(self.next_start_at)
         times += [load.at + LOAD_STALE for load in self.loads.values() if load.at is not None]
-        if not times:
+        future = [t for t in times if t > now]
+        if not future:
             return None
-        return max(min(times) - now, timedelta(milliseconds=100))
+        return max(min(future) - now, timedelta(milliseconds=100))
 
 
 class EndpointView(BaseModel):

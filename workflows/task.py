@@ -375,7 +375,12 @@ class TaskWorkflow:
             was_ready = self._record is not None and self._record.ready
             self._apply(report)
             if report.state in TERMINAL:
-                return self._finish(report.state, report.reason)
+                # A cancelled task's reason is the canceller's (`task cancel --reason`, an
+                # endpoint scaling down), not the worker's bare "cancelled".
+                reason = report.reason
+                if report.state == "cancelled" and self._cancel:
+                    reason = self._cancel
+                return self._finish(report.state, reason)
             if input.endpoint and report.ready and not was_ready:
                 await self._tell_endpoint(input)
             long = workflow.info().get_current_history_length() > input.max_history_events

@@ -360,10 +360,21 @@ class EndpointProxy:
         endpoint.in_flight[task_id] = endpoint.in_flight.get(task_id, 0) + 1
         self._report(endpoint)
         response: web.StreamResponse | None = None
+        # A pooled connection the replica closed while it idled (uvicorn after 5 s) fails
+        # before a byte of the request arrived: a request without a body is sent again, once.
+        retry = body is None and request.method in ("GET", "HEAD", "OPTIONS")
         try:
-            async with endpoint.session.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
-            ) as upstream:
+            try:
+                upstream_call = await endpoint.session.request(
+                    request.method, url, headers=headers, data=body, allow_redirects=False
+                )
+            except aiohttp.ServerDisconnectedError:
+                if not retry:
+                    raise
+                upstream_call = await endpoint.session.request(
+                    request.method, url, headers=headers, data=None, allow_redirects=False
+                )
+            async with upstream_call as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 for key, value in upstream.headers.items():
                     if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":

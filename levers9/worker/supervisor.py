@@ -66,6 +66,8 @@ READY_POLL_S = (0.1, 1.0)
 """How often readiness is probed until the first port answers: from the first, doubling to the
 second."""
 PROBE_TIMEOUT_S = 2.0
+START_WAIT_S = 5.0
+"""How long RunTask waits for the task's start before it answers (accepted, still starting)."""
 CONNECT_TIMEOUT_S = 10.0
 TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
@@ -213,7 +215,14 @@ class TaskManager:
                 return False
             if phase == GPU_ASSIGNMENT or record.spec.ports:
                 record.phase(phase)
-        await self._start(record)
+        # A pull of a 20 GB image takes minutes: RunTask answers once the task is accepted
+        # and its start under way (or done, for most: within START_WAIT_S); the task's
+        # record learns the rest from its reports.
+        starting = asyncio.create_task(self._starting(record), name=f"{spec.task_id}-start")
+        self._watchers.add(starting)
+        starting.add_done_callback(self._watchers.discard)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(starting), START_WAIT_S)
         return False
 
     def status(self, task_id: str) -> worker_pb2.TaskStatus:
@@ -233,8 +242,11 @@ class TaskManager:
         if record.state != RUNNING or record.ending is not None:
             return False
         record.ending = (CANCELLED, "cancelled")
-        if record.container is not None:
-            await record.container.stop(CANCEL_GRACE_S)
+        if record.container is None:
+            # Still starting (its image pulling): the pull goes on (the cache keeps it), its
+            # container is stopped as it starts, and the end is reported then.
+            return True
+        await record.container.stop(CANCEL_GRACE_S)
         await record.finished.wait()
         return True
 
@@ -347,6 +359,14 @@ class TaskManager:
             env.setdefault("LEVERS9_HOST", self._task_host)
             env.setdefault("PORT", str(spec.ports[0]))
         return env
+
+    async def _starting(self, record: TaskRecord) -> None:
+        try:
+            await self._start(record)
+        except Exception as error:  # a bug must not leave the task running forever
+            log.error("task start failed", task_id=record.task_id, error=repr(error))
+            record.phase(CONTAINER_START, repr(error))
+            self._finish(record, FAILED, f"the worker could not start it: {error!r}")
 
     async def _start(self, record: TaskRecord) -> None:
         spec = record.spec

@@ -81,7 +81,8 @@ async def _port_forward(
     cp: Controlplane, *args: str
 ) -> AsyncIterator[tuple[subprocess.Popen[str], int]]:
     """The CLI in its own process (this one's loop serves the gateway: never block it)."""
-    process = subprocess.Popen(
+    process = await asyncio.to_thread(
+        subprocess.Popen,
         [str(BIN / "levers9"), "port-forward", *args],
         env=cp.cli_env(),
         stdout=subprocess.PIPE,

@@ -119,3 +119,21 @@ def test_part_of_a_node_is_reserved_so_it_drains_for_a_whole_node_worker() -> No
     )
     placed = state.assign(later, RESERVE)
     assert placed[0].task_id == "big"
+
+
+def test_tasks_publishing_a_port_go_to_workers_where_it_is_free() -> None:
+    """Containers share their worker's network: two tasks publishing 8080 never share one."""
+    state = PoolState()
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for worker in ("w1", "w2"):
+        state.add_worker(
+            Slot(worker_id=worker, node_name=worker, address="a", devices=(0, 1, 2, 3))
+        )
+    for index, ports in enumerate([(8080,), (8080,), (8080,), (9000,)]):
+        state.request(f"t{index}", 1, now + timedelta(seconds=index), ports=ports)
+    placed = {p.task_id: p.worker_id for p in state.assign(now, timedelta(hours=1))}
+    assert set(placed) == {"t0", "t1", "t3"}, "the third 8080 waits for a worker to free it"
+    assert placed["t0"] != placed["t1"]
+    assert [w.task_id for w in state.waiting] == ["t2"]
+    state.release("t0")
+    assert [p.task_id for p in state.assign(now, timedelta(hours=1))] == ["t2"]

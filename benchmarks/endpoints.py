@@ -1,0 +1,132 @@
+"""Endpoints on the sandbox: the cold start from zero, and request latency through a warm
+endpoint against the replica's own port (target: warm proxy overhead at most 2 ms p50).
+
+Runs against the dev stack (`levers9 dev demo` first: attached, the pool's default image
+built), as a user drives it: `levers9 endpoint create` (here through its library call), then
+HTTPS requests to the endpoints front with the operator token, one at a time on one keep-alive
+connection, and the same requests straight to the replica's port on its node (loopback here,
+the worker's network on a real node):
+
+    levers9 dev demo && python benchmarks/endpoints.py [--requests 500] [--pool gke-rtx6000]
+
+Cold start: from the first request to its answer (an endpoint at zero: placement, the
+container's start in the pool's default image, the port's readiness, the proxy's first
+connection). The endpoint is deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import ssl
+import statistics
+import time
+import uuid
+
+import aiohttp
+
+from levers9.cli.runtime import honour_dev_env
+from levers9.config import parse_settings
+from levers9.endpoint_records import create_endpoint, delete_endpoint, endpoint_view
+from levers9.endpoints import EndpointSpec
+from levers9.temporal import connect
+from sandbox.synthetic import cpu_model
+
+SERVE = (
+    "import http.server, os\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def do_GET(self):\n"
+    "        body = b'ok'\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', '2')\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_forever()\n"
+)
+
+
+def _pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100)[q - 1]
+
+
+async def _timed(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
+    began = time.perf_counter()
+    async with session.get(url, headers=headers) as response:
+        await response.read()
+        if response.status != 200:
+            raise SystemExit(f"{url}: {response.status} {await response.text()}")
+    return time.perf_counter() - began
+
+
+async def main_async(requests: int, pool: str, port: int) -> dict[str, object]:
+    honour_dev_env()
+    settings = parse_settings({})
+    client = await connect(settings)
+    name = f"bench-{uuid.uuid4().hex[:6]}"
+    spec = EndpointSpec(
+        name=name, pool_name=pool, command=("python", "-c", SERVE), port=port, gpus=1
+    )
+    await create_endpoint(client, settings.task_queue, spec)
+    token = settings.operator_token()
+    assert token is not None, "no operator token: source .levers9/dev/env"
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
+    context = ssl.create_default_context(
+        cafile=str(settings.gateway_tls_ca_file) if settings.gateway_tls_ca_file else None
+    )
+    url = f"{settings.endpoints_base_url()}/{name}/"
+    try:
+        connector = aiohttp.TCPConnector(ssl=context, limit=1)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            cold_s = await _timed(session, url, headers)
+            view = await endpoint_view(client, name)
+            assert view is not None
+            assert view.replicas_ready(), view
+            # The replica binds every address of its worker's network: the sandbox's nodes
+            # share this machine's, so its port is right here.
+            direct = f"http://127.0.0.1:{port}/"
+            for _ in range(20):  # warm both paths: connections, the proxy's bridge
+                await _timed(session, url, headers)
+                await _timed(session, direct, {})
+            proxied, straight = [], []
+            for _ in range(requests):  # interleaved, so noise hits both alike
+                proxied.append(await _timed(session, url, headers))
+                straight.append(await _timed(session, direct, {}))
+    finally:
+        await delete_endpoint(client, name)
+    p50 = statistics.median(proxied) - statistics.median(straight)
+    return {
+        "cold_start_s": round(cold_s, 3),
+        "requests": requests,
+        "proxied_p50_ms": round(statistics.median(proxied) * 1000, 3),
+        "proxied_p95_ms": round(_pct(proxied, 95) * 1000, 3),
+        "direct_p50_ms": round(statistics.median(straight) * 1000, 3),
+        "direct_p95_ms": round(_pct(straight, 95) * 1000, 3),
+        "overhead_p50_ms": round(p50 * 1000, 3),
+        "overhead_p95_ms": round((_pct(proxied, 95) - _pct(straight, 95)) * 1000, 3),
+        "target_p50_ms": 2.0,
+        "nproc": os.cpu_count(),
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--pool", default="gke-rtx6000")
+    parser.add_argument("--port", type=int, default=8500)
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args.requests, args.pool, args.port))
+    print(json.dumps(result, indent=2))
+    if float(result["overhead_p50_ms"]) > 2.0:  # type: ignore[arg-type]
+        raise SystemExit("warm proxy overhead above the 2 ms p50 target")
+
+
+if __name__ == "__main__":
+    main()

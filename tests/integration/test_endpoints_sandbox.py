@@ -1,0 +1,373 @@
+"""Endpoints end to end on the sandbox, as a user drives them: `levers9 endpoint create` (the real
+CLI), then plain HTTP requests to the controlplane's endpoints front with the operator token,
+proxied to the endpoint's replicas (tasks). Each test's endpoint has its own port (replicas
+of different endpoints may share a worker, whose network their containers share).
+
+- the first request at zero replicas is held through the cold start and answered;
+- through a slow image pull (a registry behind a proxy that stalls each connection) the request
+  waits, the one replica is never stopped and its pull never cancelled (the page's failure);
+- concurrent requests scale the replicas up; idle ones stop, down to zero;
+- a replica dying before it answers is a 502 naming it, mid-body a cut transfer, never a hang;
+- without the token 401, an unknown endpoint 404; the page's vLLM row on this RTX PRO 6000 pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.endpoint_records import delete_endpoint, endpoint_view, list_endpoints
+from levers9.endpoints import EndpointView
+from levers9.task_records import task_record
+from levers9.temporal import connect
+from levers9.tokens import operator_token
+from sandbox import registries, task_images
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 60
+GAR_HOST = "us-central1-docker.pkg.dev"
+IMAGE = f"{GAR_HOST}/demo/tasks/busybox:served"
+SERVE = (
+    "import http.server, os, time\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def do_GET(self):\n"
+    "        if self.path.startswith('/slow'):\n"
+    "            time.sleep(float(self.path.partition('=')[2] or 1))\n"
+    "        if self.path == '/die':\n"
+    "            os._exit(3)\n"
+    "        if self.path == '/half':\n"
+    "            self.send_response(200)\n"
+    "            self.send_header('Content-Length', '1000')\n"
+    "            self.end_headers()\n"
+    "            self.wfile.write(b'x' * 10)\n"
+    "            self.wfile.flush()\n"
+    "            os._exit(3)\n"
+    "        if self.path == '/env':\n"
+    "            body = os.environ.get('VLLM_ATTENTION_BACKEND', '-').encode()\n"
+    "        else:\n"
+    "            body = f'hello from {os.environ[\"LEVERS9_TASK_ID\"]} {self.path}'.encode()\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
+    " H).serve_forever()\n"
+)
+
+
+class StallingProxy:
+    """A TCP proxy in front of the registry that holds each new connection `delay` seconds
+    before it connects it: a slow link to a far registry, as a 20 GB image pull sees one. It
+    runs on a loop of its own, in its own thread (the test's loop serves the controlplane)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.delay = 0.0
+        self.connections = 0
+        self.address = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        ).result(10)
+        self.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        await asyncio.sleep(self.delay)
+        host, _, port = self.upstream.rpartition(":")
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            writer.close()
+            return
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError):
+                dst.close()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+
+
+@pytest.fixture(scope="module")
+async def proxy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StallingProxy]:
+    directory = tmp_path_factory.mktemp("registry")
+    with registries.LocalRegistry(directory / "gar") as gar:
+        layout = directory / "layout"
+        await asyncio.to_thread(task_images.build_busybox, layout, "served", "served")
+        pushed = f"{gar.address}/demo/tasks/busybox:served"
+        await asyncio.to_thread(registries.push_layout, layout, pushed, "served")
+        stalling = StallingProxy(gar.address)
+        stalling.start()
+        try:
+            yield stalling
+        finally:
+            stalling.close()
+
+
+@pytest.fixture(scope="module")
+async def cp(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory, proxy: StallingProxy
+) -> AsyncIterator[Controlplane]:
+    settings: dict[str, Any] = {
+        "registryMirrors": f"{GAR_HOST}={proxy.address}",
+        "insecureRegistries": proxy.address,
+    }
+    directory = tmp_path_factory.mktemp("endpoints")
+    async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
+        await eventually(lambda: workers_available(plane), within=WITHIN)
+        yield plane
+
+
+@pytest.fixture(autouse=True)
+async def _delete_after(cp: Controlplane) -> AsyncIterator[None]:
+    """Each test's endpoints are deleted after it, but `cold` (the last test deletes it): their
+    replicas stop here, not with the sandbox."""
+    yield
+    client = await connect(cp.settings)
+    for name in await list_endpoints(client):
+        if name != "cold":
+            await delete_endpoint(client, name)
+
+
+def _url(cp: Controlplane, name: str, path: str = "") -> str:
+    return f"{cp.settings.endpoints_base_url()}/{name}/{path}"
+
+
+def _auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {operator_token(TOKEN_SECRET)}"}
+
+
+async def _create(cp: Controlplane, name: str, port: int, *args: str) -> None:
+    done = await cp.cli(
+        "endpoint", "create", name, "--pool", POOL, "--gpus", "0", "--port", str(port), *args,
+        "--", "python", "-c", SERVE,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"endpoint {name} created: {_url(cp, name)}" in done.stdout
+    assert "curl -m 1500" in done.stdout
+
+
+async def _view(cp: Controlplane, name: str) -> EndpointView:
+    view = await endpoint_view(await connect(cp.settings), name)
+    assert view is not None
+    return view
+
+
+async def _why(cp: Controlplane, name: str) -> str:
+    """The endpoint's events and its ended replicas' reasons and output (a failure's message)."""
+    view = await _view(cp, name)
+    client = await connect(cp.settings)
+    lines = [f"{e.kind}: {e.message}" for e in view.events]
+    for event in view.events:
+        if event.kind == "replica ended":
+            task_id = event.message.split()[1]
+            record = await task_record(client, task_id)
+            if record is not None:
+                lines.append(f"{task_id}: {record.reason} {record.phases} {record.log_tail}")
+    return "\n".join(lines)
+
+
+async def _get(
+    session: aiohttp.ClientSession, url: str, wait_s: float = 120
+) -> tuple[int, str, str]:
+    async with session.get(
+        url, headers=_auth(), timeout=aiohttp.ClientTimeout(total=wait_s)
+    ) as response:
+        return response.status, await response.text(), response.headers.get("x-levers9-replica", "")
+
+
+async def test_the_first_request_at_zero_is_held_through_the_cold_start(cp: Controlplane) -> None:
+    await _create(cp, "cold", 8101)
+    view = await _view(cp, "cold")
+    assert view.replicas == []
+    assert view.spec.min_replicas == 0
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "cold", "first?x=1"))
+    assert status == 200, body
+    assert body == f"hello from {replica} /first?x=1"
+    view = await _view(cp, "cold")
+    assert view.cold_starts == 1
+    assert [r.task_id for r in view.replicas if r.state == "ready"] == [replica]
+    kinds = [e.kind for e in view.events]
+    assert kinds[:2] == ["cold start", "ready"], view.events
+    assert view.events[0].message == "1 request(s) waiting and no replica: starting 1"
+    shown = await cp.cli("endpoint", "get", "cold")
+    assert "cold start" in shown.stdout
+    assert replica in shown.stdout
+    listed = await cp.cli("endpoint", "list")
+    assert "cold" in listed.stdout
+    record = await task_record(await connect(cp.settings), replica)
+    assert record is not None
+    assert record.endpoint == "cold"
+    assert record.ready
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)")
+async def test_a_request_is_held_through_a_slow_image_pull(
+    cp: Controlplane, proxy: StallingProxy
+) -> None:
+    """Every registry connection stalls 2 s (skopeo makes several): the request waits the whole
+    pull, the one replica is never stopped, its pull never cancelled or retried."""
+    serve = (
+        "busybox mkdir -p /dev/shm/www && echo pulled-and-served > /dev/shm/www/index.html"
+        " && exec busybox httpd -f -p $LEVERS9_HOST:$PORT -h /dev/shm/www"
+    )
+    proxy.delay = 2.0
+    try:
+        done = await cp.cli(
+            "endpoint", "create", "pull", "--pool", POOL, "--gpus", "0", "--port", "8105",
+            "--image", IMAGE, "--", "sh", "-c", serve,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        before = proxy.connections
+        async with aiohttp.ClientSession() as session:
+            status, body, replica = await _get(session, _url(cp, "pull"), wait_s=300)
+    finally:
+        proxy.delay = 0.0
+    assert status == 200, body + await _why(cp, "pull")
+    assert body.strip() == "pulled-and-served"
+    assert proxy.connections > before, "the pull went through the stalling proxy"
+    view = await _view(cp, "pull")
+    assert view.cold_starts == 1
+    assert [r.task_id for r in view.replicas] == [replica], "one replica, never replaced"
+    assert "replica ended" not in [e.kind for e in view.events], view.events
+    record = await task_record(await connect(cp.settings), replica)
+    assert record is not None
+    [pull] = [p for p in record.phases if p.name == "image.pull"]
+    assert pull.detail.startswith("pulled "), pull
+    ready = next(e for e in view.events if e.kind == "ready")
+    assert float(ready.message.split(" after ")[1].split()[0]) >= 6.0, ready.message
+
+
+async def test_concurrent_requests_scale_the_replicas_up(cp: Controlplane) -> None:
+    await _create(cp, "burst", 8102, "--concurrency", "1", "--max-replicas", "3", "--idle", "600")
+    async with aiohttp.ClientSession() as session:
+        status, _, first = await _get(session, _url(cp, "burst"))
+        assert status == 200
+        seen: set[str] = set()
+
+        async def wave() -> bool:
+            answers = await asyncio.gather(
+                *(_get(session, _url(cp, "burst", "slow?s=0.5")) for _ in range(6))
+            )
+            assert all(status == 200 for status, _, _ in answers), answers
+            seen.update(replica for _, _, replica in answers)
+            return len(seen) >= 2
+
+        await eventually(wave, within=WITHIN)
+    view = await _view(cp, "burst")
+    assert "scale up" in [e.kind for e in view.events], view.events
+    assert len([r for r in view.replicas if r.state != "stopping"]) >= 2
+    assert first in seen or len(seen) >= 2
+
+
+async def test_idle_replicas_stop_down_to_zero_and_start_again(cp: Controlplane) -> None:
+    await _create(cp, "idle", 8103, "--idle", "2")
+    async with aiohttp.ClientSession() as session:
+        status, _, replica = await _get(session, _url(cp, "idle"))
+        assert status == 200
+
+        async def at_zero() -> bool:
+            return (await _view(cp, "idle")).replicas == []
+
+        await eventually(at_zero, within=WITHIN)
+        view = await _view(cp, "idle")
+        [down] = [e for e in view.events if e.kind == "scale down"]
+        assert down.message == "0 in flight for 2 s: 1 -> 0"
+        record = await task_record(await connect(cp.settings), replica)
+        assert record is not None
+        assert record.state == "cancelled"
+        assert "endpoint idle" in record.reason
+        status, _, again = await _get(session, _url(cp, "idle"))
+        assert status == 200
+        assert again != replica
+    assert (await _view(cp, "idle")).cold_starts == 2
+
+
+async def test_a_replica_dying_mid_request_is_a_clear_502_never_a_hang(cp: Controlplane) -> None:
+    await _create(cp, "die", 8104, "--max-replicas", "1")
+    async with aiohttp.ClientSession() as session:
+        status, _, first = await _get(session, _url(cp, "die"))
+        assert status == 200
+        async with asyncio.timeout(30):
+            status, body, replica = await _get(session, _url(cp, "die", "die"))
+        assert status == 502
+        assert replica == first
+        assert f"replica {first} of endpoint die failed before it answered" in body
+
+        async def served_again() -> bool:
+            status, _, replica = await _get(session, _url(cp, "die"))
+            return status == 200 and replica != first
+
+        await eventually(served_again, within=WITHIN)
+        async with (
+            asyncio.timeout(30),
+            session.get(_url(cp, "die", "half"), headers=_auth()) as response,
+        ):
+            assert response.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+    view = await _view(cp, "die")
+    ended = [e.message for e in view.events if e.kind == "replica ended"]
+    assert any(first in message and "failed" in message for message in ended), ended
+
+
+async def test_requests_need_the_operator_token_and_a_known_endpoint(cp: Controlplane) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(_url(cp, "cold")) as response:
+            assert response.status == 401
+            assert "Authorization: Bearer <operator token>" in await response.text()
+        async with session.get(_url(cp, "cold"), headers={"Authorization": "Bearer nope"}) as r:
+            assert r.status == 401
+        async with session.get(_url(cp, "nosuch"), headers=_auth()) as response:
+            assert response.status == 404
+            assert "no endpoint nosuch" in await response.text()
+
+
+async def test_blackwell_replicas_get_the_triton_attention_backend(cp: Controlplane) -> None:
+    """The pool's gpuType is RTX PRO 6000 (compute capability 12): the page's vLLM row."""
+    async with aiohttp.ClientSession() as session:
+        status, body, _ = await _get(session, _url(cp, "cold", "env"))
+    assert (status, body) == (200, "TRITON_ATTN")
+
+
+async def test_delete_stops_the_replicas(cp: Controlplane) -> None:
+    view = await _view(cp, "cold")
+    replicas = [r.task_id for r in view.replicas]
+    done = await cp.cli("endpoint", "delete", "cold")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "endpoint cold deleted" in done.stdout
+    client = await connect(cp.settings)
+    for task_id in replicas:
+        record = await task_record(client, task_id)
+        assert record is not None
+        assert record.state == "cancelled"
+    missing = await cp.cli("endpoint", "get", "cold")
+    assert missing.returncode == 1
+    assert "no endpoint cold" in missing.stderr
