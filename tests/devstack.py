@@ -34,6 +34,8 @@ class Dev:
             str(free_port()),
             "--moto-port",
             str(free_port()),
+            "--endpoints-port",
+            str(free_port()),
         ]
 
     @property

@@ -71,6 +71,7 @@ async def test_loads_pools_keeps_schedules_and_stops_on_sigterm(
         "LEVERS9_TASK_QUEUE": task_queue,
         "LEVERS9_WORKER_TOKEN_SECRET": MARKER,
         "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
+        "LEVERS9_ENDPOINTS_LISTEN": f"127.0.0.1:{free_port()}",
     }
     proc = await _worker_main(env, values, private)
     assert proc.stderr is not None

@@ -246,6 +246,7 @@ async def world(
         "LEVERS9_WORKER_TOKEN_SECRET": TOKEN_SECRET,
         "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{gateway_port}",
         "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"127.0.0.1:{gateway_port}",
+        "LEVERS9_ENDPOINTS_LISTEN": f"127.0.0.1:{free_port()}",
         "LEVERS9_REPLICA_ID": "crashy",
         "REQUESTS_CA_BUNDLE": str(running.state.dir / "ca-bundle.pem"),
         "OTEL_SDK_DISABLED": "true",
@@ -288,6 +289,7 @@ async def world(
             own = {
                 **env,
                 "LEVERS9_GATEWAY_LISTEN": gateway,
+                "LEVERS9_ENDPOINTS_LISTEN": f"127.0.0.1:{free_port()}",
                 "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": balancer.address,
                 "LEVERS9_REPLICA_ID": replica,
             }
