@@ -14,12 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox.resources import (
+    CLUSTER_ROLE_BINDINGS,
     DAEMON_SETS,
     DEPLOYMENTS,
     JOBS,
     NAMESPACES,
     PODS,
+    RBAC_GROUP,
     REPLICA_SETS,
+    ROLE_BINDINGS,
     SECRETS,
     Resource,
 )
@@ -209,6 +212,14 @@ def _secret(obj: dict[str, Any]) -> None:
     secret_data(obj)
 
 
+def _role_binding(obj: dict[str, Any]) -> None:
+    # `SetDefaults_Subject`: User and Group subjects are RBAC's.
+    for subject in obj.get("subjects") or []:
+        user_or_group = isinstance(subject, dict) and subject.get("kind") in ("User", "Group")
+        if user_or_group and not subject.get("apiGroup"):
+            subject["apiGroup"] = RBAC_GROUP
+
+
 _DEFAULTERS: dict[Resource, Defaulter] = {
     PODS: _pod,
     DEPLOYMENTS: _deployment,
@@ -217,6 +228,8 @@ _DEFAULTERS: dict[Resource, Defaulter] = {
     JOBS: _job,
     NAMESPACES: _namespace,
     SECRETS: _secret,
+    ROLE_BINDINGS: _role_binding,
+    CLUSTER_ROLE_BINDINGS: _role_binding,
 }
 
 

@@ -1,7 +1,8 @@
 """Decoding the Kubernetes protobuf request bodies kubectl sends for `kubectl create <generator>`.
 
 kubectl's typed clients write `Content-Type: application/vnd.kubernetes.protobuf` bodies
-(`kubectl create namespace|secret|configmap|job|deployment`) and do not fall back to JSON, so
+(`kubectl create namespace|secret|configmap|job|deployment|serviceaccount|token|role|
+clusterrole|rolebinding|clusterrolebinding`) and do not fall back to JSON, so
 the emulator reads that encoding: the `k8s\\x00` magic, a `runtime.Unknown` envelope naming
 apiVersion and kind, and the object in the field numbers of the types' `generated.proto`.
 
@@ -216,6 +217,52 @@ _SCHEMAS: dict[str, dict[int, F]] = {
         2: F("rollingUpdate", "msg", "RollingUpdateDeployment"),
     },
     "RollingUpdateDeployment": {1: F("maxUnavailable", "intstr"), 2: F("maxSurge", "intstr")},
+    "ServiceAccount": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        4: _p("automountServiceAccountToken", "bool"),
+    },
+    "TokenRequest": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        2: F("spec", "msg", "TokenRequestSpec"),
+        3: F("status", "skip"),
+    },
+    "TokenRequestSpec": {
+        1: _r("audiences", "str"),
+        4: _p("expirationSeconds", "int"),
+        3: F("boundObjectRef", "msg", "BoundObjectReference"),
+    },
+    "BoundObjectReference": {
+        1: F("kind", "str"),
+        2: F("apiVersion", "str"),
+        3: F("name", "str"),
+        4: F("uid", "str"),
+    },
+    "Role": {1: F("metadata", "msg", "ObjectMeta"), 2: _r("rules", "msg", "PolicyRule")},
+    "ClusterRole": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        2: _r("rules", "msg", "PolicyRule"),
+        3: F("aggregationRule", "msg", "AggregationRule"),
+    },
+    "AggregationRule": {1: _r("clusterRoleSelectors", "msg", "LabelSelector")},
+    "PolicyRule": {
+        1: _r("verbs", "str"),
+        2: _r("apiGroups", "str"),
+        3: _r("resources", "str"),
+        4: _r("resourceNames", "str"),
+        5: _r("nonResourceURLs", "str"),
+    },
+    "RoleBinding": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        2: _r("subjects", "msg", "Subject"),
+        3: F("roleRef", "msg", "RoleRef"),
+    },
+    "Subject": {
+        1: F("kind", "str"),
+        2: F("apiGroup", "str"),
+        3: F("name", "str"),
+        4: F("namespace", "str"),
+    },
+    "RoleRef": {1: F("apiGroup", "str"), 2: F("kind", "str"), 3: F("name", "str")},
 }
 _ROOTS = {
     ("v1", "Namespace"): "Namespace",
@@ -224,6 +271,12 @@ _ROOTS = {
     ("v1", "Pod"): "Pod",
     ("batch/v1", "Job"): "Job",
     ("apps/v1", "Deployment"): "Deployment",
+    ("v1", "ServiceAccount"): "ServiceAccount",
+    ("authentication.k8s.io/v1", "TokenRequest"): "TokenRequest",
+    ("rbac.authorization.k8s.io/v1", "Role"): "Role",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "RoleBinding",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "RoleBinding",
 }
 
 

@@ -200,6 +200,10 @@ SERVICE_ACCOUNTS = Resource(
     singular="serviceaccount",
     namespaced=True,
     short_names=("sa",),
+    # TokenRequest (`kubectl create token`): a token for the account, never stored.
+    subresources=(
+        Subresource("token", "TokenRequest", ("create",), "authentication.k8s.io", "v1"),
+    ),
     storage_version_hash="pbx9ZvyFpBE=",
 )
 EVENTS = Resource(
@@ -295,6 +299,43 @@ LEASES = Resource(
     namespaced=True,
     storage_version_hash="gqkMMb/YqFM=",
 )
+RBAC_GROUP = "rbac.authorization.k8s.io"
+ROLES = Resource(
+    group=RBAC_GROUP,
+    version="v1",
+    plural="roles",
+    kind="Role",
+    singular="role",
+    namespaced=True,
+    storage_version_hash="7FuwZcIIItM=",
+)
+ROLE_BINDINGS = Resource(
+    group=RBAC_GROUP,
+    version="v1",
+    plural="rolebindings",
+    kind="RoleBinding",
+    singular="rolebinding",
+    namespaced=True,
+    storage_version_hash="eGsCzGH6b1g=",
+)
+CLUSTER_ROLES = Resource(
+    group=RBAC_GROUP,
+    version="v1",
+    plural="clusterroles",
+    kind="ClusterRole",
+    singular="clusterrole",
+    namespaced=False,
+    storage_version_hash="bYE5ZWDrJ44=",
+)
+CLUSTER_ROLE_BINDINGS = Resource(
+    group=RBAC_GROUP,
+    version="v1",
+    plural="clusterrolebindings",
+    kind="ClusterRoleBinding",
+    singular="clusterrolebinding",
+    namespaced=False,
+    storage_version_hash="48tpQ8gZHFc=",
+)
 
 BUILTIN_RESOURCES: tuple[Resource, ...] = (
     NAMESPACES,
@@ -310,6 +351,10 @@ BUILTIN_RESOURCES: tuple[Resource, ...] = (
     DAEMON_SETS,
     JOBS,
     LEASES,
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
+    ROLE_BINDINGS,
+    ROLES,
 )
 
 

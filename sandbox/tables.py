@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandbox.resources import (
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
     CONFIG_MAPS,
     DAEMON_SETS,
     DEPLOYMENTS,
@@ -24,7 +26,10 @@ from sandbox.resources import (
     NODES,
     PODS,
     REPLICA_SETS,
+    ROLE_BINDINGS,
+    ROLES,
     SECRETS,
+    SERVICE_ACCOUNTS,
     Resource,
 )
 from sandbox.subresources import selector_string
@@ -285,7 +290,56 @@ def _event_row(ev: dict[str, Any], now: dt.datetime) -> list[Any]:
     ]
 
 
+def _binding_row(binding: dict[str, Any], now: dt.datetime) -> list[Any]:
+    ref = binding.get("roleRef") or {}
+    subjects = binding.get("subjects") or []
+
+    def named(kind: str) -> str:
+        return ", ".join(
+            (
+                f"{s.get('namespace', '')}/{s.get('name', '')}"
+                if kind == "ServiceAccount"
+                else s.get("name", "")
+            )
+            for s in subjects
+            if s.get("kind") == kind
+        )
+
+    return [
+        binding["metadata"]["name"],
+        f"{ref.get('kind', '')}/{ref.get('name', '')}",
+        _age(binding, now),
+        named("User"),
+        named("Group"),
+        named("ServiceAccount"),
+    ]
+
+
+_ROLE_PRINTER: tuple[list[Column], Row] = (
+    [("Name", "string", 0), ("Created At", "date", 0)],
+    lambda o, now: [o["metadata"]["name"], o["metadata"].get("creationTimestamp", "")],
+)
+_BINDING_PRINTER: tuple[list[Column], Row] = (
+    [
+        ("Name", "string", 0),
+        ("Role", "string", 0),
+        ("Age", "string", 0),
+        ("Users", "string", 1),
+        ("Groups", "string", 1),
+        ("ServiceAccounts", "string", 1),
+    ],
+    _binding_row,
+)
+
 _PRINTERS: dict[Resource, tuple[list[Column], Row]] = {
+    ROLES: _ROLE_PRINTER,
+    CLUSTER_ROLES: _ROLE_PRINTER,
+    ROLE_BINDINGS: _BINDING_PRINTER,
+    CLUSTER_ROLE_BINDINGS: _BINDING_PRINTER,
+    SERVICE_ACCOUNTS: (
+        [("Name", "string", 0), ("Secrets", "string", 0), ("Age", "string", 0)],
+        lambda o, now: [o["metadata"]["name"], len(o.get("secrets") or []), _age(o, now)],
+    ),
     PODS: (
         [
             ("Name", "string", 0),

@@ -4,7 +4,10 @@ Failures become one 422 Invalid listing every cause, as `kubectl` prints it:
 `The Pod "BAD" is invalid: metadata.name: Invalid value: "BAD": a lowercase RFC 1123 ...`.
 Covered: object names (RFC 1123 subdomain or label, per type), label keys and values, pod
 specs (containers, names, images, restart policy), job and deployment templates and selectors,
-and the update rules clients trip over (pod spec and job template immutability).
+and the update rules clients trip over (pod spec and job template immutability). RBAC objects
+(names are path segments: `system:aggregate-to-view` is valid): rules need verbs and either
+resources with API groups or non-resource URLs (ClusterRoles only); bindings need a roleRef of a
+kind they may bind, which never changes, and subjects of known kinds.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ from typing import Any
 
 from sandbox.errors import Cause
 from sandbox.resources import (
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
     DEPLOYMENTS,
     EVENTS,
     JOBS,
     NAMESPACES,
     PODS,
+    RBAC_GROUP,
+    ROLE_BINDINGS,
+    ROLES,
     SECRETS,
     Resource,
 )
@@ -70,6 +78,11 @@ def name_causes(resource: Resource, name: str, path: str = "metadata.name") -> l
             return [Cause.invalid(path, name, "must be no more than 63 characters")]
         return [] if _LABEL.match(name) else [Cause.invalid(path, name, LABEL_MSG)]
     causes = []
+    if resource in (ROLES, CLUSTER_ROLES, ROLE_BINDINGS, CLUSTER_ROLE_BINDINGS):
+        # RBAC names are path segment names (`ValidateRBACName`).
+        if name in (".", ".."):
+            return [Cause.invalid(path, name, f"may not be '{name}'")]
+        return [Cause.invalid(path, name, f"may not contain '{c}'") for c in "/%" if c in name]
     if len(name) > 253:
         causes.append(Cause.invalid(path, name, "must be no more than 253 characters"))
     if not _SUBDOMAIN.match(name):
@@ -236,12 +249,72 @@ def _event(obj: dict[str, Any]) -> list[Cause]:
     return []
 
 
+def _policy_rules(obj: dict[str, Any], namespaced: bool) -> list[Cause]:
+    causes = []
+    for i, rule in enumerate(obj.get("rules") or ()):
+        path = f"rules[{i}]"
+        if not isinstance(rule, Mapping):
+            causes.append(Cause.invalid(path, str(rule), "must be a PolicyRule"))
+            continue
+        if not rule.get("verbs"):
+            causes.append(Cause.required(f"{path}.verbs", "verbs must contain at least one value"))
+        urls = rule.get("nonResourceURLs")
+        if urls:
+            if namespaced:
+                detail = "namespaced rules cannot apply to non-resource URLs"
+                causes.append(Cause.invalid(f"{path}.nonResourceURLs", urls, detail))
+            if rule.get("apiGroups") or rule.get("resources") or rule.get("resourceNames"):
+                detail = "rules cannot apply to both regular resources and non-resource URLs"
+                causes.append(Cause.invalid(f"{path}.nonResourceURLs", urls, detail))
+            continue
+        if not rule.get("apiGroups"):
+            detail = "resource rules must supply at least one api group"
+            causes.append(Cause.required(f"{path}.apiGroups", detail))
+        if not rule.get("resources"):
+            detail = "resource rules must supply at least one resource"
+            causes.append(Cause.required(f"{path}.resources", detail))
+    return causes
+
+
+def _role_binding(obj: dict[str, Any], namespaced: bool) -> list[Cause]:
+    causes = []
+    ref = obj.get("roleRef") or {}
+    kinds = ("Role", "ClusterRole") if namespaced else ("ClusterRole",)
+    if ref.get("apiGroup") != RBAC_GROUP:
+        causes.append(Cause.unsupported("roleRef.apiGroup", ref.get("apiGroup", ""), [RBAC_GROUP]))
+    if ref.get("kind") not in kinds:
+        causes.append(Cause.unsupported("roleRef.kind", ref.get("kind", ""), kinds))
+    if not ref.get("name"):
+        causes.append(Cause.required("roleRef.name"))
+    for i, subject in enumerate(obj.get("subjects") or ()):
+        path = f"subjects[{i}]"
+        if not subject.get("name"):
+            causes.append(Cause.required(f"{path}.name"))
+        kind, group = subject.get("kind"), subject.get("apiGroup") or ""
+        if kind == "ServiceAccount":
+            if group:
+                causes.append(Cause.unsupported(f"{path}.apiGroup", group, [""]))
+            if not namespaced and not subject.get("namespace"):
+                causes.append(Cause.required(f"{path}.namespace"))
+        elif kind in ("User", "Group"):
+            if group != RBAC_GROUP:
+                causes.append(Cause.unsupported(f"{path}.apiGroup", group, [RBAC_GROUP]))
+        else:
+            subject_kinds = ("ServiceAccount", "User", "Group")
+            causes.append(Cause.unsupported(f"{path}.kind", kind or "", subject_kinds))
+    return causes
+
+
 _CREATE: dict[Resource, Validator] = {
     PODS: _pod,
     DEPLOYMENTS: _deployment,
     JOBS: _job,
     SECRETS: _secret,
     EVENTS: _event,
+    ROLES: lambda obj: _policy_rules(obj, True),
+    CLUSTER_ROLES: lambda obj: _policy_rules(obj, False),
+    ROLE_BINDINGS: lambda obj: _role_binding(obj, True),
+    CLUSTER_ROLE_BINDINGS: lambda obj: _role_binding(obj, False),
 }
 
 
@@ -294,10 +367,23 @@ def _deployment_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     return []
 
 
+def _binding_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    before, after = old.get("roleRef") or {}, new.get("roleRef") or {}
+    if before == after:
+        return []
+    shown = (
+        f'rbac.RoleRef{{APIGroup:"{after.get("apiGroup", "")}", Kind:"{after.get("kind", "")}", '
+        f'Name:"{after.get("name", "")}"}}'
+    )
+    return [Cause("FieldValueInvalid", f"Invalid value: {shown}: cannot change roleRef", "roleRef")]
+
+
 _UPDATE: dict[Resource, UpdateValidator] = {
     PODS: _pod_update,
     JOBS: _job_update,
     DEPLOYMENTS: _deployment_update,
+    ROLE_BINDINGS: _binding_update,
+    CLUSTER_ROLE_BINDINGS: _binding_update,
 }
 
 
