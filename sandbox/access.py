@@ -11,10 +11,12 @@ chosen by `network_denial`:
 - `"timeout"`: the request is held unanswered for `timeout_hold_seconds` and the connection is
   then dropped, so clients see their own timeout, as against GKE.
 
-The admin user (the person at the laptop, with kubectl) is exempt: their own IP is what they
-add to the authorized networks to use kubectl (spec: "add your own IP to the authorized
-networks"), so modelling it would only add a step without testing anything of ours.
-`authorized_networks=None` means the feature is off (every address may connect).
+The admin user's calls (the person at the laptop, with kubectl) come from the workstation's
+address (`workstation_ip`), checked like any other. Kubernetes service accounts (a pod's
+in-cluster config, `Principal.in_cluster`) reach the API from inside the cluster, which the
+authorized networks do not filter: they are never refused here, and RBAC (`rbac`), not IAM,
+authorizes them. `authorized_networks=None` means the feature is off (every address may
+connect).
 
 IAM. A service account may call the API only with a role that grants the permission GKE maps
 the request to (`container.<resource>.<verb>`: `container.pods.list`, `container.jobs.create`,
@@ -45,6 +47,10 @@ _IAM_RESOURCE = {
     "configmaps": "configMaps",
     "daemonsets": "daemonSets",
     "replicasets": "replicaSets",
+    "serviceaccounts": "serviceAccounts",
+    "clusterroles": "clusterRoles",
+    "clusterrolebindings": "clusterRoleBindings",
+    "rolebindings": "roleBindings",
 }
 
 
@@ -73,6 +79,8 @@ def iam_permission(info: RequestInfo) -> str:
             verb = "evict"
         case "binding":
             resource, verb = "bindings", "create"
+        case "token":
+            verb = "createToken"
     return f"container.{resource}.{verb}"
 
 
@@ -121,7 +129,7 @@ class AccessPolicy:
         )
 
     def network_allows(self, principal: Principal | None) -> bool:
-        if self.authorized_networks is None:
+        if self.authorized_networks is None or (principal is not None and principal.in_cluster):
             return True
         address = ipaddress.ip_address(self.source(principal))
         return any(address in network for network in self.authorized_networks)

@@ -1,8 +1,10 @@
 """The Kubernetes API over HTTP: the aiohttp application and the gate every request passes.
 
 Order of the gate, as on GKE: the network (authorized networks; unauthenticated callers are
-treated as coming from the controlplane's egress IP), then the request counter, then staged
-faults, then authentication (401), then IAM authorization (403), then the handler. So from an
+treated as coming from the controlplane's egress IP; Kubernetes service accounts call from
+inside the cluster and pass), then the request counter, then staged faults, then
+authentication (401), then authorization (403: IAM for GKE identities, RBAC with its
+escalation checks for service accounts, see `rbac`), then the handler. So from an
 allowed source a wrong, expired or revoked bearer token is 401 Unauthorized, while a source off
 the networks is refused (403) or dropped (`network_denial: timeout`) whatever its token, as GKE
 filters by address before the apiserver sees the request. Discovery
@@ -23,6 +25,7 @@ from sandbox.auth import Authenticator, Principal
 from sandbox.discovery import Discovery, ServerVersion, wants_aggregated
 from sandbox.faults import FaultInjector, RequestCounter
 from sandbox.handlers import ResourceHandlers, error_response, json_response
+from sandbox.rbac import RbacAuthorizer
 from sandbox.registry import Registry
 from sandbox.routing import RequestInfo, resolve
 from sandbox.watchstream import WatchStreamer
@@ -60,6 +63,7 @@ class ApiServer:
     def __init__(self, parts: ApiServerParts, server_address: str) -> None:
         self.parts = parts
         self._discovery = Discovery(parts.registry.catalog, server_address)
+        self._rbac = RbacAuthorizer(parts.registry)
         self._resources = ResourceHandlers(
             parts.registry, WatchStreamer(parts.registry, bookmark_interval=parts.bookmark_interval)
         )
@@ -88,7 +92,10 @@ class ApiServer:
                     raise errors.injected(rule.status, rule.message, rule.retry_after_seconds)
             if principal is None and request.path not in _PUBLIC_PATHS:
                 raise errors.unauthorized()
-            if principal is not None:
+            if principal is not None and principal.in_cluster:
+                self._rbac.authorize(principal, info, request.query)
+                await self._rbac.check_write(principal, info, request)
+            elif principal is not None:
                 parts.policy.authorize(principal, info)
             if info.is_resource_request:
                 return await self._resources.handle(request, info)

@@ -16,6 +16,11 @@ granted to the email either way (`access.AccessPolicy`).
 
 Static bearer tokens (kubeconfig users, `flavor: generic` clusters) are configured at start;
 the admin token's user is the person at the laptop, who is not subject to authorized networks.
+
+Kubernetes service-account tokens (the JWTs a pod's kubelet mounts, and `kubectl create
+token`'s) are checked by the token authenticators added with `add_token_authenticator`
+(`serviceaccounts.ServiceAccounts.authenticate`); their principals are `in_cluster`: RBAC
+authorizes them (`rbac`), not IAM, and the authorized networks do not apply to them.
 """
 
 from __future__ import annotations
@@ -57,12 +62,19 @@ class Principal:
         network_exempt: calls from the operator's workstation (the admin's kubectl), not the
             controlplane's egress: checked against the authorized networks from its own address
             (`AccessPolicy.workstation_ip`), as GKE checks every caller's source.
+        groups: the groups RBAC matches Group subjects against (`system:serviceaccounts`,
+            `system:serviceaccounts:<ns>`, `system:authenticated` for a service account).
+        in_cluster: a Kubernetes service account (`system:serviceaccount:<ns>:<name>`): RBAC
+            decides what it may do, and it calls from inside the cluster, so the master
+            authorized networks do not apply to it.
     """
 
     username: str
     email: str | None = None
     superuser: bool = False
     network_exempt: bool = False
+    groups: tuple[str, ...] = ()
+    in_cluster: bool = False
 
 
 class TokenError(Exception):
@@ -110,6 +122,7 @@ class Authenticator:
         self._keys: dict[str, _Key] = {}
         self._issued: dict[str, _Issued] = {}
         self._static: dict[str, Principal] = {}
+        self._token_authenticators: list[Callable[[str], Principal | None]] = []
         self._exchanges = 0
 
     # -- configuration -----------------------------------------------------------------------
@@ -118,6 +131,11 @@ class Authenticator:
         self, token: str, username: str, *, superuser: bool = True, network_exempt: bool = False
     ) -> None:
         self._static[token] = Principal(username, None, superuser, network_exempt)
+
+    def add_token_authenticator(self, authenticate: Callable[[str], Principal | None]) -> None:
+        """Asks `authenticate(token)` about bearer tokens that are neither static nor issued
+        here (service-account JWTs); None from it means not its token."""
+        self._token_authenticators.append(authenticate)
 
     def register_key(self, key: dict[str, str]) -> None:
         """Trusts a service-account key (the JSON gcloud writes): its public half verifies
@@ -242,6 +260,10 @@ class Authenticator:
         if static is not None:
             return static
         issued = self._issued.get(token)
-        if issued is None or issued.expires < self._now():
-            return None
-        return issued.principal
+        if issued is not None:
+            return issued.principal if issued.expires >= self._now() else None
+        for authenticate in self._token_authenticators:
+            principal = authenticate(token)
+            if principal is not None:
+                return principal
+        return None

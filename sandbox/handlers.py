@@ -2,9 +2,9 @@
 
 Bodies are JSON (or YAML, which the apiserver also accepts); responses are JSON, or a
 `meta.k8s.io/v1` Table when kubectl asks for one. Status codes follow the apiserver: 201 for
-a create (and for an eviction or binding), 200 otherwise; a delete answers with the object
-where the type's registry returns it (pods, namespaces, anything not gone yet) and a Success
-Status otherwise.
+a create (and for an eviction, a binding or a service account's TokenRequest), 200
+otherwise; a delete answers with the object where the type's registry returns it (pods,
+namespaces, anything not gone yet) and a Success Status otherwise.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class ResourceHandlers:
             case "create":
                 return await self._create(request, resource, namespace, info, query)
             case "update":
-                body = await _body(request)
+                body = await read_body(request)
                 obj = self._registry.replace(
                     resource,
                     body,
@@ -252,7 +252,7 @@ class ResourceHandlers:
         info: RequestInfo,
         query: dict[str, str],
     ) -> web.Response:
-        body = await _body(request)
+        body = await read_body(request)
         if info.name is not None and info.subresource is None:
             raise errors.method_not_allowed()
         if info.subresource == "eviction":
@@ -263,6 +263,11 @@ class ResourceHandlers:
                 namespace or "", info.name or "", binding_target(body, info.name or "")
             )
             return json_response(errors.success_status(201), 201)
+        if info.subresource == "token":
+            answer = self._registry.service_accounts.token_request(
+                namespace or "", info.name or "", body
+            )
+            return json_response(answer, 201)
         if info.subresource is not None:
             raise errors.method_not_allowed()
         if not isinstance(body, dict):
@@ -392,7 +397,8 @@ def _dry_run(query: dict[str, str]) -> bool:
     return query.get("dryRun") == "All"
 
 
-async def _body(request: web.Request) -> Any:
+async def read_body(request: web.Request) -> Any:
+    """The request's object: JSON, YAML or protobuf (400 when it is none of them)."""
     raw = await request.read()
     if not raw:
         raise errors.bad_request("the body of the request is empty")

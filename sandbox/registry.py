@@ -15,6 +15,8 @@ conflicts and deletion rules as a client over HTTP:
     async with registry.watch(PODS, "levers9", since=page.resource_version) as w: ...
     detach = registry.attach_kubelet("n1")       # deleting a pod on n1 now waits for its
                                                  # kubelet's grace-0 delete
+    registry.service_accounts                    # accounts, pod admission, tokens
+                                                 # (`serviceaccounts`)
 
 All calls are synchronous and must run on the event loop's thread (see `store`). Errors are
 `ApiError`s with the real API's Status. Deletion follows the apiserver: finalizers and
@@ -49,6 +51,7 @@ from sandbox.resources import (
     ResourceCatalog,
 )
 from sandbox.selectors import FieldSelector, LabelSelector
+from sandbox.serviceaccounts import ServiceAccounts
 from sandbox.store import ListPage, Store, StoredEvent, Watch, dumps, rfc3339
 from sandbox.validation import validate, validate_update
 
@@ -79,6 +82,10 @@ class Registry:
         self._random = random.Random(seed)
         self.store.add_listener(self._forget_pod_logs)
         GarbageCollector(self).install()
+        # Each namespace's `default` account; pods' accounts checked (and, once the API
+        # signs tokens, their tokens mounted) at create.
+        self.service_accounts = ServiceAccounts(self)
+        self.service_accounts.install()
         for name in _SYSTEM_NAMESPACES:
             if not self.store.exists(NAMESPACES, None, name):
                 self.create(NAMESPACES, {"metadata": {"name": name}})
@@ -162,6 +169,8 @@ class Registry:
         ns = self._request_namespace(resource, meta, namespace)
         if meta.get("resourceVersion"):
             raise errors.bad_request("resourceVersion should not be set on objects to be created")
+        # Admission names an object by its generateName until it has a name.
+        requested = str(meta.get("name") or meta.get("generateName") or "")
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = self._generate_name(resource, ns, str(meta["generateName"]))
         name = str(meta.get("name") or "")
@@ -178,6 +187,8 @@ class Registry:
             obj.pop("status", None)
         if name:
             defaults.apply_defaults(resource, obj)
+            if resource is PODS:
+                self.service_accounts.admit_pod(obj, ns, requested)
         causes = validate(resource, obj)
         if causes:
             raise errors.invalid(resource, name, causes)
@@ -185,6 +196,10 @@ class Registry:
             meta["creationTimestamp"] = rfc3339(self.store.now())
             return obj
         return self.store.create(resource, obj)
+
+    def random_suffix(self, length: int = 5) -> str:
+        """Random characters as the apiserver's generated names end with them."""
+        return "".join(self._random.choice(_NAME_ALPHABET) for _ in range(length))
 
     def _uuid(self) -> str:
         return str(uuid.UUID(int=self._random.getrandbits(128), version=4))

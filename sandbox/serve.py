@@ -9,6 +9,7 @@ State directory:
 | - | - |
 | `tls/ca.crt`, `tls/tls.crt`, `tls/tls.key` | the CA and serving certificate (reused on restart) |
 | `admin-token` | the kubeconfig user's token, also the admin API's (0600) |
+| `service-account.key` | signs Kubernetes service-account tokens (0600; kept across restarts) |
 | `keys/<id>.json` | service-account keys this sandbox trusts, with their IAM roles (0600) |
 | `kubeconfig`, `ca.crt` | for kubectl and clients |
 | `ca-bundle.pem` | the public CAs (certifi's) and the sandbox CA, for `REQUESTS_CA_BUNDLE` |
@@ -46,6 +47,7 @@ from sandbox.gcp.server import GcpEmulator, GcpSite, start_gcp
 from sandbox.pki import CertificateAuthority, mint_certificate_authority
 from sandbox.scenario import Scenario
 from sandbox.server import LOOPBACK, Sandbox, SandboxOptions, start_sandbox
+from sandbox.serviceaccounts import TokenSigner
 
 CONTROLPLANE_ACCOUNT = "levers9-controlplane"
 OPERATOR_ACCOUNT = "levers9-operator"
@@ -79,6 +81,15 @@ class SandboxState:
         token = secrets.token_urlsafe(32)
         write_private(path, token)
         return token
+
+    def service_account_key(self) -> bytes:
+        """The PEM key that signs Kubernetes service-account tokens: minted once, kept."""
+        path = self.dir / "service-account.key"
+        if path.exists():
+            return path.read_bytes()
+        key = TokenSigner().key_pem
+        write_private(path, key.decode())
+        return key
 
     def saved_keys(self) -> list[dict[str, Any]]:
         return [json.loads(p.read_text()) for p in sorted((self.dir / "keys").glob("*.json"))]
@@ -213,6 +224,7 @@ async def start(
         history_seconds=scenario.timing.watch_cache_seconds,
         continue_ttl_seconds=scenario.timing.continue_token_seconds,
         ca=state.certificate_authority(),
+        service_account_key=state.service_account_key(),
     )
     commands = ClusterAdmin()
     sandbox = await start_sandbox(options, extra_routes=commands.add_routes)

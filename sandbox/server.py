@@ -5,13 +5,17 @@
     sandbox.registry                                         # in-process API (controllers)
     sandbox.compact(); sandbox.drop_watches(); sandbox.expire_tokens()   # see sandbox.admin
     key = sandbox.mint_service_account_key(project="demo", account="levers9-controlplane")
+    token = sandbox.service_account_token("levers9", "agent")   # a Kubernetes SA's JWT (RBAC)
     sandbox.write_kubeconfig(path)                           # kubectl, as the admin user
     await sandbox.close()
 
     python -m sandbox.server --port 6443 --state-dir .levers9/sandbox
         serves until interrupted; writes <state-dir>/kubeconfig and <state-dir>/ca.crt.
 
-It listens on 127.0.0.1 only, over HTTPS with a CA minted at start.
+It listens on 127.0.0.1 only, over HTTPS with a CA minted at start. It signs Kubernetes
+service-account tokens (`serviceaccounts`: TokenRequest, the kubelet's mounted token, every
+namespace's `kube-root-ca.crt`) with `service_account_key` (minted when None) and authorizes
+their callers with RBAC (`rbac`, whose default ClusterRoles it bootstraps).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from sandbox import rbac
 from sandbox.access import DEVELOPER, AccessPolicy, NetworkDenial
 from sandbox.admin import AdminApi
 from sandbox.apiserver import MAX_BODY, ApiServer, ApiServerParts
@@ -39,6 +44,7 @@ from sandbox.discovery import ServerVersion
 from sandbox.kubeconfig import write_kubeconfig
 from sandbox.pki import CertificateAuthority, mint_certificate_authority
 from sandbox.registry import Registry
+from sandbox.serviceaccounts import DEFAULT_ISSUER, TokenSigner
 from sandbox.store import (
     DEFAULT_CONTINUE_TTL_SECONDS,
     DEFAULT_HISTORY,
@@ -73,6 +79,9 @@ class SandboxOptions:
             (etcd's 5-minute compaction); an older one gets 410 Expired.
         ca: the CA and serving certificate; minted when None (a restart that keeps its
             clients' trust passes the one it had).
+        service_account_key: the PEM RSA key that signs service-account tokens; minted when
+            None (a restart that keeps the pods' tokens valid passes the one it had).
+        service_account_issuer: the tokens' `iss` (and their default audience).
     """
 
     port: int = 0
@@ -88,6 +97,8 @@ class SandboxOptions:
     history_seconds: float = DEFAULT_HISTORY_SECONDS
     continue_ttl_seconds: float = DEFAULT_CONTINUE_TTL_SECONDS
     ca: CertificateAuthority | None = None
+    service_account_key: bytes | None = None
+    service_account_issuer: str = DEFAULT_ISSUER
 
 
 @dataclass
@@ -125,6 +136,21 @@ class Sandbox:
         for role in roles:
             self.parts.policy.grant(key["client_email"], role)
         return key
+
+    def service_account_token(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        audiences: Sequence[str] | None = None,
+        expiration_seconds: int = 3600,
+    ) -> str:
+        """A token for the Kubernetes service account `namespace/name`, as `kubectl create
+        token` gets one (call it on the server's loop thread). Its caller is
+        `system:serviceaccount:<namespace>:<name>`, authorized by RBAC."""
+        return self.registry.service_accounts.issue(
+            namespace, name, audiences=audiences, expiration_seconds=expiration_seconds
+        ).token
 
     def compact(self) -> int:
         """Drops all watch history and list snapshots (`POST /_sandbox/compact`): a watch
@@ -208,15 +234,19 @@ async def start_sandbox(
     for email, roles in options.role_bindings.items():
         for role in roles:
             policy.grant(email, role)
+    registry = registry or Registry(
+        Store(
+            history_limit=options.history_limit,
+            history_seconds=options.history_seconds,
+            continue_ttl_seconds=options.continue_ttl_seconds,
+        )
+    )
+    signer = TokenSigner(options.service_account_key, issuer=options.service_account_issuer)
+    registry.service_accounts.enable_tokens(signer, ca.ca_pem)
+    authenticator.add_token_authenticator(registry.service_accounts.authenticate)
+    rbac.install(registry)
     parts = ApiServerParts(
-        registry=registry
-        or Registry(
-            Store(
-                history_limit=options.history_limit,
-                history_seconds=options.history_seconds,
-                continue_ttl_seconds=options.continue_ttl_seconds,
-            )
-        ),
+        registry=registry,
         authenticator=authenticator,
         policy=policy,
         version=options.server_version,

@@ -321,7 +321,12 @@ class JobController(Controller[Key]):
         }
         if not pod["metadata"]["annotations"]:
             del pod["metadata"]["annotations"]
-        created = self.registry.create(PODS, pod, namespace=namespace)
+        try:
+            created = self.registry.create(PODS, pod, namespace=namespace)
+        except errors.ApiError as error:
+            # e.g. admission's 403 for a missing service account; retried with back-off.
+            self._events.warning(job, "FailedCreate", f"Error creating: {error.message}")
+            raise
         self._events.normal(job, "SuccessfulCreate", f"Created pod: {name_of(created)}")
         return created
 

@@ -14,8 +14,13 @@ The sandbox contract (a process has no container filesystem, so paths are mapped
   volume `/var/lib/x` is the directory `$LEVERS9_SANDBOX_ROOT/var/lib/x`; the kubelet's own
   files live there too (`var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`).
 - `LEVERS9_SANDBOX_MOUNTS`: a JSON object `{"<mountPath>": "<host directory or file>"}` for
-  every volume mount of the container (hostPath, emptyDir, secret, configMap; `subPath`
-  applied). A process maps a container path by its longest matching mountPath.
+  every volume mount of the container (hostPath, emptyDir, secret, configMap, projected;
+  `subPath` applied). A process maps a container path by its longest matching mountPath.
+  The service-account token volume admission adds (`serviceaccounts`) is a projected volume
+  at `/var/run/secrets/kubernetes.io/serviceaccount` holding `token` (a JWT bound to the pod,
+  fetched from the API at each container start), `ca.crt` (the API's CA) and `namespace`: with
+  `KUBERNETES_SERVICE_HOST`/`PORT`, what `kubernetes.config.load_incluster_config` reads, once
+  its two file names are mapped.
 - `PATH` (unless the pod sets one): the directory of the sandbox's Python interpreter first,
   so `python` and the project's console scripts (`levers9-worker`) resolve, then the usual
   system directories. `HOME` is the container's scratch directory (also its working
@@ -265,6 +270,10 @@ def _volume_dir(ctx: PodContext, volume: Mapping[str, Any]) -> Path | None:
         path = volumes_dir / "kubernetes.io~empty-dir" / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+    if "projected" in volume:
+        path = volumes_dir / "kubernetes.io~projected" / name
+        _write_files(path, _projected_files(ctx, name, volume["projected"]))
+        return path
     for key, resource, label, plugin in (
         ("secret", SECRETS, "secret", "kubernetes.io~secret"),
         ("configMap", CONFIG_MAPS, "configmap", "kubernetes.io~configmap"),
@@ -307,19 +316,87 @@ def _host_path(ctx: PodContext, name: str, source: Mapping[str, Any]) -> Path:
     return target
 
 
-def _project(path: Path, data: Mapping[str, str], items: Any, mode: Any = None) -> None:
-    """The volume's files, with the kubelet's default mode 0644 or the volume's `defaultMode`
-    (an item's own `mode` wins)."""
-    path.mkdir(parents=True, exist_ok=True)
+_File = tuple[str, str, Any]  # path in the volume, content, mode (None: the default)
+
+
+def _selected(data: Mapping[str, str], items: Any) -> list[_File]:
+    """The files a Secret's or ConfigMap's keys make: `items` (key, path, mode), or every key."""
     wanted = {str(i.get("key")): i for i in items or ()} or {k: {"path": k} for k in data}
-    for key, item in wanted.items():
-        if key not in data:
-            continue
-        target = inside(path, str(item.get("path", key)))
+    return [
+        (str(item.get("path", key)), data[key], item.get("mode"))
+        for key, item in wanted.items()
+        if key in data
+    ]
+
+
+def _write_files(path: Path, files: list[_File], mode: Any = None) -> None:
+    """Writes the volume's files, with the kubelet's default mode 0644 or the volume's
+    `defaultMode` (a file's own `mode` wins)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for relative, text, own in files:
+        target = inside(path, relative)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(data[key])
-        chosen = item.get("mode", mode)
+        target.write_text(text)
+        chosen = own if own is not None else mode
         target.chmod(int(chosen) if isinstance(chosen, int) else 0o644)
+
+
+def _project(path: Path, data: Mapping[str, str], items: Any, mode: Any = None) -> None:
+    _write_files(path, _selected(data, items), mode)
+
+
+def _projected_files(ctx: PodContext, name: str, source: Mapping[str, Any]) -> list[_File]:
+    """A projected volume's files: service-account tokens, Secret and ConfigMap keys and
+    downward-API fields, in the order of `sources` (raises MountError)."""
+    namespace = str((ctx.pod.get("metadata") or {}).get("namespace", ""))
+    failed = f'MountVolume.SetUp failed for volume "{name}" :'
+    files: list[_File] = []
+    for projection in source.get("sources") or ():
+        token = projection.get("serviceAccountToken")
+        if token is not None:
+            try:
+                text = ctx.registry.service_accounts.pod_token(
+                    ctx.pod,
+                    audience=token.get("audience") or None,
+                    expiration_seconds=int(token.get("expirationSeconds") or 3600),
+                )
+            except errors.ApiError as error:
+                raise MountError(f"{failed} failed to fetch token: {error.message}") from None
+            files.append((str(token.get("path") or "token"), text, None))
+        for key, resource, label in (
+            ("secret", SECRETS, "secret"),
+            ("configMap", CONFIG_MAPS, "configmap"),
+        ):
+            ref = projection.get(key)
+            if ref is None:
+                continue
+            try:
+                data = _read_data(
+                    ctx,
+                    resource,
+                    namespace,
+                    str(ref.get("name", "")),
+                    label,
+                    bool(ref.get("optional")),
+                )
+            except ConfigError as error:
+                raise MountError(f"{failed} {error}") from None
+            files.extend(_selected(data or {}, ref.get("items")))
+        downward = projection.get("downwardAPI")
+        if downward is not None:
+            for item in downward.get("items") or ():
+                field = (item.get("fieldRef") or {}).get("fieldPath")
+                if field:
+                    files.append(
+                        (
+                            str(item.get("path", "")),
+                            field_value(ctx.pod, str(field)),
+                            item.get("mode"),
+                        )
+                    )
+    if source.get("defaultMode") is not None:
+        files = [(p, t, m if m is not None else source["defaultMode"]) for p, t, m in files]
+    return files
 
 
 def working_dir(container: Mapping[str, Any], mounts: Mapping[str, str], scratch: Path) -> Path:

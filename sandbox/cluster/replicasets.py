@@ -134,7 +134,12 @@ class ReplicaSetController(Controller[Key]):
         }
         if tmeta.get("annotations"):
             pod["metadata"]["annotations"] = tmeta["annotations"]
-        created = self.registry.create(PODS, pod, namespace=meta(rs)["namespace"])
+        try:
+            created = self.registry.create(PODS, pod, namespace=meta(rs)["namespace"])
+        except errors.ApiError as error:
+            # e.g. admission's 403 for a missing service account; retried with back-off.
+            self._events.warning(rs, "FailedCreate", f"Error creating: {error.message}")
+            raise
         self._next += 1
         self._sequence[uid_of(created)] = self._next
         self._events.normal(rs, "SuccessfulCreate", f"Created pod: {name_of(created)}")
