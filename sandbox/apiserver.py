@@ -4,7 +4,8 @@ Order of the gate, as on GKE: the network (authorized networks; unauthenticated 
 treated as coming from the controlplane's egress IP; Kubernetes service accounts call from
 inside the cluster and pass), then the request counter, then staged faults, then
 authentication (401), then authorization (403: IAM for GKE identities, RBAC with its
-escalation checks for service accounts, see `rbac`), then the handler. So from an
+escalation checks for service accounts, see `rbac`; a caller's reviews of itself, `kubectl
+auth whoami|can-i`, are answered before it, see `reviews`), then the handler. So from an
 allowed source a wrong, expired or revoked bearer token is 401 Unauthorized, while a source off
 the networks is refused (403) or dropped (`network_denial: timeout`) whatever its token, as GKE
 filters by address before the apiserver sees the request. Discovery
@@ -27,6 +28,7 @@ from sandbox.faults import FaultInjector, RequestCounter
 from sandbox.handlers import ResourceHandlers, error_response, json_response
 from sandbox.rbac import RbacAuthorizer
 from sandbox.registry import Registry
+from sandbox.reviews import Reviews, is_review
 from sandbox.routing import RequestInfo, resolve
 from sandbox.watchstream import WatchStreamer
 
@@ -64,6 +66,7 @@ class ApiServer:
         self.parts = parts
         self._discovery = Discovery(parts.registry.catalog, server_address)
         self._rbac = RbacAuthorizer(parts.registry)
+        self._reviews = Reviews(parts, self._rbac)
         self._resources = ResourceHandlers(
             parts.registry, WatchStreamer(parts.registry, bookmark_interval=parts.bookmark_interval)
         )
@@ -92,6 +95,10 @@ class ApiServer:
                     raise errors.injected(rule.status, rule.message, rule.retry_after_seconds)
             if principal is None and request.path not in _PUBLIC_PATHS:
                 raise errors.unauthorized()
+            if principal is not None:
+                principal = self._rbac.impersonate(principal, request.headers)
+            if principal is not None and is_review(info):
+                return await self._reviews.answer(request, info, principal)
             if principal is not None and principal.in_cluster:
                 self._rbac.authorize(principal, info, request.query)
                 await self._rbac.check_write(principal, info, request)

@@ -66,7 +66,8 @@ class Principal:
             `system:serviceaccounts:<ns>`, `system:authenticated` for a service account).
         in_cluster: a Kubernetes service account (`system:serviceaccount:<ns>:<name>`): RBAC
             decides what it may do, and it calls from inside the cluster, so the master
-            authorized networks do not apply to it.
+            authorized networks do not apply to it. (A user the admin impersonates, `kubectl
+            --as`, is one too, once the caller's own network check has passed.)
     """
 
     username: str

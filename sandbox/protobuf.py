@@ -2,7 +2,8 @@
 
 kubectl's typed clients write `Content-Type: application/vnd.kubernetes.protobuf` bodies
 (`kubectl create namespace|secret|configmap|job|deployment|serviceaccount|token|role|
-clusterrole|rolebinding|clusterrolebinding`) and do not fall back to JSON, so
+clusterrole|rolebinding|clusterrolebinding`, `kubectl auth whoami|can-i`) and do not fall back
+to JSON, so
 the emulator reads that encoding: the `k8s\\x00` magic, a `runtime.Unknown` envelope naming
 apiVersion and kind, and the object in the field numbers of the types' `generated.proto`.
 
@@ -263,6 +264,32 @@ _SCHEMAS: dict[str, dict[int, F]] = {
         4: F("namespace", "str"),
     },
     "RoleRef": {1: F("apiGroup", "str"), 2: F("kind", "str"), 3: F("name", "str")},
+    "SelfSubjectReview": {1: F("metadata", "msg", "ObjectMeta"), 2: F("status", "skip")},
+    "SelfSubjectAccessReview": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        2: F("spec", "msg", "SelfSubjectAccessReviewSpec"),
+        3: F("status", "skip"),
+    },
+    "SelfSubjectAccessReviewSpec": {
+        1: F("resourceAttributes", "msg", "ResourceAttributes"),
+        2: F("nonResourceAttributes", "msg", "NonResourceAttributes"),
+    },
+    "ResourceAttributes": {
+        1: F("namespace", "str"),
+        2: F("verb", "str"),
+        3: F("group", "str"),
+        4: F("version", "str"),
+        5: F("resource", "str"),
+        6: F("subresource", "str"),
+        7: F("name", "str"),
+    },
+    "NonResourceAttributes": {1: F("path", "str"), 2: F("verb", "str")},
+    "SelfSubjectRulesReview": {
+        1: F("metadata", "msg", "ObjectMeta"),
+        2: F("spec", "msg", "SelfSubjectRulesReviewSpec"),
+        3: F("status", "skip"),
+    },
+    "SelfSubjectRulesReviewSpec": {1: F("namespace", "str")},
 }
 _ROOTS = {
     ("v1", "Namespace"): "Namespace",
@@ -277,6 +304,9 @@ _ROOTS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "ClusterRole",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "RoleBinding",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "RoleBinding",
+    ("authentication.k8s.io/v1", "SelfSubjectReview"): "SelfSubjectReview",
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): "SelfSubjectAccessReview",
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"): "SelfSubjectRulesReview",
 }
 
 

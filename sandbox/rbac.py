@@ -38,11 +38,15 @@ found`). Escalation is prevented as Kubernetes prevents it: a service account ma
 or ClusterRole only with rules it holds itself where it writes it (or with the `escalate`
 verb on it), and a binding only to a role whose rules it holds (or with `bind` on that role);
 otherwise 403 `... is attempting to grant RBAC permissions not currently held:` and the rules.
+Impersonation (`kubectl --as=system:serviceaccount:levers9:agent`, `--as-group`) is honoured
+for the admin, and for service accounts RBAC lets `impersonate` (`RbacAuthorizer.impersonate`):
+the request, `kubectl auth can-i` included, is then the impersonated user's.
 
 At start the API bootstraps the ClusterRoles every cluster has (`bootstrap`): `cluster-admin`
 (bound to the group `system:masters`), the aggregated `admin`, `edit` and `view` (with
 `system:aggregate-to-admin|edit|view` holding their rules, for the resources the sandbox
-serves), `system:discovery` and `system:public-info-viewer`. A ClusterRole with an
+serves), `system:basic-user` (the self-reviews of `reviews`, which are open to every caller
+anyway), `system:discovery` and `system:public-info-viewer`. A ClusterRole with an
 `aggregationRule` has its `rules` kept as the union of the ClusterRoles its selectors match, as
 the clusterrole-aggregation controller keeps them (`install`).
 """
@@ -70,6 +74,7 @@ from sandbox.resources import (
 )
 from sandbox.routing import RequestInfo
 from sandbox.selectors import FieldSelector, LabelSelector
+from sandbox.serviceaccounts import ALL_ACCOUNTS_GROUP, AUTHENTICATED_GROUP
 from sandbox.store import StoredEvent
 
 if TYPE_CHECKING:
@@ -379,6 +384,42 @@ class RbacAuthorizer:
             detail += f"; resolution errors: [{' '.join(problems)}]"
         raise errors.forbidden(resource, name, detail)
 
+    def impersonate(self, principal: Principal, headers: Mapping[str, str]) -> Principal:
+        """The principal `Impersonate-User` / `Impersonate-Group` ask for (`kubectl --as`,
+        `--as-group`), when the caller may impersonate it: the admin may; a service account
+        needs the `impersonate` verb on `serviceaccounts` (for `system:serviceaccount:<ns>:
+        <name>`), `users` and `groups`; a GKE identity may not. The impersonated user is
+        authorized by RBAC, with the groups asked for (a service account's own when none are)
+        and `system:authenticated`."""
+        name = headers.get("Impersonate-User", "")
+        getall = getattr(headers, "getall", None)
+        groups = list(getall("Impersonate-Group", ())) if getall else []
+        if not name:
+            if groups:
+                raise errors.ApiError(
+                    500,
+                    "InternalError",
+                    f"Internal error occurred: requested {_quoted(groups)} without "
+                    "impersonating a user",
+                )
+            return principal
+        account = name.removeprefix("system:serviceaccount:").split(":")
+        wanted = [
+            Attributes("impersonate", account[0], "", "serviceaccounts", name=account[1])
+            if name.startswith("system:serviceaccount:") and len(account) == 2
+            else Attributes("impersonate", "", "", "users", name=name)
+        ]
+        wanted += [Attributes("impersonate", "", "", "groups", name=g) for g in groups]
+        if not principal.superuser:
+            for attrs in wanted:
+                if not (principal.in_cluster and self.allows(principal, attrs)[0]):
+                    raise forbidden(principal, attrs)
+        if not groups and len(account) == 2 and name.startswith("system:serviceaccount:"):
+            groups = [ALL_ACCOUNTS_GROUP, f"{ALL_ACCOUNTS_GROUP}:{account[0]}"]
+        if AUTHENTICATED_GROUP not in groups:
+            groups.append(AUTHENTICATED_GROUP)
+        return Principal(name, groups=tuple(groups), in_cluster=True)
+
     async def check_write(
         self, principal: Principal, info: RequestInfo, request: web.Request
     ) -> None:
@@ -677,6 +718,17 @@ BOOTSTRAP_CLUSTER_ROLES = (
     _cluster_role("system:aggregate-to-admin", _ADMIN_RULES, labels=_aggregate_label("admin")),
     _cluster_role("system:aggregate-to-edit", _EDIT_RULES, labels=_aggregate_label("edit")),
     _cluster_role("system:aggregate-to-view", _VIEW_RULES, labels=_aggregate_label("view")),
+    _cluster_role(
+        "system:basic-user",
+        [
+            _rule(
+                ["authorization.k8s.io"],
+                ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                ["create"],
+            ),
+            _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"]),
+        ],
+    ),
     _cluster_role("system:discovery", [{"nonResourceURLs": _DISCOVERY_URLS, "verbs": ["get"]}]),
     _cluster_role(
         "system:public-info-viewer", [{"nonResourceURLs": _PUBLIC_INFO_URLS, "verbs": ["get"]}]
@@ -684,6 +736,7 @@ BOOTSTRAP_CLUSTER_ROLES = (
 )
 BOOTSTRAP_CLUSTER_ROLE_BINDINGS = (
     _cluster_binding("cluster-admin", ["system:masters"]),
+    _cluster_binding("system:basic-user", ["system:authenticated"]),
     _cluster_binding("system:discovery", ["system:authenticated"]),
     _cluster_binding(
         "system:public-info-viewer", ["system:authenticated", "system:unauthenticated"]

@@ -336,6 +336,35 @@ CLUSTER_ROLE_BINDINGS = Resource(
     namespaced=False,
     storage_version_hash="48tpQ8gZHFc=",
 )
+# What a caller asks about itself (`kubectl auth whoami`, `kubectl auth can-i`): created,
+# answered, never stored.
+SELF_SUBJECT_REVIEWS = Resource(
+    group="authentication.k8s.io",
+    version="v1",
+    plural="selfsubjectreviews",
+    kind="SelfSubjectReview",
+    singular="selfsubjectreview",
+    namespaced=False,
+    verbs=("create",),
+)
+SELF_SUBJECT_ACCESS_REVIEWS = Resource(
+    group="authorization.k8s.io",
+    version="v1",
+    plural="selfsubjectaccessreviews",
+    kind="SelfSubjectAccessReview",
+    singular="selfsubjectaccessreview",
+    namespaced=False,
+    verbs=("create",),
+)
+SELF_SUBJECT_RULES_REVIEWS = Resource(
+    group="authorization.k8s.io",
+    version="v1",
+    plural="selfsubjectrulesreviews",
+    kind="SelfSubjectRulesReview",
+    singular="selfsubjectrulesreview",
+    namespaced=False,
+    verbs=("create",),
+)
 
 BUILTIN_RESOURCES: tuple[Resource, ...] = (
     NAMESPACES,
@@ -355,6 +384,9 @@ BUILTIN_RESOURCES: tuple[Resource, ...] = (
     CLUSTER_ROLES,
     ROLE_BINDINGS,
     ROLES,
+    SELF_SUBJECT_REVIEWS,
+    SELF_SUBJECT_ACCESS_REVIEWS,
+    SELF_SUBJECT_RULES_REVIEWS,
 )
 
 

@@ -787,3 +787,88 @@ async def test_a_pod_uses_its_mounted_token_with_in_cluster_config(tmp_path: Pat
     finally:
         await cluster.stop()
         await sandbox.close()
+
+
+# -- a caller about itself: kubectl auth whoami | can-i, and --as -------------------------------
+
+
+def test_kubectl_auth_whoami_can_i_and_impersonation(
+    kubectl: Kubectl,
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    rbac_api: Api,
+    namespace: str,
+    token: str,
+    tmp_path: Path,
+) -> None:
+    grant(rbac_api, namespace, [rule([""], ["pods", "pods/log"], ["get", "list"])])
+    config = write_kubeconfig(
+        tmp_path / "agent.kubeconfig",
+        server=sandbox.url,
+        ca_pem=sandbox.ca.ca_pem,
+        token=token,
+        user="agent",
+        namespace=namespace,
+    )
+    as_agent = ("--kubeconfig", str(config))
+    whoami = kubectl(*as_agent, "auth", "whoami").split("\n")
+    assert whoami[1].split() == ["Username", user(namespace)]
+    assert whoami[2].split(None, 1) == [
+        "Groups",
+        f"[system:serviceaccounts system:serviceaccounts:{namespace} system:authenticated]",
+    ]
+    assert kubectl(*as_agent, "auth", "can-i", "list", "pods").strip() == "yes"
+    assert kubectl(*as_agent, "auth", "can-i", "get", "pods/log").strip() == "yes"
+    kubectl(*as_agent, "auth", "can-i", "delete", "pods", ok=False)  # "no", exit status 1
+    assert kubectl(*as_agent, "auth", "can-i", "get", "/version").strip() == "yes"
+    listed = kubectl(*as_agent, "auth", "can-i", "--list")
+    assert any(line.split()[:1] == ["pods/log"] for line in listed.splitlines())
+
+    # The admin asks as the agent, and acts as it: what the agent may not, it may not.
+    agent = f"--as={user(namespace)}"
+    assert kubectl("-n", namespace, "auth", "can-i", "list", "pods", agent).strip() == "yes"
+    kubectl("-n", namespace, "auth", "can-i", "create", "jobs", agent, ok=False)
+    sandbox_call(seed_pod, sandbox.registry, namespace, "p")
+    assert kubectl("-n", namespace, "get", "pods", agent, "-o", "name").split() == ["pod/p"]
+    refused = kubectl("-n", namespace, "delete", "pod", "p", agent, ok=False)
+    assert refused.strip() == (
+        f'Error from server (Forbidden): pods "p" is forbidden: User "{user(namespace)}" cannot '
+        f'delete resource "pods" in API group "" in the namespace "{namespace}"'
+    )
+    # A service account may impersonate only what RBAC lets it.
+    denied = kubectl(*as_agent, "get", "pods", "--as=system:admin", ok=False)
+    assert denied.strip() == (
+        f'Error from server (Forbidden): users "system:admin" is forbidden: User '
+        f'"{user(namespace)}" cannot impersonate resource "users" in API group "" at the '
+        "cluster scope"
+    )
+
+
+def test_self_subject_access_reviews_with_the_official_client(
+    admin_client: client.ApiClient,
+    rbac_api: Api,
+    namespace: str,
+    token: str,
+    as_token: Callable[[str], client.ApiClient],
+) -> None:
+    grant(rbac_api, namespace, [rule(["batch"], ["jobs"], ["create"])])
+
+    def review(api: client.ApiClient, verb: str, ns: str) -> bool:
+        attributes = {"namespace": ns, "verb": verb, "group": "batch", "resource": "jobs"}
+        authorization: Api = client.AuthorizationV1Api(api)
+        answer = authorization.create_self_subject_access_review(
+            {"spec": {"resourceAttributes": attributes}}
+        )
+        return bool(answer.status.allowed)
+
+    agent = as_token(token)
+    assert review(agent, "create", namespace)
+    assert not review(agent, "delete", namespace)
+    assert not review(agent, "create", "default")
+    assert review(admin_client, "delete", "default")
+    authorization: Api = client.AuthorizationV1Api(agent)
+    rules = authorization.create_self_subject_rules_review({"spec": {"namespace": namespace}})
+    assert {"verbs": ["create"], "api_groups": ["batch"], "resources": ["jobs"]} in [
+        {k: v for k, v in r.to_dict().items() if v is not None} for r in rules.status.resource_rules
+    ]
+    assert rules.status.incomplete is False
