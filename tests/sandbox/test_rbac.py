@@ -1,14 +1,16 @@
 """Kubernetes service accounts and RBAC, as a pod's in-cluster client meets them: tokens the
-sandbox signs (TokenRequest, `kubectl create token`, the kubelet's mounted token), 401 once the
-account or the pod is gone or the token expired, RBAC grants through Role/ClusterRole bindings
-with the apiserver's 403 texts, escalation refused, discovery open, and the GKE authorized
-networks not applying to callers inside the cluster."""
+sandbox signs (TokenRequest, `kubectl create token`, the kubelet's mounted token read by
+`InClusterConfigLoader` in a pod process), 401 once the account or the pod is gone or the token
+expired, pods refused (and a Deployment's retried) without their account, RBAC grants through
+Role/ClusterRole bindings with the apiserver's 403 texts, escalation refused, discovery open,
+`kubectl auth whoami|can-i` and `--as`, and the GKE authorized networks not applying to callers
+inside the cluster."""
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,12 @@ from kubernetes import client
 
 from sandbox.cluster import Cluster
 from sandbox.kubeconfig import write_kubeconfig
-from sandbox.registry import Registry
 from sandbox.resources import (
     CLUSTER_ROLE_BINDINGS,
     CLUSTER_ROLES,
     CONFIG_MAPS,
+    DEPLOYMENTS,
+    EVENTS,
     NAMESPACES,
     PODS,
     ROLE_BINDINGS,
@@ -714,79 +717,146 @@ print(json.dumps(out))
 """
 
 
-async def test_a_pod_uses_its_mounted_token_with_in_cluster_config(tmp_path: Path) -> None:
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """A sandbox of this test's own with its cluster: kubelets that run pods as processes and
+    give them the API's address and their tokens."""
     sandbox = await start_sandbox(SandboxOptions())
-    registry: Registry = sandbox.registry
     cluster = Cluster(
-        registry, fast_scenario(), tmp_path / "state", api_address=(LOOPBACK, sandbox.port)
+        sandbox.registry, fast_scenario(), tmp_path / "state", api_address=(LOOPBACK, sandbox.port)
     )
     try:
         await cluster.start()
-        registry.create(NAMESPACES, {"metadata": {"name": "agents"}})
-        registry.create(SERVICE_ACCOUNTS, {"metadata": {"name": "agent"}}, namespace="agents")
-        registry.create(
-            ROLES,
-            {"metadata": {"name": "pods"}, "rules": [rule([""], ["pods"], ["list"])]},
-            namespace="agents",
-        )
-        registry.create(
-            ROLE_BINDINGS,
-            {
-                "metadata": {"name": "pods"},
-                "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": "pods"},
-                "subjects": [{"kind": "ServiceAccount", "name": "agent"}],
-            },
-            namespace="agents",
-        )
-        registry.create(
-            PODS,
-            {
-                "metadata": {"name": "agent"},
-                "spec": {
-                    "serviceAccountName": "agent",
-                    "nodeName": CPU_NODE,
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": PYTHON_IMAGE,
-                            "command": ["python", "-c", _IN_CLUSTER],
-                        }
-                    ],
-                },
-            },
-            namespace="agents",
-        )
-
-        def finished() -> dict[str, Any] | None:
-            pod = registry.get(PODS, "agents", "agent")
-            return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
-
-        done = await wait_for(finished, within=60)
-        output = registry.logs.read("agents", "agent", "main")
-        assert done["status"]["phase"] == "Succeeded", output
-        seen = json.loads(output.strip().splitlines()[-1])
-        claims = seen.pop("claims")
-        assert seen == {
-            "namespace": "agents",
-            "pods": ["agent"],
-            "elsewhere": [
-                403,
-                'pods is forbidden: User "system:serviceaccount:agents:agent" cannot list '
-                'resource "pods" in API group "" in the namespace "default"',
-            ],
-        }
-        # The kubelet's token is bound to the pod (and its node), valid for the year the API
-        # extends the 3607 s a kubelet asks for to.
-        private = claims["kubernetes.io"]
-        assert private["pod"] == {"name": "agent", "uid": done["metadata"]["uid"]}
-        assert private["node"]["name"] == CPU_NODE
-        assert private["serviceaccount"]["name"] == "agent"
-        assert claims["exp"] - claims["iat"] == 365 * 24 * 3600
-        assert private["warnafter"] == claims["iat"] + 3607
+        cluster.registry.create(NAMESPACES, {"metadata": {"name": "agents"}})
+        yield cluster
     finally:
         await cluster.stop()
         await sandbox.close()
+
+
+async def test_a_pod_uses_its_mounted_token_with_in_cluster_config(cluster: Cluster) -> None:
+    registry = cluster.registry
+    registry.create(SERVICE_ACCOUNTS, {"metadata": {"name": "agent"}}, namespace="agents")
+    registry.create(
+        ROLES,
+        {"metadata": {"name": "pods"}, "rules": [rule([""], ["pods"], ["list"])]},
+        namespace="agents",
+    )
+    registry.create(
+        ROLE_BINDINGS,
+        {
+            "metadata": {"name": "pods"},
+            "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": "pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "agent"}],
+        },
+        namespace="agents",
+    )
+    registry.create(
+        PODS,
+        {
+            "metadata": {"name": "agent"},
+            "spec": {
+                "serviceAccountName": "agent",
+                "nodeName": CPU_NODE,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": PYTHON_IMAGE,
+                        "command": ["python", "-c", _IN_CLUSTER],
+                    }
+                ],
+            },
+        },
+        namespace="agents",
+    )
+
+    def finished() -> dict[str, Any] | None:
+        pod = registry.get(PODS, "agents", "agent")
+        return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    done = await wait_for(finished, within=60)
+    output = registry.logs.read("agents", "agent", "main")
+    assert done["status"]["phase"] == "Succeeded", output
+    seen = json.loads(output.strip().splitlines()[-1])
+    claims = seen.pop("claims")
+    assert seen == {
+        "namespace": "agents",
+        "pods": ["agent"],
+        "elsewhere": [
+            403,
+            'pods is forbidden: User "system:serviceaccount:agents:agent" cannot list '
+            'resource "pods" in API group "" in the namespace "default"',
+        ],
+    }
+    # The kubelet's token is bound to the pod (and its node), valid for the year the API
+    # extends the 3607 s a kubelet asks for to.
+    private = claims["kubernetes.io"]
+    assert private["pod"] == {"name": "agent", "uid": done["metadata"]["uid"]}
+    assert private["node"]["name"] == CPU_NODE
+    assert private["serviceaccount"]["name"] == "agent"
+    assert claims["exp"] - claims["iat"] == 365 * 24 * 3600
+    assert private["warnafter"] == claims["iat"] + 3607
+
+
+async def test_a_deployment_waits_for_its_service_account(cluster: Cluster) -> None:
+    registry = cluster.registry
+    registry.create(
+        DEPLOYMENTS,
+        {
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {
+                        "serviceAccountName": "agent",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": PYTHON_IMAGE,
+                                "command": ["python", "-c", "import time; time.sleep(600)"],
+                            }
+                        ],
+                    },
+                },
+            },
+        },
+        namespace="agents",
+    )
+
+    def failed_create() -> str | None:
+        for event in registry.list(EVENTS, "agents").items():
+            if event.get("reason") == "FailedCreate":
+                return str(event["message"])
+        return None
+
+    message = await wait_for(failed_create)
+    assert message.startswith('Error creating: pods "agent-')
+    assert message.endswith(
+        '-" is forbidden: error looking up service account agents/agent: '
+        'serviceaccount "agent" not found'
+    )
+    assert registry.list(PODS, "agents").items() == []
+
+    registry.create(SERVICE_ACCOUNTS, {"metadata": {"name": "agent"}}, namespace="agents")
+
+    def running() -> dict[str, Any] | None:
+        pods = registry.list(PODS, "agents").items()
+        return next((p for p in pods if p["status"].get("phase") == "Running"), None)
+
+    pod = await wait_for(running, within=30)
+    (volume,) = pod["spec"]["volumes"]
+    files = (
+        cluster.node_root(pod["spec"]["nodeName"])
+        / "var/lib/kubelet/pods"
+        / pod["metadata"]["uid"]
+        / "volumes/kubernetes.io~projected"
+        / volume["name"]
+    )
+    assert sorted(p.name for p in files.iterdir()) == ["ca.crt", "namespace", "token"]
+    assert (files / "namespace").read_text() == "agents"
+    assert registry.service_accounts.authenticate((files / "token").read_text()) is not None
 
 
 # -- a caller about itself: kubectl auth whoami | can-i, and --as -------------------------------
