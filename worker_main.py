@@ -23,7 +23,10 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
-from levers9.config import ConfigError, ControlplaneSettings, Values, load
+from levers9.cluster_records import joined_clusters
+from levers9.clusters import ClusterState, pool_block
+from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
+from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
 from levers9.gateway.endpoint_proxy import EndpointProxy, TemporalEndpointBook
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
@@ -32,7 +35,12 @@ from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.rpc import tls
-from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
+from levers9.temporal import (
+    connect,
+    ensure_reconcile_schedule,
+    ensure_search_attributes,
+    sync_reconcile_schedules,
+)
 from workflows import RUNNER, WORKFLOWS
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=10)
@@ -94,6 +102,23 @@ def serving(
     gateway with the tunnel hub both share, and the watch-fed caches of the pools (each
     replica its own) that the passes read and whose events start passes."""
     caches = PoolCaches(clients, clients.names(), client)
+    tunnelled = {name: clients.pool(name).kubernetes.tunnel for name in clients.names()}
+    log = logs.get_logger("levers9.controlplane")
+
+    async def joined(state: ClusterState) -> None:
+        """A cluster's agent connected here for the first time: its pool, loaded now."""
+        name = state.spec.name
+        if name not in clients.names():
+            clients.add(name, joined_pool(name, pool_block(state.spec)))
+            log.info(
+                "loaded controller", gpu_type=state.spec.gpu_type, mode="external", pool_name=name
+            )
+        tunnelled[name] = True
+        caches.add(name)
+        await ensure_reconcile_schedule(client, name, settings)
+
+    clusters = ClusterHub(TemporalClusterRecords(client), secret, on_joined=joined)
+    clients.set_joined(clusters.url)
     tunnels = TunnelHub(
         secret,
         settings.replica_task_queue,
@@ -123,7 +148,8 @@ def serving(
         tasks=tasks,
         tunnels=tunnels,
         replicas=replicas(settings),
-        tunnelled={name: clients.pool(name).kubernetes.tunnel for name in clients.names()},
+        tunnelled=tunnelled,
+        clusters=clusters,
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,
         token_generation=settings.worker_token_generation,
@@ -150,8 +176,12 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     added = await ensure_search_attributes(client, settings.temporal_namespace)
     if added:
         log.info("added search attributes", names=added)
+    joined = [s for s in await joined_clusters(client) if s.spec.name not in values.pools]
     sync = await sync_reconcile_schedules(
-        client, values.pools, settings, keep=[p.pool_name for p in values.problems]
+        client,
+        [*values.pools, *(s.spec.name for s in joined)],
+        settings,
+        keep=[p.pool_name for p in values.problems],
     )
     log.info(
         "reconcile schedules in place",
@@ -167,6 +197,10 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         )
         log.info("removing pool", pool_name=pool_name, workflow_id=handle.id)
     clients = KubeClients(values.pools)
+    for state in joined:  # pools joined by `levers9 cluster join`
+        name = state.spec.name
+        clients.add(name, joined_pool(name, pool_block(state.spec)))
+        log.info("loaded controller", gpu_type=state.spec.gpu_type, mode="external", pool_name=name)
     secret = settings.token_secret()
     assert secret is not None  # main() refuses to start without one
     served = serving(client, clients, settings, secret, graceful_shutdown=GRACEFUL_SHUTDOWN)

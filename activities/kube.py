@@ -55,7 +55,13 @@ log = get_logger("levers9.kube")
 T = TypeVar("T")
 
 
-def kube_error(exc: Exception, doing: str, pool_name: str) -> Exception:
+FIX_403_JOINED = (
+    "the agent's RBAC (what `levers9 cluster join` installed) does not grant it: apply the join's"
+    " Role and ClusterRole again"
+)
+
+
+def kube_error(exc: Exception, doing: str, pool_name: str, joined: bool = False) -> Exception:
     """An ApplicationError for a permanent API error (with its fix); the error itself otherwise."""
     if isinstance(exc, UnknownPool):
         return ApplicationError(
@@ -67,7 +73,7 @@ def kube_error(exc: Exception, doing: str, pool_name: str) -> Exception:
     if not isinstance(exc, k8s.ApiException) or exc.status not in PERMANENT:
         return exc
     message = _status_message(exc)
-    fix = {403: FIX_403, 401: FIX_401}.get(exc.status)
+    fix = {403: FIX_403_JOINED if joined else FIX_403, 401: FIX_401}.get(exc.status)
     text = f"{exc.status} {exc.reason}: {message}" + (f" ({fix})" if fix else "")
     return ApplicationError(f"{doing}: {text}", type=f"Kubernetes{exc.status}", non_retryable=True)
 
@@ -95,7 +101,9 @@ def _list_all(
 
 
 def pool_view(pool_name: str, pool: PoolConfig) -> PoolView:
-    tolerations = (GKE_GPU_TOLERATION,) if pool.kubernetes.flavor == "gke" else ()
+    # A joined cluster's GPU nodes are tainted as GKE's are (and the NVIDIA GPU operator's).
+    gpu_taint = pool.kubernetes.flavor == "gke" or pool.kubernetes.joined
+    tolerations = (GKE_GPU_TOLERATION,) if gpu_taint else ()
     worker = Resources(
         cpu_millis=pool.worker_resources.cpu_millis,
         memory_bytes=pool.worker_resources.memory_bytes,
@@ -204,7 +212,7 @@ class KubeActivities:
             with span(f"kubernetes {doing}", pool_name=pool_name):
                 return await asyncio.to_thread(fn)
         except (k8s.ApiException, UnknownPool) as exc:
-            raise kube_error(exc, doing, pool_name) from None
+            raise kube_error(exc, doing, pool_name, self._clients.joined(pool_name)) from None
         except urllib3.exceptions.HTTPError as exc:
             # Timeouts and refused or dropped connections: retried by Temporal with backoff.
             raise ApplicationError(
@@ -230,7 +238,10 @@ class KubeActivities:
         api = self._clients.api(input.pool_name)
         core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
         spec = worker_spec(input, pool, self._settings)
-        _create_or_exists(lambda: core.create_namespace(_body(manifests.namespace(spec.namespace))))
+        if not pool.kubernetes.joined:  # a joined cluster's namespace is the join's own
+            _create_or_exists(
+                lambda: core.create_namespace(_body(manifests.namespace(spec.namespace)))
+            )
         _create_or_exists(
             lambda: batch.create_namespaced_job(spec.namespace, _body(manifests.worker_job(spec)))
         )
@@ -359,7 +370,7 @@ def worker_spec(
         gpus=input.gpus,
         image=kube.worker_image,
         namespace=kube.namespace,
-        flavor=kube.flavor,
+        flavor="gke" if kube.joined else kube.flavor,
         host_network=pool.host_network,
         tunnel=kube.tunnel,
         images_path=pool.images_path,

@@ -14,7 +14,7 @@ import base64
 import json
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,14 @@ def _write_ca(ca_base64: str, directory: Path) -> str:
     path = directory / "ca.crt"
     path.write_bytes(base64.b64decode(ca_base64))
     return str(path)
+
+
+def joined_api_client(url: str) -> k8s.ApiClient:
+    """A joined cluster's ApiClient: plain HTTP to this process's loopback end of the agent's
+    tunnel; the agent adds its service account's token and speaks TLS to its API server."""
+    configuration = k8s.Configuration()
+    configuration.host = url
+    return _with_timeout(k8s.ApiClient(configuration))
 
 
 def build_api_client(pool: PoolConfig, scratch: Path) -> k8s.ApiClient:
@@ -133,8 +141,15 @@ def _with_timeout(api: k8s.ApiClient, token: _GkeToken | None = None) -> k8s.Api
 class KubeClients:
     """One ApiClient per pool, built on first use from the pool config."""
 
-    def __init__(self, pools: Mapping[str, PoolConfig]) -> None:
-        self._pools = pools
+    def __init__(
+        self,
+        pools: Mapping[str, PoolConfig],
+        joined: Callable[[str], str] | None = None,
+    ) -> None:
+        """`joined`: a joined pool's name -> the URL of its agent's proxy (this process's
+        loopback end of the agent's tunnel)."""
+        self._pools = dict(pools)
+        self._joined = joined
         self._clients: dict[str, k8s.ApiClient] = {}
         self._lock = threading.Lock()
         self._scratch = tempfile.TemporaryDirectory(prefix="levers9-kube-")
@@ -149,12 +164,38 @@ class KubeClients:
         except KeyError:
             raise UnknownPool(name) from None
 
+    def joined(self, name: str) -> bool:
+        """Pool `name` was joined (`levers9 cluster join`); False for an unknown one."""
+        pool = self._pools.get(name)
+        return pool is not None and pool.kubernetes.joined
+
+    def set_joined(self, joined: Callable[[str], str]) -> None:
+        """Where joined pools are reached (the cluster hub's loopback listeners)."""
+        self._joined = joined
+
+    def add(self, name: str, pool: PoolConfig) -> None:
+        """A pool joined while the process runs (`levers9 cluster join`)."""
+        with self._lock:
+            self._pools[name] = pool
+            old = self._clients.pop(name, None)
+        if old is not None:
+            old.close()  # type: ignore[no-untyped-call]
+
     def api(self, name: str) -> k8s.ApiClient:
         with self._lock:
             if name not in self._clients:
-                directory = Path(self._scratch.name) / name
-                directory.mkdir(exist_ok=True)
-                self._clients[name] = build_api_client(self.pool(name), directory)
+                pool = self.pool(name)
+                if pool.kubernetes.joined:
+                    if self._joined is None:
+                        raise ValueError(
+                            f"pool {name} was joined (`levers9 cluster join`), and this"
+                            " process reaches no joined cluster"
+                        )
+                    self._clients[name] = joined_api_client(self._joined(name))
+                else:
+                    directory = Path(self._scratch.name) / name
+                    directory.mkdir(exist_ok=True)
+                    self._clients[name] = build_api_client(pool, directory)
             return self._clients[name]
 
     def close(self) -> None:

@@ -424,18 +424,24 @@ class PoolCaches:
 
     async def __aenter__(self) -> PoolCaches:
         for name in self._names:
-            try:
-                cache = PoolCache(name, self._clients, watch_timeout_s=self._watch_timeout_s)
-            except (ValueError, KeyError) as exc:  # its client cannot be built: passes say why
-                log.warning("no cache for pool", pool_name=name, error=str(exc))
-                continue
-            self.caches[name] = cache
-            if self._client is not None:
-                trigger = PassTrigger(self._client, cache)
-                self.triggers[name] = trigger
-                self._tasks.append(asyncio.create_task(trigger.run()))
-            cache.start()
+            self.add(name)
         return self
+
+    def add(self, name: str) -> None:
+        """Starts the cache of pool `name` (a pool joined while the process runs); once."""
+        if name in self.caches:
+            return
+        try:
+            cache = PoolCache(name, self._clients, watch_timeout_s=self._watch_timeout_s)
+        except (ValueError, KeyError) as exc:  # its client cannot be built: passes say why
+            log.warning("no cache for pool", pool_name=name, error=str(exc))
+            return
+        self.caches[name] = cache
+        if self._client is not None:
+            trigger = PassTrigger(self._client, cache)
+            self.triggers[name] = trigger
+            self._tasks.append(asyncio.create_task(trigger.run()))
+        cache.start()
 
     async def __aexit__(self, *exc: object) -> None:
         for task in self._tasks:

@@ -5,7 +5,10 @@ Runs against the dev stack (`levers9 dev demo` first: attached, the pool's defau
 built), as a user drives it: `levers9 endpoint create` (here through its library call), then
 HTTPS requests to the endpoints front with the operator token, one at a time on one keep-alive
 connection, and the same requests straight to the replica's port on its node (loopback here,
-the worker's network on a real node):
+the worker's network on a real node). The replica is Python's http.server with TCP_NODELAY, as
+uvicorn (vLLM's server), nginx and Go's net/http set it: without it its two writes per
+response (headers, body) meet Nagle's algorithm and the peer's delayed ACK, 40 ms a request
+on either path:
 
     levers9 dev demo && python benchmarks/endpoints.py [--requests 500] [--pool gke-rtx6000]
 
@@ -36,8 +39,11 @@ from levers9.temporal import connect
 from sandbox.synthetic import cpu_model
 
 SERVE = (
-    "import http.server, os\n"
+    "import http.server, os, socket\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def setup(self):\n"
+    "        super().setup()\n"
+    "        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
     "    protocol_version = 'HTTP/1.1'\n"
     "    def do_GET(self):\n"
     "        body = b'ok'\n"

@@ -132,6 +132,13 @@ class KubernetesConfig(_Model):
     tunnel: bool = False
 
     _credentials: SecretStr | None = PrivateAttr(default=None)
+    _joined: bool = PrivateAttr(default=False)
+
+    @property
+    def joined(self) -> bool:
+        """Made by `levers9 cluster join` (never by values): reached through its agent's
+        tunnel, never at `endpoint`, with no credentials of ours."""
+        return self._joined
 
     @field_validator("endpoint")
     @classmethod
@@ -698,6 +705,13 @@ def describe_validation_error(prefix: str, error: ValidationError) -> list[str]:
             message = "unknown field (check its spelling against docs/configuration.md)"
         lines.append(f"{path}: {message}")
     return lines
+
+
+def joined_pool(name: str, block: Any) -> PoolConfig:
+    """A joined cluster's pool (`levers9.clusters.pool_block`)."""
+    pool = parse_pool(name, block)
+    pool.kubernetes._joined = True
+    return pool
 
 
 def parse_pool(name: str, block: Any) -> PoolConfig:

@@ -47,3 +47,14 @@ def registry_mirrors(text: str, setting: str = "LEVERS9_REGISTRY_MIRRORS") -> di
 def host_list(text: str) -> frozenset[str]:
     """`host:port,...` (the registries spoken to over plain HTTP)."""
     return frozenset(filter(None, (h.strip() for h in text.split(","))))
+
+
+AGENT_NAME = "levers9-agent"
+"""A joined cluster's agent (`levers9 cluster join`): its ServiceAccount, Role, Secret and
+Deployment all bear this name."""
+JOIN_TOKEN_KEY = "join-token"
+"""The agent's Secret's key of the one-time join token."""
+AGENT_TOKEN_KEY = "agent-token"
+"""The agent's Secret's key of the agent's own token, written once the join token is spent."""
+KUBE_TARGET = "kube"
+"""The tunnel target of a joined cluster's agent: its proxy to the cluster's API."""

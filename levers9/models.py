@@ -12,6 +12,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.capacity import NodeCapacity
+from levers9.clusters import ClusterState
 from levers9.endpoints import EndpointSpec, EndpointState
 from levers9.gateway.reports import TaskPhase
 from levers9.observation import Fingerprints
@@ -23,6 +24,7 @@ WORKER_WORKFLOW = "WorkerWorkflow"
 POOL_WORKFLOW = "PoolWorkflow"
 TASK_WORKFLOW = "TaskWorkflow"
 ENDPOINT_WORKFLOW = "EndpointWorkflow"
+CLUSTER_WORKFLOW = "ClusterWorkflow"
 
 
 class _Record(BaseModel):
@@ -391,6 +393,13 @@ class EndpointInput(_Record):
     env: dict[str, str] | None = None
     """The replicas' environment, once computed (`replica_environment`)."""
     max_history_events: int = Field(default=2_000, ge=50)
+
+
+class ClusterInput(_Record):
+    """ClusterWorkflow's argument: the join, and its state across continue-as-new."""
+
+    state: ClusterState
+    max_history_events: int = Field(default=1_000, ge=20)
 
 
 class ReplicaReport(_Record):

@@ -190,6 +190,28 @@ async def _managed_schedule_ids(client: Client, task_queue: str) -> set[str]:
     return ids
 
 
+async def ensure_reconcile_schedule(
+    client: Client, pool_name: str, settings: ControlplaneSettings
+) -> bool:
+    """Creates `reconcile:<pool>` (True), or updates it keeping an operator's pause (False)."""
+    schedule_id = reconcile_schedule_id(pool_name)
+    schedule = reconcile_schedule(pool_name, settings)
+    try:
+        await client.create_schedule(
+            schedule_id, schedule, memo={MEMO_TASK_QUEUE: settings.task_queue}
+        )
+        return True
+    except ScheduleAlreadyRunningError:
+
+        def _update(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
+            return ScheduleUpdate(
+                dataclasses.replace(new, state=current.description.schedule.state)
+            )
+
+        await client.get_schedule_handle(schedule_id).update(_update)
+        return False
+
+
 async def sync_reconcile_schedules(
     client: Client,
     pool_names: Iterable[str],
@@ -207,20 +229,9 @@ async def sync_reconcile_schedules(
     kept = {reconcile_schedule_id(name) for name in keep}
     created, updated = [], []
     for schedule_id, pool_name in wanted.items():
-        schedule = reconcile_schedule(pool_name, settings)
-        try:
-            await client.create_schedule(
-                schedule_id, schedule, memo={MEMO_TASK_QUEUE: settings.task_queue}
-            )
+        if await ensure_reconcile_schedule(client, pool_name, settings):
             created.append(schedule_id)
-        except ScheduleAlreadyRunningError:
-
-            def _update(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
-                return ScheduleUpdate(
-                    dataclasses.replace(new, state=current.description.schedule.state)
-                )
-
-            await client.get_schedule_handle(schedule_id).update(_update)
+        else:
             updated.append(schedule_id)
     deleted = []
     for schedule_id in sorted(await _managed_schedule_ids(client, settings.task_queue)):

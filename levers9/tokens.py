@@ -81,3 +81,25 @@ def command_metadata(
         (COMMAND_TOKEN_HEADER, command_token(secret, worker_id, generation)),
         *bearer.metadata(worker_token(secret, worker_id, generation)),
     )
+
+
+AGENT_PREFIX = "l9a1."
+_AGENT_SUBJECT = "cluster-agent:"  # no worker id holds a colon
+
+
+def join_digest(join_token: str) -> str:
+    """The SHA-256 (hex) of a join token: what the controlplane keeps of it (never the token)."""
+    return hashlib.sha256(join_token.encode()).hexdigest()
+
+
+def agent_token(secret: str, cluster_name: str, digest: str) -> str:
+    """The in-cluster agent's own token, given for the join whose token has `digest`: a new
+    join of the cluster (`levers9 cluster join` again) revokes the agent tokens of the last."""
+    subject = f"{_AGENT_SUBJECT}{cluster_name}:{digest}".encode()
+    mac = hmac.new(secret.encode(), subject, hashlib.sha256).digest()
+    return AGENT_PREFIX + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def agent_token_matches(secret: str, cluster_name: str, digest: str, token: str) -> bool:
+    expected = agent_token(secret, cluster_name, digest)
+    return hmac.compare_digest(expected.encode(), token.encode())

@@ -381,6 +381,10 @@ class DevStack:
         argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
         argv += ["--controlplane-key", str(self.controlplane_key)]
         argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
+        # The controlplane's own registry (ECR's stand-in) too: a joined cluster's nodes pull
+        # the worker image from there (`levers9 cluster join`, no attach, no copy).
+        ecr = self.env()["LEVERS9_SOURCE_IMAGE"].partition("/")[0]
+        argv += ["--registry-mirror", f"{ecr}={ecr}"]
         if self.scenario is not None:
             argv += ["--scenario", str(self.scenario.absolute())]
         return argv

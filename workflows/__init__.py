@@ -6,6 +6,7 @@ from __future__ import annotations
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from workflows.attach import AttachClusterWorkflow
+from workflows.cluster import ClusterWorkflow
 from workflows.egress import EgressAllowlistWorkflow
 from workflows.endpoint import EndpointWorkflow
 from workflows.machine import MachineWorkflow
@@ -22,6 +23,7 @@ WORKFLOWS = [
     PoolWorkflow,
     TaskWorkflow,
     EndpointWorkflow,
+    ClusterWorkflow,
     EgressAllowlistWorkflow,
     ImageRecopyWorkflow,
     RemovePoolWorkflow,
@@ -43,6 +45,7 @@ __all__ = [
     "RUNNER",
     "WORKFLOWS",
     "AttachClusterWorkflow",
+    "ClusterWorkflow",
     "EgressAllowlistWorkflow",
     "EndpointWorkflow",
     "ImageRecopyWorkflow",

@@ -24,6 +24,7 @@ app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=T
 
 COLUMNS = [
     ("pool", "POOL"),
+    ("provider", "PROVIDER"),
     ("schedule", "SCHEDULE"),
     ("every", "EVERY"),
     ("paused", "PAUSED"),
@@ -40,9 +41,24 @@ def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.tab
 
 
 def show_pools(settings: ControlplaneSettings, output: Output) -> None:
-    schedules = asyncio.run(list_reconcile_schedules(settings))
-    rows: list[dict[str, Any]] = [row.model_dump(mode="json") for row in schedules]
+    schedules, joined = asyncio.run(_pools(settings))
+    rows: list[dict[str, Any]] = [
+        {
+            **row.model_dump(mode="json"),
+            "provider": "kubernetes (joined)" if row.pool in joined else "kubernetes (values)",
+        }
+        for row in schedules
+    ]
     render(rows, COLUMNS, output, title="pools")
+
+
+async def _pools(settings: ControlplaneSettings) -> tuple[list[Any], set[str]]:
+    """The reconcile schedules, and which of their pools `levers9 cluster join` made."""
+    from levers9.cluster_records import joined_clusters
+
+    schedules = await list_reconcile_schedules(settings)
+    clusters = await joined_clusters(await connect(settings))
+    return schedules, {state.spec.name for state in clusters}
 
 
 @app.command()

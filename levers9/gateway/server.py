@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
+from levers9.gateway.clusters import ClusterHub
 from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
 from levers9.gateway.task_service import Replicas, TaskRecords, TasksService
@@ -55,6 +56,7 @@ class Gateway:
         tunnels: TunnelHub | None = None,
         replicas: Replicas | None = None,
         tunnelled: Mapping[str, bool] | None = None,
+        clusters: ClusterHub | None = None,
         operator_generation: int = 1,
         ca_generation: int = 1,
         token_generation: int = 1,
@@ -73,6 +75,7 @@ class Gateway:
             records, secret, heartbeat_seconds, tunnels, tunnelled, token_generation
         )
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
+        self.clusters = clusters
         self._tasks = (
             TasksService(
                 tasks,
@@ -112,9 +115,13 @@ class Gateway:
         gateway_pb2_grpc.add_GatewayServicer_to_server(self._service, server)
         if self._tasks is not None:
             gateway_pb2_grpc.add_TasksServicer_to_server(self._tasks, server)
+        if self.clusters is not None:
+            gateway_pb2_grpc.add_ClustersServicer_to_server(self.clusters, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()
+        if self.clusters is not None:
+            await self.clusters.prepare()
         await checker.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._server, self._health = server, checker
         log.info("gateway listening", address=listen, port=port, tls=tls is not None)
@@ -128,6 +135,8 @@ class Gateway:
         await checker.enter_graceful_shutdown()
         if self.tunnels is not None:
             await self.tunnels.close()  # tunnel streams never end on their own
+        if self.clusters is not None:
+            await self.clusters.close()
         await server.stop(grace)
         log.info("gateway stopped")
 

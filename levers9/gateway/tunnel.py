@@ -138,25 +138,10 @@ class TunnelHub:
             address=address,
         )
 
-        async def pump() -> None:
-            try:
-                async for message in requests:
-                    await session.feed(from_proto(message))
-            except Exception as exc:
-                log.warning("tunnel read failed", worker_id=worker_id, error=repr(exc))
-                raise
-            finally:
-                outgoing.put_nowait(None)
-
-        pumping = asyncio.create_task(pump())
         try:
-            yield gateway_pb2.TunnelFrame(ready=gateway_pb2.TunnelReady(session_id=held.session_id))
-            while (frame := await outgoing.get()) is not None:
+            async for frame in pump_session(requests, session, outgoing, held.session_id):
                 yield frame
         finally:
-            pumping.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pumping
             if self._held.get((pool_name, worker_id)) is held:
                 del self._held[(pool_name, worker_id)]
             await self._drop(held, "tunnel closed")
@@ -166,3 +151,33 @@ class TunnelHub:
         await held.session.close(reason)
         await held.listener.close()
         held.outgoing.put_nowait(None)  # ends the stream to the worker: it reconnects
+
+
+async def pump_session(
+    requests: AsyncIterator[gateway_pb2.TunnelFrame],
+    session: Session,
+    outgoing: asyncio.Queue[gateway_pb2.TunnelFrame | None],
+    session_id: str,
+) -> AsyncIterator[gateway_pb2.TunnelFrame]:
+    """A held session's stream: `ready`, then every frame the session sends, while the peer's
+    frames feed the session; ends when either side ends (the caller closes the session)."""
+
+    async def pump() -> None:
+        try:
+            async for message in requests:
+                await session.feed(from_proto(message))
+        except Exception as exc:
+            log.warning("tunnel read failed", session_id=session_id, error=repr(exc))
+            raise
+        finally:
+            outgoing.put_nowait(None)
+
+    pumping = asyncio.create_task(pump())
+    try:
+        yield gateway_pb2.TunnelFrame(ready=gateway_pb2.TunnelReady(session_id=session_id))
+        while (frame := await outgoing.get()) is not None:
+            yield frame
+    finally:
+        pumping.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pumping

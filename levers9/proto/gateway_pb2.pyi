@@ -552,3 +552,53 @@ class CancelTaskRecordResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskRecordResponse: _TypeAlias = CancelTaskRecordResponse  # noqa: Y015
+
+@_typing.final
+class JoinClusterRequest(_message.Message):
+    """`levers9 cluster join`: the in-cluster agent's way in. JoinCluster exchanges the one-time join
+    token of the agent's Secret for the agent's own token (a used or expired join token is
+    refused: PERMISSION_DENIED saying so). ClusterTunnel, with `authorization: Bearer <agent
+    token>`: the agent's one outbound stream (hello.pool_name = the cluster's name), inside which
+    the controlplane opens `kube` streams, each one HTTP connection to the agent's proxy to its
+    cluster's API (the agent's service account and RBAC), so the controlplane never dials the
+    cluster.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_NAME_FIELD_NUMBER: _builtins.int
+    JOIN_TOKEN_FIELD_NUMBER: _builtins.int
+    cluster_name: _builtins.str
+    join_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        cluster_name: _builtins.str = ...,
+        join_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_name", b"cluster_name", "join_token", b"join_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinClusterRequest: _TypeAlias = JoinClusterRequest  # noqa: Y015
+
+@_typing.final
+class JoinClusterResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_TOKEN_FIELD_NUMBER: _builtins.int
+    agent_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_token", b"agent_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JoinClusterResponse: _TypeAlias = JoinClusterResponse  # noqa: Y015

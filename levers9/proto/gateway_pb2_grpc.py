@@ -526,3 +526,118 @@ class Gateway:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ClustersStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.JoinCluster = channel.unary_unary(
+                '/levers9.v1.Clusters/JoinCluster',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.JoinClusterRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.JoinClusterResponse.FromString,
+                _registered_method=True)
+        self.ClusterTunnel = channel.stream_stream(
+                '/levers9.v1.Clusters/ClusterTunnel',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+                _registered_method=True)
+
+
+class ClustersServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def JoinCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterTunnel(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ClustersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'JoinCluster': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinCluster,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.JoinClusterRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.JoinClusterResponse.SerializeToString,
+            ),
+            'ClusterTunnel': grpc.stream_stream_rpc_method_handler(
+                    servicer.ClusterTunnel,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'levers9.v1.Clusters', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('levers9.v1.Clusters', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Clusters:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def JoinCluster(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Clusters/JoinCluster',
+            levers9_dot_proto_dot_gateway__pb2.JoinClusterRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.JoinClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterTunnel(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Clusters/ClusterTunnel',
+            levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -180,3 +180,34 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.TunnelFrame], _abc.AsyncIterator[_gateway_pb2.TunnelFrame]]: ...
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ClustersStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ClustersAsyncStub: ...
+    JoinCluster: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.JoinClusterRequest, _gateway_pb2.JoinClusterResponse]
+    ClusterTunnel: _grpc.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]
+
+@_typing.type_check_only
+class ClustersAsyncStub(ClustersStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    JoinCluster: _aio.UnaryUnaryMultiCallable[_gateway_pb2.JoinClusterRequest, _gateway_pb2.JoinClusterResponse]  # type: ignore[assignment]
+    ClusterTunnel: _aio.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]  # type: ignore[assignment]
+
+class ClustersServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def JoinCluster(
+        self,
+        request: _gateway_pb2.JoinClusterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.JoinClusterResponse, _abc.Awaitable[_gateway_pb2.JoinClusterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ClusterTunnel(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.TunnelFrame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.TunnelFrame], _abc.AsyncIterator[_gateway_pb2.TunnelFrame]]: ...
+
+def add_ClustersServicer_to_server(servicer: ClustersServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -106,7 +106,7 @@ class TunnelClient:
             outgoing.put_nowait(to_proto(frame))
 
         session = Session(send, initiator=False, accept=self._accept)
-        call = self._stub.Tunnel(frames(), metadata=self._metadata)
+        call = self._open(frames())
         try:
             first = await asyncio.wait_for(call.read(), READY_TIMEOUT_S)
             if (
@@ -131,6 +131,12 @@ class TunnelClient:
             outgoing.put_nowait(None)
             await session.close("tunnel closed")
             call.cancel()
+
+    def _open(
+        self, frames: AsyncIterator[gateway_pb2.TunnelFrame]
+    ) -> aio.StreamStreamCall[gateway_pb2.TunnelFrame, gateway_pb2.TunnelFrame]:
+        """The stream to the gateway (a subclass opens another RPC of the same frames)."""
+        return self._stub.Tunnel(frames, metadata=self._metadata)
 
     async def _accept(self, stream: Stream, target: str) -> None:
         if target == WORKER_TARGET:

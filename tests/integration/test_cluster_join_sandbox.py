@@ -1,0 +1,266 @@
+"""`levers9 cluster join` end to end on the sandbox, as a user drives it: a controlplane with no
+pool in its values and a cluster whose authorized networks do not hold its egress IP (it can
+never dial the cluster's API), `levers9 cluster join ... | kubectl apply -f -` with the admin's
+kubeconfig, then the agent (a pod of the sandbox with in-cluster config: its service account's
+token and the RBAC the join gave it) dials the gateway. The pool `joined` gets its machines and
+workers (tunnel mode) and runs the GPU check; no key is minted; the networks are unchanged.
+
+Then: the spent join token is refused; the agent restarted (its pod deleted) comes back with
+the token it kept; a dropped tunnel reconnects; the agent's RBAC denies what the join did not
+grant. The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import urllib3
+import yaml
+from grpc import aio
+from pydantic import SecretStr
+from temporalio.testing import WorkflowEnvironment
+
+from activities.kube_clients import KubeClients
+from levers9.config import ControlplaneSettings
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.temporal import list_worker_records
+from levers9.tokens import operator_token
+from sandbox.scenario import Scenario
+from sandbox.serve import RunningSandbox, start
+from tests.controlplane import TOKEN_SECRET, _terminate_running, quick_scenario
+from tests.factories import free_port
+from tests.waiting import eventually
+from worker_main import Serving, serving
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+NAME = "joined"
+WITHIN = 90
+SELECTOR = "cloud.google.com/gke-accelerator=nvidia-rtx-pro-6000"
+IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
+
+
+@dataclass
+class Plane:
+    sandbox: RunningSandbox
+    settings: ControlplaneSettings
+    served: Serving
+    home: Path
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TEMPORAL_ADDRESS": self.settings.temporal_address,
+            "LEVERS9_TASK_QUEUE": self.settings.task_queue,
+            "LEVERS9_GATEWAY_ADDRESS": self.settings.gateway_advertised_address,
+            "LEVERS9_API_TOKEN": operator_token(TOKEN_SECRET),
+            "LEVERS9_HOME": str(self.home),
+            "KUBECONFIG": str(self.sandbox.state.dir / "kubeconfig"),
+        }
+
+    async def run(self, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run,
+            list(argv),
+            input=stdin,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return await self.run(str(BIN / "levers9"), *args)
+
+    async def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        done = await self.run("kubectl", *args, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+
+def _unattached() -> Scenario:
+    """The default scenario as `dev up` leaves it: the controlplane's egress IP is not on the
+    cluster's authorized networks (nothing of the controlplane may dial the API)."""
+    base = quick_scenario()
+    networks = Scenario.load().network.authorized_networks  # the admin's, not the egress
+    network = base.network.model_copy(update={"authorized_networks": networks})
+    return base.model_copy(update={"network": network})
+
+
+@pytest.fixture(scope="module")
+async def plane(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Plane]:
+    directory = tmp_path_factory.mktemp("join")
+    running = await start(_unattached(), directory / "sandbox")
+    gateway_port = free_port()
+    settings = ControlplaneSettings.model_validate(
+        {
+            "temporalAddress": dev_env.client.service_client.config.target_host,
+            "taskQueue": f"tq-{uuid.uuid4()}",
+            "reconcileIntervalSeconds": 1,
+            "workerTokenSecret": TOKEN_SECRET,
+            "gatewayListen": f"127.0.0.1:{gateway_port}",
+            "gatewayAdvertisedAddress": f"127.0.0.1:{gateway_port}",
+            "endpointsListen": f"127.0.0.1:{free_port()}",
+        }
+    )
+    clients = KubeClients({})
+    served = serving(dev_env.client, clients, settings, SecretStr(TOKEN_SECRET))
+    await served.gateway.start(settings.gateway_listen)
+    try:
+        async with served.caches, served.worker, served.replica:
+            yield Plane(running, settings, served, directory / "home")
+    finally:
+        await served.gateway.stop(grace=1)
+        await _terminate_running(dev_env.client, settings.task_queue)
+        clients.close()
+        await running.close()
+
+
+async def _workers(plane: Plane) -> list[object]:
+    records = await list_worker_records(plane.settings, NAME, include_ended=False)
+    return [r for r in records if r.state == "available"]
+
+
+async def test_join_applied_with_kubectl_gives_a_joined_pool(plane: Plane) -> None:
+    policy = plane.sandbox.sandbox.policy
+    before = policy.authorized_networks
+    keys_before = sorted((plane.sandbox.state.dir / "keys").glob("*.json"))
+    done = await plane.cli(
+        "cluster", "join", "--name", NAME, "--gpu-type", "RTXPro6000",
+        "--node-selector", SELECTOR, "--worker-image", IMAGE,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "works once" in done.stderr
+    documents = list(yaml.safe_load_all(done.stdout))
+    kinds = [d["kind"] for d in documents]
+    assert kinds == [
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+        "RoleBinding", "Secret", "Deployment",
+    ]  # fmt: skip
+    assert "private_key" not in done.stdout
+    applied = await plane.kubectl("apply", "-f", "-", stdin=done.stdout)
+    assert "deployment.apps/levers9-agent created" in applied
+
+    async def three() -> bool:
+        return len(await _workers(plane)) == 3
+
+    await eventually(three, within=WITHIN)
+    listed = json.loads((await plane.cli("pool", "list", "-o", "json")).stdout)
+    assert [(r["pool"], r["provider"]) for r in listed] == [(NAME, "kubernetes (joined)")]
+    machines = json.loads((await plane.cli("machine", "list", "--pool", NAME, "-o", "json")).stdout)
+    assert len(machines) == 3
+    check = await plane.cli("pool", "check", "--pool", NAME, "--gpu", "RTXPro6000")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "COMPLETE" in check.stdout
+    assert policy.authorized_networks == before, "the cluster's authorized networks unchanged"
+    assert sorted((plane.sandbox.state.dir / "keys").glob("*.json")) == keys_before, "no key"
+    secret = json.loads(
+        await plane.kubectl("-n", "levers9", "get", "secret", "levers9-agent", "-o", "json")
+    )
+    assert sorted(secret["data"]) == ["agent-token"], "the join token is spent and gone"
+
+
+async def test_a_spent_join_token_is_refused(plane: Plane) -> None:
+    state = await plane.cli("cluster", "list", "-o", "json")
+    assert json.loads(state.stdout)[0]["joined_at"] is not None
+    token = "l9j1.not-the-token"
+    async with aio.insecure_channel(plane.settings.gateway_advertised_address) as channel:
+        stub = gateway_pb2_grpc.ClustersStub(channel)
+        with pytest.raises(aio.AioRpcError) as wrong:
+            await stub.JoinCluster(
+                gateway_pb2.JoinClusterRequest(cluster_name=NAME, join_token=token)
+            )
+        assert wrong.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "not the one of cluster joined's join" in (wrong.value.details() or "")
+    # The real one, spent: kept by nobody now but the first output; join prints it once.
+    # A second join of the same name is refused until the cluster leaves.
+    again = await plane.cli(
+        "cluster", "join", "--name", NAME, "--gpu-type", "RTXPro6000", "--worker-image", IMAGE
+    )
+    assert again.returncode == 1
+    assert "cluster joined is joined already" in again.stderr
+
+
+async def test_the_agent_restarted_comes_back_with_its_own_token(plane: Plane) -> None:
+    hub = plane.served.gateway.clusters
+    assert hub is not None
+    pods = json.loads(await plane.kubectl("-n", "levers9", "get", "pods", "-o", "json"))
+    [agent] = [p for p in pods["items"] if p["metadata"]["name"].startswith("levers9-agent")]
+    await plane.kubectl("-n", "levers9", "delete", "pod", agent["metadata"]["name"])
+
+    async def replaced() -> bool:
+        pods = json.loads(await plane.kubectl("-n", "levers9", "get", "pods", "-o", "json"))
+        names = [
+            p["metadata"]["name"]
+            for p in pods["items"]
+            if p["metadata"]["name"].startswith("levers9-agent")
+            and p["status"].get("phase") == "Running"
+        ]
+        return bool(names) and agent["metadata"]["name"] not in names and hub.connected(NAME)
+
+    await eventually(replaced, within=WITHIN)
+    done = await plane.cli("run", "--pool", NAME, "--gpus", "1", "--", "echo", "after-restart")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "after-restart" in done.stdout
+
+
+async def test_a_dropped_tunnel_reconnects(plane: Plane) -> None:
+    hub = plane.served.gateway.clusters
+    assert hub is not None
+    assert await hub.disconnect(NAME, "test: the network blinked")
+    assert not hub.connected(NAME)
+
+    async def back() -> bool:
+        return hub.connected(NAME)
+
+    await eventually(back, within=WITHIN)
+    done = await plane.cli("run", "--pool", NAME, "--gpus", "1", "--", "echo", "after-drop")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "after-drop" in done.stdout
+
+
+async def test_the_agents_rbac_denies_what_the_join_did_not_grant(plane: Plane) -> None:
+    """Through the agent's proxy (the controlplane's only way to the cluster): the pool's own
+    namespace works, anything else is the API server's 403 with RBAC's words."""
+    hub = plane.served.gateway.clusters
+    assert hub is not None
+    url = hub.url(NAME)
+    http = urllib3.PoolManager()
+    ok = await asyncio.to_thread(http.request, "GET", f"{url}/api/v1/namespaces/levers9/pods")
+    assert ok.status == 200
+    denied = await asyncio.to_thread(
+        http.request, "GET", f"{url}/api/v1/namespaces/kube-system/secrets"
+    )
+    assert denied.status == 403
+    body = json.loads(denied.data)
+    assert body["message"] == (
+        'secrets is forbidden: User "system:serviceaccount:levers9:levers9-agent" cannot list'
+        ' resource "secrets" in API group "" in the namespace "kube-system"'
+    )
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}}
+    created = await asyncio.to_thread(
+        http.request,
+        "POST",
+        f"{url}/apis/batch/v1/namespaces/default/jobs",
+        body=json.dumps(job),
+        headers={"Content-Type": "application/json"},
+    )
+    assert created.status == 403
+    assert 'cannot create resource "jobs"' in json.loads(created.data)["message"]
+    nodes = await asyncio.to_thread(http.request, "DELETE", f"{url}/api/v1/nodes/any")
+    assert nodes.status == 403
+    _ = base64
