@@ -176,7 +176,17 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     added = await ensure_search_attributes(client, settings.temporal_namespace)
     if added:
         log.info("added search attributes", names=added)
-    joined = [s for s in await joined_clusters(client) if s.spec.name not in values.pools]
+    joined = []
+    for state in await joined_clusters(client):
+        if state.spec.name in values.pools:
+            log.error(
+                "unable to load controller",
+                pool_name=state.spec.name,
+                error="a joined cluster has the name of a pool of the values: the values' pool"
+                " is loaded; remove its block, or `levers9 cluster leave` the joined one",
+            )
+            continue
+        joined.append(state)
     sync = await sync_reconcile_schedules(
         client,
         [*values.pools, *(s.spec.name for s in joined)],
