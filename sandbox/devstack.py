@@ -383,8 +383,9 @@ class DevStack:
         argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
         # The controlplane's own registry (ECR's stand-in) too: a joined cluster's nodes pull
         # the worker image from there (`levers9 cluster join`, no attach, no copy).
-        ecr = self.env()["LEVERS9_SOURCE_IMAGE"].partition("/")[0]
-        argv += ["--registry-mirror", f"{ecr}={ecr}"]
+        source = self.env()["LEVERS9_SOURCE_IMAGE"]
+        ecr = source.partition("/")[0]
+        argv += ["--registry-mirror", f"{ecr}={ecr}", "--process-image", f"{source}=levers9-worker"]
         if self.scenario is not None:
             argv += ["--scenario", str(self.scenario.absolute())]
         return argv

@@ -218,6 +218,13 @@ class Scenario(_Model):
         images["mirrors"] = {**self.images.mirrors, **mirrors}
         return self.model_copy(update={"images": Images.model_validate(images)})
 
+    def with_process_images(self, entrypoints: dict[str, str]) -> Scenario:
+        """This scenario with each image (reference -> the command it runs) a process image."""
+        images = self.images.model_dump()
+        added = {ref: {"entrypoint": [command]} for ref, command in entrypoints.items()}
+        images["process"] = {**images["process"], **added}
+        return self.model_copy(update={"images": Images.model_validate(images)})
+
     @staticmethod
     def from_yaml(text: str) -> Scenario:
         return Scenario.model_validate(yaml.safe_load(text) or {})

@@ -71,6 +71,13 @@ def serve(
             help="HOST=127.0.0.1:PORT: images on HOST pull from the registry at that address",
         ),
     ] = None,
+    process_image: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--process-image",
+            help="REF=COMMAND: the kubelet runs this image's containers as local processes",
+        ),
+    ] = None,
 ) -> None:
     """Run the sandbox in the foreground until Ctrl-C."""
     from sandbox.serve import serve as run
@@ -86,6 +93,11 @@ def serve(
     except ValueError as exc:
         fail([f"--registry-mirror: {exc}"])
         raise typer.Exit(1) from None
+    processes = dict(p.rpartition("=")[::2] for p in process_image or [])
+    if any(not ref or not command for ref, command in processes.items()):
+        fail(["--process-image: give REF=COMMAND"])
+        raise typer.Exit(1)
+    loaded = loaded.with_process_images(processes)
     directory = _state_dir(state_dir)
     console.print(f"sandbox state in {directory}; kubectl --kubeconfig {directory / 'kubeconfig'}")
     asyncio.run(run(loaded, directory, port, controlplane_key))
