@@ -143,3 +143,37 @@ async def add_gpu_node(
     base = cluster.node_specs()[0].model_dump()
     spec = {**base, "name": name, "internal_ip": internal_ip, "external_ip": external_ip}
     await cluster.add_node(NodeSpec.model_validate({**spec, "gpus": {"count": gpus}}))
+
+
+HTTP_TASK = (
+    "import http.server, os, time\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def do_GET(self):\n"
+    "        if self.path.startswith('/slow'):\n"
+    "            time.sleep(float(self.path.partition('=')[2] or 1))\n"
+    "        if self.path == '/die':\n"
+    "            os._exit(3)\n"
+    "        if self.path == '/half':\n"
+    "            self.send_response(200)\n"
+    "            self.send_header('Content-Length', '1000')\n"
+    "            self.end_headers()\n"
+    "            self.wfile.write(b'x' * 10)\n"
+    "            self.wfile.flush()\n"
+    "            os._exit(3)\n"
+    "        if self.path == '/env':\n"
+    "            body = os.environ.get('VLLM_ATTENTION_BACKEND', '-').encode()\n"
+    "        else:\n"
+    "            body = f'hello from {os.environ[\"LEVERS9_TASK_ID\"]} {self.path}'.encode()\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
+    " H).serve_forever()\n"
+)
+"""A task that serves HTTP on `$LEVERS9_HOST:$PORT` (its published port): `/slow?s=N` answers
+after N s, `/die` exits before answering, `/half` dies mid-body, `/env` shows
+VLLM_ATTENTION_BACKEND, anything else `hello from <task id> <path>`."""

@@ -21,7 +21,7 @@ import typer
 import yaml
 
 from levers9.cli.output import Output, ago, console, errors, fail, render
-from levers9.cli.runtime import settings_from_env
+from levers9.cli.runtime import key_values, settings_from_env
 from levers9.cluster_records import (
     ClusterExists,
     cluster_state,
@@ -49,16 +49,6 @@ COLUMNS = [
     ("joined", "JOINED"),
     ("expires", "JOIN TOKEN"),
 ]
-
-
-def _selector(pairs: list[str]) -> dict[str, str]:
-    selector = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key:
-            raise typer.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint="--node-selector")
-        selector[key] = value
-    return selector
 
 
 @app.command()
@@ -97,7 +87,7 @@ def join(
     spec = JoinedCluster(
         name=name,
         gpu_type=gpu_type,
-        node_selector=_selector(node_selector or []),
+        node_selector=key_values(node_selector or [], "--node-selector"),
         namespace=namespace,
         worker_image=image,
     )

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, ago, console, fail, render
-from levers9.cli.runtime import settings_from_env
+from levers9.cli.runtime import key_values, settings_from_env
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.endpoint_records import (
@@ -54,16 +54,6 @@ REPLICA_COLUMNS = [
     ("ready_after", "READY AFTER"),
 ]
 DELETE_WAIT_S = 150.0
-
-
-def _env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, equals, value = pair.partition("=")
-        if not equals or not key:
-            raise typer.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint="--env")
-        env[key] = value
-    return env
 
 
 def _check(name: str, pool: str, image: str, command: list[str]) -> None:
@@ -131,7 +121,7 @@ def create(
         port=port,
         image=image,
         gpus=gpus,
-        env=_env(env or []),
+        env=key_values(env or [], "--env"),
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         target_in_flight=concurrency,

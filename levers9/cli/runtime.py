@@ -47,3 +47,16 @@ def settings_from_env() -> ControlplaneSettings:
     except ConfigError as exc:
         fail(exc.errors)
         raise typer.Exit(1) from None
+
+
+def key_values(pairs: list[str], option: str) -> dict[str, str]:
+    """`KEY=VALUE` options (`--env`, `--node-selector`) as a map; a bad one names the option."""
+    import typer
+
+    values = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise typer.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint=option)
+        values[key] = value
+    return values

@@ -37,7 +37,7 @@ from levers9.clusters import ClusterState, cluster_workflow_id
 from levers9.contract import DNS_LABEL, KUBE_TARGET
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.errors import Unauthenticated
-from levers9.gateway.tunnel import HELLO_TIMEOUT_S, pump_session
+from levers9.gateway.tunnel import pump_session, read_hello
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.tokens import agent_token, agent_token_matches, join_digest
@@ -222,13 +222,7 @@ class ClusterHub(gateway_pb2_grpc.ClustersServicer):
             token = bearer_token(context.invocation_metadata() or ())
         except Unauthenticated as exc:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        try:
-            first = await asyncio.wait_for(anext(request_iterator), HELLO_TIMEOUT_S)
-        except (StopAsyncIteration, TimeoutError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
-        if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
-        name = first.hello.pool_name
+        name = (await read_hello(request_iterator, context)).pool_name
         state = await self._records.state(name) if DNS_LABEL.fullmatch(name) else None
         if state is None:
             await context.abort(

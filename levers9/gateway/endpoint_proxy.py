@@ -44,6 +44,7 @@ from levers9.gateway.task_service import TasksService, Unroutable
 from levers9.logs import get_logger
 from levers9.models import TaskRecord
 from levers9.proto import worker_pb2
+from levers9.rpc.http_relay import forwarded_headers, request_body, response_for, stream_body
 from levers9.task_records import task_record
 from levers9.tokens import operator_token_matches
 
@@ -57,19 +58,6 @@ REPORT_REPEAT_S = 10.0
 reports older than 30 s: a gateway that died holding requests)."""
 CHUNK = 64 * 1024
 REPLICA_HEADER = "x-levers9-replica"
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-    }
-)
 
 
 class EndpointsError(Exception):
@@ -349,14 +337,14 @@ class EndpointProxy:
         url = f"http://{bridge.address}/{path}"
         if request.query_string:
             url += f"?{request.query_string}"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = forwarded_headers(request)
         headers.pop("Authorization", None)
         headers["X-Forwarded-Host"] = request.host
         headers["X-Forwarded-Proto"] = request.scheme
         headers["X-Forwarded-Prefix"] = f"/{endpoint.name}"
         if request.remote:
             headers["X-Forwarded-For"] = request.remote
-        body = _body(request) if request.body_exists else None
+        body = request_body(request)
         endpoint.in_flight[task_id] = endpoint.in_flight.get(task_id, 0) + 1
         self._report(endpoint)
         response: web.StreamResponse | None = None
@@ -375,17 +363,8 @@ class EndpointProxy:
                     request.method, url, headers=headers, data=None, allow_redirects=False
                 )
             async with upstream_call as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for key, value in upstream.headers.items():
-                    if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
-                        response.headers.add(key, value)
-                if upstream.content_length is not None:
-                    response.content_length = upstream.content_length
-                response.headers[REPLICA_HEADER] = task_id
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
+                response = response_for(upstream, {REPLICA_HEADER: task_id})
+                await stream_body(upstream, response, request)
                 self.requests += 1
                 return response
         except (aiohttp.ClientError, ConnectionError) as exc:
@@ -442,11 +421,6 @@ class EndpointProxy:
                     await endpoint.wake.wait()
             if endpoint.wake.is_set():
                 continue
-
-
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
-    async for chunk in request.content.iter_chunked(CHUNK):
-        yield chunk
 
 
 class TemporalEndpointBook:

@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -62,6 +62,8 @@ Context = grpc.aio.ServicerContext[gateway_pb2.StreamTaskLogsRequest, worker_pb2
 
 
 log = get_logger(__name__)
+R = TypeVar("R")
+M = TypeVar("M")
 
 RELAYED = "levers9-relayed-by"
 """Metadata on a call one replica relays to another: the replica that relayed it."""
@@ -365,6 +367,49 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
         return gateway_pb2.CancelTaskRecordResponse()
 
+    async def _running(
+        self, context: grpc.aio.ServicerContext[Any, Any], task_id: str, needs: str
+    ) -> TaskRecord:
+        """The record of a running task (placed on its worker); aborts saying why not."""
+        await self._task_id(context, task_id)
+        record = await self._records.get(task_id)
+        if record is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id}")
+        if record.state != "running" or record.worker_id is None or record.address is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {task_id} is {record.state}, not running: {needs}",
+            )
+        return record
+
+    async def _relay_stream(
+        self,
+        record: TaskRecord,
+        context: grpc.aio.ServicerContext[Any, Any],
+        call: Callable[[_Upstream], AsyncIterator[R]],
+    ) -> AsyncIterator[R]:
+        """The worker's stream for `call`, relayed; its refusal passed on (a worker that does
+        not answer is UNAVAILABLE naming it)."""
+        via: str | None = None
+        try:
+            async with self._upstream(record, context) as up:
+                via = up.via
+                async for response in call(up):
+                    yield response
+        except aio.AioRpcError as exc:
+            code = exc.code()
+            if via is not None:  # the other replica's answer names the worker already
+                await context.abort(code, f"through replica {via}: {exc.details()}")
+            passed_on = (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
+            await context.abort(
+                code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
+                f"worker {record.worker_id}: {code.name}: {exc.details()}",
+            )
+
     async def ExecTask(
         self,
         request_iterator: AsyncIterator[worker_pb2.ExecRequest],
@@ -381,35 +426,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._task_id(context, start.task_id)
         if not start.command:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command: missing")
-        record = await self._records.get(start.task_id)
-        if record is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {start.task_id}")
-        if record.state != "running" or record.worker_id is None or record.address is None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"task {start.task_id} is {record.state}, not running: exec needs its container",
-            )
-
-        async def upstream() -> AsyncIterator[worker_pb2.ExecRequest]:
-            yield first
-            async for request in request_iterator:
-                yield request
-
-        via: str | None = None
-        try:
-            async with self._upstream(record, context) as up:
-                via = up.via
-                async for response in up.exec(upstream()):
-                    yield response
-        except aio.AioRpcError as exc:
-            code = exc.code()
-            if via is not None:  # the other replica's answer names the worker already
-                await context.abort(code, f"through replica {via}: {exc.details()}")
-            passed_on = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
-            await context.abort(
-                code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
-                f"worker {record.worker_id}: {code.name}: {exc.details()}",
-            )
+        record = await self._running(context, start.task_id, "exec needs its container")
+        requests = _prepend(first, request_iterator)
+        async for response in self._relay_stream(record, context, lambda up: up.exec(requests)):
+            yield response
 
     async def PortForward(
         self,
@@ -424,19 +444,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
             return
         start = first.start
-        await self._task_id(context, start.task_id)
         if not 0 < start.port < 65536:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"port: {start.port} is not a TCP port"
             )
-        record = await self._records.get(start.task_id)
-        if record is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {start.task_id}")
-        if record.state != "running" or record.worker_id is None or record.address is None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"task {start.task_id} is {record.state}, not running: its ports are closed",
-            )
+        record = await self._running(context, start.task_id, "its ports are closed")
         if start.port not in record.ports:
             published = ", ".join(map(str, record.ports)) or "none"
             await context.abort(
@@ -444,31 +456,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 f"task {start.task_id} did not publish port {start.port} (published:"
                 f" {published}): run it with --port {start.port}",
             )
-
-        async def upstream() -> AsyncIterator[worker_pb2.PortForwardRequest]:
-            yield first
-            async for request in request_iterator:
-                yield request
-
-        via: str | None = None
-        try:
-            async with self._upstream(record, context) as up:
-                via = up.via
-                async for response in up.port_forward(upstream()):
-                    yield response
-        except aio.AioRpcError as exc:
-            code = exc.code()
-            if via is not None:
-                await context.abort(code, f"through replica {via}: {exc.details()}")
-            passed_on = (
-                grpc.StatusCode.FAILED_PRECONDITION,
-                grpc.StatusCode.NOT_FOUND,
-                grpc.StatusCode.INVALID_ARGUMENT,
-            )
-            await context.abort(
-                code if code in passed_on else grpc.StatusCode.UNAVAILABLE,
-                f"worker {record.worker_id}: {code.name}: {exc.details()}",
-            )
+        requests = _prepend(first, request_iterator)
+        async for response in self._relay_stream(
+            record, context, lambda up: up.port_forward(requests)
+        ):
+            yield response
 
     async def StreamTaskLogs(
         self, request: gateway_pb2.StreamTaskLogsRequest, context: Context
@@ -519,3 +511,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 return None
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
+
+
+async def _prepend(first: M, rest: AsyncIterator[M]) -> AsyncIterator[M]:
+    yield first
+    async for message in rest:
+        yield message

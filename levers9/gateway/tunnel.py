@@ -24,6 +24,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from pydantic import SecretStr
@@ -97,13 +98,8 @@ class TunnelHub:
         self, requests: AsyncIterator[gateway_pb2.TunnelFrame], context: Context
     ) -> AsyncIterator[gateway_pb2.TunnelFrame]:
         """The servicer's body: authenticate the hello, hold the session, pump frames."""
-        try:
-            first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
-        except (StopAsyncIteration, TimeoutError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
-        if first.WhichOneof("kind") != "hello":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
-        pool_name, worker_id = first.hello.pool_name, first.hello.worker_id
+        hello = await read_hello(requests, context)
+        pool_name, worker_id = hello.pool_name, hello.worker_id
         try:
             check_worker(pool_name, worker_id)
             authenticate(
@@ -181,3 +177,17 @@ async def pump_session(
         pumping.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await pumping
+
+
+async def read_hello(
+    requests: AsyncIterator[gateway_pb2.TunnelFrame], context: grpc.aio.ServicerContext[Any, Any]
+) -> gateway_pb2.TunnelHello:
+    """A tunnel's first frame, which must be `hello` within HELLO_TIMEOUT_S (else the call is
+    aborted INVALID_ARGUMENT)."""
+    try:
+        first = await asyncio.wait_for(anext(requests), HELLO_TIMEOUT_S)
+    except (StopAsyncIteration, TimeoutError):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
+    if first.WhichOneof("kind") != "hello":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first frame is hello")
+    return first.hello

@@ -38,6 +38,7 @@ from levers9.process import exit_now
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.rpc import tls
 from levers9.rpc.channel import gateway_channel
+from levers9.rpc.http_relay import forwarded_headers, relay_response, request_body
 from levers9.tunnel.bridge import dial
 from levers9.tunnel.mux import Stream, StreamRefused
 from levers9.worker.paths import HostPaths, HostPathsError
@@ -45,10 +46,6 @@ from levers9.worker.tunnel import TunnelClient
 
 log = logs.get_logger("levers9.cluster_agent")
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-CHUNK = 64 * 1024
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "host"}
-)
 
 
 class AgentError(Exception):
@@ -112,35 +109,19 @@ class KubeProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = forwarded_headers(request)
         headers["Authorization"] = self._cluster.authorization()
-        body = _body(request) if request.body_exists else None
         try:
             async with self._session.request(
                 request.method,
                 self._cluster.base + request.path_qs,
                 headers=headers,
-                data=body,
+                data=request_body(request),
                 allow_redirects=False,
             ) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for key, value in upstream.headers.items():
-                    if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
-                        response.headers.add(key, value)
-                if upstream.content_length is not None:
-                    response.content_length = upstream.content_length
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+                return await relay_response(upstream, request)
         except aiohttp.ClientError as exc:
             return web.Response(status=502, text=f"the cluster's API did not answer: {exc}\n")
-
-
-async def _body(request: web.Request) -> AsyncIterator[bytes]:
-    async for chunk in request.content.iter_chunked(CHUNK):
-        yield chunk
 
 
 class AgentSecret:

@@ -31,6 +31,7 @@ from levers9.temporal import connect
 from levers9.tokens import operator_token
 from sandbox import registries, task_images
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
+from tests.factories import HTTP_TASK as SERVE
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -38,35 +39,6 @@ pytestmark = pytest.mark.integration
 WITHIN = 60
 GAR_HOST = "us-central1-docker.pkg.dev"
 IMAGE = f"{GAR_HOST}/demo/tasks/busybox:served"
-SERVE = (
-    "import http.server, os, time\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    protocol_version = 'HTTP/1.1'\n"
-    "    def do_GET(self):\n"
-    "        if self.path.startswith('/slow'):\n"
-    "            time.sleep(float(self.path.partition('=')[2] or 1))\n"
-    "        if self.path == '/die':\n"
-    "            os._exit(3)\n"
-    "        if self.path == '/half':\n"
-    "            self.send_response(200)\n"
-    "            self.send_header('Content-Length', '1000')\n"
-    "            self.end_headers()\n"
-    "            self.wfile.write(b'x' * 10)\n"
-    "            self.wfile.flush()\n"
-    "            os._exit(3)\n"
-    "        if self.path == '/env':\n"
-    "            body = os.environ.get('VLLM_ATTENTION_BACKEND', '-').encode()\n"
-    "        else:\n"
-    "            body = f'hello from {os.environ[\"LEVERS9_TASK_ID\"]} {self.path}'.encode()\n"
-    "        self.send_response(200)\n"
-    "        self.send_header('Content-Length', str(len(body)))\n"
-    "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
-    " H).serve_forever()\n"
-)
 
 
 class StallingProxy:

@@ -23,26 +23,13 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.task_records import task_record
 from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.factories import HTTP_TASK as SERVE
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 WITHIN = 60
-SERVE = (
-    "import http.server, os\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    "        body = f'hello from {os.environ[\"LEVERS9_TASK_ID\"]} {self.path}'.encode()\n"
-    "        self.send_response(200)\n"
-    "        self.send_header('Content-Length', str(len(body)))\n"
-    "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
-    " H).serve_forever()\n"
-)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["direct", "tunnel"])
