@@ -29,7 +29,7 @@ from levers9.endpoint_records import (
 )
 from levers9.endpoints import EndpointSpec, EndpointView
 from levers9.image_reference import ImageReference, ImageReferenceError
-from levers9.temporal import connect
+from levers9.temporal import connect, list_reconcile_schedules
 
 app = typer.Typer(
     help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
@@ -133,7 +133,7 @@ def create(
     settings = settings_from_env()
     try:
         asyncio.run(_create(settings, spec))
-    except EndpointExists as exc:
+    except (EndpointExists, LookupError) as exc:
         fail([str(exc)])
         raise typer.Exit(1) from None
     url = endpoint_url(settings, name)
@@ -170,6 +170,12 @@ def curl_line(settings: ControlplaneSettings, url: str, public: bool) -> str:
 
 async def _create(settings: ControlplaneSettings, spec: EndpointSpec) -> None:
     client = await connect(settings)
+    pools = {row.pool for row in await list_reconcile_schedules(settings)}
+    if spec.pool_name not in pools:
+        raise LookupError(
+            f"no pool {spec.pool_name} on this controlplane (`levers9 pool list` shows"
+            f" {', '.join(sorted(pools)) or 'none'}): --pool names one"
+        )
     await create_endpoint(client, settings.task_queue, spec)
 
 

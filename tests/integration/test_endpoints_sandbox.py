@@ -343,3 +343,22 @@ async def test_delete_stops_the_replicas(cp: Controlplane) -> None:
     missing = await cp.cli("endpoint", "get", "cold")
     assert missing.returncode == 1
     assert "no endpoint cold" in missing.stderr
+
+
+async def test_create_refuses_what_it_cannot_run_naming_the_option(cp: Controlplane) -> None:
+    unknown = await cp.cli(
+        "endpoint", "create", "x", "--pool", "nosuch", "--port", "80", "--", "true"
+    )
+    assert unknown.returncode == 1
+    assert "no pool nosuch on this controlplane" in unknown.stderr
+    bad = await cp.cli(
+        "endpoint", "create", "Bad_Name", "--pool", POOL, "--port", "80", "--", "true"
+    )
+    assert bad.returncode == 2
+    assert "NAME" in bad.stderr
+    inverted = await cp.cli(
+        "endpoint", "create", "y", "--pool", POOL, "--port", "80",
+        "--min-replicas", "3", "--max-replicas", "1", "--", "true",
+    )  # fmt: skip
+    assert inverted.returncode == 2
+    assert "--min-replicas 3 is above --max-replicas 1" in inverted.stderr
