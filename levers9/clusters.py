@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from levers9.contract import AGENT_NAME, JOIN_TOKEN_KEY
+from levers9.tokens import join_digest
 
 JOIN_TTL = timedelta(hours=1)
 JOINED_ENDPOINT = "https://joined.levers9.invalid"
@@ -192,7 +193,12 @@ def manifests(
                 "replicas": 1,
                 "selector": {"matchLabels": {"app.kubernetes.io/name": AGENT_NAME}},
                 "template": {
-                    "metadata": {"labels": labels},
+                    # A new join changes the template: `kubectl apply` rolls the agent, which
+                    # spends the new join token (the old agent token is revoked by it).
+                    "metadata": {
+                        "labels": labels,
+                        "annotations": {"levers9.io/join": join_digest(join_token)[:16]},
+                    },
                     "spec": {
                         "serviceAccountName": AGENT_NAME,
                         "containers": [

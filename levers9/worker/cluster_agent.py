@@ -189,11 +189,14 @@ class ClusterTunnelClient(TunnelClient):
 
 
 async def agent_token(secret: AgentSecret, channel: aio.Channel, cluster_name: str) -> str:
-    """The agent's token: kept in its Secret, or got now for the join token (then kept)."""
+    """The agent's token: got now for a join token in its Secret (then kept there), else the
+    one kept."""
     data = await secret.read()
-    if data.get(AGENT_TOKEN_KEY):
-        return data[AGENT_TOKEN_KEY]
     join_token = data.get(JOIN_TOKEN_KEY)
+    if not join_token and data.get(AGENT_TOKEN_KEY):
+        return data[AGENT_TOKEN_KEY]
+    # A join token present is a join not spent yet: the first, or a new one applied over the
+    # Secret (`kubectl apply` keeps the old agent token, which the new join revoked).
     if not join_token:
         raise AgentError(
             f"Secret {secret.name} holds neither {AGENT_TOKEN_KEY} nor {JOIN_TOKEN_KEY}:"
