@@ -111,6 +111,9 @@ async def test_a_restarted_controlplane_repairs_what_changed_while_none_ran(
                     return ended and "gke-demo-gpu-2x-restart-1" in await _job_nodes(plane)
 
                 await eventually(repaired, within=60)
-                assert _triggered(plane) >= 1
+                # A pass of this process did it (the hourly schedule never came): the one its
+                # cache's first sync triggered, or one the stopped process left buffered
+                # (BUFFER_ONE) that read the changes first. Which one is a race, so only the
+                # repair is asserted; the test above proves a node's event starts a pass.
         finally:
             await sync_reconcile_schedules(client, [], plane.settings)
