@@ -24,6 +24,10 @@ COMMAND_DIGEST_FILE = "command-token.sha256"
 """The SHA-256 of the token the controlplane presents to this worker (not the token)."""
 COMMAND_TOKEN_HEADER = "levers9-command-token"
 """The call metadata carrying the controlplane's command token to WorkerService."""
+PORT_CONNECTED_HEADER = "levers9-port-connected"
+"""Initial metadata of `WorkerService/PortForward` once the worker has connected to the task's
+port (and passed on by a gateway that relays the stream): a stream that fails without it never
+delivered a byte to the task, so what it carried can go to another replica."""
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 

@@ -206,9 +206,13 @@ class EndpointState(BaseModel):
             if self.next_start_at is not None and now < self.next_start_at:
                 return Decision()
             start = want - len(active)
-            if not active and waiting:
+            if not active and (waiting or in_flight):
+                # From zero (requests counted in flight here were at a replica that has just
+                # gone: the gateways send them on, to wait for this one).
                 kind = "cold start"
-                message = f"{waiting} request(s) waiting and no replica: starting {start}"
+                message = (
+                    f"{waiting + in_flight} request(s) waiting and no replica: starting {start}"
+                )
             elif want <= self.spec.min_replicas:
                 kind, message = "scale up", f"min replicas {self.spec.min_replicas}"
             else:

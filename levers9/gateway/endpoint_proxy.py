@@ -5,17 +5,18 @@ gateway's certificate when it has one). A request:
 
 1. is authorized: `Authorization: Bearer <operator token>` unless the endpoint is `public`
    (the header never reaches the replica);
-2. finds a ready replica of the endpoint (its view, `EndpointWorkflow`'s query `view`, read at
-   most every `VIEW_TTL_S`); with none, it **waits**: counted as waiting in this gateway's report
+2. finds a ready replica of the endpoint (its view, `EndpointWorkflow`'s query `view`, read
+   again beside the request once older than `VIEW_TTL_S`: a warm request never waits on
+   Temporal); with none, it **waits**: counted as waiting in this gateway's report
    to the autoscaler (signal `load`, sent at once when the first request starts waiting), so a
    replica starts (the cold start) and is never stopped while the request waits; it is answered
    once a replica is ready, or 503 after the endpoint's `cold_start_timeout_seconds`, or 503 at
    once when the endpoint's replicas keep failing before they are ready (the view's `failing`);
-3. goes to the ready replica with the fewest requests in flight from here, through a keep-alive
-   connection pool per replica. A pooled connection is a loopback socket bridged to one
-   `WorkerService/PortForward` stream to the replica's worker (`TasksService.upstream`: over
-   TLS directly, through this replica's end of the worker's tunnel, or relayed to the replica
-   that holds it), so the path is the one `levers9 port-forward` takes;
+3. goes to the ready replica with the fewest requests in flight from here, as HTTP/1.1 written
+   straight onto a kept `WorkerService/PortForward` stream to the replica's port
+   (`levers9.gateway.replica_streams`: over TLS to the worker, through this replica's end of
+   its tunnel, or relayed to the replica that holds it; the path `levers9 port-forward`
+   takes), one request at a time per stream, the streams kept per replica;
 4. is answered with the replica's response, streamed (server-sent events, token streams).
 
 A replica that dies before it answers: 502 naming it and the endpoint. One that dies mid-body:
@@ -27,26 +28,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from pydantic import SecretStr
 from temporalio.client import Client
 
 from levers9.endpoint_records import query_endpoint, report_load
 from levers9.endpoints import EndpointView, Load
-from levers9.gateway.task_service import TasksService, Unroutable
+from levers9.gateway.replica_streams import (
+    SEND_WHOLE,
+    Exchange,
+    Replica,
+    ReplicaFailed,
+    StaleStream,
+)
+from levers9.gateway.task_service import TasksService
 from levers9.logs import get_logger
 from levers9.models import TaskRecord
-from levers9.proto import worker_pb2
-from levers9.rpc.http_relay import forwarded_headers, request_body, response_for, stream_body
+from levers9.rpc import http1
+from levers9.rpc.http_relay import HOP_BY_HOP
 from levers9.task_records import task_record
-from levers9.tokens import operator_token_matches
+from levers9.tokens import operator_token
 
 log = get_logger(__name__)
 
@@ -58,6 +67,13 @@ REPORT_REPEAT_S = 10.0
 reports older than 30 s: a gateway that died holding requests)."""
 CHUNK = 64 * 1024
 REPLICA_HEADER = "x-levers9-replica"
+MAX_REROUTES = 3
+"""Replicas a request is sent on to when the one chosen cannot be reached, before a 502."""
+RETRIED = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Sent again, once, on a new stream when a kept one was found closed (without a body)."""
+NOT_PASSED_ON = HOP_BY_HOP | {"authorization", "expect", "content-length"}
+"""The connection's own headers and Host (RFC 9110 7.6.1), the operator token, and what the
+front sets itself: it has answered `Expect: 100-continue`, and it frames the body it sends."""
 
 
 class EndpointsError(Exception):
@@ -74,67 +90,6 @@ class EndpointBook(Protocol):
     async def task(self, task_id: str) -> TaskRecord | None: ...
 
 
-class _Bridge:
-    """A loopback listener whose every connection is one PortForward stream to the replica."""
-
-    def __init__(self, tasks: TasksService, record: TaskRecord, port: int) -> None:
-        self._tasks = tasks
-        self._record = record
-        self._port = port
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
-        self.address = ""
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        host, port = self._server.sockets[0].getsockname()[:2]
-        self.address = f"{host}:{port}"
-        return self.address
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._conns):
-            task.cancel()
-        await asyncio.gather(*self._conns, return_exceptions=True)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
-        abort = True
-        try:
-            abort = await self._pipe(reader, writer)
-        except asyncio.CancelledError:
-            pass
-        except (Unroutable, OSError) as exc:
-            log.info("endpoint bridge failed", task_id=self._record.task_id, error=str(exc))
-        except Exception as exc:  # grpc's AioRpcError and the like: the socket is cut
-            log.info("replica connection broke", task_id=self._record.task_id, error=repr(exc))
-        finally:
-            self._conns.discard(task)
-            if abort:
-                writer.transport.abort()
-            else:
-                writer.close()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        start = worker_pb2.PortForwardRequest(
-            start=worker_pb2.PortForwardStart(task_id=self._record.task_id, port=self._port)
-        )
-
-        async def requests() -> AsyncIterator[worker_pb2.PortForwardRequest]:
-            yield start
-            while data := await reader.read(CHUNK):
-                yield worker_pb2.PortForwardRequest(data=data)
-
-        async with self._tasks.upstream(self._record) as up:
-            async for response in up.port_forward(requests()):
-                writer.write(response.data)
-                await writer.drain()
-        return False  # the replica closed its side: a clean close
-
-
 @dataclass
 class _Endpoint:
     name: str
@@ -142,14 +97,21 @@ class _Endpoint:
     fetched: float = 0.0
     in_flight: dict[str, int] = field(default_factory=dict)
     waiting: int = 0
-    bridges: dict[str, _Bridge] = field(default_factory=dict)
-    session: aiohttp.ClientSession | None = None
+    replicas: dict[str, Replica] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     reporter: asyncio.Task[None] | None = None
     refreshing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    refresher: asyncio.Task[None] | None = None
+
+    peak: int = 0
+    """The most requests in flight at once since the last report."""
 
     def total(self) -> int:
         return sum(self.in_flight.values())
+
+
+class _NotReached(Exception):
+    """The request never reached the replica (see ReplicaFailed.reached)."""
 
 
 class _Refused(Exception):
@@ -171,9 +133,10 @@ class EndpointProxy:
     ) -> None:
         self._book = book
         self._tasks = tasks
-        self._secret = secret
+        self._operator_token = SecretStr(
+            operator_token(secret.get_secret_value(), operator_generation)
+        )
         self._gateway_id = gateway_id
-        self._operator_generation = operator_generation
         self._clock = clock
         self._endpoints: dict[str, _Endpoint] = {}
         self._runner: web.AppRunner | None = None
@@ -215,10 +178,10 @@ class EndpointProxy:
         for endpoint in self._endpoints.values():
             if endpoint.reporter is not None:
                 endpoint.reporter.cancel()
-            for bridge in endpoint.bridges.values():
-                await bridge.close()
-            if endpoint.session is not None:
-                await endpoint.session.close()
+            if endpoint.refresher is not None:
+                endpoint.refresher.cancel()
+            for replica in endpoint.replicas.values():
+                await replica.close()
 
     # -- a request ---------------------------------------------------------------------------
 
@@ -226,11 +189,33 @@ class EndpointProxy:
         name = request.match_info["name"]
         try:
             endpoint = await self._endpoint(name)
-            assert endpoint.view is not None
-            if not endpoint.view.spec.public:
+            view = endpoint.view
+            assert view is not None
+            if not view.spec.public:
                 self._authorize(request)
-            task_id = await self._replica(endpoint)
-            return await self._forward(endpoint, task_id, request)
+            body = await self._body(request)
+            tried: set[str] = set()
+            while True:
+                task_id = await self._replica(endpoint, tried)
+                try:
+                    return await self._forward(endpoint, task_id, request, body)
+                except _NotReached as exc:
+                    # Gone since this gateway's view said ready (stopped idle, its node lost):
+                    # the request never reached it, so it goes to another, or waits for one.
+                    tried.add(task_id)
+                    log.info(
+                        "replica not reached, request sent on",
+                        endpoint=name,
+                        task_id=task_id,
+                        error=str(exc),
+                    )
+                    if len(tried) > MAX_REROUTES:
+                        raise _Refused(
+                            502,
+                            f"endpoint {name}: replicas {', '.join(sorted(tried))} could not be"
+                            f" reached: {exc}",
+                        ) from None
+                    endpoint = await self._endpoint(name, fresh=True)
         except _Refused as refused:
             return web.Response(
                 status=refused.status,
@@ -247,16 +232,22 @@ class EndpointProxy:
                 "this endpoint needs `Authorization: Bearer <operator token>`"
                 " (the file LEVERS9_API_TOKEN_FILE names), or create it --public",
             )
-        if not operator_token_matches(
-            self._secret.get_secret_value(), token.strip(), self._operator_generation
-        ):
+        if not hmac.compare_digest(self._operator_token.get_secret_value(), token.strip()):
             raise _Refused(401, "the bearer token is not this controlplane's operator token")
 
     async def _endpoint(self, name: str, *, fresh: bool = False) -> _Endpoint:
+        """The endpoint, its view read now when this gateway has none (or `fresh`, while a
+        request waits for a replica); an older one than VIEW_TTL_S serves this request while it
+        is read again beside it (a warm request never waits on Temporal)."""
         endpoint = self._endpoints.get(name)
         if endpoint is None:
             endpoint = self._endpoints[name] = _Endpoint(name)
-        await self._refresh(endpoint, VIEW_TTL_S if not fresh else WAIT_POLL_S)
+        if endpoint.view is None or fresh:
+            await self._refresh(endpoint, VIEW_TTL_S if not fresh else WAIT_POLL_S)
+        elif self._clock() - endpoint.fetched >= VIEW_TTL_S and (
+            endpoint.refresher is None or endpoint.refresher.done()
+        ):
+            endpoint.refresher = asyncio.create_task(self._refresh(endpoint, VIEW_TTL_S))
         if endpoint.view is None:
             raise _Refused(404, f"no endpoint {name}: `levers9 endpoint list` shows them")
         return endpoint
@@ -273,15 +264,16 @@ class EndpointProxy:
                 return  # serve from the last view
             endpoint.view, endpoint.fetched = view, self._clock()
             ready = set(view.replicas_ready()) if view is not None else set()
-            for task_id in list(endpoint.bridges):
+            for task_id in list(endpoint.replicas):
                 if task_id not in ready:
-                    await endpoint.bridges.pop(task_id).close()
+                    await endpoint.replicas.pop(task_id).close()
 
-    async def _replica(self, endpoint: _Endpoint) -> str:
-        """A ready replica, with the fewest requests from here in flight; waits for one."""
+    async def _replica(self, endpoint: _Endpoint, tried: set[str]) -> str:
+        """A ready replica (not one of `tried`), with the fewest requests from here in
+        flight; waits for one."""
         view = endpoint.view
         assert view is not None
-        ready = view.replicas_ready()
+        ready = [t for t in view.replicas_ready() if t not in tried]
         if ready:
             return min(ready, key=lambda t: (endpoint.in_flight.get(t, 0), t))
         deadline = self._clock() + view.spec.cold_start_timeout_seconds
@@ -303,79 +295,118 @@ class EndpointProxy:
                 endpoint = await self._endpoint(endpoint.name, fresh=True)
                 view = endpoint.view
                 assert view is not None
-                ready = view.replicas_ready()
+                ready = [t for t in view.replicas_ready() if t not in tried]
                 if ready:
                     return min(ready, key=lambda t: (endpoint.in_flight.get(t, 0), t))
         finally:
             endpoint.waiting -= 1
             self._report(endpoint)
 
-    async def _bridge(self, endpoint: _Endpoint, task_id: str) -> _Bridge:
-        bridge = endpoint.bridges.get(task_id)
-        if bridge is not None:
-            return bridge
+    async def _replica_streams(self, endpoint: _Endpoint, task_id: str) -> Replica:
+        replica = endpoint.replicas.get(task_id)
+        if replica is not None:
+            return replica
         record = await self._book.task(task_id)
         if record is None or record.state != "running" or record.worker_id is None:
-            raise _Refused(502, f"replica {task_id} of endpoint {endpoint.name} is not running")
+            state = record.state if record is not None else "unknown"
+            raise _NotReached(f"replica {task_id} is not running ({state})")
         assert endpoint.view is not None
-        bridge = _Bridge(self._tasks, record, endpoint.view.spec.port)
-        await bridge.start()
-        endpoint.bridges[task_id] = bridge
-        return bridge
+        replica = endpoint.replicas.setdefault(
+            task_id, Replica(self._tasks, record, endpoint.view.spec.port)
+        )
+        return replica
+
+    @staticmethod
+    def _request_head(endpoint: _Endpoint, request: web.Request, port: int) -> bytes:
+        """The request as the replica gets it: its path under the endpoint's (as sent, still
+        percent-encoded), its end-to-end headers but the operator token, and X-Forwarded-*."""
+        target = request.raw_path[len(endpoint.name) + 1 :]
+        if not target.startswith("/"):
+            target = "/" + target
+        headers = [
+            (key, value)
+            for key, value in request.headers.items()
+            if key.lower() not in NOT_PASSED_ON
+        ]
+        headers.append(("Host", f"127.0.0.1:{port}"))
+        headers.append(("X-Forwarded-Host", request.host))
+        headers.append(("X-Forwarded-Proto", request.scheme))
+        headers.append(("X-Forwarded-Prefix", f"/{endpoint.name}"))
+        if request.remote:
+            headers.append(("X-Forwarded-For", request.remote))
+        if not request.body_exists:
+            if request.method in ("POST", "PUT", "PATCH"):
+                headers.append(("Content-Length", "0"))
+        elif request.content_length is None:  # the client chunked it: so does the front
+            headers.append(("Transfer-Encoding", "chunked"))
+        else:
+            headers.append(("Content-Length", str(request.content_length)))
+        return http1.request_head(request.method, target, headers)
+
+    @staticmethod
+    async def _body(request: web.Request) -> bytes | AsyncIterator[bytes] | None:
+        """None, the whole body when it is small and its length known, else its chunks as
+        they come (chunk-encoded when the client sent no length)."""
+        if not request.body_exists:
+            return None
+        length = request.content_length
+        if length is not None and length <= SEND_WHOLE:
+            return await request.read()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for data in request.content.iter_chunked(CHUNK):
+                yield data if length is not None else http1.chunk(data)
+            if length is None:
+                yield http1.chunk(b"")
+
+        return chunks()
 
     async def _forward(
-        self, endpoint: _Endpoint, task_id: str, request: web.Request
+        self,
+        endpoint: _Endpoint,
+        task_id: str,
+        request: web.Request,
+        body: bytes | AsyncIterator[bytes] | None,
     ) -> web.StreamResponse:
-        bridge = await self._bridge(endpoint, task_id)
-        if endpoint.session is None:
-            endpoint.session = aiohttp.ClientSession(
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            )
-        path = request.match_info.get("path", "")
-        url = f"http://{bridge.address}/{path}"
-        if request.query_string:
-            url += f"?{request.query_string}"
-        headers = forwarded_headers(request)
-        headers.pop("Authorization", None)
-        headers["X-Forwarded-Host"] = request.host
-        headers["X-Forwarded-Proto"] = request.scheme
-        headers["X-Forwarded-Prefix"] = f"/{endpoint.name}"
-        if request.remote:
-            headers["X-Forwarded-For"] = request.remote
-        body = request_body(request)
+        """The exchange with replica `task_id`; raises _NotReached when it never got there
+        and can go elsewhere (its body not streamed, or not begun)."""
+        replica = await self._replica_streams(endpoint, task_id)
+        head = self._request_head(endpoint, request, replica.port)
         endpoint.in_flight[task_id] = endpoint.in_flight.get(task_id, 0) + 1
+        endpoint.peak = max(endpoint.peak, endpoint.total())
         self._report(endpoint)
+        exchange: Exchange | None = None
         response: web.StreamResponse | None = None
-        # A pooled connection the replica closed while it idled (uvicorn after 5 s) fails
-        # before a byte of the request arrived: a request without a body is sent again, once.
-        retry = body is None and request.method in ("GET", "HEAD", "OPTIONS")
         try:
             try:
-                upstream_call = await endpoint.session.request(
-                    request.method, url, headers=headers, data=body, allow_redirects=False
-                )
-            except aiohttp.ServerDisconnectedError:
-                if not retry:
-                    raise
-                upstream_call = await endpoint.session.request(
-                    request.method, url, headers=headers, data=None, allow_redirects=False
-                )
-            async with upstream_call as upstream:
-                response = response_for(upstream, {REPLICA_HEADER: task_id})
-                await stream_body(upstream, response, request)
+                exchange = await self._exchange(replica, request, head, body)
+                if exchange.done and request.method != "HEAD":  # whole: one write to the client
+                    self.requests += 1
+                    return _whole(exchange, task_id)
+                response = _streamed(exchange, task_id)
+                await response.prepare(request)
+                if exchange.first:
+                    await response.write(exchange.first)
+                async for data in exchange.rest():
+                    await response.write(data)
+                await response.write_eof()
                 self.requests += 1
                 return response
-        except (aiohttp.ClientError, ConnectionError) as exc:
+            finally:
+                if exchange is not None:
+                    await exchange.release()
+        except ReplicaFailed as exc:
             endpoint.fetched = 0.0  # read the view again: the replica may be gone
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if not exc.reached and (body is None or isinstance(body, bytes)):
+                if (gone := endpoint.replicas.pop(task_id, None)) is not None:
+                    await gone.close()
+                raise _NotReached(str(exc)) from None
             if response is None or not response.prepared:
                 log.info("replica failed a request", endpoint=endpoint.name, task_id=task_id)
                 return web.Response(
                     status=502,
                     text=f"replica {task_id} of endpoint {endpoint.name} failed before it"
-                    f" answered: {why}\n",
+                    f" answered: {exc}\n",
                     headers={REPLICA_HEADER: task_id},
                 )
             log.info("replica broke mid-response", endpoint=endpoint.name, task_id=task_id)
@@ -388,6 +419,38 @@ class EndpointProxy:
                 del endpoint.in_flight[task_id]
             self._report(endpoint)
 
+    async def _exchange(
+        self,
+        replica: Replica,
+        request: web.Request,
+        head: bytes,
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> Exchange:
+        """The request sent and its response's head read. A kept stream the replica closed
+        while it idled: a request without a streamed body goes again, once, on a new one."""
+        stale: StaleStream | None = None
+        for attempt in (1, 2):
+            exchange: Exchange | None = None
+            try:
+                stream = await replica.stream()
+                exchange = Exchange(replica, stream, head_request=request.method == "HEAD")
+                await exchange.send(head, body)
+                return exchange
+            except StaleStream as exc:
+                if attempt == 2 or body is not None or request.method not in RETRIED:
+                    raise
+                stale = exc
+            except ReplicaFailed as exc:
+                if stale is not None and not exc.reached:
+                    # The kept stream may have carried the request after all (the replica
+                    # died of it): not sent on to another replica.
+                    raise ReplicaFailed(str(stale)) from None
+                raise
+            finally:
+                if exchange is not None and exchange.head is None:
+                    await exchange.release()
+        raise AssertionError("unreachable")
+
     # -- reports to the autoscaler -----------------------------------------------------------
 
     def _report(self, endpoint: _Endpoint, *, urgent: bool = False) -> None:
@@ -399,11 +462,14 @@ class EndpointProxy:
     async def _reporting(self, endpoint: _Endpoint) -> None:
         """Sends this gateway's numbers when they change (at most one a second, at once when a
         first request starts waiting), again every REPORT_REPEAT_S while not zero, and a last
-        zero; then ends (the next request starts it again)."""
+        zero; then ends (the next request starts it again). In flight is the most at once since
+        the last report: requests one after another are 1 for the autoscaler, not a 0 or a 1
+        depending on the instant (and a signal each time it flips)."""
         sent: tuple[int, int] | None = None
         last = 0.0
         while True:
-            now = (endpoint.total(), endpoint.waiting)
+            now = (max(endpoint.peak, endpoint.total()), endpoint.waiting)
+            endpoint.peak = endpoint.total()
             if now != sent or (now != (0, 0) and self._clock() - last >= REPORT_REPEAT_S):
                 load = Load(gateway=self._gateway_id, in_flight=now[0], waiting=now[1])
                 try:
@@ -421,6 +487,41 @@ class EndpointProxy:
                     await endpoint.wake.wait()
             if endpoint.wake.is_set():
                 continue
+
+
+def _headers(exchange: Exchange, task_id: str) -> CIMultiDict[str]:
+    assert exchange.head is not None
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in exchange.head.headers:
+        if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+            headers.add(key, value)
+    headers[REPLICA_HEADER] = task_id
+    return headers
+
+
+def _whole(exchange: Exchange, task_id: str) -> web.Response:
+    """A response that came whole with its head."""
+    assert exchange.head is not None
+    return web.Response(
+        status=exchange.head.status,
+        reason=exchange.head.reason or None,
+        headers=_headers(exchange, task_id),
+        body=exchange.first if exchange.head.status not in (204, 304) else None,
+    )
+
+
+def _streamed(exchange: Exchange, task_id: str) -> web.StreamResponse:
+    """A response whose body comes after its head (server-sent events, token streams), with
+    the replica's length, else chunked; or the answer to a HEAD request."""
+    head = exchange.head
+    assert head is not None
+    response = web.StreamResponse(
+        status=head.status, reason=head.reason or None, headers=_headers(exchange, task_id)
+    )
+    length = head.get("content-length")
+    if not head.values("transfer-encoding") and length is not None and length.isdigit():
+        response.content_length = int(length)
+    return response
 
 
 class TemporalEndpointBook:

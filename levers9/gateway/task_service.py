@@ -42,6 +42,7 @@ from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.convert import check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
@@ -138,6 +139,11 @@ class Replicas:
         return aio.secure_channel(address, self.credentials, options=options)
 
 
+PortForwardCall = grpc.aio.StreamStreamCall[
+    worker_pb2.PortForwardRequest, worker_pb2.PortForwardResponse
+]
+
+
 class _Upstream(Protocol):
     @property
     def via(self) -> str | None:
@@ -151,10 +157,9 @@ class _Upstream(Protocol):
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         """A command in the task's container."""
 
-    def port_forward(
-        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
-    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
-        """One TCP connection to a published port of the task's container."""
+    def port_forward(self) -> PortForwardCall:
+        """One TCP connection to a published port of the task's container, as a call its
+        caller writes and reads (no request iterator: one task hop less a message)."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +178,8 @@ class _Worker:
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         return aiter(self.stub.Exec(requests, metadata=self.metadata))
 
-    def port_forward(
-        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
-    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
-        return aiter(self.stub.PortForward(requests, metadata=self.metadata))
+    def port_forward(self) -> PortForwardCall:
+        return self.stub.PortForward(metadata=self.metadata)
 
 
 @dataclass(frozen=True)
@@ -198,10 +201,18 @@ class _Replica:
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
         return aiter(self.stub.ExecTask(requests, metadata=self.metadata))
 
-    def port_forward(
-        self, requests: AsyncIterator[worker_pb2.PortForwardRequest]
-    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
-        return aiter(self.stub.PortForward(requests, metadata=self.metadata))
+    def port_forward(self) -> PortForwardCall:
+        return self.stub.PortForward(metadata=self.metadata)
+
+
+async def _feed(
+    call: PortForwardCall, requests: AsyncIterator[worker_pb2.PortForwardRequest]
+) -> None:
+    """Writes `requests` onto `call`, then half-closes it (the connection's end of stream)."""
+    with contextlib.suppress(aio.AioRpcError, asyncio.InvalidStateError):
+        async for request in requests:
+            await call.write(request)
+        await call.done_writing()
 
 
 class Unroutable(Exception):
@@ -457,9 +468,22 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 f" {published}): run it with --port {start.port}",
             )
         requests = _prepend(first, request_iterator)
-        async for response in self._relay_stream(
-            record, context, lambda up: up.port_forward(requests)
-        ):
+
+        async def forwarded(up: _Upstream) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+            call = up.port_forward()
+            feeding = asyncio.create_task(_feed(call, requests))
+            try:
+                # The worker's word that it reached the port, passed on (the endpoints' front
+                # sends a request that never got there to another replica).
+                metadata = await call.initial_metadata()
+                if metadata is not None and metadata.get(PORT_CONNECTED_HEADER):
+                    await context.send_initial_metadata(((PORT_CONNECTED_HEADER, "1"),))
+                async for response in call:
+                    yield response
+            finally:
+                feeding.cancel()
+
+        async for response in self._relay_stream(record, context, forwarded):
             yield response
 
     async def StreamTaskLogs(

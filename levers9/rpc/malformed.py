@@ -5,7 +5,8 @@ Without it grpc's own handling answers a body that does not parse with UNKNOWN (
 <class 'DecodeError'>"), which reads like a server bug. The interceptor swaps each method's
 request deserializer for one that cannot raise: an undecodable body becomes a `_Malformed`
 value, and the wrapped handler aborts with INVALID_ARGUMENT when it meets one (for streaming
-requests, at the message that does not parse).
+requests, at the message that does not parse; a handler that reads through `context.read()`
+uses `read_checked`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ Context = aio.ServicerContext[Any, Any]
 class _Malformed:
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+async def read_checked(context: Context) -> Any:
+    """The next request of a streaming call read through `context.read()` (which the wrapper
+    cannot check), `aio.EOF` at its end; a malformed one aborts the call, as the wrapper does."""
+    request = await context.read()
+    if isinstance(request, _Malformed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+    return request
 
 
 def _safe(deserializer: Callable[[bytes], Any], method: str) -> Callable[[bytes], Any]:

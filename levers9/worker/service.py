@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 
+from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.rpc.malformed import read_checked
 from levers9.worker.runtime import StartError
 from levers9.worker.supervisor import (
     InvalidTask,
@@ -125,11 +127,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
 
-    async def PortForward(
+    async def PortForward(  # type: ignore[override]  # grpc.aio: written through context
         self, request_iterator: AsyncIterator[worker_pb2.PortForwardRequest], context: Context
-    ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
-        first = await anext(request_iterator, None)
-        if first is None or not first.HasField("start"):
+    ) -> None:
+        # The call is read and written through `context` (no request iterator, no response
+        # generator): one task hop less each way a message, on the endpoints' request path.
+        first = await read_checked(context)
+        if not isinstance(first, worker_pb2.PortForwardRequest) or not first.HasField("start"):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "PortForward starts with a PortForwardStart"
             )
@@ -138,9 +142,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         reader, writer = await _answer(
             context, lambda: self._tasks.connect(start.task_id, start.port)
         )
+        await context.send_initial_metadata(((PORT_CONNECTED_HEADER, "1"),))
         try:
-            async for data in forward_port(request_iterator, reader, writer):
-                yield worker_pb2.PortForwardResponse(data=data)
+            await forward_port(context, reader, writer)
         except OSError as error:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -149,16 +153,15 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
 
 
 async def forward_port(
-    requests: AsyncIterator[worker_pb2.PortForwardRequest],
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-) -> AsyncIterator[bytes]:
-    """Copies the caller's `data` into the connection (its end of stream: a half-close) and
-    yields what the connection sends until it closes its side; the connection is closed when
-    this ends, however it ends."""
+    context: Context, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Copies the caller's `data` into the connection (the call's end of writing: a
+    half-close) and writes what the connection sends onto the call until it closes its side;
+    the connection is closed when this ends, however it ends."""
 
     async def feed() -> None:
-        async for request in requests:
+        while (request := await read_checked(context)) is not grpc.aio.EOF:
+            assert isinstance(request, worker_pb2.PortForwardRequest)
             if request.data:
                 writer.write(request.data)
                 await writer.drain()
@@ -168,7 +171,7 @@ async def forward_port(
     feeding = asyncio.create_task(feed())
     try:
         while data := await reader.read(_CHUNK):
-            yield data
+            await context.write(worker_pb2.PortForwardResponse(data=data))
     finally:
         feeding.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

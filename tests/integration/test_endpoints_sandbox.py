@@ -135,10 +135,10 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {operator_token(TOKEN_SECRET)}"}
 
 
-async def _create(cp: Controlplane, name: str, port: int, *args: str) -> None:
+async def _create(cp: Controlplane, name: str, port: int, *args: str, serve: str = SERVE) -> None:
     done = await cp.cli(
         "endpoint", "create", name, "--pool", POOL, "--gpus", "0", "--port", str(port), *args,
-        "--", "python", "-c", SERVE,
+        "--", "python", "-c", serve,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"endpoint {name} created: {_url(cp, name)}" in done.stdout
@@ -308,6 +308,109 @@ async def test_a_replica_dying_mid_request_is_a_clear_502_never_a_hang(cp: Contr
     view = await _view(cp, "die")
     ended = [e.message for e in view.events if e.kind == "replica ended"]
     assert any(first in message and "failed" in message for message in ended), ended
+
+
+VARIETY = (
+    "import hashlib, http.server, json, os\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def _send(self, status, body=b'', headers=()):\n"
+    "        self.send_response(status)\n"
+    "        for k, v in headers:\n"
+    "            self.send_header(k, v)\n"
+    "        if status != 204:\n"
+    "            self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def do_GET(self):\n"
+    "        if self.path == '/stream':\n"
+    "            self.send_response(200)\n"
+    "            self.send_header('Content-Type', 'text/event-stream')\n"
+    "            self.send_header('Transfer-Encoding', 'chunked')\n"
+    "            self.end_headers()\n"
+    "            for i in range(3):\n"
+    "                data = f'data: {i}\\n\\n'.encode()\n"
+    "                self.wfile.write(b'%x\\r\\n%s\\r\\n' % (len(data), data))\n"
+    "                self.wfile.flush()\n"
+    "            self.wfile.write(b'0\\r\\n\\r\\n')\n"
+    "        elif self.path == '/close':\n"
+    "            self.close_connection = True\n"
+    "            self._send(200, b'bye', [('Connection', 'close')])\n"
+    "        elif self.path == '/nothing':\n"
+    "            self._send(204)\n"
+    "        else:\n"
+    "            seen = {'path': self.path, 'headers': dict(self.headers.items())}\n"
+    "            cookies = [('Set-Cookie', 'a=1'), ('Set-Cookie', 'b=2')]\n"
+    "            self._send(200, json.dumps(seen).encode(), cookies)\n"
+    "    def do_HEAD(self):\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', '1234')\n"
+    "        self.end_headers()\n"
+    "    def do_POST(self):\n"
+    "        body = b''\n"
+    "        if self.headers.get('Transfer-Encoding') == 'chunked':\n"
+    "            while size := int(self.rfile.readline().split(b';')[0], 16):\n"
+    "                body += self.rfile.read(size)\n"
+    "                self.rfile.readline()\n"
+    "            self.rfile.readline()\n"
+    "        else:\n"
+    "            body = self.rfile.read(int(self.headers['Content-Length']))\n"
+    "        framing = 'chunked' if self.headers.get('Transfer-Encoding') else 'length'\n"
+    "        digest = hashlib.sha256(body).hexdigest()\n"
+    "        self._send(200, f'{len(body)} {digest} {framing}'.encode())\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_forever()\n"
+)
+
+
+async def test_http_passes_through_as_sent_streamed_both_ways(cp: Controlplane) -> None:
+    """What a platform engineer's server sees and sends: the path as sent (still encoded) under
+    the endpoint's prefix, the headers but the operator token, bodies of every framing (small,
+    large, chunked), a server-sent event stream, HEAD, 204, repeated headers, and a response
+    that closes its connection followed by the next request."""
+    import hashlib
+
+    await _create(cp, "variety", 8106, serve=VARIETY)
+    url = _url(cp, "variety")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url + "echo/a%2Fb?x=1&y=%20", headers=_auth()) as response:
+            assert response.status == 200, await response.text()
+            seen = await response.json(content_type=None)  # the replica sent none
+            assert response.headers.getall("Set-Cookie") == ["a=1", "b=2"]
+        assert seen["path"] == "/echo/a%2Fb?x=1&y=%20"
+        assert seen["headers"]["X-Forwarded-Prefix"] == "/variety"
+        assert "Authorization" not in seen["headers"]
+        assert seen["headers"]["Host"] == "127.0.0.1:8106"
+
+        async with session.get(url + "stream", headers=_auth()) as response:
+            assert response.headers["Content-Type"] == "text/event-stream"
+            events = [line async for line in response.content if line.strip()]
+        assert events == [b"data: 0\n", b"data: 1\n", b"data: 2\n"]
+
+        async with session.head(url, headers=_auth()) as response:
+            assert response.status == 200
+            assert response.headers["Content-Length"] == "1234"
+            assert await response.read() == b""
+        async with session.get(url + "nothing", headers=_auth()) as response:
+            assert response.status == 204
+        for _ in range(2):  # the replica closes the first: the second goes on a new stream
+            async with session.get(url + "close", headers=_auth()) as response:
+                assert await response.text() == "bye"
+
+        large = os.urandom(1 << 20)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for offset in range(0, len(large), 100_000):
+                yield large[offset : offset + 100_000]
+
+        for body, framing in ((b'{"prompt": "hi"}', "length"), (large, "length")):
+            async with session.post(url, data=body, headers=_auth()) as response:
+                answer = await response.text()
+            assert answer == f"{len(body)} {hashlib.sha256(body).hexdigest()} {framing}"
+        async with session.post(url, data=chunks(), headers=_auth()) as response:
+            answer = await response.text()
+        assert answer == f"{len(large)} {hashlib.sha256(large).hexdigest()} chunked"
 
 
 async def test_requests_need_the_operator_token_and_a_known_endpoint(cp: Controlplane) -> None:
