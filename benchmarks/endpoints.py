@@ -12,6 +12,10 @@ on either path:
 
     levers9 dev demo && python benchmarks/endpoints.py [--requests 500] [--pool gke-rtx6000]
 
+CPU: the controlplane's and the worker agents' CPU seconds over the warm requests (read from
+/proc), less what they spend idle for as long after, per proxied request: what the proxy path
+costs, steadier than wall time on a shared machine (the direct requests touch neither).
+
 Cold start: from the first request to its answer (an endpoint at zero: placement, the
 container's start in the pool's default image, the port's readiness, the proxy's first
 connection). The endpoint is deleted afterwards.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -56,6 +61,34 @@ SERVE = (
     "        pass\n"
     "http.server.ThreadingHTTPServer(('0.0.0.0', int(os.environ['PORT'])), H).serve_forever()\n"
 )
+
+
+def _proxy_processes() -> list[int]:
+    """The dev stack's controlplane and worker agents (this machine's), whose CPU the warm
+    requests through the endpoint cost (the direct ones touch neither)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith((b"levers9-worker", b"worker_main")) for a in argv[:4]):
+            pids.append(int(entry))
+    return pids
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds the processes have used (their threads included)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -101,9 +134,17 @@ async def main_async(requests: int, pool: str, port: int) -> dict[str, object]:
                 await _timed(session, url, headers)
                 await _timed(session, direct, {})
             proxied, straight = [], []
+            pids = _proxy_processes()
+            cpu_before, began = _cpu_s(pids), time.perf_counter()
             for _ in range(requests):  # interleaved, so noise hits both alike
                 proxied.append(await _timed(session, url, headers))
                 straight.append(await _timed(session, direct, {}))
+            busy_cpu_s, took_s = _cpu_s(pids) - cpu_before, time.perf_counter() - began
+            # The same processes idle as long (heartbeats, reconcile passes, Temporal polls):
+            # what they spend without requests comes off.
+            idle_before = _cpu_s(pids)
+            await asyncio.sleep(took_s)
+            proxy_cpu_s = busy_cpu_s - (_cpu_s(pids) - idle_before)
     finally:
         await delete_endpoint(client, name)
     p50 = statistics.median(proxied) - statistics.median(straight)
@@ -117,6 +158,8 @@ async def main_async(requests: int, pool: str, port: int) -> dict[str, object]:
         "overhead_p50_ms": round(p50 * 1000, 3),
         "overhead_p95_ms": round((_pct(proxied, 95) - _pct(straight, 95)) * 1000, 3),
         "target_p50_ms": 2.0,
+        "proxy_cpu_ms_per_request": round(proxy_cpu_s * 1000 / requests, 3) if pids else None,
+        "proxy_processes": len(pids),
         "nproc": os.cpu_count(),
         "cpu": cpu_model(),
         "python": platform.python_version(),
