@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 from activities.aws import AwsActivities, aws_error, ecr_login
 from levers9.cloud import CopiedImage, CopyImageInput
 from levers9.logs import get_logger
+from levers9.process import run_command
 from levers9.telemetry import span
 
 SKOPEO_TIMEOUT_S = 900.0
@@ -146,21 +147,14 @@ class ImageActivities:
             return await self._run_skopeo(*args)
 
     async def _run_skopeo(self, *args: str) -> str:
-        process = await asyncio.create_subprocess_exec(
-            "skopeo",
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), SKOPEO_TIMEOUT_S)
+        try:  # spawned by CPython, never by the loop (levers9.process.run_loop says why)
+            done = await run_command(("skopeo", *args), SKOPEO_TIMEOUT_S)
         except TimeoutError:
-            process.kill()
-            await process.wait()
             raise ApplicationError(f"skopeo {args[0]} took over {SKOPEO_TIMEOUT_S:.0f}s") from None
-        if process.returncode != 0:
+        out, err = done.stdout, done.stderr
+        if done.returncode != 0:
             message = err.decode(errors="replace").strip().splitlines()
-            detail = message[-1] if message else f"exit {process.returncode}"
+            detail = message[-1] if message else f"exit {done.returncode}"
             permanent = any(w in detail for w in ("unauthorized", "denied", "manifest unknown"))
             fix = (
                 "; check that the image exists in the controlplane's registry and the"

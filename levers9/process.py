@@ -3,9 +3,12 @@ or grpc)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import uvloop
@@ -14,11 +17,38 @@ T = TypeVar("T")
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Runs `main` on uvloop, as the long-running processes do (the controlplane, the worker
-    agent, the cluster agent): their loops carry traffic (the endpoints' front, port-forward,
-    the kube relay), and uvloop's sockets and TLS took a third off the endpoints' warm proxy
-    overhead (benchmarks/README.md)."""
+    """Runs `main` on uvloop, as the controlplane does: its loop carries the endpoints' front
+    (and port-forward, logs, exec relays), and uvloop's sockets and TLS took a quarter off the
+    endpoints' warm proxy overhead (benchmarks/README.md).
+
+    Such a process never spawns through its loop (`asyncio.create_subprocess_*`): libuv forks,
+    and in a process that runs gRPC the child crashed in gRPC's fork handlers before its exec
+    ("Check failed: next_worker->state == KICKED", exit 134/139), as the worker agent's runc
+    children did in CI. `run_command` spawns as CPython does (vfork, no fork handlers); the
+    agents, which spawn all the time, keep asyncio's own loop. tests/unit/test_spawning.py
+    keeps the rule."""
     return uvloop.run(main)
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+async def run_command(argv: Sequence[str], timeout_s: float) -> Completed:
+    """Runs `argv` to its end (killed after `timeout_s`: TimeoutError), off the loop, spawned
+    by CPython's subprocess (see run_loop)."""
+
+    def run() -> Completed:
+        try:
+            done = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{argv[0]} took over {timeout_s:.0f}s") from None
+        return Completed(done.returncode, done.stdout, done.stderr)
+
+    return await asyncio.to_thread(run)
 
 
 def exit_now(code: int) -> NoReturn:
