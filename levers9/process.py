@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 import uvloop
@@ -18,8 +17,8 @@ T = TypeVar("T")
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Runs `main` on uvloop, as the controlplane does: its loop carries the endpoints' front
-    (and port-forward, logs, exec relays), and uvloop's sockets and TLS took a quarter off the
-    endpoints' warm proxy overhead (benchmarks/README.md).
+    (and port-forward, logs, exec relays), and uvloop's sockets and TLS took about a fifth off
+    the endpoints' warm proxy overhead (benchmarks/README.md).
 
     Such a process never spawns through its loop (`asyncio.create_subprocess_*`): libuv forks,
     and in a process that runs gRPC the child crashed in gRPC's fork handlers before its exec
@@ -30,23 +29,15 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-@dataclass(frozen=True)
-class Completed:
-    returncode: int
-    stdout: bytes
-    stderr: bytes
+async def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+    """Runs `argv` to its end (killed after `timeout_s`: TimeoutError), its output captured,
+    off the loop, spawned by CPython's subprocess (see run_loop)."""
 
-
-async def run_command(argv: Sequence[str], timeout_s: float) -> Completed:
-    """Runs `argv` to its end (killed after `timeout_s`: TimeoutError), off the loop, spawned
-    by CPython's subprocess (see run_loop)."""
-
-    def run() -> Completed:
+    def run() -> subprocess.CompletedProcess[bytes]:
         try:
-            done = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False)
+            return subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"{argv[0]} took over {timeout_s:.0f}s") from None
-        return Completed(done.returncode, done.stdout, done.stderr)
 
     return await asyncio.to_thread(run)
 

@@ -92,8 +92,7 @@ class Stream:
             code = await self._call.code()
             if code == grpc.StatusCode.OK:
                 raise ConnectionClosed("the replica closed the connection") from None
-            details = await self._call.details()
-            raise ReplicaFailed(f"{code.name}: {details}" if details else code.name) from None
+            raise ReplicaFailed(_status(code, await self._call.details())) from None
 
     async def read(self) -> bytes:
         """The next bytes; `b""` once the connection has closed."""
@@ -118,8 +117,11 @@ class Stream:
 
 
 def _rpc_failure(exc: grpc.aio.AioRpcError) -> str:
-    details = exc.details() or ""
-    return f"{exc.code().name}: {details}" if details else exc.code().name
+    return _status(exc.code(), exc.details())
+
+
+def _status(code: grpc.StatusCode, details: str | None) -> str:
+    return f"{code.name}: {details}" if details else code.name
 
 
 class Replica:
@@ -252,11 +254,10 @@ class Exchange:
             return
         self._released = True
         sender = self._sender
-        sent = sender is None or (sender.done() and self._send_failure() is None)
-        if sender is not None and not sender.done():
+        if sender is not None and not sender.done():  # the body was not all sent
             sender.cancel()
             with contextlib.suppress(BaseException):
                 await sender
-        sent = sent and not (sender is not None and sender.cancelled())
+        sent = sender is None or (not sender.cancelled() and sender.exception() is None)
         reusable = self._parser.done and self._parser.keep_alive and sent
         await self._replica.release(self._stream, reusable)

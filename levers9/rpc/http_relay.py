@@ -1,5 +1,6 @@
-"""Relaying one HTTP exchange (aiohttp server in, aiohttp client out), streamed both ways: the
-endpoints' front (to a replica) and a joined cluster's agent (to its API server) share it."""
+"""Relaying one HTTP exchange (aiohttp server in, aiohttp client out), streamed both ways: a
+joined cluster's agent relays to its API server with it. The endpoints' front speaks HTTP/1.1
+onto its replicas' streams itself (levers9.gateway.replica_streams) and shares HOP_BY_HOP."""
 
 from __future__ import annotations
 
