@@ -13,9 +13,6 @@ from typing import Any, NoReturn, TypeVar
 import uvloop
 
 from levers9 import GRPC_FORK_HANDLERS_OFF
-from levers9.logs import get_logger
-
-log = get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -34,7 +31,9 @@ def run_loop(main: Coroutine[Any, Any, T], *, spawns: bool = False) -> T:
     temporalio brings grpc in first) never spawns through its loop: `run_command` below, and
     tests/unit/test_spawning.py keeps the rule."""
     if spawns and not GRPC_FORK_HANDLERS_OFF:
-        log.warning(
+        from levers9.logs import get_logger  # here: the CLI imports this module, not logging
+
+        get_logger(__name__).warning(
             "running on asyncio's loop, not uvloop: gRPC's fork handlers are on",
             fix="GRPC_ENABLE_FORK_SUPPORT=false, and import levers9 before grpc",
         )
