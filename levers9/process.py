@@ -12,38 +12,26 @@ from typing import Any, NoReturn, TypeVar
 
 import uvloop
 
-from levers9 import GRPC_FORK_HANDLERS_OFF
-
 T = TypeVar("T")
 
 
-def run_loop(main: Coroutine[Any, Any, T], *, spawns: bool = False) -> T:
-    """Runs `main` on uvloop: its sockets and TLS took about a fifth off the endpoints' warm
-    proxy overhead in the controlplane (its front, port-forward, logs and exec relays), and as
-    much again in the worker agent that carries the same streams (benchmarks/README.md).
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Runs `main` on uvloop, as the controlplane does: its loop carries the endpoints' front
+    (and port-forward, logs, exec relays), and uvloop's sockets and TLS took about a fifth off
+    the endpoints' warm proxy overhead (benchmarks/README.md).
 
-    libuv spawns by forking, and a child forked while another thread is inside gRPC crashed in
-    the gRPC core's fork handlers before its exec. A process that spawns through its loop
-    (`spawns`: the agents run runc, exec and skopeo all the time) therefore runs on uvloop only
-    when those handlers are off (`levers9.GRPC_FORK_HANDLERS_OFF`: the agents' entry points
-    import levers9 before grpc), else on asyncio's loop, whose spawns go through CPython's
-    subprocess (vfork, no fork handlers), saying so. The controlplane (`worker_main`, where
-    temporalio brings grpc in first) never spawns through its loop: `run_command` below, and
-    tests/unit/test_spawning.py keeps the rule."""
-    if spawns and not GRPC_FORK_HANDLERS_OFF:
-        from levers9.logs import get_logger  # here: the CLI imports this module, not logging
-
-        get_logger(__name__).warning(
-            "running on asyncio's loop, not uvloop: gRPC's fork handlers are on",
-            fix="GRPC_ENABLE_FORK_SUPPORT=false, and import levers9 before grpc",
-        )
-        return asyncio.run(main)
+    Such a process never spawns through its loop (`asyncio.create_subprocess_*`): libuv forks,
+    and in a process that runs gRPC the child crashed in gRPC's fork handlers before its exec
+    ("Check failed: next_worker->state == KICKED", exit 134/139), as the worker agent's runc
+    children did in CI. `run_command` spawns as CPython does (vfork, no fork handlers); the
+    agents, which spawn all the time, keep asyncio's own loop. tests/unit/test_spawning.py
+    keeps the rule."""
     return uvloop.run(main)
 
 
 async def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
     """Runs `argv` to its end (killed after `timeout_s`: TimeoutError), its output captured,
-    off the loop, spawned by CPython's subprocess (see run_loop): how the controlplane spawns."""
+    off the loop, spawned by CPython's subprocess (see run_loop)."""
 
     def run() -> subprocess.CompletedProcess[bytes]:
         try:

@@ -34,7 +34,7 @@ from grpc import aio
 
 from levers9 import logs
 from levers9.contract import AGENT_TOKEN_KEY, JOIN_TOKEN_KEY, KUBE_TARGET
-from levers9.process import exit_now, run_loop
+from levers9.process import exit_now
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.rpc import tls
 from levers9.rpc.channel import gateway_channel
@@ -272,7 +272,7 @@ def run(env: Mapping[str, str]) -> int:
             return 1
         return 0
 
-    return run_loop(main(), spawns=True)
+    return asyncio.run(main())
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import signal
 from collections.abc import Mapping
 
 from levers9 import logs
-from levers9.process import exit_now, run_loop
+from levers9.process import exit_now
 from levers9.worker.agent import Agent, StartupError
 from levers9.worker.paths import HostPaths, HostPathsError
 from levers9.worker.settings import SettingsError, WorkerSettings
@@ -32,9 +32,7 @@ def run(env: Mapping[str, str]) -> int:
     except (SettingsError, HostPathsError) as error:
         log.error("worker cannot start", error=str(error))
         return 1
-    return run_loop(
-        _serve(Agent(settings, paths, env, gateway_credentials=credentials)), spawns=True
-    )
+    return asyncio.run(_serve(Agent(settings, paths, env, gateway_credentials=credentials)))
 
 
 async def _serve(agent: Agent) -> int:
