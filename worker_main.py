@@ -33,7 +33,7 @@ from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import Replicas, TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
-from levers9.process import exit_now, run_loop
+from levers9.process import exit_now
 from levers9.rpc import tls
 from levers9.temporal import (
     connect,
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await run(values, stop)
 
-    run_loop(_main())
+    asyncio.run(_main())
     return 0
 
 

@@ -147,7 +147,7 @@ class ImageActivities:
             return await self._run_skopeo(*args)
 
     async def _run_skopeo(self, *args: str) -> str:
-        try:  # spawned by CPython, never by the loop (levers9.process.run_loop says why)
+        try:  # in a thread, spawned by CPython (levers9.process.run_command says why)
             done = await run_command(("skopeo", *args), SKOPEO_TIMEOUT_S)
         except TimeoutError:
             raise ApplicationError(f"skopeo {args[0]} took over {SKOPEO_TIMEOUT_S:.0f}s") from None

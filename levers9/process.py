@@ -7,31 +7,21 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any, NoReturn, TypeVar
-
-import uvloop
-
-T = TypeVar("T")
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Runs `main` on uvloop, as the controlplane does: its loop carries the endpoints' front
-    (and port-forward, logs, exec relays), and uvloop's sockets and TLS took about a fifth off
-    the endpoints' warm proxy overhead (benchmarks/README.md).
-
-    Such a process never spawns through its loop (`asyncio.create_subprocess_*`): libuv forks,
-    and in a process that runs gRPC the child crashed in gRPC's fork handlers before its exec
-    ("Check failed: next_worker->state == KICKED", exit 134/139), as the worker agent's runc
-    children did in CI. `run_command` spawns as CPython does (vfork, no fork handlers); the
-    agents, which spawn all the time, keep asyncio's own loop. tests/unit/test_spawning.py
-    keeps the rule."""
-    return uvloop.run(main)
+from collections.abc import Sequence
+from typing import NoReturn
 
 
 async def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
     """Runs `argv` to its end (killed after `timeout_s`: TimeoutError), its output captured,
-    off the loop, spawned by CPython's subprocess (see run_loop)."""
+    in a thread, spawned by CPython's subprocess (vfork: no fork handlers run in the child).
+
+    The controlplane ran on uvloop for a while, whose spawns fork; in a process running gRPC a
+    child forked while another thread was inside gRPC could crash in the gRPC core's fork
+    handlers before its exec (SIGSEGV or SIGABRT, "Check failed: next_worker->state ==
+    KICKED"; 7 in 300 spawns under gRPC traffic here, none with GRPC_ENABLE_FORK_SUPPORT=false
+    set before grpc was imported). uvloop was dropped when it measured no gain over asyncio's
+    loop (benchmarks/README.md, 2026-12-02); spawning this way keeps that hazard away from
+    whatever loop runs."""
 
     def run() -> subprocess.CompletedProcess[bytes]:
         try:
