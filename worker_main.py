@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.worker import Interceptor, Worker
 
+import levers9
 from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
@@ -257,6 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except tls.TlsError as exc:
         logs.get_logger("levers9.controlplane").error("invalid values", error=str(exc))
         return 2
+
+    if not levers9.GRPC_TUNED:
+        logs.get_logger("levers9.controlplane").warning(
+            "gRPC runs untuned: GRPC_EXPERIMENTS was not set before grpc was imported",
+            fix=f"GRPC_EXPERIMENTS={levers9.GRPC_EXPERIMENTS} in its environment (as in its image)",
+        )
 
     async def _main() -> None:
         stop = asyncio.Event()

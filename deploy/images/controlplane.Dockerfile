@@ -51,11 +51,13 @@ RUN groupadd --system --gid 10001 levers9 \
 COPY --from=builder /opt/venv /opt/venv
 
 # TMPDIR: skopeo's big temporary files default to /var/tmp, which a read-only root filesystem
-# refuses; /tmp is the chart's emptyDir.
+# refuses; /tmp is the chart's emptyDir. GRPC_EXPERIMENTS: levers9.GRPC_EXPERIMENTS (gRPC's TCP
+# on its iomgr path; worker_main imports grpc before levers9 could set it).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    TMPDIR=/tmp
+    TMPDIR=/tmp \
+    GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener
 
 USER 10001:10001
 WORKDIR /home/levers9

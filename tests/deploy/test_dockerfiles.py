@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from packaging.specifiers import SpecifierSet
 
+import levers9
 from levers9.config import ControlplaneSettings
 from levers9.manifests import WORKER_COMMAND, worker_job
 from levers9.worker.driver import BIN_DIRS, LIB_DIRS
@@ -735,3 +736,10 @@ def test_worker_runs_as_root_and_leaves_the_cards_to_the_agent() -> None:
     assert worker_container()["securityContext"] == {"privileged": True}
     for stage in built:
         assert "NVIDIA_VISIBLE_DEVICES" not in stage.env()
+
+
+def test_controlplane_sets_grpcs_experiments_before_python_starts() -> None:
+    """worker_main imports grpc (through temporalio) before levers9 could set them."""
+    assert read(CONTROLPLANE)[-1].env()["GRPC_EXPERIMENTS"] == levers9.GRPC_EXPERIMENTS
+    container = chart_pod()["containers"][0]
+    assert "GRPC_EXPERIMENTS" not in {e["name"] for e in container["env"]}
