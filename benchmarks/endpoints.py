@@ -12,6 +12,12 @@ on either path:
 
     levers9 dev demo && python benchmarks/endpoints.py [--requests 500] [--pool gke-rtx6000]
 
+The machine's noise: the same requests straight to the replica take longer when the machine is
+busy, and the proxied ones about three times as much longer (each is a chain of wake-ups of
+processes sharing the cores: the client, the front, gRPC's threads, the agent, the replica).
+`overhead_per_direct_p50` is the overhead over the direct p50 of the same run, for comparing
+runs taken at different noise.
+
 CPU: the controlplane's and the worker agents' CPU seconds over the warm requests (read from
 /proc), less what they spend idle for as long after, per proxied request: what the proxy path
 costs, steadier than wall time on a shared machine (the direct requests touch neither).
@@ -157,6 +163,9 @@ async def main_async(requests: int, pool: str, port: int) -> dict[str, object]:
         "direct_p95_ms": round(_pct(straight, 95) * 1000, 3),
         "overhead_p50_ms": round(p50 * 1000, 3),
         "overhead_p95_ms": round((_pct(proxied, 95) - _pct(straight, 95)) * 1000, 3),
+        # The overhead in units of the direct request's own p50: the latency of both follows
+        # how busy the machine is (each is wake-ups of processes sharing its cores), this less.
+        "overhead_per_direct_p50": round(p50 / statistics.median(straight), 2),
         "target_p50_ms": 2.0,
         "proxy_cpu_ms_per_request": round(proxy_cpu_s * 1000 / requests, 3) if pids else None,
         "proxy_processes": len(pids),
