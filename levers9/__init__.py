@@ -4,7 +4,7 @@ Importing it sets `GRPC_EXPERIMENTS` (unless the environment already does) for t
 what it starts: the gRPC core's TCP then runs on its iomgr path rather than the newer event
 engine, which reads each message on one of its own threads before the completion queue hands it
 on. Measured here: a gRPC aio round trip 0.22-0.25 ms against 0.34-0.43 ms and a quarter less
-CPU, and the endpoints' warm proxy overhead about 12% lower at the same noise
+CPU, and the endpoints' warm proxy overhead 12-14% lower at the same noise
 (benchmarks/README.md, 2026-12-02). The core reads it when grpc is first imported: the agents
 and the CLI import levers9 first; the controlplane (`worker_main`, where temporalio brings grpc
 in first) has it from its image, or from `levers9 dev up`, which starts it.
