@@ -35,6 +35,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import time
 import tty as termios_tty
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,6 +199,48 @@ def oom_killed(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool
     return False
 
 
+def cgroup_dirs(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[Path]:
+    """The container's cgroup in each hierarchy it exists in (v1's per controller, v2's)."""
+    relative = cgroup_path(task_id).lstrip("/")
+    found = [cgroup_root / relative] if (cgroup_root / relative).is_dir() else []
+    with contextlib.suppress(OSError):
+        for hierarchy in sorted(cgroup_root.iterdir()):
+            if (hierarchy / relative).is_dir():
+                found.append(hierarchy / relative)
+    return found
+
+
+def remove_cgroups(
+    task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup"), within_s: float = 10.0
+) -> list[str]:
+    """SIGKILL to every process still in the container's cgroups, then removes them; the ones
+    that could not be removed (named, for the log), none when all went."""
+    deadline = time.monotonic() + within_s
+    left = cgroup_dirs(task_id, cgroup_root)
+    while left:
+        for directory in left:
+            _kill_members(directory)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        left = [d for d in left if d.is_dir()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return [str(d) for d in left]
+
+
+def _kill_members(directory: Path) -> None:
+    kill = directory / "cgroup.kill"
+    if kill.exists():  # cgroup v2 (5.14+): the kernel kills them all at once
+        with contextlib.suppress(OSError):
+            kill.write_text("1")
+        return
+    with contextlib.suppress(OSError):
+        for pid in (directory / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
 def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
     options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
     return {"type": "bind", "source": source, "destination": destination, "options": options}
@@ -240,6 +283,8 @@ class RuncContainer:
         return self._code
 
     async def stop(self, grace_s: float) -> int:
+        """SIGTERM to every process of the container (not only its PID 1, which may ignore it,
+        as a shell does), SIGKILL to every one once `grace_s` is over; returns once none is left."""
         if self._process.returncode is None:
             await self._runtime._signal(self.id, signal.SIGTERM)
             try:
@@ -411,12 +456,19 @@ class RuncRuntime:
         )
 
     async def _signal(self, container_id: str, sig: signal.Signals) -> None:
+        """`sig` to every process in the container's cgroup (`runc kill --all`)."""
         with contextlib.suppress(StartError):
-            await _run(*self._runc_argv("kill", container_id, sig.name))
+            await _run(*self._runc_argv("kill", "--all", container_id, sig.name))
 
     async def _remove(self, container_id: str) -> None:
+        """Deletes the container (SIGKILL to whatever is left in it) and its cgroup; a cgroup
+        runc left (a process that outlived its init in a shared PID namespace, a delete that
+        failed) is emptied and removed here."""
         with contextlib.suppress(StartError):
             await _run(*self._runc_argv("delete", "--force", container_id))
+        left = await asyncio.to_thread(remove_cgroups, container_id.removeprefix("l9-"))
+        if left:
+            log.error("container cgroup left behind", container=container_id, cgroups=left)
 
     async def exec(
         self, container: Container, command: Sequence[str], terminal: int | None = None

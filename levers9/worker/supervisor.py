@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
@@ -72,7 +72,9 @@ CONNECT_TIMEOUT_S = 10.0
 TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
 
-CANCEL_GRACE_S = 10.0
+STOP_GRACE_S = 10.0
+"""A stopped task's grace between SIGTERM and SIGKILL when its spec names none (as `docker stop`):
+every process of its container gets SIGTERM, and SIGKILL once the grace is over."""
 KEEP_FINISHED = 256
 RESULT_LIMIT_BYTES = 1 << 20  # well under gRPC's 4 MiB message limit
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -117,6 +119,8 @@ class TaskRecord:
     image_digest: str = ""
     ending: tuple[State, str] | None = None
     """Set when the agent ends the task (cancel, shutdown): the state and reason to record."""
+    stopping: asyncio.Task[int] | None = None
+    """Its container's stop, once begun: one per task, never abandoned half-way."""
     fetched: bool = False
     ready: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -124,6 +128,10 @@ class TaskRecord:
     @property
     def task_id(self) -> str:
         return self.spec.task_id
+
+    @property
+    def grace_s(self) -> float:
+        return float(self.spec.stop_grace_seconds) if self.spec.stop_grace_seconds else STOP_GRACE_S
 
     @property
     def result_path(self) -> Path:
@@ -175,7 +183,7 @@ class TaskManager:
         self._keep = keep_finished
         self._records: dict[str, TaskRecord] = {}
         self._finished: list[str] = []
-        self._watchers: set[asyncio.Task[None]] = set()
+        self._watchers: set[asyncio.Task[Any]] = set()
         self._idle_since: float | None = clock()
         self._closed = False
 
@@ -237,7 +245,8 @@ class TaskManager:
         return self._record(task_id).output
 
     async def cancel(self, task_id: str) -> bool:
-        """Kills the task's process group; False when it had already ended."""
+        """Stops the task's container (SIGTERM to all of it, SIGKILL after its grace) and returns
+        once it is gone and its end recorded; False when it had already ended (or was told to)."""
         record = self._record(task_id)
         if record.state != RUNNING or record.ending is not None:
             return False
@@ -246,7 +255,9 @@ class TaskManager:
             # Still starting (its image pulling): the pull goes on (the cache keeps it), its
             # container is stopped as it starts, and the end is reported then.
             return True
-        await record.container.stop(CANCEL_GRACE_S)
+        # Shielded: a caller that gives up (its RPC's deadline) must not leave a container that
+        # ignored SIGTERM running without its SIGKILL.
+        await asyncio.shield(self._stop(record, record.container))
         await record.finished.wait()
         return True
 
@@ -286,9 +297,13 @@ class TaskManager:
         self._closed = True
         running = [r for r in self._records.values() if r.state == RUNNING]
         for record in running:
-            record.ending = (LOST, reason)
+            record.ending = record.ending or (LOST, reason)
         await asyncio.gather(
-            *(r.container.stop(grace_s) for r in running if r.container is not None)
+            *(
+                self._stop(r, r.container, min(grace_s, r.grace_s))
+                for r in running
+                if r.container is not None
+            )
         )
         await asyncio.gather(*(r.finished.wait() for r in running))
 
@@ -426,9 +441,22 @@ class TaskManager:
                     await record.finished.wait()
             pause = min(pause * 2, longest)
 
+    def _stop(
+        self, record: TaskRecord, container: Container, grace_s: float | None = None
+    ) -> asyncio.Task[int]:
+        """Its container's stop, begun once and left to finish whoever waits for it."""
+        if record.stopping is None:
+            grace = record.grace_s if grace_s is None else grace_s
+            record.stopping = asyncio.create_task(
+                container.stop(grace), name=f"{record.task_id}-stop"
+            )
+            self._watchers.add(record.stopping)
+            record.stopping.add_done_callback(self._watchers.discard)
+        return record.stopping
+
     async def _watch(self, record: TaskRecord, container: Container) -> None:
         if record.ending is not None:  # cancelled or shut down while it was starting
-            await container.stop(CANCEL_GRACE_S)
+            await self._stop(record, container)
         code = await container.wait()
         record.exit_code = code
         record.phase(CONTAINER_EXIT)

@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from levers9.proto import worker_pb2
 from levers9.worker.cdi import CdiError
 from levers9.worker.images import ImageCache
-from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime
+from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime, cgroup_dirs
 from levers9.worker.runtime import ContainerSpec, StartError
+from levers9.worker.supervisor import TaskManager
 from sandbox.cluster.kubelet import make_device_nodes
 from sandbox.registries import LocalRegistry, push_layout
 from sandbox.task_images import build_busybox
+from tests.waiting import eventually
 
 pytestmark = [
     pytest.mark.integration,
@@ -234,3 +238,84 @@ async def test_a_missing_image_fails_the_start_naming_it(
     missing = f"{image[0].address}/tasks/busybox:nope"
     with pytest.raises(StartError, match=f"cannot pull {missing}: .*manifest unknown"):
         await runtime.start(_spec(tmp_path, missing, "true"), lambda _: None)
+
+
+IGNORES_TERM = (
+    "trap '' TERM; busybox httpd -f -p {port} & sh -c \"trap '' TERM; sleep 1000\" &"
+    " echo up; sleep 1000"
+)
+"""PID 1 and two children (one holding a port) that all ignore SIGTERM."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+        return False
+
+
+async def _runc_containers(runtime: RuncRuntime) -> list[str]:
+    listed = await asyncio.create_subprocess_exec(
+        *runtime._runc_argv("list", "-q"), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await listed.communicate()
+    return out.decode().split()
+
+
+async def test_a_container_that_ignores_sigterm_is_gone_after_its_grace(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    port = _free_port()
+    out = bytearray()
+    spec = _spec(tmp_path, image[1], "sh", "-c", IGNORES_TERM.format(port=port))
+    container = await runtime.start(spec, out.extend)
+    await eventually(lambda: _true(_port_taken(port) and b"up" in out), within=30)
+    assert cgroup_dirs(spec.task_id), "the container's cgroup, while it runs"
+    code = await asyncio.wait_for(container.stop(grace_s=1), 30)
+    assert code == 128 + 9, "killed after its grace, having ignored SIGTERM"
+    assert await _runc_containers(runtime) == []
+    assert cgroup_dirs(spec.task_id) == [], "no cgroup (so no process) of it is left"
+    assert not _port_taken(port), "its port is free once stop returns"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_cancel_ends_a_task_that_ignores_sigterm_even_when_its_caller_gives_up(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    port = _free_port()
+    reports: list[worker_pb2.TaskStatus] = []
+    tasks = TaskManager(runtime, (), tmp_path / "work", reports.append)
+    spec = worker_pb2.TaskSpec(
+        task_id="ignores-term",
+        image=image[1],
+        command=["sh", "-c", IGNORES_TERM.format(port=port)],
+        stop_grace_seconds=1,
+    )
+    await tasks.run(spec)
+    await eventually(lambda: _true(_port_taken(port) and "up" in tasks.output(spec.task_id).tail()))
+    with pytest.raises(TimeoutError):  # the caller's deadline, well inside the grace
+        await asyncio.wait_for(tasks.cancel(spec.task_id), 0.2)
+
+    def ended() -> list[worker_pb2.TaskStatus]:
+        return [r for r in reports if r.state != worker_pb2.TASK_STATE_RUNNING]
+
+    await eventually(lambda: _true(bool(ended())))
+    assert [(r.state, r.exit_code, r.reason) for r in ended()] == [
+        (worker_pb2.TASK_STATE_CANCELLED, 128 + 9, "cancelled")
+    ]
+    assert await _runc_containers(runtime) == []
+    assert cgroup_dirs(spec.task_id) == []
+    assert not _port_taken(port)
