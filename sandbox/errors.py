@@ -7,6 +7,7 @@ apiserver's texts (`k8s.io/apimachinery/pkg/api/errors`) word for word.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,9 @@ def _go_quote(value: Any) -> str:
         return "true" if value else "false"
     if value is None:
         return "null"
+    if isinstance(value, list | tuple | dict):
+        # apimachinery renders a composite value as its JSON (`["foo"]`).
+        return json.dumps(value, separators=(",", ":"), sort_keys=True)
     return str(value)
 
 
@@ -169,6 +173,19 @@ def invalid(resource: Resource, name: str, causes: Sequence[Cause]) -> ApiError:
     ]
     msg = f'{resource.kind} "{name}" is invalid: {summary}'
     return ApiError(422, "Invalid", msg, details)
+
+
+def invalid_options(kind: str, causes: Sequence[Cause]) -> ApiError:
+    """A 422 for request options (`CreateOptions`, `DeleteOptions`, ...), which the apiserver
+    validates before it reads the object: `DeleteOptions.meta.k8s.io "" is invalid: ...`."""
+    texts = [c.text for c in causes]
+    summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    details = {
+        "group": "meta.k8s.io",
+        "kind": kind,
+        "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes],
+    }
+    return ApiError(422, "Invalid", f'{kind}.meta.k8s.io "" is invalid: {summary}', details)
 
 
 def forbidden(resource: Resource, name: str, detail: str) -> ApiError:

@@ -17,6 +17,7 @@ import yaml
 from aiohttp import web
 
 from sandbox import errors, protobuf, tables
+from sandbox import options as request_options
 from sandbox.options import DeleteOptions
 from sandbox.patch import SUPPORTED_PATCH_TYPES, PatchType
 from sandbox.podlogs import LogQuery
@@ -86,8 +87,9 @@ class ResourceHandlers:
                 )
                 return await self._watches.serve(request, spec)
             case "create":
-                return await self._create(request, resource, namespace, info, query)
+                return await self._create(request, resource, namespace, info)
             case "update":
+                dry_run = _dry_run(request, "UpdateOptions")
                 body = await read_body(request)
                 obj = self._registry.replace(
                     resource,
@@ -95,13 +97,11 @@ class ResourceHandlers:
                     namespace=namespace,
                     name=name,
                     subresource=info.subresource,
-                    dry_run=_dry_run(query),
+                    dry_run=dry_run,
                 )
                 return json_response(obj)
             case "patch":
-                return await self._patch(
-                    request, resource, namespace, name, info.subresource, query
-                )
+                return await self._patch(request, resource, namespace, name, info.subresource)
             case "delete":
                 return await self._delete(request, resource, namespace, name, query)
             case "deletecollection":
@@ -250,8 +250,8 @@ class ResourceHandlers:
         resource: Resource,
         namespace: str | None,
         info: RequestInfo,
-        query: dict[str, str],
     ) -> web.Response:
+        dry_run = _dry_run(request, "CreateOptions")
         body = await read_body(request)
         if info.name is not None and info.subresource is None:
             raise errors.method_not_allowed()
@@ -272,7 +272,7 @@ class ResourceHandlers:
             raise errors.method_not_allowed()
         if not isinstance(body, dict):
             raise errors.bad_request("the body of the request is not an object")
-        obj = self._registry.create(resource, body, namespace=namespace, dry_run=_dry_run(query))
+        obj = self._registry.create(resource, body, namespace=namespace, dry_run=dry_run)
         return json_response(obj, 201)
 
     async def _patch(
@@ -282,7 +282,6 @@ class ResourceHandlers:
         namespace: str | None,
         name: str,
         subresource: str | None,
-        query: dict[str, str],
     ) -> web.Response:
         content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
         try:
@@ -294,6 +293,7 @@ class ResourceHandlers:
                 content_type, [str(t) for t in SUPPORTED_PATCH_TYPES]
             )
         raw = await request.read()
+        dry_run = _dry_run(request, "PatchOptions")
         try:
             patch = json.loads(raw or b"null")
         except ValueError as error:
@@ -305,7 +305,7 @@ class ResourceHandlers:
             patch,
             patch_type,
             subresource=subresource,
-            dry_run=_dry_run(query),
+            dry_run=dry_run,
         )
         return json_response(obj)
 
@@ -317,7 +317,9 @@ class ResourceHandlers:
         name: str,
         query: dict[str, str],
     ) -> web.Response:
-        options = DeleteOptions.from_body(await _optional_body(request), query)
+        options = DeleteOptions.from_body(
+            await _optional_body(request), query, request.query.getall("dryRun", [])
+        )
         outcome = self._registry.delete(resource, namespace, name, options)
         headers = {"Warning": f'299 - "{outcome.warnings[-1]}"'} if outcome.warnings else {}
         if outcome.finished and not resource.returns_deleted_object:
@@ -334,7 +336,9 @@ class ResourceHandlers:
     async def _delete_collection(
         self, request: web.Request, resource: Resource, namespace: str | None, query: dict[str, str]
     ) -> web.Response:
-        options = DeleteOptions.from_body(await _optional_body(request), query)
+        options = DeleteOptions.from_body(
+            await _optional_body(request), query, request.query.getall("dryRun", [])
+        )
         deleted = self._registry.delete_collection(
             resource,
             namespace,
@@ -393,8 +397,8 @@ def _int_param(query: dict[str, str], key: str, default: int | None) -> Any:
         raise errors.bad_request(f"invalid {key}: {value}") from None
 
 
-def _dry_run(query: dict[str, str]) -> bool:
-    return query.get("dryRun") == "All"
+def _dry_run(request: web.Request, options_kind: str) -> bool:
+    return request_options.dry_run(request.query.getall("dryRun", []), options_kind)
 
 
 async def read_body(request: web.Request) -> Any:

@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox import errors
+from sandbox.errors import Cause
 
 _PROPAGATION = ("Foreground", "Background", "Orphan")
+DRY_RUN_ALL = "All"
+
+
+def dry_run_causes(values: Sequence[str]) -> list[Cause]:
+    """`ValidateDryRun`: every value must be `All` (the only dry run there is)."""
+    if all(value == DRY_RUN_ALL for value in values):
+        return []
+    return [Cause.unsupported("dryRun", list(values), [DRY_RUN_ALL])]
+
+
+def dry_run(values: Sequence[str], options_kind: str) -> bool:
+    """Whether a write is a dry run, from its `dryRun` values (the query's, repeated as the
+    apiserver reads them); anything but `All` is 422 against `options_kind` (`CreateOptions`,
+    `UpdateOptions`, `PatchOptions`), before the body is read, so nothing is written."""
+    causes = dry_run_causes(values)
+    if causes:
+        raise errors.invalid_options(options_kind, causes)
+    return bool(values)
 
 
 @dataclass(frozen=True)
@@ -21,7 +41,11 @@ class DeleteOptions:
     dry_run: bool = False
 
     @staticmethod
-    def from_body(body: dict[str, Any] | None, query: dict[str, str]) -> DeleteOptions:
+    def from_body(
+        body: dict[str, Any] | None, query: dict[str, str], dry_run: Sequence[str] = ()
+    ) -> DeleteOptions:
+        """From the request's DeleteOptions body, or its query (`dry_run`: the query's
+        `dryRun` values); 422 for a policy or dry run the apiserver does not know."""
         body = body or {}
         pre = body.get("preconditions") or {}
         grace = body.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
@@ -29,19 +53,18 @@ class DeleteOptions:
         orphan = body.get("orphanDependents", query.get("orphanDependents"))
         if policy is None and orphan is not None:
             policy = "Orphan" if str(orphan).lower() == "true" else "Background"
+        causes: list[Cause] = []
         if policy is not None and policy not in _PROPAGATION:
-            raise errors.ApiError(
-                422,
-                "Invalid",
-                f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: Unsupported value: '
-                f'"{policy}": supported values: "Foreground", "Background", "Orphan"',
-                {"group": "meta.k8s.io", "kind": "DeleteOptions"},
-            )
+            causes.append(Cause.unsupported("propagationPolicy", policy, [*_PROPAGATION, "nil"]))
+        given = body.get("dryRun", dry_run)
+        dry = [given] if isinstance(given, str) else [str(v) for v in given or ()]
+        causes.extend(dry_run_causes(dry))
+        if causes:
+            raise errors.invalid_options("DeleteOptions", causes)
         try:
             grace_value = None if grace is None else int(grace)
         except ValueError:
             raise errors.bad_request(f"invalid gracePeriodSeconds: {grace}") from None
-        dry = body.get("dryRun") or query.get("dryRun")
         return DeleteOptions(
             grace_period_seconds=grace_value,
             propagation_policy=policy,

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sandbox import defaults, errors, subresources
+from sandbox import decoding, defaults, errors, subresources
 from sandbox.errors import Cause
 from sandbox.gc import GarbageCollector
 from sandbox.options import DeleteOptions, DeleteOutcome
@@ -165,6 +165,7 @@ class Registry:
         """POST: defaults, validation, generateName; 404/403 for a missing/terminating ns."""
         obj = _copy(obj)
         self._check_type(resource, obj)
+        decoding.check_body(resource, obj)
         meta = obj.setdefault("metadata", {})
         ns = self._request_namespace(resource, meta, namespace)
         if meta.get("resourceVersion"):
@@ -294,6 +295,8 @@ class Registry:
             )
             return subresources.scale_of(updated)
         body = _copy(obj)
+        if subresource is None:
+            decoding.check_body(resource, body)
         return self._update(resource, ns, name, lambda old: body, subresource, dry_run)
 
     def patch(
@@ -321,14 +324,13 @@ class Registry:
             return subresources.scale_of(
                 self._update(resource, ns, name, mutate_scale, None, dry_run)
             )
-        return self._update(
-            resource,
-            ns,
-            name,
-            lambda old: apply_patch(patch_type, old, patch),
-            subresource,
-            dry_run,
-        )
+
+        def mutate(old: dict[str, Any]) -> dict[str, Any]:
+            patched = apply_patch(patch_type, old, patch)
+            decoding.check_patched(resource, patched, patch)
+            return patched
+
+        return self._update(resource, ns, name, mutate, subresource, dry_run)
 
     def _update(
         self,

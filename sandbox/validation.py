@@ -4,7 +4,8 @@ Failures become one 422 Invalid listing every cause, as `kubectl` prints it:
 `The Pod "BAD" is invalid: metadata.name: Invalid value: "BAD": a lowercase RFC 1123 ...`.
 Covered: object names (RFC 1123 subdomain or label, per type), label keys and values, pod
 specs (containers, names, images, restart policy), job and deployment templates and selectors,
-and the update rules clients trip over (pod spec and job template immutability). RBAC objects
+and the update rules clients trip over (pod spec and job template immutability, a Secret's
+type, no new finalizer on an object being deleted). RBAC objects
 (names are path segments: `system:aggregate-to-view` is valid): rules need verbs and either
 resources with API groups or non-resource URLs (ClusterRoles only); bindings need a roleRef of a
 kind they may bind, which never changes, and subjects of known kinds.
@@ -367,6 +368,36 @@ def _deployment_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     return []
 
 
+def _secret_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    """`ValidateSecretUpdate`: the type never changes; an immutable Secret keeps its data."""
+    causes = []
+    if old.get("type") != new.get("type"):
+        causes.append(Cause.invalid("type", new.get("type"), "field is immutable"))
+    if old.get("immutable") is True:
+        detail = "field is immutable when `immutable` is set"
+        if new.get("immutable") is not True:
+            causes.append(Cause.forbidden("immutable", detail))
+        if (old.get("data") or {}) != (new.get("data") or {}):
+            causes.append(Cause.forbidden("data", detail))
+    return causes
+
+
+def _finalizer_causes(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
+    """`ValidateNoNewFinalizers`: an object being deleted may lose finalizers, not gain them."""
+    if not (old.get("metadata") or {}).get("deletionTimestamp"):
+        return []
+    before = set((old.get("metadata") or {}).get("finalizers") or ())
+    added = sorted(set((new.get("metadata") or {}).get("finalizers") or ()) - before)
+    if not added:
+        return []
+    shown = "[]string{" + ", ".join(f'"{name}"' for name in added) + "}"
+    detail = (
+        "no new finalizers can be added if the object is being deleted, found new finalizers "
+        + shown
+    )
+    return [Cause.forbidden("metadata.finalizers", detail)]
+
+
 def _binding_update(old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     before, after = old.get("roleRef") or {}, new.get("roleRef") or {}
     if before == after:
@@ -382,6 +413,7 @@ _UPDATE: dict[Resource, UpdateValidator] = {
     PODS: _pod_update,
     JOBS: _job_update,
     DEPLOYMENTS: _deployment_update,
+    SECRETS: _secret_update,
     ROLE_BINDINGS: _binding_update,
     CLUSTER_ROLE_BINDINGS: _binding_update,
 }
@@ -389,7 +421,8 @@ _UPDATE: dict[Resource, UpdateValidator] = {
 
 def validate_update(resource: Resource, old: dict[str, Any], new: dict[str, Any]) -> list[Cause]:
     """`validate` plus the rules about what an update may change."""
-    causes = validate(resource, new)
+    causes = _finalizer_causes(old, new)
+    causes.extend(validate(resource, new))
     check = _UPDATE.get(resource)
     if check is not None:
         causes.extend(check(old, new))
