@@ -6,9 +6,11 @@ inside the cluster and pass), then the request counter, then staged faults, then
 authentication (401), then authorization (403: IAM for GKE identities, RBAC with its
 escalation checks for service accounts, see `rbac`; a caller's reviews of itself, `kubectl
 auth whoami|can-i`, are answered before it, see `reviews`), then the handler. So from an
-allowed source a wrong, expired or revoked bearer token is 401 Unauthorized, while a source off
-the networks is refused (403) or dropped (`network_denial: timeout`) whatever its token, as GKE
-filters by address before the apiserver sees the request. Discovery
+allowed source a wrong, expired or revoked bearer token is 401 Unauthorized on every path (a
+bad token is not taken for an anonymous caller, who may read `/version` and the health
+checks), while a source off the networks is refused (403) or dropped (`network_denial:
+timeout`) whatever its token, as GKE filters by address before the apiserver sees the
+request. Discovery
 (`/version`, `/api`, `/apis`, `/openapi/v3`) is served here; resources by `handlers`.
 """
 
@@ -77,7 +79,8 @@ class ApiServer:
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         parts = self.parts
         try:
-            principal = parts.authenticator.authenticate(request.headers.get("Authorization"))
+            authorization = request.headers.get("Authorization")
+            principal = parts.authenticator.authenticate(authorization)
             if not parts.policy.network_allows(principal):
                 if parts.policy.network_denial == "timeout":
                     await asyncio.sleep(parts.policy.timeout_hold_seconds)
@@ -93,7 +96,10 @@ class ApiServer:
                     return await drop_connection(request)
                 if rule.status is not None:
                     raise errors.injected(rule.status, rule.message, rule.retry_after_seconds)
-            if principal is None and request.path not in _PUBLIC_PATHS:
+            if principal is None and (
+                request.path not in _PUBLIC_PATHS
+                or parts.authenticator.presents_token(authorization)
+            ):
                 raise errors.unauthorized()
             if principal is not None:
                 principal = self._rbac.impersonate(principal, request.headers)

@@ -249,6 +249,14 @@ class Authenticator:
 
     # -- the API -----------------------------------------------------------------------------
 
+    @staticmethod
+    def presents_token(authorization: str | None) -> bool:
+        """Whether the header carries a bearer token at all. One that does and is not valid is
+        401 on every path, public ones too (the apiserver does not take a bad token for an
+        anonymous caller); a request without one is anonymous."""
+        scheme, _, token = (authorization or "").partition(" ")
+        return scheme.lower() == "bearer" and bool(token.strip())
+
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The caller behind an `Authorization` header, or None (401)."""
         if not authorization:

@@ -141,7 +141,8 @@ def kubectl(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Calla
 
 @pytest.fixture(scope="session")
 def http(sandbox: Sandbox, ca_file: Path) -> Callable[..., urllib3.BaseHTTPResponse]:
-    """Raw HTTPS to the emulator (admin token unless `token=` says otherwise)."""
+    """Raw HTTPS to the emulator (admin token unless `token=` says otherwise; none at all when
+    `anonymous`)."""
     pool = urllib3.PoolManager(ca_certs=str(ca_file), retries=False)
 
     def request(
@@ -152,8 +153,10 @@ def http(sandbox: Sandbox, ca_file: Path) -> Callable[..., urllib3.BaseHTTPRespo
         headers: dict[str, str] | None = None,
         body: Any = None,
         timeout: float = 10,
+        anonymous: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        all_headers = {"Authorization": f"Bearer {token or sandbox.admin_token}", **(headers or {})}
+        bearer = {} if anonymous else {"Authorization": f"Bearer {token or sandbox.admin_token}"}
+        all_headers = {**bearer, **(headers or {})}
         if body is not None and not isinstance(body, bytes | str):
             body = json.dumps(body)
             all_headers.setdefault("Content-Type", "application/json")

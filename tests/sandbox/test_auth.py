@@ -24,7 +24,7 @@ from levers9.config import parse_pool
 from sandbox import devvalues, pki
 from sandbox.access import DEVELOPER
 from sandbox.server import Sandbox
-from tests.sandbox.factories import Api, api_client, status_of, unique
+from tests.sandbox.factories import Api, api_client, jwt_assertion, status_of, unique
 
 Call = Callable[..., Any]
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
@@ -122,6 +122,109 @@ def test_unknown_bearer_token_is_unauthorized(core_as: Callable[[str], Api]) -> 
         core_as("not-a-token").list_namespace()
     assert caught.value.status == 401
     assert status_of(caught.value) == UNAUTHORIZED
+
+
+def _authenticated(call: Callable[[], Any]) -> None:
+    """The call's token is one the API knows: it answers, or refuses with 403 (authorization)."""
+    try:
+        call()
+    except client.ApiException as error:
+        if error.status != 403:
+            raise
+
+
+@pytest.fixture
+def bad_token(
+    request: pytest.FixtureRequest,
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    mint_key: Callable[..., dict[str, str]],
+    token_for: Callable[..., str],
+    core: Api,
+    core_as: Callable[[str], Api],
+    namespace: str,
+) -> str:
+    """A bearer token of the kind `request.param` names; one that was valid was used first."""
+    kind: str = request.param
+    if kind == "unknown":
+        return "ya29.never-issued-here"
+    if kind == "garbled-jwt":
+        return "eyJhbGciOiJSUzI1NiJ9.not-json.c2ln"
+    if kind == "foreign-signature":  # a JWT signed with a key the API never trusted
+        return jwt_assertion(mint_key(DEVELOPER), sandbox.url)
+    if kind in ("expired-access-token", "revoked-key"):
+        key = mint_key(DEVELOPER)
+        token = token_for(key)
+        _authenticated(lambda: core_as(token).list_namespaced_pod(namespace))
+        if kind == "revoked-key":
+            revoke = sandbox.parts.authenticator.revoke_key
+            sandbox_call(revoke, key["private_key_id"], revoke_tokens=True)
+        else:
+            sandbox_call(sandbox.expire_tokens)
+        return token
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    if kind == "expired-service-account-token":
+        expired: str = sandbox_call(
+            sandbox.service_account_token, namespace, "agent", expiration_seconds=-120
+        )
+        return expired
+    assert kind == "deleted-service-account"
+    account_token: str = sandbox_call(sandbox.service_account_token, namespace, "agent")
+    _authenticated(lambda: core_as(account_token).list_namespaced_pod(namespace))
+    core.delete_namespaced_service_account("agent", namespace)
+    return account_token
+
+
+@pytest.mark.parametrize(
+    "bad_token",
+    [
+        "unknown",
+        "garbled-jwt",
+        "foreign-signature",
+        "expired-access-token",
+        "revoked-key",
+        "expired-service-account-token",
+        "deleted-service-account",
+    ],
+    indirect=True,
+)
+def test_every_bad_token_is_401_for_the_client_its_watches_kubectl_and_public_paths(
+    bad_token: str,
+    core_as: Callable[[str], Api],
+    kubectl: Callable[..., str],
+    http: Callable[..., urllib3.BaseHTTPResponse],
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    api = core_as(bad_token)
+    calls: list[Callable[[], Any]] = [
+        lambda: api.list_namespaced_pod(namespace),
+        lambda: api.list_namespaced_pod(
+            namespace, watch=True, timeout_seconds=1, _preload_content=False
+        ),
+        lambda: api.create_namespaced_config_map(namespace, {"metadata": {"name": "c"}}),
+    ]
+    for call in calls:
+        with pytest.raises(client.ApiException) as caught:
+            call()
+        assert caught.value.status == 401
+        assert status_of(caught.value) == UNAUTHORIZED
+    # Paths an anonymous caller may read are 401 too: a bad token is not taken for no token.
+    for path in ("/version", "/healthz"):
+        assert http("GET", path, anonymous=True).status == 200
+        answer = http("GET", path, token=bad_token)
+        assert (answer.status, json.loads(answer.data)) == (401, UNAUTHORIZED)
+    # With a fresh discovery cache kubectl's first call, discovery, is the one refused; with
+    # discovery cached (by the admin's call), the list is.
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    refused = kubectl(*cache, "--token", bad_token, "-n", namespace, "get", "pods", ok=False)
+    assert refused.splitlines()[-1] == (
+        "error: You must be logged in to the server "
+        "(the server has asked for the client to provide credentials)"
+    )
+    kubectl(*cache, "-n", namespace, "get", "pods")
+    refused = kubectl(*cache, "--token", bad_token, "-n", namespace, "get", "pods", ok=False)
+    assert refused.splitlines()[-1] == "error: You must be logged in to the server (Unauthorized)"
 
 
 def test_account_without_the_role_is_forbidden(

@@ -20,7 +20,7 @@ def body(response: urllib3.BaseHTTPResponse) -> Any:
 
 
 def test_version_is_public_and_gke_shaped(http: Http) -> None:
-    response = http("GET", "/version", token="anonymous")
+    response = http("GET", "/version", anonymous=True)
     assert response.status == 200
     version = body(response)
     assert (version["major"], version["minor"]) == ("1", "32")
