@@ -109,6 +109,16 @@ def serving(
     async def joined(state: ClusterState) -> None:
         """A cluster's agent connected here for the first time: its pool, loaded now."""
         name = state.spec.name
+        if name in clients.names() and not clients.joined(name):
+            # The values define this pool: the join never takes it (its schedule, workers and
+            # client stay the values'); `cluster join` refuses such a name, older joins end here.
+            log.error(
+                "unable to load controller",
+                pool_name=name,
+                error="a joined cluster has the name of a pool of the values: the values' pool"
+                " is loaded; `levers9 cluster leave` the joined one and join under another name",
+            )
+            return
         if name not in clients.names():
             clients.add(name, joined_pool(name, pool_block(state.spec)))
             log.info(
@@ -193,6 +203,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         [*values.pools, *(s.spec.name for s in joined)],
         settings,
         keep=[p.pool_name for p in values.problems],
+        joined=[s.spec.name for s in joined],
     )
     log.info(
         "reconcile schedules in place",

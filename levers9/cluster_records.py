@@ -1,21 +1,26 @@
 """Joined clusters as Temporal holds them (ClusterWorkflow, `cluster:<name>`): start a join,
-read them, leave. The CLI and the controlplane's start share these."""
+read them, leave. The CLI and the controlplane's start share these.
+
+Reads never ask the workflow (a query needs a polling Temporal worker, and a controlplane that
+starts, or a CLI whose controlplane is down, has none): the record is the workflow's memo
+(`record`), and a run started before the memo existed is read from its start event's input.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.clusters import JOIN_TTL, ClusterState, JoinedCluster, cluster_workflow_id
-from levers9.models import CLUSTER_WORKFLOW, ClusterInput
+from levers9.models import CLUSTER_WORKFLOW, ClusterInput, reconcile_schedule_id
 from levers9.tokens import join_digest
 
 
 class ClusterExists(Exception):
-    """A cluster of that name is joined already."""
+    """A cluster of that name is joined already, or the values define a pool of that name."""
 
 
 async def start_join(
@@ -26,12 +31,19 @@ async def start_join(
     state = ClusterState(
         spec=spec, join_digest=join_digest(join_token), expires_at=datetime.now(UTC) + JOIN_TTL
     )
+    if await _values_pool(client, spec.name):
+        raise ClusterExists(
+            f"pool {spec.name} is defined by the controlplane's values (its"
+            f" {reconcile_schedule_id(spec.name)} schedule runs): a join never takes a pool it"
+            " does not own; join under another --name"
+        )
     try:
         await client.start_workflow(
             CLUSTER_WORKFLOW,
             ClusterInput(state=state),
             id=cluster_workflow_id(spec.name),
             task_queue=task_queue,
+            memo={"record": state.model_dump(mode="json")},
             static_summary=f"joined cluster {spec.name}: {spec.gpu_type} nodes",
         )
     except WorkflowAlreadyStartedError:
@@ -41,29 +53,57 @@ async def start_join(
     return state
 
 
+async def _values_pool(client: Client, name: str) -> bool:
+    """A pool of this name is reconciled, and no join made it: the values define it."""
+    try:
+        await client.get_schedule_handle(reconcile_schedule_id(name)).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return await cluster_state(client, name) is None
+
+
 async def joined_clusters(client: Client) -> list[ClusterState]:
-    """Every joined cluster, as its record holds it (the controlplane loads their pools)."""
+    """Every joined cluster, as its record holds it (the controlplane loads their pools).
+    Answered by the server alone: no Temporal worker needs to poll."""
     query = f"WorkflowType = '{CLUSTER_WORKFLOW}' AND ExecutionStatus = 'Running'"
     states = []
     async for execution in client.list_workflows(query):
-        state = await cluster_state(client, execution.id.removeprefix("cluster:"))
+        state = await _recorded(client, execution)
         if state is not None and not state.leaving:
             states.append(state)
     return sorted(states, key=lambda s: s.spec.name)
 
 
 async def cluster_state(client: Client, name: str) -> ClusterState | None:
+    """The running join of cluster `name` as its record holds it; None when there is none."""
     handle = client.get_workflow_handle(cluster_workflow_id(name))
     try:
         description = await handle.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
-        state: ClusterState = await handle.query("cluster", result_type=ClusterState)
+        return await _recorded(client, description)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
-    return state
+
+
+async def _recorded(client: Client, execution: WorkflowExecution) -> ClusterState | None:
+    """The record in the run's memo; for a run started before the memo, its start input."""
+    memo = await execution.memo()
+    if "record" in memo:
+        return ClusterState.model_validate(memo["record"])
+    handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+    async for event in handle.fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        if not payloads:
+            return None
+        [started] = await client.data_converter.decode(payloads, [ClusterInput])
+        assert isinstance(started, ClusterInput)
+        return started.state
+    return None
 
 
 async def leave_cluster(client: Client, name: str) -> bool:

@@ -54,6 +54,10 @@ from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
 
 RECONCILE_PREFIX = "reconcile:"
 MEMO_TASK_QUEUE = "levers9.taskQueue"
+MEMO_SOURCE = "levers9.source"
+"""Who made a pool: `values` (the controlplane's values) or `joined` (`levers9 cluster join`);
+a join never takes, and a leave never removes, a pool of the values."""
+VALUES, JOINED = "values", "joined"
 RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
 PASS_POLL_S = 1.0
 
@@ -191,25 +195,49 @@ async def _managed_schedule_ids(client: Client, task_queue: str) -> set[str]:
 
 
 async def ensure_reconcile_schedule(
-    client: Client, pool_name: str, settings: ControlplaneSettings
+    client: Client, pool_name: str, settings: ControlplaneSettings, source: str = JOINED
 ) -> bool:
-    """Creates `reconcile:<pool>` (True), or updates it keeping an operator's pause (False)."""
+    """Creates `reconcile:<pool>` (True), or updates it keeping an operator's pause (False).
+    `source` (values or joined) is kept in its memo; a schedule made before the memo named it
+    is made again with it, its pause kept."""
     schedule_id = reconcile_schedule_id(pool_name)
     schedule = reconcile_schedule(pool_name, settings)
+    memo = {MEMO_TASK_QUEUE: settings.task_queue, MEMO_SOURCE: source}
     try:
-        await client.create_schedule(
-            schedule_id, schedule, memo={MEMO_TASK_QUEUE: settings.task_queue}
-        )
+        await client.create_schedule(schedule_id, schedule, memo=memo)
         return True
     except ScheduleAlreadyRunningError:
+        handle = client.get_schedule_handle(schedule_id)
+        described = await handle.describe()
+        if (await described.memo()).get(MEMO_SOURCE) != source:
+            # A schedule's memo cannot be updated: make it again, as it stood.
+            await handle.delete()
+            state = described.schedule.state
+            await client.create_schedule(
+                schedule_id, dataclasses.replace(schedule, state=state), memo=memo
+            )
+            return False
 
         def _update(current: ScheduleUpdateInput, new: Schedule = schedule) -> ScheduleUpdate:
             return ScheduleUpdate(
                 dataclasses.replace(new, state=current.description.schedule.state)
             )
 
-        await client.get_schedule_handle(schedule_id).update(_update)
+        await handle.update(_update)
         return False
+
+
+async def schedule_source(client: Client, pool_name: str) -> str | None:
+    """Who made pool `pool_name`'s schedule (values or joined); None when it has none, or was
+    made before the memo said."""
+    try:
+        described = await client.get_schedule_handle(reconcile_schedule_id(pool_name)).describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    source = (await described.memo()).get(MEMO_SOURCE)
+    return source if isinstance(source, str) else None
 
 
 async def sync_reconcile_schedules(
@@ -217,19 +245,23 @@ async def sync_reconcile_schedules(
     pool_names: Iterable[str],
     settings: ControlplaneSettings,
     keep: Iterable[str] = (),
+    joined: Iterable[str] = (),
 ) -> ScheduleSync:
     """Creates or updates `reconcile:<pool>` per pool; deletes those of pools no longer here.
 
     Pools in `keep` (in the values but not loadable, say a typo) keep their schedule as it is:
-    a bad edit must not read as "pool removed". Only schedules that this controlplane's task
-    queue owns (a memo) are deleted, so two controlplanes sharing a namespace leave each other
-    alone. An operator's pause survives an update.
+    a bad edit must not read as "pool removed". Pools in `joined` were made by `levers9
+    cluster join`, the others by the values (the schedule's memo says which). Only schedules
+    that this controlplane's task queue owns (a memo) are deleted, so two controlplanes sharing
+    a namespace leave each other alone. An operator's pause survives an update.
     """
     wanted = {reconcile_schedule_id(name): name for name in pool_names}
     kept = {reconcile_schedule_id(name) for name in keep}
     created, updated = [], []
+    joined = set(joined)
     for schedule_id, pool_name in wanted.items():
-        if await ensure_reconcile_schedule(client, pool_name, settings):
+        source = JOINED if pool_name in joined else VALUES
+        if await ensure_reconcile_schedule(client, pool_name, settings, source):
             created.append(schedule_id)
         else:
             updated.append(schedule_id)

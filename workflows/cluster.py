@@ -5,6 +5,10 @@ token's SHA-256 and expiry, and when the agent spent it. Update `exchange` (the 
 agent's first contact) spends the token or says why it cannot be (used, expired, another join's);
 it decides at once and awaits nothing. Query `cluster`. Signal `leave` ends it (`levers9 cluster
 leave`). It waits on signals and updates only, so its history grows with joins and leaves.
+
+The record is also its memo (`record`, set when the join starts and upserted when it changes):
+the server answers it without a Temporal worker, so a controlplane starting up (before its own
+worker polls) and the CLI with the controlplane down read it there, never by the query.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from levers9.clusters import ClusterState
     from levers9.models import CLUSTER_WORKFLOW, ClusterInput
+
+RECORD_MEMO = "cluster-record-memo"
+"""Patch: the record kept in the memo (runs started before it have none until they change)."""
 
 
 @workflow.defn(name=CLUSTER_WORKFLOW)
@@ -30,15 +37,25 @@ class ClusterWorkflow:
     @workflow.update
     def exchange(self, digest: str) -> str:
         """ "" when the join token with this SHA-256 is spent now; else why it is refused."""
-        return self._state.exchange(digest, workflow.now())
+        refusal = self._state.exchange(digest, workflow.now())
+        if not refusal:
+            self._publish()
+        return refusal
 
     @workflow.signal
     def leave(self) -> None:
         self._leave = True
         self._state.leaving = True
+        self._publish()
+
+    def _publish(self) -> None:
+        if workflow.patched(RECORD_MEMO):
+            workflow.upsert_memo({"record": self._state.model_dump(mode="json")})
 
     @workflow.run
     async def run(self, input: ClusterInput) -> ClusterState:
+        if "record" not in workflow.memo():
+            self._publish()  # a run started before the memo, once it runs this code
         await workflow.wait_condition(
             lambda: (
                 self._leave

@@ -34,7 +34,7 @@ from levers9.config import ControlplaneSettings
 from levers9.contract import AGENT_NAME, DNS_LABEL
 from levers9.operations import failure_message, start_pool_removal
 from levers9.rpc import tls
-from levers9.temporal import connect
+from levers9.temporal import VALUES, connect, schedule_source
 
 app = typer.Typer(
     help="Clusters joined through an agent that dials out: nothing to allow-list, no key.",
@@ -181,16 +181,24 @@ def leave(
     """Remove a joined cluster's pool (its workers stop), then what join installed."""
     settings = settings_from_env()
     try:
-        namespace = asyncio.run(_leave(settings, name))
+        namespace, owned = asyncio.run(_leave(settings, name))
     except LookupError as exc:
         fail([str(exc)])
         raise typer.Exit(1) from None
-    kinds = [
-        ("namespace", namespace),
+    if owned:
+        kinds = [("namespace", namespace)]
+    else:  # the values' pool may run in that namespace: only the agent's own objects
+        kinds = [
+            (f"{kind} -n {namespace}", AGENT_NAME)
+            for kind in ("deployment", "secret", "rolebinding", "role", "serviceaccount")
+        ]
+    kinds += [
         ("clusterrolebinding", f"{AGENT_NAME}-{name}"),
         ("clusterrole", f"{AGENT_NAME}-{name}"),
     ]
-    commands = [["kubectl", "delete", kind, obj, "--ignore-not-found"] for kind, obj in kinds]
+    commands = [
+        ["kubectl", "delete", *kind.split(), obj, "--ignore-not-found"] for kind, obj in kinds
+    ]
     if not apply:
         console.print(
             f"cluster {name} left; remove what join installed there:\n"
@@ -206,11 +214,21 @@ def leave(
     console.print(f"cluster {name} left, and what join installed deleted", highlight=False)
 
 
-async def _leave(settings: ControlplaneSettings, name: str) -> str:
+async def _leave(settings: ControlplaneSettings, name: str) -> tuple[str, bool]:
+    """Ends the join (and the pool it made); its namespace, and whether the join made the
+    pool (False: the values define it, and leave takes nothing of theirs)."""
     client = await connect(settings)
     state = await cluster_state(client, name)
     if state is None:
         raise LookupError(f"no cluster {name} is joined: `levers9 cluster list` shows them")
+    if await schedule_source(client, name) == VALUES:
+        console.print(
+            f"cluster {name}: pool {name} is the values' (not the join's): its schedule,"
+            " workers and namespace stay; ending the join's record only",
+            highlight=False,
+        )
+        await leave_cluster(client, name)
+        return state.spec.namespace, False
     console.print(f"cluster {name}: removing pool {name} (its workers stop)", highlight=False)
     handle = await start_pool_removal(
         client, settings, name, reason=f"cluster {name} left (levers9 cluster leave)"
@@ -220,4 +238,4 @@ async def _leave(settings: ControlplaneSettings, name: str) -> str:
     except Exception as exc:  # the pool's removal failed: say so, leave the join as it is
         raise LookupError(f"pool {name} was not removed: {failure_message(exc)}") from None
     await leave_cluster(client, name)
-    return state.spec.namespace
+    return state.spec.namespace, True

@@ -33,6 +33,7 @@ from pydantic import SecretStr
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from levers9.cluster_records import cluster_state
 from levers9.clusters import ClusterState, cluster_workflow_id
 from levers9.contract import DNS_LABEL, KUBE_TARGET
 from levers9.gateway.auth import bearer_token
@@ -65,14 +66,10 @@ class TemporalClusterRecords:
         self._client = client
 
     async def state(self, name: str) -> ClusterState | None:
-        handle = self._client.get_workflow_handle(cluster_workflow_id(name))
-        try:
-            state: ClusterState = await handle.query("cluster", result_type=ClusterState)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return None
-            raise
-        return None if state.leaving else state
+        # The record's memo, not the query: an agent's tunnel is taken while no Temporal worker
+        # polls (this replica starting, or every replica restarting at once).
+        state = await cluster_state(self._client, name)
+        return None if state is None or state.leaving else state
 
     async def exchange(self, name: str, digest: str) -> str | None:
         handle = self._client.get_workflow_handle(cluster_workflow_id(name))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.worker.runc_runtime import cgroup_dirs
 from sandbox import registries, task_images
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -163,6 +165,63 @@ async def test_detach_then_cancel_ends_the_task_cancelled(cp: Controlplane, imag
     unknown = await cp.cli("task", "cancel", "nosuchtask00")
     assert unknown.returncode == 1
     assert "no task nosuchtask00" in unknown.stderr
+
+
+async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
+    cp: Controlplane,
+) -> None:
+    """Its shell and a child ignore SIGTERM, another child holds its published port: cancel
+    returns once all of it is gone (SIGKILL after the grace), its port free on the node."""
+    port = _free_port()
+    script = (
+        f"trap '' TERM; busybox httpd -f -p {port} & sh -c \"trap '' TERM; sleep 1000\" &"
+        " sleep 1000"
+    )
+    started = await cp.cli(
+        "run",
+        "--pool",
+        POOL,
+        "--detach",
+        "--image",
+        IMAGE,
+        "--port",
+        str(port),
+        "--",
+        "sh",
+        "-c",
+        script,
+    )
+    assert started.returncode == 0, started.stderr
+    task_id = started.stdout.strip()
+
+    async def ready() -> bool:
+        got = await cp.cli("task", "get", task_id, "-o", "json")
+        return got.returncode == 0 and json.loads(got.stdout).get("ready") is True
+
+    await eventually(ready, within=WITHIN)
+    assert _port_taken(port)
+    cancelled = await cp.cli("task", "cancel", task_id)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"task {task_id} cancelled exit_code=137" in cancelled.stdout
+    assert not _port_taken(port), "its port is free once cancel returns"
+    assert cgroup_dirs(task_id) == [], "no cgroup of its container, so no process of it, is left"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+        return False
 
 
 async def test_no_process_holds_a_worker_token_in_its_environment(cp: Controlplane) -> None:
