@@ -28,7 +28,7 @@ from levers9.cluster_records import joined_clusters
 from levers9.clusters import ClusterState, pool_block
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
-from levers9.gateway.endpoint_proxy import EndpointProxy, TemporalEndpointBook
+from levers9.gateway.endpoint_proxy import EndpointProxy, FrontLimits, TemporalEndpointBook
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import Replicas, TemporalTaskRecords
@@ -172,6 +172,7 @@ def serving(
         secret,
         settings.replica_id,
         operator_generation=settings.operator_token_generation,
+        limits=FrontLimits.of(settings),
     )
     return Serving(worker, replica, gateway, caches, endpoints)
 

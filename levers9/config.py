@@ -443,6 +443,34 @@ class ControlplaneSettings(BaseSettings):
     )
     """The endpoints' base URL as users reach it (a load balancer's); `endpoint create` prints
     `<endpointsUrl>/<name>/`. Unset: from endpointsListen and the gateway's TLS."""
+    endpoints_idle_timeout_seconds: float = Field(
+        default=75.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "endpointsIdleTimeoutSeconds", "LEVERS9_ENDPOINTS_IDLE_TIMEOUT_SECONDS"
+        ),
+    )
+    """A client's kept-alive connection to the endpoints' front that carries no request for
+    this long is closed. Behind a load balancer that keeps its own connections to the front
+    (Google's external Application Load Balancer keeps them 600 s), set it above the
+    balancer's, or the balancer may send a request on a connection the front is closing."""
+    endpoints_header_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "endpointsHeaderTimeoutSeconds", "LEVERS9_ENDPOINTS_HEADER_TIMEOUT_SECONDS"
+        ),
+    )
+    """A request's line and headers arrive whole within this (from the connection, or on a
+    kept-alive one from the request's first byte), or the front answers 408 and closes: a
+    client that sends them slowly cannot hold the front's connections (Slowloris)."""
+    endpoints_max_body_bytes: int = Field(
+        default=100 * 1024 * 1024,
+        gt=0,
+        validation_alias=AliasChoices("endpointsMaxBodyBytes", "LEVERS9_ENDPOINTS_MAX_BODY_BYTES"),
+    )
+    """The largest request body the front passes to a replica (100 MiB): a larger one is 413,
+    by its Content-Length before any of it is read, or once a chunked one goes past it."""
     gateway_tls: bool = Field(
         default=False, validation_alias=AliasChoices("gatewayTls", "LEVERS9_GATEWAY_TLS")
     )

@@ -65,6 +65,10 @@ class EndpointSpec(BaseModel):
     cold_start_timeout_seconds: float = Field(default=1500.0, gt=0)
     """How long a gateway holds a request that waits for a replica (a 20 GB image, a model
     loaded from scratch): then 503."""
+    request_timeout_seconds: float = Field(default=1500.0, gt=0)
+    """How long a gateway gives a request, from its arrival to its response's end, a cold
+    start included (the page's `curl -m 1500`): then 504, or a cut transfer once the response
+    has begun."""
     public: bool = False
     """Requests need no token; else `Authorization: Bearer <operator token>`."""
 

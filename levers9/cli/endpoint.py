@@ -4,12 +4,15 @@
 on the controlplane's endpoints front (`<endpointsUrl>/<name>/`). With `--min-replicas 0` (the
 default) nothing runs until the first request, which is held through the cold start (image
 pull, container start, readiness) and answered then: keep the client waiting long enough
-(`curl -m 1500`). `get` shows its replicas and its latest scale decisions.
+(`curl -m 1500`): a request has the endpoint's `--request-timeout` (default 1500 s) from its
+arrival, a cold start included, then 504. `get` shows its replicas and its latest scale
+decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -17,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, ago, console, fail, render
-from levers9.cli.runtime import key_values, settings_from_env
+from levers9.cli.runtime import duration, key_values, settings_from_env
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.endpoint_records import (
@@ -100,6 +103,13 @@ def create(
         float,
         typer.Option("--cold-start-timeout", min=1, help="seconds a request waits for a replica"),
     ] = 1500.0,
+    request_timeout: Annotated[
+        str,
+        typer.Option(
+            "--request-timeout",
+            help="how long a request may take, a cold start included, before 504 (e.g. 1500s, 25m)",
+        ),
+    ] = "1500s",
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE")] = None,
     public: Annotated[
         bool, typer.Option("--public", help="requests need no operator token")
@@ -107,6 +117,7 @@ def create(
 ) -> None:
     """Create an endpoint: prints its URL. Its first request starts a replica (at zero)."""
     _check(name, pool, image, command)
+    request_timeout_s = duration(request_timeout, "--request-timeout")
     if min_replicas > max_replicas:
         raise typer.BadParameter(
             f"--min-replicas {min_replicas} is above --max-replicas {max_replicas}",
@@ -128,6 +139,7 @@ def create(
         idle_seconds=idle,
         ready_path=ready_path,
         cold_start_timeout_seconds=cold_start_timeout,
+        request_timeout_seconds=request_timeout_s,
         public=public,
     )
     settings = settings_from_env()
@@ -143,16 +155,21 @@ def create(
         f" {port}; a surplus replica stops after {idle:g} s idle",
         highlight=False,
     )
-    console.print(f"  {curl_line(settings, url, public)}", highlight=False, soft_wrap=True)
+    console.print(
+        f"  {curl_line(settings, url, public, request_timeout_s)}", highlight=False, soft_wrap=True
+    )
 
 
 def endpoint_url(settings: ControlplaneSettings, name: str) -> str:
     return f"{settings.endpoints_base_url()}/{name}/"
 
 
-def curl_line(settings: ControlplaneSettings, url: str, public: bool) -> str:
-    """A request that waits through a cold start (the page: `curl -m 1500`)."""
-    parts = ["curl", "-m", "1500"]
+def curl_line(
+    settings: ControlplaneSettings, url: str, public: bool, wait_s: float = 1500.0
+) -> str:
+    """A request that waits through a cold start, as long as the front would (the page:
+    `curl -m 1500`)."""
+    parts = ["curl", "-m", str(math.ceil(wait_s))]
     if url.startswith("https:") and settings.gateway_tls_ca_file:
         parts += ["--cacert", str(settings.gateway_tls_ca_file)]
     if not public:
@@ -237,6 +254,8 @@ def get(
         f" {spec.target_in_flight} in flight each; idle {spec.idle_seconds:g} s",
         f"  requests: {view.in_flight} in flight, {view.waiting} waiting; cold starts:"
         f" {view.cold_starts}",
+        f"  request timeout {spec.request_timeout_seconds:g} s (a cold start included), cold"
+        f" start timeout {spec.cold_start_timeout_seconds:g} s",
     ]
     if view.failing:
         lines.append(f"  FAILING: {view.failing}")

@@ -11,7 +11,7 @@ import typer
 from temporalio.client import WorkflowFailureError
 
 from levers9.cli.output import Output, console, fail, render
-from levers9.cli.runtime import settings_from_env
+from levers9.cli.runtime import duration, settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
@@ -69,10 +69,11 @@ def check(
 ) -> None:
     """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
     task record, so a slow first start does not hide the result."""
+    wait_s = duration(timeout, "--timeout")
     settings = settings_from_env()
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
     console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
-    record = asyncio.run(submit_and_follow(settings, task, _seconds(timeout), show_logs=False))
+    record = asyncio.run(submit_and_follow(settings, task, wait_s, show_logs=False))
     if record is None:
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
@@ -85,16 +86,6 @@ def check(
     console.print(f"{word} {json.dumps(report, indent=2)}", highlight=False)
     if word == "FAILED":
         raise typer.Exit(1)
-
-
-def _seconds(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    try:
-        if text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except (ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r}: a duration like 15m, 90s or 1h") from None
 
 
 @app.command()

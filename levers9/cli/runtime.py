@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from pathlib import Path
@@ -60,3 +61,23 @@ def key_values(pairs: list[str], option: str) -> dict[str, str]:
             raise typer.BadParameter(f"{pair!r}: give KEY=VALUE", param_hint=option)
         values[key] = value
     return values
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration(text: str, option: str) -> float:
+    """A duration option (`90`, `90s`, `25m`, `1h`) in seconds; anything else, or not above
+    zero, names the option."""
+    import typer
+
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise typer.BadParameter(
+            f"{text!r}: a duration above zero, like 90s, 25m or 1h", param_hint=option
+        )
+    return seconds

@@ -22,6 +22,20 @@ gateway's certificate when it has one). A request:
 A replica that dies before it answers: 502 naming it and the endpoint. One that dies mid-body:
 the client's connection is cut (its transfer is incomplete, never a clean end), never held.
 Responses carry `x-levers9-replica: <task id>`.
+
+Nothing waits forever (`FrontLimits`, from the controlplane's settings, and the endpoint's
+spec):
+
+- a request has the endpoint's `request_timeout_seconds` from its arrival to its response's
+  end, a cold start included: then 504 naming the endpoint and the timeout, or, once the
+  response has begun, its transfer cut;
+- a request's line and headers arrive whole within `header_timeout_s` (of the connection, or of
+  the request's first byte on a kept-alive one), else 408 and the connection closed: a client
+  that dribbles them cannot hold the front's connections (Slowloris);
+- a kept-alive connection without a request for `idle_timeout_s` is closed;
+- a body over `max_body_bytes` is 413: by its Content-Length before any of it is read (or any
+  replica is woken), or, chunked, once it goes past the limit (the replica's stream is closed
+  with it).
 """
 
 from __future__ import annotations
@@ -33,17 +47,20 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
-from typing import Protocol
+from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 from pydantic import SecretStr
 from temporalio.client import Client
 
+from levers9.config import ControlplaneSettings
 from levers9.endpoint_records import query_endpoint, report_load
 from levers9.endpoints import EndpointView, Load
 from levers9.gateway.replica_streams import (
     SEND_WHOLE,
+    BodyRefused,
     Exchange,
     Replica,
     ReplicaFailed,
@@ -74,6 +91,34 @@ RETRIED = frozenset({"GET", "HEAD", "OPTIONS"})
 NOT_PASSED_ON = HOP_BY_HOP | {"authorization", "expect", "content-length"}
 """The connection's own headers and Host (RFC 9110 7.6.1), the operator token, and what the
 front sets itself: it has answered `Expect: 100-continue`, and it frames the body it sends."""
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """What the front gives a client connection (the settings `endpointsIdleTimeoutSeconds`,
+    `endpointsHeaderTimeoutSeconds`, `endpointsMaxBodyBytes`)."""
+
+    idle_timeout_s: float
+    header_timeout_s: float
+    max_body_bytes: int
+
+    @classmethod
+    def of(cls, settings: ControlplaneSettings) -> FrontLimits:
+        return cls(
+            idle_timeout_s=settings.endpoints_idle_timeout_seconds,
+            header_timeout_s=settings.endpoints_header_timeout_seconds,
+            max_body_bytes=settings.endpoints_max_body_bytes,
+        )
+
+    @classmethod
+    def defaults(cls) -> FrontLimits:
+        fields = ControlplaneSettings.model_fields
+        return cls(
+            idle_timeout_s=fields["endpoints_idle_timeout_seconds"].default,
+            header_timeout_s=fields["endpoints_header_timeout_seconds"].default,
+            max_body_bytes=fields["endpoints_max_body_bytes"].default,
+        )
 
 
 class EndpointsError(Exception):
@@ -120,6 +165,21 @@ class _Refused(Exception):
         self.status = status
 
 
+class _BodyTooLarge(BodyRefused):
+    """A chunked body went past the front's limit."""
+
+
+@dataclass
+class _Progress:
+    """How far a request got: the replica it went to, and its response once begun."""
+
+    task_id: str = ""
+    response: web.StreamResponse | None = None
+
+    def begun(self) -> bool:
+        return self.response is not None and self.response.prepared
+
+
 class EndpointProxy:
     def __init__(
         self,
@@ -129,6 +189,7 @@ class EndpointProxy:
         gateway_id: str,
         *,
         operator_generation: int = 1,
+        limits: FrontLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._book = book
@@ -137,24 +198,25 @@ class EndpointProxy:
             operator_token(secret.get_secret_value(), operator_generation)
         )
         self._gateway_id = gateway_id
+        self._limits = limits or FrontLimits.defaults()
         self._clock = clock
         self._endpoints: dict[str, _Endpoint] = {}
-        self._runner: web.AppRunner | None = None
+        self._runner: web.BaseRunner | None = None
         self.requests = 0
         """Requests answered by a replica (counted for the benchmarks)."""
 
     # -- serving -----------------------------------------------------------------------------
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=0)
-        app.router.add_route("*", "/{name}", self._handle)
-        app.router.add_route("*", "/{name}/{path:.*}", self._handle)
-        return app
-
     async def start(self, listen: str, ssl: SSLContext | None = None) -> int:
         """Serves on `listen` (host:port); returns the bound port."""
         host, _, port = listen.rpartition(":")
-        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        server = _FrontServer(
+            self._handle,
+            header_timeout_s=self._limits.header_timeout_s,
+            keepalive_timeout=self._limits.idle_timeout_s,
+            access_log=None,
+        )
+        runner = web.ServerRunner(server)
         await runner.setup()
         site = web.TCPSite(runner, host.strip("[]") or None, int(port), ssl_context=ssl)
         try:
@@ -185,45 +247,112 @@ class EndpointProxy:
 
     # -- a request ---------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        name = request.match_info["name"]
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        arrived = asyncio.get_running_loop().time()
+        name = request.raw_path.lstrip("/").partition("/")[0].partition("?")[0]
+        progress = _Progress()
         try:
+            if not name:
+                raise _Refused(404, "no endpoint named: <endpoints URL>/<name>/<path>")
             endpoint = await self._endpoint(name)
             view = endpoint.view
             assert view is not None
             if not view.spec.public:
                 self._authorize(request)
-            body = await self._body(request)
-            tried: set[str] = set()
-            while True:
-                task_id = await self._replica(endpoint, tried)
-                try:
-                    return await self._forward(endpoint, task_id, request, body)
-                except _NotReached as exc:
-                    # Gone since this gateway's view said ready (stopped idle, its node lost):
-                    # the request never reached it, so it goes to another, or waits for one.
-                    tried.add(task_id)
-                    log.info(
-                        "replica not reached, request sent on",
-                        endpoint=name,
-                        task_id=task_id,
-                        error=str(exc),
-                    )
-                    if len(tried) > MAX_REROUTES:
-                        raise _Refused(
-                            502,
-                            f"endpoint {name}: replicas {', '.join(sorted(tried))} could not be"
-                            f" reached: {exc}",
-                        ) from None
-                    endpoint = await self._endpoint(name, fresh=True)
+            self._check_length(name, request)
+            await _continue(request)
+            limit = view.spec.request_timeout_seconds
+            deadline = asyncio.timeout_at(arrived + limit)
+            try:
+                async with deadline:
+                    return await self._serve(endpoint, request, progress)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                return self._late(name, limit, request, progress)
         except _Refused as refused:
-            return web.Response(
+            response = web.Response(
                 status=refused.status,
                 text=f"{refused}\n",
                 headers={"WWW-Authenticate": "Bearer"} if refused.status == 401 else None,
             )
+            if refused.status in (413, 417):
+                response.force_close()  # the rest of its body is not read
+            return response
+        except BodyRefused as exc:
+            if progress.begun():
+                assert progress.response is not None
+                _cut(request)
+                return progress.response
+            log.info("request body refused", endpoint=name, error=str(exc))
+            response = web.Response(status=413, text=f"endpoint {name}: {exc}\n")
+            response.force_close()
+            return response
 
-    def _authorize(self, request: web.Request) -> None:
+    def _late(
+        self, name: str, limit: float, request: web.BaseRequest, progress: _Progress
+    ) -> web.StreamResponse:
+        """The answer to a request that ran out of its endpoint's request timeout."""
+        log.info(
+            "request timed out",
+            endpoint=name,
+            task_id=progress.task_id or None,
+            timeout_s=limit,
+            response_begun=progress.begun(),
+        )
+        if progress.begun():
+            assert progress.response is not None
+            _cut(request)
+            return progress.response
+        where = (
+            f"replica {progress.task_id} had not answered"
+            if progress.task_id
+            else "no replica was ready for it (a cold start counts)"
+        )
+        return web.Response(
+            status=504,
+            text=f"endpoint {name}: no response within its request timeout of {limit:g} s:"
+            f" {where}. To give it longer, create the endpoint again with --request-timeout"
+            f" (`levers9 endpoint get {name}` shows it)\n",
+            headers={REPLICA_HEADER: progress.task_id} if progress.task_id else None,
+        )
+
+    def _check_length(self, name: str, request: web.BaseRequest) -> None:
+        length, limit = request.content_length, self._limits.max_body_bytes
+        if length is not None and length > limit:
+            what = f"endpoint {name}: the request's body ({length} bytes)"
+            raise _Refused(413, _too_large(what, limit))
+
+    async def _serve(
+        self, endpoint: _Endpoint, request: web.BaseRequest, progress: _Progress
+    ) -> web.StreamResponse:
+        name = endpoint.name
+        body = await self._body(request, self._limits.max_body_bytes)
+        tried: set[str] = set()
+        while True:
+            task_id = await self._replica(endpoint, tried)
+            try:
+                return await self._forward(endpoint, task_id, request, body, progress)
+            except _NotReached as exc:
+                # Gone since this gateway's view said ready (stopped idle, its node lost):
+                # the request never reached it, so it goes to another, or waits for one.
+                tried.add(task_id)
+                progress.task_id = ""
+                log.info(
+                    "replica not reached, request sent on",
+                    endpoint=name,
+                    task_id=task_id,
+                    error=str(exc),
+                )
+                if len(tried) > MAX_REROUTES:
+                    raise _Refused(
+                        502,
+                        f"endpoint {name}: replicas {', '.join(sorted(tried))} could not be"
+                        f" reached: {exc}",
+                    ) from None
+                endpoint = await self._endpoint(name, fresh=True)
+
+    def _authorize(self, request: web.BaseRequest) -> None:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -317,7 +446,7 @@ class EndpointProxy:
         return replica
 
     @staticmethod
-    def _request_head(endpoint: _Endpoint, request: web.Request, port: int) -> bytes:
+    def _request_head(endpoint: _Endpoint, request: web.BaseRequest, port: int) -> bytes:
         """The request as the replica gets it: its path under the endpoint's (as sent, still
         percent-encoded), its end-to-end headers but the operator token, and X-Forwarded-*."""
         target = request.raw_path[len(endpoint.name) + 1 :]
@@ -344,9 +473,10 @@ class EndpointProxy:
         return http1.request_head(request.method, target, headers)
 
     @staticmethod
-    async def _body(request: web.Request) -> bytes | AsyncIterator[bytes] | None:
+    async def _body(request: web.BaseRequest, limit: int) -> bytes | AsyncIterator[bytes] | None:
         """None, the whole body when it is small and its length known, else its chunks as
-        they come (chunk-encoded when the client sent no length)."""
+        they come (chunk-encoded when the client sent no length; cut past `limit`: a length
+        over it was refused before)."""
         if not request.body_exists:
             return None
         length = request.content_length
@@ -354,7 +484,13 @@ class EndpointProxy:
             return await request.read()
 
         async def chunks() -> AsyncIterator[bytes]:
+            seen = 0
             async for data in request.content.iter_chunked(CHUNK):
+                seen += len(data)
+                if seen > limit:
+                    raise _BodyTooLarge(
+                        _too_large(f"the chunked body ({seen} bytes so far)", limit)
+                    )
                 yield data if length is not None else http1.chunk(data)
             if length is None:
                 yield http1.chunk(b"")
@@ -365,11 +501,13 @@ class EndpointProxy:
         self,
         endpoint: _Endpoint,
         task_id: str,
-        request: web.Request,
+        request: web.BaseRequest,
         body: bytes | AsyncIterator[bytes] | None,
+        progress: _Progress,
     ) -> web.StreamResponse:
         """The exchange with replica `task_id`; raises _NotReached when it never got there
         and can go elsewhere (its body not streamed, or not begun)."""
+        progress.task_id = task_id
         replica = await self._replica_streams(endpoint, task_id)
         head = self._request_head(endpoint, request, replica.port)
         endpoint.in_flight[task_id] = endpoint.in_flight.get(task_id, 0) + 1
@@ -383,7 +521,7 @@ class EndpointProxy:
                 if exchange.done and request.method != "HEAD":  # whole: one write to the client
                     self.requests += 1
                     return _whole(exchange, task_id)
-                response = _streamed(exchange, task_id)
+                response = progress.response = _streamed(exchange, task_id)
                 await response.prepare(request)
                 if exchange.first:
                     await response.write(exchange.first)
@@ -410,8 +548,7 @@ class EndpointProxy:
                     headers={REPLICA_HEADER: task_id},
                 )
             log.info("replica broke mid-response", endpoint=endpoint.name, task_id=task_id)
-            if request.transport is not None:
-                request.transport.abort()  # the client sees its transfer cut, never an end
+            _cut(request)
             return response
         finally:
             endpoint.in_flight[task_id] -= 1
@@ -422,7 +559,7 @@ class EndpointProxy:
     async def _exchange(
         self,
         replica: Replica,
-        request: web.Request,
+        request: web.BaseRequest,
         head: bytes,
         body: bytes | AsyncIterator[bytes] | None,
     ) -> Exchange:
@@ -487,6 +624,120 @@ class EndpointProxy:
                     await endpoint.wake.wait()
             if endpoint.wake.is_set():
                 continue
+
+
+def _cut(request: web.BaseRequest) -> None:
+    """The client sees its transfer cut, never a clean end."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def _too_large(what: str, limit: int) -> str:
+    size = f"{limit} bytes" + (f" ({limit / MIB:g} MiB)" if limit >= MIB else "")
+    return (
+        f"{what} is over the endpoints' limit of {size}: the controlplane's"
+        " endpointsMaxBodyBytes (LEVERS9_ENDPOINTS_MAX_BODY_BYTES) sets it"
+    )
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """Answers `Expect: 100-continue` once the request is authorized and its length within
+    the limit (a refused one never sends its body); any other expectation is 417."""
+    expect = request.headers.get("Expect")
+    if expect is None or request.version != HttpVersion11:
+        return
+    if expect.strip().lower() != "100-continue":
+        raise _Refused(417, f"Expect: {expect} is not understood (only 100-continue)")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response's own bytes are counted from here
+
+
+class _FrontServer(web.Server):
+    """aiohttp's low-level server, its connections `_Connection`s."""
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Any],
+        *,
+        header_timeout_s: float,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(handler, handler_cancellation=True, **kwargs)
+        self._header_timeout_s = header_timeout_s
+        self._connection_kwargs = kwargs
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(
+            self,
+            header_timeout_s=self._header_timeout_s,
+            loop=asyncio.get_running_loop(),
+            **self._connection_kwargs,
+        )
+
+
+class _Connection(RequestHandler):
+    """One client connection, with a deadline on each request's head: from the connection, or
+    on a kept-alive one from the first byte of its next request, to the head parsed whole.
+    Past it: 408 when part of a head came (nothing, on a connection that sent none), and the
+    connection closed. aiohttp's own keep-alive timeout closes a connection idle between
+    requests. Reads aiohttp's state: `_waiter` (set while it waits for the next request) and
+    `_request_count` (heads parsed); the front's tests drive both by sockets."""
+
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout_s = header_timeout_s
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._expect_head()
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._head_deadline is None and self._waiter is not None:
+            self._expect_head()  # the next request on a kept-alive connection
+        if self._head_deadline is not None:
+            self._head_bytes += len(data)
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count != parsed:
+            self._head_arrived()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def _expect_head(self) -> None:
+        self._head_bytes = 0
+        self._head_deadline = self._loop.call_later(self._header_timeout_s, self._head_late)
+
+    def _head_arrived(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_late(self) -> None:
+        self._head_deadline = None
+        transport = self.transport
+        if transport is None:
+            return
+        peer = transport.get_extra_info("peername")
+        if self._head_bytes:
+            log.info(
+                "request head too slow, connection closed",
+                peer=str(peer),
+                received=self._head_bytes,
+                timeout_s=self._header_timeout_s,
+            )
+            text = (
+                f"the request's line and headers did not arrive within"
+                f" {self._header_timeout_s:g} s (endpointsHeaderTimeoutSeconds)\n"
+            ).encode()
+            transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(text), text)
+            )
+        self.force_close()
 
 
 def _headers(exchange: Exchange, task_id: str) -> CIMultiDict[str]:

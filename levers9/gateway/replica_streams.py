@@ -51,6 +51,12 @@ class StaleStream(ReplicaFailed):
     """A kept stream was closed before the replica sent a byte of its response."""
 
 
+class BodyRefused(Exception):
+    """The front stopped the request's body on its way (raised by the body it gave `send`,
+    e.g. past its size limit): not the replica's failure. The exchange raises it as it is,
+    and its stream is closed on release."""
+
+
 class Stream:
     """One PortForward call to a replica's port, one request at a time."""
 
@@ -211,12 +217,14 @@ class Exchange:
             if data:
                 await self._stream.write(data)
 
-    def _send_failure(self) -> ReplicaFailed | None:
+    def _send_failure(self) -> Exception | None:
         sender = self._sender
         if sender is None or not sender.done() or sender.cancelled():
             return None
         error = sender.exception()
-        return None if error is None else ReplicaFailed(f"the request's body failed: {error}")
+        if error is None or isinstance(error, BodyRefused):
+            return error
+        return ReplicaFailed(f"the request's body failed: {error}")
 
     async def _read(self) -> bytes:
         """The stream's next bytes, read while the body is still being sent."""

@@ -8,7 +8,11 @@ of different endpoints may share a worker, whose network their containers share)
   waits, the one replica is never stopped and its pull never cancelled (the page's failure);
 - concurrent requests scale the replicas up; idle ones stop, down to zero;
 - a replica dying before it answers is a 502 naming it, mid-body a cut transfer, never a hang;
-- without the token 401, an unknown endpoint 404; the page's vLLM row on this RTX PRO 6000 pool.
+- without the token 401, an unknown endpoint 404; the page's vLLM row on this RTX PRO 6000 pool;
+- nothing waits forever: a replica that never answers is 504 after the endpoint's request
+  timeout (a cold start counts toward it), a client that sends its head slowly gets 408, a body
+  over the limit 413 (by its length, nothing forwarded; chunked, cut), a kept-alive connection
+  left idle is closed (the front's limits set small on a second front, per test).
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
+from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.endpoint_records import delete_endpoint, endpoint_view, list_endpoints
 from levers9.endpoints import EndpointView
+from levers9.gateway.endpoint_proxy import EndpointProxy, FrontLimits, TemporalEndpointBook
 from levers9.task_records import task_record
 from levers9.temporal import connect
 from levers9.tokens import operator_token
@@ -118,12 +125,12 @@ async def cp(
 
 @pytest.fixture(autouse=True)
 async def _delete_after(cp: Controlplane) -> AsyncIterator[None]:
-    """Each test's endpoints are deleted after it, but `cold` (the last test deletes it): their
-    replicas stop here, not with the sandbox."""
+    """Each test's endpoints are deleted after it, but `cold` (the last test deletes it) and
+    `limits` (its fixture does): their replicas stop here, not with the sandbox."""
     yield
     client = await connect(cp.settings)
     for name in await list_endpoints(client):
-        if name != "cold":
+        if name not in ("cold", LIMITS):
             await delete_endpoint(client, name)
 
 
@@ -465,3 +472,271 @@ async def test_create_refuses_what_it_cannot_run_naming_the_option(cp: Controlpl
     )  # fmt: skip
     assert inverted.returncode == 2
     assert "--min-replicas 3 is above --max-replicas 1" in inverted.stderr
+
+
+LIMITS = "limits"
+REQUEST_TIMEOUT_S = 3
+COUNTING = (
+    "import http.server, os, time\n"
+    "seen = {'heads': 0, 'bodies': 0}\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def _send(self, body):\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def do_GET(self):\n"
+    "        if self.path == '/hang':\n"
+    "            time.sleep(3600)\n"
+    "        self._send(f\"{seen['heads']} {seen['bodies']}\".encode())\n"
+    "    def do_POST(self):\n"
+    "        seen['heads'] += 1\n"
+    "        body = b''\n"
+    "        if self.headers.get('Transfer-Encoding') == 'chunked':\n"
+    "            while size := int(self.rfile.readline().split(b';')[0], 16):\n"
+    "                body += self.rfile.read(size)\n"
+    "                self.rfile.readline()\n"
+    "            self.rfile.readline()\n"
+    "        else:\n"
+    "            body = self.rfile.read(int(self.headers['Content-Length']))\n"
+    "        seen['bodies'] += 1\n"
+    "        self._send(str(len(body)).encode())\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
+    " H).serve_forever()\n"
+)
+"""A replica that counts the POSTs whose head it read and those whose whole body it read (GET
+answers `<heads> <bodies>`), answers a POST with its body's length, and `/hang` never."""
+
+
+@pytest.fixture(scope="module")
+async def limits(cp: Controlplane) -> AsyncIterator[str]:
+    """The endpoint `limits`: one replica kept ready (COUNTING), a request timeout of 3 s."""
+    done = await cp.cli(
+        "endpoint", "create", LIMITS, "--pool", POOL, "--gpus", "0", "--port", "8107",
+        "--min-replicas", "1", "--request-timeout", f"{REQUEST_TIMEOUT_S}s",
+        "--", "python", "-c", COUNTING,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"curl -m {REQUEST_TIMEOUT_S} " in done.stdout
+
+    async def ready() -> bool:
+        return bool((await _view(cp, LIMITS)).replicas_ready())
+
+    await eventually(ready, within=WITHIN)
+    yield LIMITS
+    await delete_endpoint(await connect(cp.settings), LIMITS)
+
+
+@asynccontextmanager
+async def _front(cp: Controlplane, **limits: float) -> AsyncIterator[tuple[str, int]]:
+    """A second endpoints front on this controlplane (its Temporal, its gateway's streams to
+    the workers) with its own limits: the defaults but `limits`. Yields its host and port."""
+    assert cp.gateway is not None
+    assert cp.gateway.tasks_service is not None
+    proxy = EndpointProxy(
+        TemporalEndpointBook(await connect(cp.settings)),
+        cp.gateway.tasks_service,
+        SecretStr(TOKEN_SECRET),
+        "test-front",
+        limits=FrontLimits(**{**FrontLimits.defaults().__dict__, **limits}),
+    )
+    port = await proxy.start("127.0.0.1:0")
+    try:
+        yield "127.0.0.1", port
+    finally:
+        await proxy.stop()
+
+
+async def _counts(session: aiohttp.ClientSession, base: str) -> tuple[int, int]:
+    """The replica's (POST heads, POST bodies) read whole."""
+    status, body, _ = await _get(session, f"{base}/{LIMITS}/count")
+    assert status == 200, body
+    heads, bodies = body.split()
+    return int(heads), int(bodies)
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One response's head and its body (by its Content-Length) off a raw connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head, await reader.readexactly(length)
+
+
+async def test_a_replica_that_never_answers_is_a_504_after_the_endpoints_timeout(
+    cp: Controlplane, limits: str
+) -> None:
+    shown = await cp.cli("endpoint", "get", limits)
+    assert f"request timeout {REQUEST_TIMEOUT_S} s (a cold start included)" in shown.stdout
+    [replica] = (await _view(cp, limits)).replicas_ready()
+    async with aiohttp.ClientSession() as session:
+        status, body, answered = await _get(session, _url(cp, limits, "count"))
+        assert (status, answered) == (200, replica), body  # it answers what it can
+        status, body, answered = await _get(session, _url(cp, limits, "hang"), wait_s=60)
+    assert status == 504, body
+    assert answered == replica
+    assert body == (
+        f"endpoint {limits}: no response within its request timeout of {REQUEST_TIMEOUT_S} s:"
+        f" replica {replica} had not answered. To give it longer, create the endpoint again"
+        f" with --request-timeout (`levers9 endpoint get {limits}` shows it)\n"
+    )
+
+
+async def test_the_time_held_through_a_cold_start_counts_toward_the_request_timeout(
+    cp: Controlplane,
+) -> None:
+    """A replica that never gets ready (its port never accepts): the request, held for it,
+    is answered 504 at its request timeout, long before the cold start timeout."""
+    done = await cp.cli(
+        "endpoint", "create", "unready", "--pool", POOL, "--gpus", "0", "--port", "8108",
+        "--request-timeout", "1s", "--", "python", "-c", "import time; time.sleep(3600)",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "unready"), wait_s=60)
+    assert status == 504, body
+    assert replica == ""
+    assert body.startswith(
+        "endpoint unready: no response within its request timeout of 1 s: no replica was"
+        " ready for it (a cold start counts)."
+    ), body
+    view = await _view(cp, "unready")
+    assert view.spec.cold_start_timeout_seconds == 1500
+    assert [e.kind for e in view.events][:1] == ["cold start"], view.events
+
+
+async def test_a_client_that_sends_its_head_slowly_gets_408(cp: Controlplane, limits: str) -> None:
+    async with _front(cp, header_timeout_s=1) as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        prompt = f"GET /{limits}/count HTTP/1.1\r\nHost: front\r\n{_auth_line()}\r\n"
+        writer.write(prompt.encode())
+        head, _ = await _response(reader)
+        assert head.startswith(b"HTTP/1.1 200 "), head  # a head sent at once is served
+        writer.write(f"GET /{limits}/count HTTP/1.1\r\nHost: front\r\n".encode())
+        for _ in range(2):  # then dribbled, and never finished
+            await asyncio.sleep(0.3)
+            writer.write(f"{_auth_line()}".encode())
+            await writer.drain()
+        async with asyncio.timeout(30):
+            answer = await reader.read()  # to the end of the connection
+        writer.close()
+    head, _, text = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    assert b"Connection: close" in head
+    assert text == (
+        b"the request's line and headers did not arrive within 1 s"
+        b" (endpointsHeaderTimeoutSeconds)\n"
+    )
+
+
+async def test_an_idle_keep_alive_connection_is_closed_by_the_front(
+    cp: Controlplane, limits: str
+) -> None:
+    async with _front(cp, idle_timeout_s=1) as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        for _ in range(2):  # kept alive: the second request goes on the same connection
+            request = f"GET /{limits}/count HTTP/1.1\r\nHost: front\r\n{_auth_line()}\r\n"
+            writer.write(request.encode())
+            head, _ = await _response(reader)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            assert b"connection: close" not in head.lower()
+        async with asyncio.timeout(30):
+            rest = await reader.read()  # then left idle: the front closes it
+        writer.close()
+    assert rest == b""
+
+
+async def test_a_body_over_the_limit_is_413_and_never_reaches_the_replica(
+    cp: Controlplane, limits: str
+) -> None:
+    async with _front(cp, max_body_bytes=100_000) as (host, port), aiohttp.ClientSession() as s:
+        base = f"http://{host}:{port}"
+        async with s.post(f"{base}/{limits}/", data=b"x" * 100_000, headers=_auth()) as response:
+            assert (response.status, await response.text()) == (200, "100000")
+        before = await _counts(s, base)
+        async with s.post(f"{base}/{limits}/", data=b"x" * 100_001, headers=_auth()) as response:
+            status, text = response.status, await response.text()
+        assert await _counts(s, base) == before
+    assert status == 413, text
+    assert text == (
+        f"endpoint {limits}: the request's body (100001 bytes) is over the endpoints' limit of"
+        " 100000 bytes: the controlplane's endpointsMaxBodyBytes"
+        " (LEVERS9_ENDPOINTS_MAX_BODY_BYTES) sets it\n"
+    )
+
+
+async def test_expect_100_continue_is_answered_only_to_a_body_within_the_limit(
+    cp: Controlplane, limits: str
+) -> None:
+    """curl's way with a large upload: the head first, the body once the front says 100."""
+    async with _front(cp, max_body_bytes=100_000) as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        head = (
+            f"POST /{limits}/ HTTP/1.1\r\nHost: front\r\n{_auth_line()}"
+            "Expect: 100-continue\r\nContent-Length: {length}\r\n\r\n"
+        )
+        writer.write(head.format(length=5).encode())
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        answer, body = await _response(reader)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        assert body == b"5"
+        writer.write(head.format(length=100_001).encode())  # and no body
+        answer, body = await _response(reader)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 413 Request Entity Too Large\r\n"), answer
+    assert b"Connection: close" in answer
+    assert b"is over the endpoints' limit of 100000 bytes" in body
+
+
+async def test_a_chunked_body_past_the_limit_is_cut_with_413(cp: Controlplane, limits: str) -> None:
+    def chunked(total: int) -> AsyncIterator[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for offset in range(0, total, 20_000):
+                yield b"x" * min(20_000, total - offset)
+
+        return chunks()
+
+    async with _front(cp, max_body_bytes=100_000) as (host, port), aiohttp.ClientSession() as s:
+        base = f"http://{host}:{port}"
+        async with s.post(f"{base}/{limits}/", data=chunked(100_000), headers=_auth()) as r:
+            assert (r.status, await r.text()) == (200, "100000")
+        heads, bodies = await _counts(s, base)
+        async with s.post(f"{base}/{limits}/", data=chunked(300_000), headers=_auth()) as r:
+            status, text = r.status, await r.text()
+
+        async def replica_saw_it_begin() -> bool:
+            return (await _counts(s, base))[0] == heads + 1
+
+        await eventually(replica_saw_it_begin, within=WITHIN)
+        assert await _counts(s, base) == (heads + 1, bodies), "its body never ended"
+    assert status == 413, text
+    assert text.startswith(f"endpoint {limits}: the chunked body ("), text
+    assert "bytes so far) is over the endpoints' limit of 100000 bytes: the controlplane's" in text
+    assert "endpointsMaxBodyBytes" in text
+
+
+async def test_create_refuses_a_request_timeout_that_is_not_a_duration_above_zero(
+    cp: Controlplane,
+) -> None:
+    for bad in ("0", "-5s", "soon", "0m"):
+        done = await cp.cli(
+            "endpoint", "create", "t", "--pool", POOL, "--port", "80",
+            "--request-timeout", bad, "--", "true",
+        )  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr
+        said = " ".join(" ".join(line.strip("│ ").split()) for line in done.stderr.splitlines())
+        assert (
+            f"Invalid value for --request-timeout: '{bad}': a duration above zero, like 90s,"
+            " 25m or 1h" in said
+        ), done.stderr
+
+
+def _auth_line() -> str:
+    return "".join(f"{key}: {value}\r\n" for key, value in _auth().items())

@@ -295,6 +295,36 @@ def test_bad_settings_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
     assert MARKER not in str(caught.value)
 
 
+ENDPOINTS_FRONT = {
+    "endpointsIdleTimeoutSeconds": (
+        "endpoints_idle_timeout_seconds", "LEVERS9_ENDPOINTS_IDLE_TIMEOUT_SECONDS", 75, 620
+    ),
+    "endpointsHeaderTimeoutSeconds": (
+        "endpoints_header_timeout_seconds", "LEVERS9_ENDPOINTS_HEADER_TIMEOUT_SECONDS", 20, 5
+    ),
+    "endpointsMaxBodyBytes": (
+        "endpoints_max_body_bytes", "LEVERS9_ENDPOINTS_MAX_BODY_BYTES", 100 * 1024 * 1024, 1024
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", sorted(ENDPOINTS_FRONT))
+def test_the_endpoints_front_limits_default_set_and_refuse_zero_or_less(
+    key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    field, env, default, other = ENDPOINTS_FRONT[key]
+    monkeypatch.delenv(env, raising=False)
+    assert getattr(parse_settings({}), field) == default
+    assert getattr(parse_settings({"config": {"controlplane": {key: other}}}), field) == other
+    monkeypatch.setenv(env, str(other + 1))
+    assert getattr(parse_settings({}), field) == other + 1
+    monkeypatch.delenv(env)
+    for bad in (0, -1):
+        with pytest.raises(ConfigError) as caught:
+            parse_settings({"config": {"controlplane": {key: bad}}})
+        assert caught.value.errors == [f"config.controlplane.{key}: Input should be greater than 0"]
+
+
 def test_marker_secret_never_leaks(tmp_path: Path) -> None:
     values = load(
         [
