@@ -1,20 +1,28 @@
 """The watch-fed pool cache against the sandbox's real HTTPS API with the pool's GKE key: once
 synced it gives exactly what three lists give, and follows the cluster by watch alone (no
-list) as nodes join, go and change; it never answers unsynced.
+list) as nodes join, go and change; it never answers unsynced. Its reflector, told 410 Gone
+by the sandbox (a continue token of a compacted list, a watch from a compacted version),
+lists again and then holds what the server holds.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from activities import informer
+from activities.informer import Reflector
 from activities.kube import KubeObserver
 from activities.pool_cache import PoolCache
 from levers9.capacity import MachineStatus, NodeCapacity
+from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL, Controlplane, controlplane
 from tests.factories import add_gpu_node
 from tests.waiting import eventually
@@ -184,3 +192,138 @@ async def test_refused_it_makes_passes_list_and_a_list_that_works_ends_its_backo
         assert cache.capacity() == nodes
     finally:
         await asyncio.to_thread(cache.stop)
+
+
+OURS = {"reflector-test": "yes"}
+OUR_SELECTOR = "reflector-test=yes"
+
+
+class _Held:
+    """A reflector's sink that keeps what it is told: each config map's `v`."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def replace(self, kind: str, items: dict[str, str]) -> None:
+        with self.lock:
+            self.items = dict(items)
+
+    def upsert(self, kind: str, key: str, item: str | None) -> None:
+        with self.lock:
+            self.items[key] = item or ""
+
+    def delete(self, kind: str, key: str) -> None:
+        with self.lock:
+            self.items.pop(key, None)
+
+    def unsynced(self, kind: str) -> None:
+        pass
+
+    def resumed(self, kind: str) -> None:
+        pass
+
+    def snapshot(self) -> dict[str, str]:
+        with self.lock:
+            return dict(self.items)
+
+
+class _Gap:
+    """The reflector's list call, with a gap before the first call of one kind (`at`: a list's
+    next page, or the watch): there the cluster changes and the sandbox compacts, so that call
+    is answered 410 Gone. Records every call and what was answered."""
+
+    def __init__(self, core: Any, namespace: str, admin: SandboxAdmin, at: str) -> None:
+        self.core = core
+        self.namespace = namespace
+        self.admin = admin
+        self.at = at
+        self.armed = True
+        self.calls: list[tuple[str, int | str]] = []  # (what, HTTP status or "stream")
+
+    def __call__(self, **kwargs: Any) -> Any:
+        what = "watch" if kwargs.get("watch") else "page" if kwargs.get("_continue") else "list"
+        if self.armed and what == self.at:
+            self.armed = False
+            _change(self.core, self.namespace)
+            self.admin.compact()
+        try:
+            answer = self.core.list_namespaced_config_map(self.namespace, **kwargs)
+        except k8s.ApiException as error:
+            self.calls.append((what, error.status))
+            raise
+        if what == "watch":  # a watch's 410 comes as an ERROR event in its stream
+            self.calls.append((what, "stream"))
+        else:
+            self.calls.append((what, answer.status))
+        return answer
+
+
+def _change(core: Any, namespace: str) -> None:
+    """One change of each kind: modified, deleted, added."""
+    core.patch_namespaced_config_map("c1", namespace, {"data": {"v": "changed"}})
+    core.delete_namespaced_config_map("c2", namespace)
+    core.create_namespaced_config_map(namespace, _config_map("c4", "4"))
+
+
+def _config_map(name: str, value: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": OURS}, "data": {"v": value}}
+
+
+def _server_view(core: Any, namespace: str) -> dict[str, str]:
+    listed = core.list_namespaced_config_map(namespace, label_selector=OUR_SELECTOR).items
+    return {f"{namespace}/{c.metadata.name}": c.data["v"] for c in listed}
+
+
+@pytest.mark.parametrize("at", ["page", "watch"], ids=["continue-token", "watch"])
+async def test_the_reflector_relists_after_410_and_holds_what_the_server_holds(
+    cp: Controlplane, at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(informer, "PAGE", 1)  # one item a page: every list has a next page
+    core: Any = k8s.CoreV1Api(cp.clients.api(POOL))
+    namespace = f"reflect-{uuid.uuid4().hex[:8]}"
+
+    def seed() -> None:
+        core.create_namespace({"metadata": {"name": namespace}})
+        for i in (1, 2, 3):
+            core.create_namespaced_config_map(namespace, _config_map(f"c{i}", str(i)))
+
+    await asyncio.to_thread(seed)
+    gap = _Gap(core, namespace, SandboxAdmin(cp.sandbox.state.dir), at)
+    held = _Held()
+    stop = threading.Event()
+    convert: Callable[[dict[str, Any]], str | None] = lambda obj: (obj.get("data") or {})["v"]  # noqa: E731
+    selectors = {"label_selector": OUR_SELECTOR}  # not the namespace's kube-root-ca.crt
+    reflector = Reflector("configmaps", gap, selectors, convert=convert, sink=held, stop=stop)
+    thread = threading.Thread(target=reflector.run, daemon=True)
+    thread.start()
+    try:
+
+        async def relisted() -> bool:
+            return reflector.lists >= (2 if at == "watch" else 1) and reflector.watches >= 1
+
+        await eventually(relisted, within=30)
+        # The call after the gap was answered 410, and a list from its first page followed.
+        after = gap.calls[[what for what, _ in gap.calls].index(at) :]
+        assert after[0] == (at, 410 if at == "page" else "stream")
+        assert after[1] == ("list", 200)
+        assert reflector.lists == (2 if at == "watch" else 1)  # one list completed per pass
+        expected = {f"{namespace}/c1": "changed", f"{namespace}/c3": "3", f"{namespace}/c4": "4"}
+        assert await asyncio.to_thread(_server_view, core, namespace) == expected
+        assert held.snapshot() == expected
+        # And it follows by watch from there: a change reaches it without another list.
+        lists = reflector.lists
+        await asyncio.to_thread(
+            core.patch_namespaced_config_map, "c3", namespace, {"data": {"v": "watched"}}
+        )
+
+        async def followed() -> bool:
+            return held.snapshot().get(f"{namespace}/c3") == "watched"
+
+        await eventually(followed, within=30)
+        assert reflector.lists == lists
+    finally:
+        stop.set()
+        reflector.close()
+        await asyncio.to_thread(thread.join, 10)
+        await asyncio.to_thread(core.delete_namespace, namespace)
