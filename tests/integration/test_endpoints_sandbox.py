@@ -489,6 +489,13 @@ COUNTING = (
     "    def do_GET(self):\n"
     "        if self.path == '/hang':\n"
     "            time.sleep(3600)\n"
+    "        if self.path == '/trickle':\n"
+    "            self.send_response(200)\n"
+    "            self.send_header('Content-Length', '1000')\n"
+    "            self.end_headers()\n"
+    "            self.wfile.write(b'x' * 10)\n"
+    "            self.wfile.flush()\n"
+    "            time.sleep(3600)\n"
     "        self._send(f\"{seen['heads']} {seen['bodies']}\".encode())\n"
     "    def do_POST(self):\n"
     "        seen['heads'] += 1\n"
@@ -508,7 +515,8 @@ COUNTING = (
     " H).serve_forever()\n"
 )
 """A replica that counts the POSTs whose head it read and those whose whole body it read (GET
-answers `<heads> <bodies>`), answers a POST with its body's length, and `/hang` never."""
+answers `<heads> <bodies>`), answers a POST with its body's length, `/hang` never, and
+`/trickle` with 10 bytes of 1000, then nothing."""
 
 
 @pytest.fixture(scope="module")
@@ -588,6 +596,19 @@ async def test_a_replica_that_never_answers_is_a_504_after_the_endpoints_timeout
     )
 
 
+async def test_a_response_still_running_at_the_request_timeout_is_cut(
+    cp: Controlplane, limits: str
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        asyncio.timeout(60),
+        session.get(_url(cp, limits, "trickle"), headers=_auth()) as response,
+    ):
+        assert response.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+
+
 async def test_the_time_held_through_a_cold_start_counts_toward_the_request_timeout(
     cp: Controlplane,
 ) -> None:
@@ -633,6 +654,17 @@ async def test_a_client_that_sends_its_head_slowly_gets_408(cp: Controlplane, li
         b"the request's line and headers did not arrive within 1 s"
         b" (endpointsHeaderTimeoutSeconds)\n"
     )
+
+
+async def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(
+    cp: Controlplane, limits: str
+) -> None:
+    async with _front(cp, header_timeout_s=1) as (host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        async with asyncio.timeout(30):
+            said = await reader.read()  # to the end of the connection
+        writer.close()
+    assert said == b"", "nothing to answer: no 408"
 
 
 async def test_an_idle_keep_alive_connection_is_closed_by_the_front(
