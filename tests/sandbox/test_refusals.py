@@ -165,6 +165,32 @@ def test_secret_data_must_be_base64(
     refused(404, lambda: core.read_namespaced_secret(name, namespace))
 
 
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("%%", "illegal base64 data at input byte 0"),
+        (
+            5,
+            "json: cannot unmarshal number into Go struct field ConfigMap.binaryData "
+            "of type []uint8",
+        ),
+    ],
+    ids=["not-base64", "not-a-string"],
+)
+def test_config_map_binary_data_must_be_base64_too(
+    http: Http, namespace: str, value: Any, problem: str
+) -> None:
+    """Over raw HTTP: the official client would refuse a number before sending it."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    body = {"metadata": {"name": "c"}, "binaryData": {"b": value}}
+    answer = http("POST", path, body=body)
+    assert answer.status == 400
+    assert json.loads(answer.data)["message"] == (
+        f'ConfigMap in version "v1" cannot be handled as a ConfigMap: {problem}'
+    )
+    assert http("GET", path + "/c").status == 404
+
+
 def test_bad_secret_data_in_a_replace_or_a_patch_changes_nothing(core: Api, namespace: str) -> None:
     name = unique("s")
     core.create_namespaced_secret(namespace, secret(name, {"k": "b2xk"}))
