@@ -28,6 +28,13 @@ PORT_CONNECTED_HEADER = "levers9-port-connected"
 """Initial metadata of `WorkerService/PortForward` once the worker has connected to the task's
 port (and passed on by a gateway that relays the stream): a stream that fails without it never
 delivered a byte to the task, so what it carried can go to another replica."""
+WORK_ROOT = "/var/lib/levers9/work"
+"""The node path under which each agent keeps its work dir (`<worker-id>/`) unless
+`LEVERS9_WORK_DIR` names one: tasks' output and results, the runc root (`runc/`), a record per
+container (`containers/`) and the agent's own pid (`agent.json`). An agent started again for the
+same worker adopts what is there; `levers9 dev down` finds what a killed agent left."""
+AGENT_FILE = "agent.json"
+"""In the work dir: the agent's pid and start time (in clock ticks, /proc/<pid>/stat's 22nd)."""
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from levers9.contract import AGENT_FILE, WORK_ROOT
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
 from levers9.worker.cdi import DRIVER_ROOT, CdiError
@@ -96,6 +98,8 @@ class Agent:
                 defaults=settings.task_defaults(),
                 task_host=settings.task_host(),
             )
+            # Before serving: GetTask answers for what an agent before this one left running.
+            await tasks.adopt()
             tunnel: TunnelClient | None = None
             if settings.tunnel:
                 # A short private path: a unix socket's name has a 107-byte limit.
@@ -204,10 +208,16 @@ class Agent:
         return runtime, ""
 
     def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:
-        if self._settings.work_dir is not None:
-            self._settings.work_dir.mkdir(parents=True, exist_ok=True)
-            return self._settings.work_dir
-        return Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="levers9-worker-")))
+        """`LEVERS9_WORK_DIR`, else this worker's under the node's WORK_ROOT (removed when the
+        agent ends cleanly: its tasks are stopped by then). Either way an agent started after a
+        killed one finds what it left there (`TaskManager.adopt`)."""
+        work_dir = self._settings.work_dir
+        if work_dir is None:
+            work_dir = self._paths.map(WORK_ROOT) / self._settings.worker_id
+            cleanup.callback(_remove_if_idle, work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
+        (work_dir / AGENT_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _ticks()}))
+        return work_dir
 
     async def _gpu_product(self, smi: NvidiaSmi | None, visible: Sequence[int]) -> str:
         """The cards' name from nvidia-smi, else what the environment says, else ""."""
@@ -231,6 +241,18 @@ async def _until(stop: asyncio.Event, registering: asyncio.Task[None]) -> None:
         stopped.cancel()
     if registering.done() and not stop.is_set():
         registering.result()
+
+
+def _remove_if_idle(work_dir: Path) -> None:
+    """Removes the work dir unless a container's record is left in it (one this agent did not
+    end: it failed to start, say, before adopting what the one before it left)."""
+    if not any((work_dir / "containers").glob("*.json")):
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _ticks() -> int:
+    """This process's start time, in clock ticks since boot (a pid is ours while it matches)."""
+    return int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
 
 
 def _version() -> str:

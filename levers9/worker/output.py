@@ -19,12 +19,18 @@ TAIL_BYTES = 8 * 1024
 class TaskOutput:
     """Append-only output of one task (see module doc)."""
 
-    def __init__(self, path: Path, tail_bytes: int = TAIL_BYTES) -> None:
+    def __init__(self, path: Path, tail_bytes: int = TAIL_BYTES, *, resume: bool = False) -> None:
+        """`resume`: carries on the file an agent before this one wrote (its bytes kept, the
+        tail read back from it); else starts it empty."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._file = path.open("wb")
-        self._size = 0
+        self._file = path.open("ab" if resume else "wb")
+        self._size = self._file.tell()
         self._tail = bytearray()
+        if self._size:
+            with path.open("rb") as reader:
+                reader.seek(max(self._size - tail_bytes, 0))
+                self._tail += reader.read(tail_bytes)
         self._tail_bytes = tail_bytes
         self._closed = False
         self._changed = asyncio.Event()

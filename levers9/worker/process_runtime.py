@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from levers9.worker.driver import DriverSetup
@@ -42,6 +42,7 @@ class ProcessContainer:
     host = HOST
     image = None
     oom_killed = False
+    lost = ""
 
     def __init__(
         self,
@@ -141,6 +142,15 @@ class ProcessRuntime:
             )
         except OSError as error:
             raise StartError(str(error)) from None
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        """None: a process's exit status went with the agent that was its parent."""
+        return None
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        return []
 
 
 def _kill_group(pid: int, sig: signal.Signals) -> None:

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import time
 import tty as termios_tty
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,13 +53,13 @@ from levers9.worker.images import (
     PulledImage,
 )
 from levers9.worker.runtime import (
+    OUTPUT_CHUNK,
     Container,
     ContainerSpec,
     ImageUnavailable,
     StartError,
     drain,
     exec_stdio,
-    pump_output,
     visible_devices,
 )
 
@@ -69,6 +69,18 @@ HOST = "runc"
 TASK_MOUNT = "/levers9"
 """The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
 RUNNING_WITHIN_S = 30.0
+SHIM = (
+    'log=$1 code=$2; shift 2; "$@" </dev/null >>"$log" 2>&1; echo $? >"$code.tmp"'
+    ' && mv "$code.tmp" "$code"'
+)
+"""Each container's shim (`sh -c SHIM levers9-shim LOG EXIT runc ... run ...`): `runc run` in
+the foreground, the container's output appended to LOG and its exit status written to EXIT,
+both where an agent started after this one finds them."""
+SHIM_POLL_S = 0.2
+"""How often an adopted container's shim (not our child) is looked for."""
+RELAY_POLL_S = (0.02, 0.25)
+"""How often the container's log is read for new output: from the first, doubling to the
+second while it is quiet."""
 """How long runc may take to create a container before the start is a failure."""
 NOFILE = 1_048_576
 SHM_DEFAULT_BYTES = 8 * 1024**3
@@ -246,52 +258,163 @@ def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
     return {"type": "bind", "source": source, "destination": destination, "options": options}
 
 
+@dataclass(frozen=True)
+class ContainerRecord:
+    """What an agent started in this runc root, kept as JSON beside it (`containers/<id>.json`)
+    so that an agent started after this one (this one SIGKILLed, say) can adopt the container:
+    follow its output, read its exit status, and clean up after it."""
+
+    task_id: str
+    bundle: Path
+    log: Path
+    """The container's stdout and stderr, as its shim appends them."""
+    exit: Path
+    """Its exit status, written by its shim once `runc run` returns."""
+    shim_pid: int
+    image_reference: str
+    image_digest: str
+    rootfs: Path
+
+    @property
+    def container_id(self) -> str:
+        return container_id(self.task_id)
+
+    def dump(self) -> str:
+        fields = dataclasses.asdict(self)
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
+
+    @classmethod
+    def load(cls, text: str) -> ContainerRecord:
+        raw = json.loads(text)
+        return cls(
+            task_id=str(raw["task_id"]),
+            bundle=Path(raw["bundle"]),
+            log=Path(raw["log"]),
+            exit=Path(raw["exit"]),
+            shim_pid=int(raw["shim_pid"]),
+            image_reference=str(raw["image_reference"]),
+            image_digest=str(raw["image_digest"]),
+            rootfs=Path(raw["rootfs"]),
+        )
+
+
+def container_id(task_id: str) -> str:
+    return f"l9-{task_id}"
+
+
 class RuncContainer:
-    """One task's running container."""
+    """One task's container, started by this agent (its shim a child of ours) or adopted from
+    an agent before it (its shim a process we can only watch)."""
 
     host = HOST
 
     def __init__(
         self,
         runtime: RuncRuntime,
-        task_id: str,
-        container_id: str,
-        process: asyncio.subprocess.Process,
-        pump: asyncio.Task[None],
+        record: ContainerRecord,
         image: PulledImage,
+        shim: asyncio.subprocess.Process | None,
+        output: Callable[[bytes], None],
+        offset: int,
         release: contextlib.ExitStack,
     ) -> None:
-        self.id = container_id
-        self.task_id = task_id
+        self.id = record.container_id
+        self.task_id = record.task_id
         self.image = image
         self.oom_killed = False
+        self.lost = ""
         self._runtime = runtime
-        self._process = process
-        self._pump = pump
+        self._record = record
+        self._shim = shim
         self._release = release
-        self._code: int | None = None
+        self._exited = asyncio.create_task(self._shim_gone(), name=f"{self.id}-shim")
+        self._relay = asyncio.create_task(
+            _relay(record.log, offset, output, self._exited), name=f"{self.id}-output"
+        )
+        self._ending: asyncio.Task[int] | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.done()
 
     async def wait(self) -> int:
-        if self._code is not None:
-            return self._code
-        code = await self._process.wait()
-        await drain(self._pump)
-        self.oom_killed = oom_killed(self.task_id)
-        await self._runtime._remove(self.id)
-        self._release.close()
-        self._code = 128 - code if code < 0 else code
-        return self._code
+        if self._ending is None:
+            self._ending = asyncio.create_task(self._end(), name=f"{self.id}-end")
+        return await asyncio.shield(self._ending)
 
     async def stop(self, grace_s: float) -> int:
         """SIGTERM to every process of the container (not only its PID 1, which may ignore it,
         as a shell does), SIGKILL to every one once `grace_s` is over; returns once none is left."""
-        if self._process.returncode is None:
+        if not self._exited.done():
             await self._runtime._signal(self.id, signal.SIGTERM)
             try:
-                await asyncio.wait_for(asyncio.shield(self._process.wait()), max(grace_s, 0))
+                await asyncio.wait_for(asyncio.shield(self._exited), max(grace_s, 0))
             except TimeoutError:
                 await self._runtime._signal(self.id, signal.SIGKILL)
         return await self.wait()
+
+    async def _shim_gone(self) -> None:
+        if self._shim is not None:
+            await self._shim.wait()
+            return
+        # Not our child: no wait() to be had, only /proc to look at.
+        while _shim_alive(self._record.shim_pid, self.id):  # noqa: ASYNC110
+            await asyncio.sleep(SHIM_POLL_S)
+
+    async def _end(self) -> int:
+        await self._exited
+        await drain(self._relay)
+        code = _exit_status(self._record.exit)
+        self.oom_killed = oom_killed(self.task_id)
+        await self._runtime._remove(self.id)
+        self._release.close()
+        self._runtime._forget(self.id)
+        if code is None:
+            # Its shim died before runc returned (killed with the agent's process group, say):
+            # the container was killed above, its status is not to be had.
+            self.lost = "the container's exit status was lost with its shim"
+            return 128 + signal.SIGKILL
+        return code
+
+
+async def _relay(
+    log_path: Path, offset: int, output: Callable[[bytes], None], exited: asyncio.Task[None]
+) -> None:
+    """The container's log file to `output`, from `offset`, as it grows; once the shim has
+    exited (nothing writes any more), to its end."""
+    pause = RELAY_POLL_S[0]
+    with log_path.open("rb") as reader:
+        reader.seek(offset)
+        while True:
+            done = exited.done()
+            chunk = reader.read(OUTPUT_CHUNK)
+            if chunk:
+                output(chunk)
+                pause = RELAY_POLL_S[0]
+                continue
+            if done:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(exited), pause)
+            pause = min(pause * 2, RELAY_POLL_S[1])
+
+
+def _shim_alive(pid: int, container: str) -> bool:
+    """Whether `pid` is still the container's shim (not gone, not a zombie, not reused)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False
+    state = stat.rpartition(")")[2].split()[:1]
+    return state not in (["Z"], ["X"], []) and container.encode() in cmdline.split(b"\0")
+
+
+def _exit_status(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 class RuncRuntime:
@@ -319,6 +442,8 @@ class RuncRuntime:
         held = cdi.node_cards(dev_root) if cards is None else cards
         self._cdi = cdi.generate(dev_root, driver_root, held)
         state_dir.mkdir(parents=True, exist_ok=True)
+        self._records = state_dir.parent / "containers"
+        self._records.mkdir(exist_ok=True)
         self.cdi_spec = cdi.write(self._cdi, state_dir.parent / "cdi")
 
     def _runc_argv(self, *args: str) -> list[str]:
@@ -354,7 +479,7 @@ class RuncRuntime:
         output: Callable[[bytes], None],
         release: contextlib.ExitStack,
     ) -> RuncContainer:
-        container_id = f"l9-{spec.task_id}"
+        name = container_id(spec.task_id)
         bundle = spec.work_dir.parent / "bundle"
         spec.work_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -383,17 +508,38 @@ class RuncRuntime:
         await self._overlay(image.rootfs, bundle)
         release.callback(_unmount, bundle / "rootfs")
         (bundle / "config.json").write_text(json.dumps(config))
-        process = await asyncio.create_subprocess_exec(
+        log_path, exit_path = spec.work_dir.parent / "container.log", spec.work_dir.parent / "exit"
+        exit_path.unlink(missing_ok=True)
+        log_path.write_bytes(b"")
+        shim = await asyncio.create_subprocess_exec(
+            "sh",
+            "-c",
+            SHIM,
+            "levers9-shim",
+            str(log_path),
+            str(exit_path),
             # --keep: its cgroup stays until _remove, an OOM kill is read there first.
-            *self._runc_argv("run", "--keep", "--bundle", str(bundle), container_id),
+            *self._runc_argv("run", "--keep", "--bundle", str(bundle), name),
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            # Its own session: neither a signal to the agent's group nor the agent's end
+            # reaches it; a restarted agent adopts the container (adopt).
             start_new_session=True,
         )
-        assert process.stdout is not None
-        pump = pump_output(process.stdout, output)
-        await self._running(container_id, process)
+        record = ContainerRecord(
+            task_id=spec.task_id,
+            bundle=bundle,
+            log=log_path,
+            exit=exit_path,
+            shim_pid=shim.pid,
+            image_reference=image.reference,
+            image_digest=image.digest,
+            rootfs=image.rootfs,
+        )
+        self._keep(record)
+        container = RuncContainer(self, record, image, shim, output, 0, release)
+        await self._running(container)
         log.info(
             "container started",
             task_id=spec.task_id,
@@ -402,25 +548,114 @@ class RuncRuntime:
             cached=image.cached,
             cards=list(spec.gpu_indices),
         )
-        return RuncContainer(self, spec.task_id, container_id, process, pump, image, release)
+        return container
 
-    async def _running(self, container_id: str, process: asyncio.subprocess.Process) -> None:
+    async def _running(self, container: RuncContainer) -> None:
         """Returns once runc has created the container (so `exec` finds it) or the container
         has already ended; `runc run` forks it a moment after it is spawned."""
         deadline = asyncio.get_running_loop().time() + RUNNING_WITHIN_S
-        while process.returncode is None:
-            state = await asyncio.create_subprocess_exec(
-                *self._runc_argv("state", container_id),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-            )
-            out, _ = await state.communicate()
-            if state.returncode == 0 and json.loads(out).get("status") in ("running", "stopped"):
+        while not container.exited:
+            if await self._status(container.id) in ("running", "stopped"):
                 return
             if asyncio.get_running_loop().time() > deadline:
-                await self._signal(container_id, signal.SIGKILL)
+                await container.stop(0)
                 raise StartError(f"runc did not create the container within {RUNNING_WITHIN_S} s")
             await asyncio.sleep(0.01)
+
+    async def _status(self, name: str) -> str:
+        """runc's word for the container ("created", "running", "stopped"), "" without one."""
+        state = await asyncio.create_subprocess_exec(
+            *self._runc_argv("state", name),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await state.communicate()
+        return str(json.loads(out).get("status", "")) if state.returncode == 0 else ""
+
+    # -- what an agent before this one left ------------------------------------------------
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        """The container an agent before this one started for the task, followed from here:
+        its output from `offset` of its log, its exit status once it ends; None when there is
+        no record of one."""
+        try:
+            record = ContainerRecord.load(self._record_path(container_id(task_id)).read_text())
+        except (OSError, ValueError, KeyError) as error:
+            log.info("no container to adopt", task_id=task_id, why=str(error))
+            return None
+        image = PulledImage(
+            reference=record.image_reference,
+            digest=record.image_digest,
+            rootfs=record.rootfs,
+            config=ImageConfig(),
+            cached=True,
+            bytes_pulled=0,
+        )
+        release = contextlib.ExitStack()
+        release.enter_context(self._images.in_use(record.image_digest))
+        release.callback(_unmount, record.bundle / "rootfs")
+        container = RuncContainer(self, record, image, None, output, offset, release)
+        log.info(
+            "container adopted",
+            task_id=task_id,
+            status=await self._status(record.container_id) or "gone",
+            shim_alive=not container.exited,
+        )
+        return container
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        """Kills and removes every container of this runc root, and what it left (cgroups, its
+        overlay, its record), but those of the tasks in `keep`; returns their tasks' ids."""
+        listed = await self._list()
+        recorded = {p.stem: p for p in self._records.glob("*.json")}
+        swept = []
+        for name in sorted(set(listed) | set(recorded)):
+            task_id = name.removeprefix("l9-")
+            if task_id in keep:
+                continue
+            bundle = listed.get(name)
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                bundle = bundle or ContainerRecord.load(recorded[name].read_text()).bundle
+            await self._signal(name, signal.SIGKILL)
+            await self._remove(name)
+            if bundle is not None:
+                await asyncio.to_thread(_unmount, bundle / "rootfs")
+            self._forget(name)
+            log.warning("container swept", task_id=task_id, bundle=str(bundle or ""))
+            swept.append(task_id)
+        return swept
+
+    async def _list(self) -> dict[str, Path | None]:
+        """The containers of this runc root, by id, with their bundles."""
+        listed = await asyncio.create_subprocess_exec(
+            *self._runc_argv("list", "--format", "json"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await listed.communicate()
+        try:
+            entries = json.loads(out or b"null") or []
+        except ValueError:
+            entries = []
+        return {
+            str(e["id"]): Path(e["bundle"]) if e.get("bundle") else None
+            for e in entries
+            if isinstance(e, dict) and e.get("id")
+        }
+
+    def _record_path(self, name: str) -> Path:
+        return self._records / f"{name}.json"
+
+    def _keep(self, record: ContainerRecord) -> None:
+        path = self._record_path(record.container_id)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(record.dump())
+        temporary.replace(path)
+
+    def _forget(self, name: str) -> None:
+        self._record_path(name).unlink(missing_ok=True)
 
     async def _runtime_config(self, image: PulledImage, bundle: Path) -> dict[str, Any]:
         """umoci's runtime config for the image (its user resolved in the cached root)."""

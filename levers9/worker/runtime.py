@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -78,6 +78,11 @@ class Container(Protocol):
         """Once it has exited: the kernel killed it for going over its memory limit."""
         ...
 
+    @property
+    def lost(self) -> str:
+        """Once it has exited: why its exit status is not known ("" when it is)."""
+        ...
+
     async def wait(self) -> int:
         """Its exit code once it has exited (128 + signal when killed)."""
         ...
@@ -107,6 +112,18 @@ class Runtime(Protocol):
         """Runs `command` in the running container's context, with stdin, stdout and stderr
         piped; with `terminal` (a pseudo-terminal's follower end), on that terminal instead.
         Raises StartError."""
+        ...
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        """The task's container as an agent before this one left it (running or ended), its
+        output from byte `offset` on to `output`; None when this runtime has none for it."""
+        ...
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        """Kills and removes every container this runtime finds left on the worker but those
+        of the tasks in `keep`; the ids of their tasks."""
         ...
 
 
@@ -185,3 +202,18 @@ class ByImage:
         if self._images is not None and container.host == self._images.host:
             return await self._images.exec(container, command, terminal)
         return await self._process.exec(container, command, terminal)
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        if self._images is not None:
+            adopted = await self._images.adopt(task_id, output, offset)
+            if adopted is not None:
+                return adopted
+        return await self._process.adopt(task_id, output, offset)
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        swept = await self._process.sweep(keep)
+        if self._images is not None:
+            swept += await self._images.sweep(keep)
+        return swept

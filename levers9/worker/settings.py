@@ -13,7 +13,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_WORKER_PORT` | WorkerService's port; ephemeral when unset (workers share nodes) |
 | `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
-| `LEVERS9_WORK_DIR` | task output and results; a fresh temporary directory when unset |
+| `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from google.protobuf import json_format
+
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
 from levers9.worker.output import TaskOutput
@@ -71,6 +73,10 @@ START_WAIT_S = 5.0
 CONNECT_TIMEOUT_S = 10.0
 TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
+ORPHANED = "the worker restarted and found its container without a record: killed"
+NO_CONTAINER = "the worker restarted and found no container of it"
+TASK_FILE = "task.json"
+"""In each task's directory: its spec, cards and latest status, for an agent started later."""
 
 STOP_GRACE_S = 10.0
 """A stopped task's grace between SIGTERM and SIGKILL when its spec names none (as `docker stop`):
@@ -323,6 +329,7 @@ class TaskManager:
         self._records[spec.task_id] = record
         self._idle_since = None
         log.info("task accepted", task_id=spec.task_id, gpu_indices=list(spec.gpu_indices))
+        _save(record)
         return record
 
     def _with_defaults(self, given: worker_pb2.TaskSpec) -> worker_pb2.TaskSpec:
@@ -352,6 +359,7 @@ class TaskManager:
             )
             return reason, detail
         record.cards = wanted
+        _save(record)
         return None
 
     def _claim_ports(self, record: TaskRecord) -> tuple[str, str] | None:
@@ -413,12 +421,16 @@ class TaskManager:
             detail = "cached" if pulled.cached else f"pulled {pulled.bytes_pulled} bytes"
             record.phase(IMAGE_PULL, detail=detail)
         record.phase(CONTAINER_START)
-        self._report(record.status())  # its record shows the start (runtime, image) at once
-        watcher = asyncio.create_task(self._watch(record, container), name=spec.task_id)
+        self._tell(record)  # its record shows the start (runtime, image) at once
+        self._follow(record, container)
+
+    def _follow(self, record: TaskRecord, container: Container) -> None:
+        """Watches the running container to its end, and probes its port until it is ready."""
+        watcher = asyncio.create_task(self._watch(record, container), name=record.task_id)
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
-        if spec.ports:
-            probe = asyncio.create_task(self._probe(record), name=f"{spec.task_id}-ready")
+        if record.spec.ports and not record.ready:
+            probe = asyncio.create_task(self._probe(record), name=f"{record.task_id}-ready")
             self._watchers.add(probe)
             probe.add_done_callback(self._watchers.discard)
 
@@ -434,7 +446,7 @@ class TaskManager:
                 record.ready = True
                 record.phase(CONTAINER_READY, detail=answer)
                 log.info("task ready", task_id=record.task_id, port=port, probe=answer)
-                self._report(record.status())
+                self._tell(record)
                 return
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(pause):
@@ -463,6 +475,8 @@ class TaskManager:
         record.result_json = self._result(record)
         if record.ending is not None:
             state, reason = record.ending
+        elif container.lost:
+            state, reason = LOST, container.lost
         elif code == 0:
             state, reason = SUCCEEDED, ""
         elif container.oom_killed:
@@ -503,8 +517,80 @@ class TaskManager:
             exit_code=record.exit_code,
             reason=reason,
         )
-        self._report(record.status())
+        self._tell(record)
         self._evict()
+
+    def _tell(self, record: TaskRecord) -> None:
+        """Keeps the task's record where a restarted agent finds it, and reports it."""
+        _save(record)
+        self._report(record.status())
+
+    # -- what an agent before this one left --------------------------------------------------
+
+    async def adopt(self) -> None:
+        """Takes over what an agent before this one (killed, say) left in the work dir: its
+        ended tasks as they ended (not reported again), its running tasks' containers (output
+        followed on, the end reported once it comes, their cards held until then), and kills
+        every container it finds no record of, or whose task it cannot follow, reporting those
+        tasks lost."""
+        adopted: dict[str, TaskRecord] = {}
+        orphaned: list[TaskRecord] = []
+        for saved in sorted(self._dir.glob(f"*/{TASK_FILE}")):
+            record = self._load(saved)
+            if record is None or record.task_id in self._records:
+                continue
+            self._records[record.task_id] = record
+            if record.state != RUNNING:
+                record.finished.set()
+                self._finished.append(record.task_id)
+                continue
+            container = await self._runtime.adopt(
+                record.task_id, record.output.write, record.output.size
+            )
+            if container is None:
+                orphaned.append(record)
+                continue
+            record.container = container
+            adopted[record.task_id] = record
+        for task_id in await self._runtime.sweep(keep=adopted):
+            if task_id not in self._records:
+                record = self._accept(worker_pb2.TaskSpec(task_id=task_id))
+                self._finish(record, LOST, ORPHANED)
+        for record in orphaned:
+            self._finish(record, LOST, NO_CONTAINER)
+        for record in adopted.values():
+            assert record.container is not None
+            log.info("task adopted", task_id=record.task_id, cards=list(record.cards))
+            self._follow(record, record.container)
+        self._idle_since = None if self.running else self._clock()
+
+    def _load(self, saved: Path) -> TaskRecord | None:
+        try:
+            kept = json.loads(saved.read_text())
+            spec = json_format.ParseDict(kept["spec"], worker_pb2.TaskSpec())
+            status = json_format.ParseDict(kept["status"], worker_pb2.TaskStatus())
+            cards = tuple(int(c) for c in kept.get("cards", ()))
+        except (OSError, ValueError, KeyError, TypeError, json_format.ParseError) as error:
+            log.warning("task record unreadable", path=str(saved), error=str(error))
+            return None
+        record = TaskRecord(
+            spec=spec,
+            directory=saved.parent,
+            output=TaskOutput(saved.parent / "output.log", resume=True),
+            host=status.host,
+            clock=self._clock,
+            state=status.state or RUNNING,
+            exit_code=status.exit_code,
+            result_json=status.result_json,
+            reason=status.reason,
+            phases=list(status.phases),
+            cards=cards if status.state == RUNNING else (),
+            image_digest=status.image_digest,
+            ready=status.ready,
+        )
+        if record.state != RUNNING:
+            record.output.close()
+        return record
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -529,6 +615,22 @@ class TaskManager:
             record = self._records.pop(victim)
             with contextlib.suppress(OSError):
                 shutil.rmtree(record.directory)
+
+
+def _save(record: TaskRecord) -> None:
+    """The task's spec, cards and status to its directory (replaced whole, never half-written)."""
+    status = record.status()
+    status.ClearField("log_tail")  # output.log holds it
+    kept = {
+        "spec": json_format.MessageToDict(record.spec),
+        "status": json_format.MessageToDict(status),
+        "cards": list(record.cards),
+    }
+    path = record.directory / TASK_FILE
+    temporary = path.with_suffix(".tmp")
+    with contextlib.suppress(OSError):  # its directory evicted meanwhile
+        temporary.write_text(json.dumps(kept))
+        temporary.replace(path)
 
 
 def _check_ports(spec: worker_pb2.TaskSpec) -> None:

@@ -194,11 +194,17 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
     assert started.returncode == 0, started.stderr
     task_id = started.stdout.strip()
 
+    seen: dict[str, Any] = {}
+
     async def ready() -> bool:
         got = await cp.cli("task", "get", task_id, "-o", "json")
-        return got.returncode == 0 and json.loads(got.stdout).get("ready") is True
+        seen.update(json.loads(got.stdout) if got.returncode == 0 else {})
+        return seen.get("ready") is True
 
-    await eventually(ready, within=WITHIN)
+    try:
+        await eventually(ready, within=WITHIN)
+    except TimeoutError:
+        pytest.fail(f"task {task_id} was never ready: {seen}")
     assert _port_taken(port)
     cancelled = await cp.cli("task", "cancel", task_id)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr

@@ -4,7 +4,7 @@ the process runtime, and a recording gateway."""
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,8 @@ from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.supervisor import TaskManager
+from sandbox.registries import LocalRegistry, push_layout
+from sandbox.task_images import build_busybox
 from tests.worker.kit import TOKEN
 from tests.worker.recording_gateway import RecordingGateway
 
@@ -60,6 +62,16 @@ async def served(tmp_path: Path) -> AsyncIterator[ServedWorker]:
         await tasks.shutdown(grace_s=1)
         await channel.close()
         await server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegistry, str]]:
+    """A registry on 127.0.0.1 holding the busybox task image; its reference."""
+    with LocalRegistry(tmp_path_factory.mktemp("registry")) as registry:
+        layout = tmp_path_factory.mktemp("build") / "layout"
+        build_busybox(layout, "bb", marker="runc")
+        push_layout(layout, f"{registry.address}/tasks/busybox:bb", "bb")
+        yield registry, f"{registry.address}/tasks/busybox:bb"
 
 
 @pytest.fixture

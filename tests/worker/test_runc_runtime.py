@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime, cgro
 from levers9.worker.runtime import ContainerSpec, StartError
 from levers9.worker.supervisor import TaskManager
 from sandbox.cluster.kubelet import make_device_nodes
-from sandbox.registries import LocalRegistry, push_layout
-from sandbox.task_images import build_busybox
+from sandbox.registries import LocalRegistry
 from tests.waiting import eventually
 
 pytestmark = [
@@ -32,15 +30,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)"),
 ]
 AGENT_SECRET = "l9w1.the-agents-own-token"
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegistry, str]]:
-    with LocalRegistry(tmp_path_factory.mktemp("registry")) as registry:
-        layout = tmp_path_factory.mktemp("build") / "layout"
-        build_busybox(layout, "bb", marker="runc")
-        push_layout(layout, f"{registry.address}/tasks/busybox:bb", "bb")
-        yield registry, f"{registry.address}/tasks/busybox:bb"
 
 
 @pytest.fixture
