@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.worker import Interceptor, Worker
 
 import levers9
+from activities.joined_pools import LoadJoinedPools
 from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
@@ -27,6 +28,7 @@ from levers9 import logs, telemetry
 from levers9.cluster_records import joined_clusters
 from levers9.clusters import ClusterState, pool_block
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
+from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
 from levers9.gateway.endpoint_proxy import EndpointProxy, FrontLimits, TemporalEndpointBook
 from levers9.gateway.records import TemporalWorkerRecords
@@ -107,7 +109,8 @@ def serving(
     log = logs.get_logger("levers9.controlplane")
 
     async def joined(state: ClusterState) -> None:
-        """A cluster's agent connected here for the first time: its pool, loaded now."""
+        """A joined cluster's pool, loaded now: its agent connected here for the first time, or
+        a call here named it (its agent's session held by another replica)."""
         name = state.spec.name
         if name in clients.names() and not clients.joined(name):
             # The values define this pool: the join never takes it (its schedule, workers and
@@ -128,7 +131,16 @@ def serving(
         caches.add(name)
         await ensure_reconcile_schedule(client, name, settings)
 
-    clusters = ClusterHub(TemporalClusterRecords(client), secret, on_joined=joined)
+    relaying = replicas(settings)
+    clusters = ClusterHub(
+        TemporalClusterRecords(client),
+        secret,
+        on_joined=joined,
+        routes=TemporalClusterRoutes(client, settings.task_queue),
+        replicas=relaying,
+        replica_address=settings.replica_gateway(),
+        operator_generation=settings.operator_token_generation,
+    )
     clients.set_joined(clusters.url)
     tunnels = TunnelHub(
         secret,
@@ -142,7 +154,7 @@ def serving(
         workflows=WORKFLOWS,
         workflow_runner=RUNNER,
         activities=controlplane_activities(clients, client, settings, tunnels, caches),
-        interceptors=interceptors,
+        interceptors=[*interceptors, LoadJoinedPools(clients.loaded, clusters.load)],
         graceful_shutdown_timeout=graceful_shutdown,
     )
     replica = Worker(
@@ -158,7 +170,7 @@ def serving(
         secret,
         tasks=tasks,
         tunnels=tunnels,
-        replicas=replicas(settings),
+        replicas=relaying,
         tunnelled=tunnelled,
         clusters=clusters,
         operator_generation=settings.operator_token_generation,

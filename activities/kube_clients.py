@@ -164,6 +164,10 @@ class KubeClients:
         except KeyError:
             raise UnknownPool(name) from None
 
+    def loaded(self, name: str) -> bool:
+        """Pool `name` is loaded here (from the values, or joined)."""
+        return name in self._pools
+
     def joined(self, name: str) -> bool:
         """Pool `name` was joined (`levers9 cluster join`); False for an unknown one."""
         pool = self._pools.get(name)

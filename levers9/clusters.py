@@ -218,3 +218,30 @@ def manifests(
             },
         },
     ]
+
+
+CLUSTER_SESSION_WORKFLOW = "ClusterSessionWorkflow"
+
+
+class ClusterRoute(BaseModel):
+    """Which controlplane replica holds a joined cluster's agent session: its own task queue,
+    where the other replicas reach its gateway (`replicaAddress`), and which session."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_queue: str
+    replica_address: str | None
+    session_id: str
+
+
+class ClusterSessionInput(BaseModel):
+    """ClusterSessionWorkflow's input: the routes held, oldest first (carried across
+    continue-as-new)."""
+
+    name: str
+    routes: list[ClusterRoute] = Field(default_factory=list)
+    max_history_events: int = 2000
+
+
+def cluster_session_workflow_id(name: str) -> str:
+    return f"cluster-session:{name}"

@@ -7,6 +7,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from workflows.attach import AttachClusterWorkflow
 from workflows.cluster import ClusterWorkflow
+from workflows.cluster_session import ClusterSessionWorkflow
 from workflows.egress import EgressAllowlistWorkflow
 from workflows.endpoint import EndpointWorkflow
 from workflows.machine import MachineWorkflow
@@ -24,6 +25,7 @@ WORKFLOWS = [
     TaskWorkflow,
     EndpointWorkflow,
     ClusterWorkflow,
+    ClusterSessionWorkflow,
     EgressAllowlistWorkflow,
     ImageRecopyWorkflow,
     RemovePoolWorkflow,
@@ -45,6 +47,7 @@ __all__ = [
     "RUNNER",
     "WORKFLOWS",
     "AttachClusterWorkflow",
+    "ClusterSessionWorkflow",
     "ClusterWorkflow",
     "EgressAllowlistWorkflow",
     "EndpointWorkflow",

@@ -72,7 +72,13 @@ class Gateway:
         if heartbeat_seconds < 1:
             raise GatewayError(f"heartbeat_seconds must be at least 1, not {heartbeat_seconds}")
         self._service = GatewayService(
-            records, secret, heartbeat_seconds, tunnels, tunnelled, token_generation
+            records,
+            secret,
+            heartbeat_seconds,
+            tunnels,
+            tunnelled,
+            token_generation,
+            load_pool=clusters.load if clusters is not None else None,
         )
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
         self.clusters = clusters

@@ -66,13 +66,17 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         tunnels: TunnelHub | None = None,
         tunnelled: Mapping[str, bool] | None = None,
         token_generation: int = 1,
+        load_pool: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        """`load_pool`: loads a joined cluster's pool that `tunnelled` lacks (joined while
+        this replica ran, its agent's session held by another)."""
         self._records = records
         self._token_generation = token_generation
         self._secret = secret
         self._heartbeat_seconds = heartbeat_seconds
         self._tunnels = tunnels
         self._tunnelled = tunnelled
+        self._load_pool = load_pool
 
     async def Tunnel(
         self,
@@ -90,6 +94,12 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: gateway_pb2.RegisterRequest, context: Context
     ) -> gateway_pb2.RegisterResponse:
         async def register() -> gateway_pb2.RegisterResponse:
+            if (
+                self._load_pool is not None
+                and self._tunnelled is not None
+                and request.pool_name not in self._tunnelled
+            ):
+                await self._load_pool(request.pool_name)
             self._check_transport(request)
             tunnel = None
             if request.tunnel:

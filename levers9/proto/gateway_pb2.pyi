@@ -602,3 +602,27 @@ class JoinClusterResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JoinClusterResponse: _TypeAlias = JoinClusterResponse  # noqa: Y015
+
+@_typing.final
+class ClusterRelayData(_message.Message):
+    """One chunk of a relayed connection to a joined cluster's API; the first names the cluster."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_NAME_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    cluster_name: _builtins.str
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        cluster_name: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_name", b"cluster_name", "data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterRelayData: _TypeAlias = ClusterRelayData  # noqa: Y015

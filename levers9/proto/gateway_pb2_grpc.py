@@ -547,6 +547,11 @@ class ClustersStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
                 _registered_method=True)
+        self.RelayKube = channel.stream_stream(
+                '/levers9.v1.Clusters/RelayKube',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.FromString,
+                _registered_method=True)
 
 
 class ClustersServicer:
@@ -564,6 +569,15 @@ class ClustersServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RelayKube(self, request_iterator, context):
+        """Replica to replica, with the operator token: one connection to the cluster's API through
+        the agent session this replica holds (a replica that holds none relays its pool client's
+        connections here). FAILED_PRECONDITION when this replica holds no session of the cluster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClustersServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -576,6 +590,11 @@ def add_ClustersServicer_to_server(servicer, server):
                     servicer.ClusterTunnel,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
+            ),
+            'RelayKube': grpc.stream_stream_rpc_method_handler(
+                    servicer.RelayKube,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -632,6 +651,33 @@ class Clusters:
             '/levers9.v1.Clusters/ClusterTunnel',
             levers9_dot_proto_dot_gateway__pb2.TunnelFrame.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.TunnelFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RelayKube(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/levers9.v1.Clusters/RelayKube',
+            levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.ClusterRelayData.FromString,
             options,
             channel_credentials,
             insecure,

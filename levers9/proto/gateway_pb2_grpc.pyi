@@ -188,12 +188,22 @@ class ClustersStub:
     def __new__(cls, channel: _aio.Channel) -> ClustersAsyncStub: ...
     JoinCluster: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.JoinClusterRequest, _gateway_pb2.JoinClusterResponse]
     ClusterTunnel: _grpc.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]
+    RelayKube: _grpc.StreamStreamMultiCallable[_gateway_pb2.ClusterRelayData, _gateway_pb2.ClusterRelayData]
+    """Replica to replica, with the operator token: one connection to the cluster's API through
+    the agent session this replica holds (a replica that holds none relays its pool client's
+    connections here). FAILED_PRECONDITION when this replica holds no session of the cluster.
+    """
 
 @_typing.type_check_only
 class ClustersAsyncStub(ClustersStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     JoinCluster: _aio.UnaryUnaryMultiCallable[_gateway_pb2.JoinClusterRequest, _gateway_pb2.JoinClusterResponse]  # type: ignore[assignment]
     ClusterTunnel: _aio.StreamStreamMultiCallable[_gateway_pb2.TunnelFrame, _gateway_pb2.TunnelFrame]  # type: ignore[assignment]
+    RelayKube: _aio.StreamStreamMultiCallable[_gateway_pb2.ClusterRelayData, _gateway_pb2.ClusterRelayData]  # type: ignore[assignment]
+    """Replica to replica, with the operator token: one connection to the cluster's API through
+    the agent session this replica holds (a replica that holds none relays its pool client's
+    connections here). FAILED_PRECONDITION when this replica holds no session of the cluster.
+    """
 
 class ClustersServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -209,5 +219,16 @@ class ClustersServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_gateway_pb2.TunnelFrame],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.TunnelFrame], _abc.AsyncIterator[_gateway_pb2.TunnelFrame]]: ...
+
+    @_abc_1.abstractmethod
+    def RelayKube(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.ClusterRelayData],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.ClusterRelayData], _abc.AsyncIterator[_gateway_pb2.ClusterRelayData]]:
+        """Replica to replica, with the operator token: one connection to the cluster's API through
+        the agent session this replica holds (a replica that holds none relays its pool client's
+        connections here). FAILED_PRECONDITION when this replica holds no session of the cluster.
+        """
 
 def add_ClustersServicer_to_server(servicer: ClustersServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -33,6 +34,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.kube_clients import KubeClients
 from levers9.config import ControlplaneSettings
+from levers9.gateway.cluster_relay import RELAY_OPENED, relay_metadata
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.temporal import list_worker_records
 from levers9.tokens import operator_token
@@ -264,3 +266,34 @@ async def test_the_agents_rbac_denies_what_the_join_did_not_grant(plane: Plane) 
     nodes = await asyncio.to_thread(http.request, "DELETE", f"{url}/api/v1/nodes/any")
     assert nodes.status == 403
     _ = base64
+
+
+async def test_relay_kube_serves_another_replica_with_the_operator_token(plane: Plane) -> None:
+    """`Clusters/RelayKube`, as a replica without the agent's session calls this one (which
+    holds it): one HTTP connection to the cluster's API; refused without the operator token,
+    and for a cluster whose session is not held here."""
+    address = plane.settings.gateway_advertised_address
+    request = b"GET /api/v1/namespaces/levers9/pods HTTP/1.1\r\n"
+    request += b"Host: k\r\nConnection: close\r\n\r\n"
+
+    async def relay(token: str, cluster: str) -> aio.StreamStreamCall[Any, Any]:
+        call = gateway_pb2_grpc.ClustersStub(channel).RelayKube(
+            metadata=relay_metadata(token, "tq-other-replica")
+        )
+        # No half-close: HTTP clients keep their side open until the answer (`Connection:
+        # close` makes the agent's proxy end it, which ends the call).
+        await call.write(gateway_pb2.ClusterRelayData(cluster_name=cluster, data=request))
+        return call
+
+    async with aio.insecure_channel(address) as channel:
+        served = await relay(operator_token(TOKEN_SECRET), NAME)
+        assert (await served.initial_metadata()).get(RELAY_OPENED) == "1"
+        answer = b"".join([m.data async for m in served])
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert b'"kind":"PodList"' in answer.replace(b" ", b"")
+        for token, cluster, code in (
+            ("not-the-operator-token", NAME, grpc.StatusCode.UNAUTHENTICATED),
+            (operator_token(TOKEN_SECRET), "elsewhere", grpc.StatusCode.FAILED_PRECONDITION),
+        ):
+            refused = await relay(token, cluster)
+            assert await refused.code() == code, await refused.details()

@@ -7,7 +7,8 @@ settings (same gateway port, same replica id), as Kubernetes restarts a crashed 
 
 With `replicas=2`, two worker_main processes (replica ids `a`, `b`, a gateway port each) serve
 one Temporal server and task queue, behind a `Balancer` that plays the gateway's Service:
-workers dial it, and each new connection goes to the next replica that accepts it.
+workers dial it, and each new connection goes to the next replica that accepts it. With
+`pools=False` the values define no pool (a cluster joined later is the only one).
 """
 
 from __future__ import annotations
@@ -153,6 +154,8 @@ class World:
     """By replica id, with replicas=2 (`controlplane` is replica `a`)."""
     gateways: dict[str, str] = field(default_factory=dict)
     """Each replica's own gateway address, by replica id."""
+    balancer: str | None = None
+    """The Balancer's address (the gateway's Service), with replicas=2."""
 
     def __post_init__(self) -> None:
         self.task_runs = self.directory / "task-runs"
@@ -223,10 +226,10 @@ class World:
 
 @asynccontextmanager
 async def world(
-    directory: Path, *, tunnel: bool = False, replicas: int = 1, **settings: str
+    directory: Path, *, tunnel: bool = False, replicas: int = 1, pools: bool = True, **settings: str
 ) -> AsyncIterator[World]:
     """The dev server and worker_main started (and stopped afterwards), on a sandbox; with
-    `replicas=2`, two of them behind a Balancer."""
+    `replicas=2`, two of them behind a Balancer; with `pools=False`, values without a pool."""
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     key_file = directory / "gke-sa.json"
     running = await start(quick_scenario(), directory / "sandbox", controlplane_key=key_file)
@@ -237,6 +240,9 @@ async def world(
         key_json=key_file.read_text(),
         tunnel=tunnel,
     )
+    if not pools:
+        values = [directory / "values.yaml"]
+        values[0].write_text("config:\n  worker:\n    pools: {}\n")
     temporal_port, gateway_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -310,6 +316,7 @@ async def world(
         ),
         replicas=processes,
         gateways=gateways,
+        balancer=balancer.address if balancer is not None else None,
     )
     try:
         temporal.start()
