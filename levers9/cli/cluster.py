@@ -185,33 +185,49 @@ def leave(
     except LookupError as exc:
         fail([str(exc)])
         raise typer.Exit(1) from None
-    if owned:
-        kinds = [("namespace", namespace)]
-    else:  # the values' pool may run in that namespace: only the agent's own objects
-        kinds = [
-            (f"{kind} -n {namespace}", AGENT_NAME)
-            for kind in ("deployment", "secret", "rolebinding", "role", "serviceaccount")
-        ]
-    kinds += [
-        ("clusterrolebinding", f"{AGENT_NAME}-{name}"),
-        ("clusterrole", f"{AGENT_NAME}-{name}"),
-    ]
+    # What join installed, by name; the namespace only once nothing else is in it (a values
+    # pool's workers may live there, or whatever the cluster's owner put there before).
     commands = [
-        ["kubectl", "delete", *kind.split(), obj, "--ignore-not-found"] for kind, obj in kinds
+        ["kubectl", "delete", "-n", namespace, kind, AGENT_NAME, "--ignore-not-found"]
+        for kind in ("deployment", "secret", "rolebinding", "role", "serviceaccount")
+    ] + [
+        ["kubectl", "delete", kind, f"{AGENT_NAME}-{name}", "--ignore-not-found"]
+        for kind in ("clusterrolebinding", "clusterrole")
     ]
     if not apply:
+        lines = ["  " + " ".join(c) for c in commands]
+        if owned:
+            lines.append(
+                f"  kubectl delete namespace {namespace}   # only if nothing else runs there:"
+                f" kubectl get all -n {namespace}"
+            )
         console.print(
-            f"cluster {name} left; remove what join installed there:\n"
-            + "\n".join("  " + " ".join(c) for c in commands),
+            f"cluster {name} left; remove what join installed there:\n" + "\n".join(lines),
             highlight=False,
         )
         return
     for command in commands:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            fail([f"{' '.join(command)}: {done.stderr.strip()}"])
-            raise typer.Exit(1)
-    console.print(f"cluster {name} left, and what join installed deleted", highlight=False)
+        _kubectl(command)
+    others = _kubectl(
+        ["kubectl", "get", "-n", namespace, "deployments,jobs,pods,secrets", "-o", "name"]
+    ).split()
+    if owned and not others:
+        _kubectl(["kubectl", "delete", "namespace", namespace, "--ignore-not-found"])
+        console.print(f"cluster {name} left, and what join installed deleted", highlight=False)
+        return
+    console.print(
+        f"cluster {name} left, and what join installed deleted; namespace {namespace} kept"
+        + (f": {len(others)} other objects in it ({', '.join(others[:3])}...)" if others else ""),
+        highlight=False,
+    )
+
+
+def _kubectl(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        fail([f"{' '.join(command)}: {done.stderr.strip()}"])
+        raise typer.Exit(1)
+    return done.stdout
 
 
 async def _leave(settings: ControlplaneSettings, name: str) -> tuple[str, bool]:

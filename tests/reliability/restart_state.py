@@ -90,7 +90,7 @@ def endpoint_url(w: World, path: str = "") -> str:
     return f"http://{listen}/{ENDPOINT}/{path}"
 
 
-async def _available(w: World, pool: str) -> list[str]:
+async def available(w: World, pool: str) -> list[str]:
     records = await list_worker_records(w.settings, pool, include_ended=False)
     return [r.worker_id for r in records if r.state == "available"]
 
@@ -118,7 +118,7 @@ async def join(w: World) -> None:
     await _kubectl_apply(w, done.stdout)
 
     async def one_worker() -> bool:
-        return len(await _available(w, JOINED)) == 1
+        return len(await available(w, JOINED)) == 1
 
     await eventually(one_worker, within=WITHIN)
 
@@ -201,7 +201,7 @@ async def came_back(w: World, before: Made) -> None:
 
     machines = await list_machine_records(w.settings, JOINED)
     assert [m.node_name for m in machines] == [JOINED_NODE]
-    assert len(await _available(w, JOINED)) == 1
+    assert len(await available(w, JOINED)) == 1
     again = f"after{uuid.uuid4().hex[:6]}"
     await _submit(w, JOINED, again, 0)
 
