@@ -50,7 +50,7 @@ from levers9.cli.runtime import state_home
 from levers9.config import ControlplaneSettings
 from levers9.files import write_private
 from levers9.tokens import operator_token
-from sandbox import aws, devvalues, pki, registries, task_images, worker_image
+from sandbox import aws, devvalues, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
@@ -652,8 +652,16 @@ class DevStack:
             for p in pollers
         )
 
+    def find_strays(self) -> list[strays.Stray]:
+        """What the stack's worker agents left that no running agent looks after (containers,
+        their cgroups, mounts; with the stack down, agents too): `sandbox.strays`."""
+        sandbox = self.records().get("sandbox")
+        running = sandbox is not None and is_running(sandbox)
+        return strays.find(self.sandbox_dir, stack_running=running)
+
     def down(self, progress: Progress) -> list[str]:
-        """Stops the recorded processes, the Temporal worker first; returns their names."""
+        """Stops the recorded processes, the Temporal worker first, then removes what their
+        agents left (a container outlives an agent that was killed); returns their names."""
         records = self.records()
         stopped = []
         for name in STOP_ORDER:
@@ -666,6 +674,9 @@ class DevStack:
             self.records_file.unlink()
         with contextlib.suppress(FileNotFoundError):
             self.env_file.unlink()
+        found = strays.find(self.sandbox_dir, stack_running=False)
+        for left in strays.remove(self.sandbox_dir, found, progress) if found else []:
+            progress(f"could not remove stray {left.kind} {left.name} ({left.where})")
         return stopped
 
 

@@ -122,7 +122,8 @@ def down() -> None:
 
 
 def _print_status(stack: DevStack, output: Output) -> None:
-    rows = [
+    """The stack's processes, then any strays (in JSON, rows of component `stray`)."""
+    rows: list[dict[str, object]] = [
         {
             "component": record.name,
             "pid": record.pid,
@@ -132,18 +133,30 @@ def _print_status(stack: DevStack, output: Output) -> None:
         }
         for record in stack.records().values()
     ]
-    render(
-        rows,
-        [
-            ("component", "COMPONENT"),
-            ("pid", "PID"),
-            ("state", "STATE"),
-            ("address", "ADDRESS"),
-            ("log", "LOG"),
-        ],
-        output,
-        title="levers9 dev",
-    )
+    strays = [{"component": "stray", **s.row()} for s in stack.find_strays()]
+    if output is Output.json:
+        render([*rows, *strays], [], output)
+        return
+    if rows:
+        render(
+            rows,
+            [
+                ("component", "COMPONENT"),
+                ("pid", "PID"),
+                ("state", "STATE"),
+                ("address", "ADDRESS"),
+                ("log", "LOG"),
+            ],
+            output,
+            title="levers9 dev",
+        )
+    if strays:
+        render(
+            strays,
+            [("kind", "KIND"), ("name", "NAME"), ("pid", "PID"), ("where", "WHERE")],
+            output,
+            title="strays: left by worker agents, removed by levers9 dev down",
+        )
 
 
 @app.command()
@@ -151,7 +164,11 @@ def status(output: Annotated[Output, typer.Option("-o", "--output")] = Output.ta
     """Say what runs where."""
     stack = DevStack()
     if not stack.records():
-        console.print("nothing is running; start it with `levers9 dev up`")
+        found = stack.find_strays()
+        if output is Output.table or not found:
+            console.print("nothing is running; start it with `levers9 dev up`")
+        if found:
+            _print_status(stack, output)
         raise typer.Exit(0)
     _print_status(stack, output)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -31,6 +32,7 @@ from kubernetes import client as k8s
 from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
+from levers9.worker.runc_runtime import cgroup_dirs
 from sandbox import aws, registries, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
@@ -151,6 +153,21 @@ def test_until_attach_reconcile_is_refused_and_attach_fixes_it(dev: Dev) -> None
         time.sleep(0.5)
     line = next(x for x in log.read_text().splitlines() if refused in x)
     assert "403" in line
+    done = _attach(dev)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "authorized networks: updated" in done.stdout
+    assert "firewall rule levers9-controlplane-to-demo: created" in done.stdout
+    access = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()
+    assert f"{access['egressIp']}/32" in access["authorizedNetworks"]
+    gar = f"127.0.0.1:{_port(dev, '--gar-port')}"
+    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") is not None
+    # Reconcile is admitted now: workers come up on every machine.
+    listed = _workers_available(dev, within=90)
+    assert listed is None, f"workers not available after attach: {listed}"
+
+
+def _attach(dev: Dev) -> subprocess.CompletedProcess[str]:
+    """The issue's attach command, after `. .levers9/dev/env`."""
     script = Path(__file__).parents[2] / "deploy" / "gke" / "attach-gke-pool.sh"
     command = (
         f". {dev.home / '.levers9' / 'dev' / 'env'} && {script} --project demo"
@@ -162,26 +179,22 @@ def test_until_attach_reconcile_is_refused_and_attach_fixes_it(dev: Dev) -> None
         "LEVERS9": str(BIN / "levers9"),
     }
     env["PATH"] = f"{BIN}:{env['PATH']}"
-    done = subprocess.run(
+    return subprocess.run(
         ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=180
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "authorized networks: updated" in done.stdout
-    assert "firewall rule levers9-controlplane-to-demo: created" in done.stdout
-    access = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()
-    assert f"{access['egressIp']}/32" in access["authorizedNetworks"]
-    gar = f"127.0.0.1:{_port(dev, '--gar-port')}"
-    assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") is not None
-    # Reconcile is admitted now: workers come up on every machine.
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+
+def _workers_available(dev: Dev, within: float) -> str | None:
+    """None once the three workers are available; what `worker list` said last if not."""
+    deadline = time.monotonic() + within
+    while True:
         listed = dev.run("worker", "list", "-o", "json")
         rows = json.loads(listed.stdout) if listed.returncode == 0 else []
         if len(rows) == 3 and all(r["state"] == "available" for r in rows):
-            break
+            return None
+        if time.monotonic() > deadline:
+            return listed.stdout + listed.stderr
         time.sleep(1)
-    else:
-        raise AssertionError(f"workers not available after attach: {listed.stdout}")
 
 
 def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
@@ -351,3 +364,58 @@ def test_scenario_commands(dev: Dev) -> None:
     missing = dev.run("sandbox", "node", "remove", "no-such-node")
     assert missing.returncode == 1
     assert 'nodes "no-such-node" not found' in missing.stderr
+
+
+def test_down_removes_what_a_killed_agent_left_and_status_lists_it(dev: Dev) -> None:
+    """The last of the module (it takes the stack down): a task's agent SIGKILLed while its
+    container runs leaves that container running (its shim is in a session of its own); `dev
+    status` lists it as a stray, table and JSON, and `dev down` leaves no runc container, cgroup
+    or mount of the stack behind."""
+    if _workers_available(dev, within=5) is not None:
+        attached = _attach(dev)
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        assert _workers_available(dev, within=90) is None
+    started = dev.run("run", "--pool", "gke-rtx6000", "--detach", "--", "sleep", "1000")
+    assert started.returncode == 0, started.stderr
+    task_id = started.stdout.strip()
+    record: dict[str, object] = {}
+    deadline = time.monotonic() + 60
+    while record.get("state") != "running" and time.monotonic() < deadline:
+        got = dev.run("task", "get", task_id, "-o", "json")
+        record = json.loads(got.stdout) if got.returncode == 0 else {}
+        time.sleep(0.5)
+    assert record.get("state") == "running", record
+    assert record["host"] == "runc", "the dev pool's default image runs tasks in runc"
+    sandbox = dev.home / ".levers9" / "dev" / "sandbox"
+    [work] = sandbox.glob(f"nodes/*/var/lib/levers9/work/{record['worker_id']}")
+    agent = json.loads((work / "agent.json").read_text())["pid"]
+    os.kill(agent, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+    table = dev.run("dev", "status")
+    assert table.returncode == 0, table.stderr
+    assert f"l9-{task_id}" in table.stdout, table.stdout
+    rows = dev.processes()
+    strays = [r for r in rows if r["component"] == "stray"]
+    assert {"kind": "container", "name": f"l9-{task_id}"}.items() <= next(
+        r for r in strays if r["kind"] == "container"
+    ).items(), strays
+    assert any(r["kind"] == "mount" and str(work) in str(r["name"]) for r in strays), strays
+    assert cgroup_dirs(task_id), "the container runs on without its agent"
+
+    down = dev.run("dev", "down")
+    assert down.returncode == 0, down.stderr
+    assert f"removing stray container l9-{task_id}" in down.stdout
+    assert "could not remove" not in down.stdout, down.stdout
+    listed = subprocess.run(
+        ["runc", "--root", str(work / "runc"), "list", "-q"], capture_output=True, text=True
+    )
+    assert listed.stdout.split() == [], "no runc container of the stack is left"
+    assert cgroup_dirs(task_id) == [], "nor its cgroup, nor any process of it"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(dev.home) not in mounts, "no mount under the stack's state dir"
+    after = dev.run("dev", "status")
+    assert "nothing is running" in after.stdout
+    assert "stray" not in after.stdout

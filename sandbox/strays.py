@@ -1,0 +1,183 @@
+"""What the dev stack's worker agents left on this machine: `levers9 dev status` lists it,
+`levers9 dev down` removes it.
+
+Each agent keeps its work dir under its node's `WORK_ROOT` (levers9.contract), which the sandbox
+maps to `<state>/nodes/<node>/var/lib/levers9/work/<worker-id>/`: its runc root (`runc/`), a
+record per container (`containers/`), its tasks (`tasks/*/task.json`) and its pid and start time
+(`agent.json`). The containers' shims run in sessions of their own, so an agent that was
+SIGKILLed (the sandbox's kubelet does so to an agent slow to stop) leaves them running, with
+their cgroups (`/levers9/l9-<task>`) and their overlays.
+
+A stray is what no running agent looks after: an agent of a stack that is down, a container of
+a runc root whose agent is gone, the cgroup of a task of such a work dir, and any mount under
+the stack's state dir (overlays, FUSE volumes) but those in a running agent's work dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from levers9.contract import AGENT_FILE, WORK_ROOT
+from levers9.worker.runc_runtime import cgroup_dirs, remove_cgroups
+
+KILL_WITHIN_S = 10.0
+RUNC_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Stray:
+    kind: str
+    """"agent", "container", "cgroup" or "mount"."""
+    name: str
+    """Its pid, container id, cgroup directory or mount point."""
+    where: str
+    """The work dir (runc root) it was found in, or the mount's filesystem type."""
+    pid: int | None = None
+
+    def row(self) -> dict[str, object]:
+        return {"kind": self.kind, "name": self.name, "where": self.where, "pid": self.pid}
+
+
+@dataclass(frozen=True)
+class _WorkDir:
+    path: Path
+    agent: int | None
+    """The agent's pid while it runs (its start time matching), else None."""
+
+
+def find(state_dir: Path, *, stack_running: bool) -> list[Stray]:
+    """The strays of the stack whose sandbox keeps its state in `state_dir`; with the stack
+    down, its agents too (nothing of it should run)."""
+    strays: list[Stray] = []
+    work_dirs = _work_dirs(state_dir)
+    for work in work_dirs:
+        if work.agent is not None:
+            if stack_running:
+                continue
+            strays.append(Stray("agent", str(work.agent), str(work.path), work.agent))
+        containers = _containers(work.path)
+        strays += [Stray("container", name, str(work.path), pid) for name, pid in containers]
+        tasks = {name.removeprefix("l9-") for name, _ in containers} | _task_ids(work.path)
+        strays += [
+            Stray("cgroup", str(directory), str(work.path))
+            for task_id in sorted(tasks)
+            for directory in cgroup_dirs(task_id)
+        ]
+    tended = [w.path for w in work_dirs if w.agent is not None and stack_running]
+    strays += [
+        Stray("mount", point, kind)
+        for point, kind in _mounts_under(state_dir)
+        if not any(Path(point).is_relative_to(t) for t in tended)
+    ]
+    return strays
+
+
+def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]) -> list[Stray]:
+    """Kills and removes `strays` (found under `state_dir`): agents first (they would start
+    containers), then the containers, their cgroups, and the mounts (deepest first); returns
+    those still there."""
+    for stray in strays:
+        progress(f"removing stray {stray.kind} {stray.name} ({stray.where})")
+    for stray in strays:
+        if stray.kind == "agent" and stray.pid is not None:
+            _kill(stray.pid)
+    for stray in strays:
+        if stray.kind == "container":
+            runc = ["runc", "--root", str(Path(stray.where) / "runc")]
+            _run([*runc, "kill", "--all", stray.name, "KILL"])
+            _run([*runc, "delete", "--force", stray.name])
+            remove_cgroups(stray.name.removeprefix("l9-"))
+    for stray in strays:
+        if stray.kind == "cgroup":
+            remove_cgroups(Path(stray.name).name.removeprefix("l9-"))
+    for stray in sorted((s for s in strays if s.kind == "mount"), key=lambda s: -len(s.name)):
+        _run(["umount", "-l", stray.name])
+    removed = {(s.kind, s.name) for s in strays}
+    return [s for s in find(state_dir, stack_running=False) if (s.kind, s.name) in removed]
+
+
+def _work_dirs(state_dir: Path) -> list[_WorkDir]:
+    found = []
+    for path in sorted(state_dir.glob(f"nodes/*/{WORK_ROOT.lstrip('/')}/*")):
+        if path.is_dir():
+            found.append(_WorkDir(path, _running_agent(path / AGENT_FILE)))
+    return found
+
+
+def _running_agent(agent_file: Path) -> int | None:
+    try:
+        kept = json.loads(agent_file.read_text())
+        pid, start = int(kept["pid"]), int(kept["start"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return pid if _start_ticks(pid) == start else None
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _containers(work: Path) -> list[tuple[str, int | None]]:
+    """(id, pid) of every container in the work dir's runc root."""
+    if not (work / "runc").is_dir():
+        return []
+    listed = _run(["runc", "--root", str(work / "runc"), "list", "--format", "json"])
+    try:
+        entries = json.loads(listed or "null") or []
+    except ValueError:
+        return []
+    return [(str(e["id"]), int(e.get("pid") or 0) or None) for e in entries if e.get("id")]
+
+
+def _task_ids(work: Path) -> set[str]:
+    """The tasks the work dir holds a record of (their containers' cgroups are named so)."""
+    ids = {p.stem.removeprefix("l9-") for p in (work / "containers").glob("*.json")}
+    for saved in (work / "tasks").glob("*/task.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            ids.add(str(json.loads(saved.read_text())["spec"]["taskId"]))
+    return ids
+
+
+def _mounts_under(root: Path) -> list[tuple[str, str]]:
+    """(mount point, filesystem type) of every mount at or below `root`."""
+    prefix = str(root.resolve())
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")
+            kind = fields[fields.index("-") + 1]
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append((point, kind))
+    return found
+
+
+def _kill(pid: int) -> None:
+    start = _start_ticks(pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WITHIN_S
+    while start is not None and _start_ticks(pid) == start and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=RUNC_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout
