@@ -178,6 +178,24 @@ class Sandbox:
             namespace=namespace,
         )
 
+    async def crash(self) -> None:
+        """As the apiserver's process killed, its store (etcd) kept: the listener closed, every
+        open watch and connection cut where it stands, requests in flight never answered.
+        Nothing answers on the port until `serve_again()`."""
+        self.store.drop_watches(reset=True)
+        for site in list(self._runner.sites):
+            await site.stop()
+        server = self._runner.server
+        for handler in server.connections if server is not None else ():
+            if handler.transport is not None:
+                handler.transport.abort()
+
+    async def serve_again(self) -> None:
+        """After `crash()`: serves on the same port with the same certificate, as the
+        apiserver started again."""
+        site = web.SockSite(self._runner, _bind(self.port), ssl_context=_ssl_context(self.ca))
+        await site.start()
+
     async def close(self) -> None:
         await self._runner.cleanup()
 

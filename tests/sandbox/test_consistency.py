@@ -1,7 +1,8 @@
 """Watches and lists as a real apiserver serves them, through the official client and raw HTTP:
 events in resourceVersion order, bookmarks to resume from, `timeoutSeconds`, 410 Expired for a
 version older than the watch cache's window (count and age) or after a compaction, watch
-streams ended by an apiserver restart (`/_sandbox/watches/drop`), and paginated lists served
+streams ended by an apiserver restart (`/_sandbox/watches/drop`; `Sandbox.crash` also cuts every
+connection and closes the port until `serve_again`), and paginated lists served
 from one snapshot whose continue token expires."""
 
 from __future__ import annotations
@@ -224,6 +225,40 @@ def test_dropping_watches_gracefully_ends_their_streams(
     follower.join(10)
     assert not follower.is_alive(), "the stream ended long before its 60 s timeout"
     assert outcome == ["ADDED", "ended"]
+
+
+def test_a_crash_cuts_every_connection_and_serving_again_keeps_port_and_store(
+    tmp_path: Path,
+) -> None:
+    thread = SandboxThread()
+    thread.start()
+    try:
+        sandbox = thread.sandbox
+        ca = tmp_path / "ca.crt"
+        ca.write_bytes(sandbox.ca.ca_pem)
+        core: Api = client.CoreV1Api(api_client(sandbox.url, ca, sandbox.admin_token))
+        core.create_namespaced_pod("default", pod_manifest("kept"))
+        pool = urllib3.PoolManager(ca_certs=str(ca), retries=False)
+        headers = {"Authorization": f"Bearer {sandbox.admin_token}"}
+        watching = pool.request(
+            "GET",
+            f"{sandbox.url}/api/v1/namespaces/default/pods?watch=true",
+            headers=headers,
+            preload_content=False,
+            timeout=10,
+        )
+        chunks = watching.stream(1 << 16)
+        assert json.loads(next(chunks).splitlines()[0])["type"] == "ADDED"  # the watch is open
+        thread.run(sandbox.crash())
+        with pytest.raises(urllib3.exceptions.ProtocolError):
+            for _ in chunks:
+                pass
+        with pytest.raises(urllib3.exceptions.NewConnectionError, match="refused"):
+            pool.request("GET", f"{sandbox.url}/version", headers=headers, timeout=5)
+        thread.run(sandbox.serve_again())
+        assert [p.metadata.name for p in core.list_namespaced_pod("default").items] == ["kept"]
+    finally:
+        thread.stop()
 
 
 # -- lists -------------------------------------------------------------------------------------
