@@ -162,6 +162,7 @@ async def test_the_replica_without_the_session_reaches_the_cluster_through_the_h
     assert RELAYING in other_log
     assert f"replica={pair.gateways[holder]}" in other_log
     assert "cluster agent connected" not in other_log, "the session is on the holder only"
+    assert "joined pool loaded for a call here" in other_log, "joined while it ran: loaded late"
     holder_log = _log_since_start(pair, holder)
     assert "cluster agent connected" in holder_log
     assert f"relayed_by={pair.replica_queue(other)}" in holder_log
