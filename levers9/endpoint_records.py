@@ -3,12 +3,16 @@ tell, delete. The CLI and the gateway's proxy share these."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.endpoints import EndpointSpec, EndpointView, Load
 from levers9.models import ENDPOINT_WORKFLOW, EndpointInput, endpoint_workflow_id
+from levers9.temporal import query_within
 
 
 class EndpointExists(Exception):
@@ -32,14 +36,21 @@ async def create_endpoint(client: Client, task_queue: str, spec: EndpointSpec) -
         ) from None
 
 
-async def endpoint_view(client: Client, name: str) -> EndpointView | None:
-    """The endpoint now; None when there is none running of that name."""
+async def endpoint_view(
+    client: Client, name: str, *, within: float | None = None
+) -> EndpointView | None:
+    """The endpoint now; None when there is none running of that name. With `within`, a query
+    no Temporal worker answers in that many seconds is NoQueryAnswer (`recorded_endpoints`
+    says what Temporal holds then)."""
     handle = client.get_workflow_handle(endpoint_workflow_id(name))
     try:
         description = await handle.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
-        view: EndpointView = await handle.query("view", result_type=EndpointView)
+        if within is None:
+            view: EndpointView = await handle.query("view", result_type=EndpointView)
+        else:
+            view = await query_within(handle, "view", within, result_type=EndpointView)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
@@ -88,3 +99,26 @@ async def list_endpoints(client: Client) -> list[str]:
     async for execution in client.list_workflows(query):
         names.append(execution.id.removeprefix("endpoint:"))
     return sorted(names)
+
+
+@dataclass(frozen=True)
+class RecordedEndpoint:
+    """A running endpoint as Temporal holds it without a Temporal worker: the spec it was
+    created with (its memo) and when."""
+
+    spec: EndpointSpec
+    created_at: datetime
+
+
+async def recorded_endpoints(client: Client, name: str | None = None) -> list[RecordedEndpoint]:
+    """The running endpoints (or the one named), from the visibility list and their memos."""
+    query = f"WorkflowType = '{ENDPOINT_WORKFLOW}' AND ExecutionStatus = 'Running'"
+    if name is not None:
+        query += f" AND WorkflowId = '{endpoint_workflow_id(name)}'"
+    recorded = []
+    async for execution in client.list_workflows(query):
+        memo = await execution.memo()
+        if "spec" in memo:
+            spec = EndpointSpec.model_validate(memo["spec"])
+            recorded.append(RecordedEndpoint(spec, execution.start_time))
+    return sorted(recorded, key=lambda r: r.spec.name)

@@ -56,6 +56,9 @@ class WorkerTimings(_Record):
     idle_seconds: float = 300.0
     record_ttl_seconds: float = 600.0
     pod_check_seconds: float = 10.0
+    liveness_seconds: float = 30.0
+    """Three of the agent's 10 s heartbeats: a worker silent this long leaves placement and its
+    Job is looked at (failed or deleted: the record ends now, not at the record TTL)."""
 
 
 class ObservePoolResult(_Record):
@@ -189,7 +192,8 @@ class WorkerRecord(_Record):
 
 
 class PodState(_Record):
-    """What the worker's pod says while the worker is pending (`describe_worker_pod`)."""
+    """What the worker's Job and pod say (`describe_worker_pod`): while the worker is pending,
+    and when an available one falls silent or its machine saw its Job finish."""
 
     exists: bool
     phase: str | None = None
@@ -198,6 +202,8 @@ class PodState(_Record):
     job_failed: bool = False
     job_exists: bool = True
     node_gone: bool = False  # the Job failed because its node left the cluster
+    exit_code: int | None = None
+    """The agent container's exit code, once it has terminated."""
 
 
 class WorkerJobInput(_Record):
@@ -341,6 +347,22 @@ class TaskRecord(_Record):
     finished_at: datetime | None = None
     queue: QueueSpot | None = None
     """Where it waits, while queued: read from its pool when the record is read, not kept."""
+
+    @classmethod
+    def queued(cls, task: TaskInput, at: datetime) -> TaskRecord:
+        """A new task's record: queued since `at` (its memo from the start on, so
+        that Temporal holds it before any Temporal worker ran it)."""
+        return cls(
+            task_id=task.task_id,
+            pool_name=task.pool_name,
+            command=task.command,
+            gpus=task.gpus,
+            image=task.image,
+            state="queued",
+            created_at=at,
+            ports=task.ports,
+            endpoint=task.endpoint,
+        )
 
 
 class WorkerTaskInput(_Record):

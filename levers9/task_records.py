@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
@@ -24,31 +26,39 @@ from levers9.models import (
     task_workflow_id,
 )
 from levers9.placement import QueueSpot
-from levers9.search_attributes import POOL_NAME
-from levers9.temporal import list_memo_records
+from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
+from levers9.temporal import NoQueryAnswer, list_memo_records, query_within
+
+OURS = frozenset(key.name for key in SEARCH_ATTRIBUTES)
+"""The search attributes a last recorded state shows (not Temporal's own: BuildIds, ...)."""
 
 
 async def start_task(client: Client, task_queue: str, task: TaskInput) -> None:
-    """Starts the task's record (TaskWorkflow) on the controlplane's task queue."""
+    """Starts the task's record (TaskWorkflow) on the controlplane's task queue, its memo
+    the queued record (what `task get` shows should no Temporal worker ever run it)."""
+    queued = TaskRecord.queued(task, datetime.now(UTC))
     await client.start_workflow(
         TASK_WORKFLOW,
         task,
         id=task_workflow_id(task.task_id),
         task_queue=task_queue,
         search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, task.pool_name)]),
+        memo={"record": queued.model_dump(mode="json")},
     )
 
 
-async def task_ended(client: Client, task_id: str, timeout_s: float) -> TaskRecord | None:
+async def task_ended(
+    client: Client, task_id: str, timeout_s: float, *, within: float | None = None
+) -> TaskRecord | None:
     """The record once the task has ended, or as it is after `timeout_s` (the workflow's
-    result is long-polled: no polling here); None if unknown."""
+    result is long-polled: no polling here); None if unknown. `within`: as task_record's."""
     handle = client.get_workflow_handle(task_workflow_id(task_id), result_type=TaskRecord)
     try:
         async with asyncio.timeout(timeout_s):
             result: TaskRecord = await handle.result()
             return result
     except (TimeoutError, WorkflowFailureError):
-        return await task_record(client, task_id)
+        return await task_record(client, task_id, within=within)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
@@ -68,33 +78,78 @@ async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
 
 
 async def task_record(
-    client: Client, task_id: str, *, where_queued: bool = False
+    client: Client, task_id: str, *, where_queued: bool = False, within: float | None = None
 ) -> TaskRecord | None:
     """The record as the task workflow holds it now (running or ended); None if unknown.
     With `where_queued`, a queued task's record says where it waits (one query of its pool:
-    for a reader who shows it, not for a poll)."""
+    for a reader who shows it, not for a poll). With `within`, a query no Temporal worker
+    answers in that many seconds is NoQueryAnswer (the CLI's: `last_recorded` says then)."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))
     try:
-        record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
+        if within is None:
+            record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
+        else:
+            record = await query_within(handle, "record", within, result_type=TaskRecord)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
     if where_queued and record is not None and record.state == "queued":
-        record = record.model_copy(update={"queue": await _queue_spot(client, record)})
+        record = record.model_copy(update={"queue": await _queue_spot(client, record, within)})
     return record
 
 
-async def _queue_spot(client: Client, record: TaskRecord) -> QueueSpot | None:
+async def _queue_spot(client: Client, record: TaskRecord, within: float | None) -> QueueSpot | None:
     """Where the queued task stands, from its pool (None when the pool cannot say now)."""
     pool = client.get_workflow_handle(pool_workflow_id(record.pool_name))
     try:
-        spot: QueueSpot | None = await pool.query(
-            "queue_spot", record.task_id, result_type=QueueSpot
-        )
-    except RPCError:
+        if within is None:
+            spot: QueueSpot | None = await pool.query(
+                "queue_spot", record.task_id, result_type=QueueSpot
+            )
+        else:
+            spot = await query_within(
+                pool, "queue_spot", within, record.task_id, result_type=QueueSpot
+            )
+    except (RPCError, NoQueryAnswer):
         return None
     return spot
+
+
+@dataclass(frozen=True)
+class LastRecorded:
+    """What Temporal holds of a task without any Temporal worker (describe): the record its
+    workflow last put in its memo (None: none yet), the workflow's status (`Running`,
+    `Completed`, ...) and its search attributes."""
+
+    record: TaskRecord | None
+    status: str
+    search_attributes: dict[str, str]
+    started_at: datetime | None
+
+
+async def last_recorded(client: Client, task_id: str) -> LastRecorded | None:
+    """The task as Temporal recorded it last, read without a Temporal worker; None if
+    unknown."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    memo = await description.memo()
+    status = description.status.name.title() if description.status is not None else "Unknown"
+    return LastRecorded(
+        record=TaskRecord.model_validate(memo["record"]) if "record" in memo else None,
+        status=status.replace("_", ""),
+        search_attributes={
+            pair.key.name: str(pair.value)
+            for pair in description.typed_search_attributes
+            if pair.key.name in OURS
+        },
+        started_at=description.start_time,
+    )
 
 
 async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:

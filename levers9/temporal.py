@@ -403,3 +403,42 @@ async def wait_for_workers(
             if machines and available >= len(machines):
                 return
             await asyncio.sleep(PASS_POLL_S)
+
+
+QUERY_WITHIN_S = 5.0
+"""How long the CLI waits for a query's answer. A polling Temporal worker answers in
+milliseconds; without one the server holds the query until its deadline (or says it saw no
+poller), and what it holds without a worker (describe: memo, search attributes, status) is the
+answer then."""
+NO_ANSWER = frozenset(
+    {RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.FAILED_PRECONDITION}
+)
+"""How a query no worker took ends: the deadline ("Timeout expired", which the SDK reports as
+CANCELLED), or "no poller seen for task queue recently"."""
+
+
+class NoQueryAnswer(Exception):
+    """No Temporal worker answered the query in time: the controlplane's is down (or its task
+    queue has no poller). The message is the server's word, or the time waited."""
+
+
+async def query_within(
+    handle: WorkflowHandle[Any, Any],
+    query: str,
+    within: float,
+    *args: Any,
+    result_type: type | None = None,
+) -> Any:
+    """`handle.query`, answered within `within` seconds or NoQueryAnswer (an unknown workflow
+    is still RPCError NOT_FOUND)."""
+    try:
+        async with asyncio.timeout(within):
+            return await handle.query(
+                query, args=args, result_type=result_type, rpc_timeout=timedelta(seconds=within)
+            )
+    except TimeoutError:
+        raise NoQueryAnswer(f"no answer within {within:g} s") from None
+    except RPCError as exc:
+        if exc.status not in NO_ANSWER:
+            raise
+        raise NoQueryAnswer(exc.message or exc.status.name) from None

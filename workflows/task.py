@@ -155,17 +155,7 @@ class TaskWorkflow:
         if input.resume is not None:
             return await self._resume(input, input.resume)
         self._signalled = workflow.patched(PLACE_BY_SIGNAL)
-        self._record = TaskRecord(
-            task_id=input.task_id,
-            pool_name=input.pool_name,
-            command=input.command,
-            gpus=input.gpus,
-            image=input.image,
-            state="queued",
-            created_at=workflow.now(),
-            ports=input.ports,
-            endpoint=input.endpoint,
-        )
+        self._record = TaskRecord.queued(input, workflow.now())
         if self._signalled:  # `levers9 task list` shows it while it waits
             workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
         reason = ""

@@ -21,18 +21,22 @@ import typer
 
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.runtime import duration, key_values, settings_from_env
+from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.endpoint_records import (
     EndpointExists,
+    RecordedEndpoint,
     create_endpoint,
     delete_endpoint,
     endpoint_view,
     list_endpoints,
+    recorded_endpoints,
 )
 from levers9.endpoints import EndpointSpec, EndpointView
+from levers9.errors import ControlplaneUnreachable
 from levers9.image_reference import ImageReference, ImageReferenceError
-from levers9.temporal import connect, list_reconcile_schedules
+from levers9.temporal import QUERY_WITHIN_S, NoQueryAnswer, connect, list_reconcile_schedules
 
 app = typer.Typer(
     help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
@@ -215,18 +219,31 @@ def _row(settings: ControlplaneSettings, view: EndpointView, now: datetime) -> d
 def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
     """List endpoints: replicas ready and running, requests in flight and waiting, the URL."""
     settings = settings_from_env()
-    views = asyncio.run(_views(settings))
+    views, recorded, problem = asyncio.run(_views(settings))
     now = datetime.now(UTC)
+    if problem is not None:
+        _show_recorded(settings, recorded, output, now)
+        down(problem)
     if output is Output.json:
         render([v.model_dump(mode="json") for v in views], COLUMNS, output)
         return
     render([_row(settings, v, now) for v in views], COLUMNS, output, title="endpoints")
 
 
-async def _views(settings: ControlplaneSettings) -> list[EndpointView]:
+async def _views(
+    settings: ControlplaneSettings,
+) -> tuple[list[EndpointView], list[RecordedEndpoint], ControlplaneUnreachable | None]:
+    """The endpoints now; with the controlplane down, what Temporal recorded of them and why."""
     client = await connect(settings)
-    views = [await endpoint_view(client, name) for name in await list_endpoints(client)]
-    return [v for v in views if v is not None]
+    try:
+        views = [
+            await endpoint_view(client, name, within=QUERY_WITHIN_S)
+            for name in await list_endpoints(client)
+        ]
+    except NoQueryAnswer as exc:
+        problem = unreachable(settings, no_temporal_worker(settings, str(exc)))
+        return [], await recorded_endpoints(client), problem
+    return [v for v in views if v is not None], [], None
 
 
 @app.command()
@@ -236,7 +253,10 @@ def get(
 ) -> None:
     """One endpoint: its spec, its replicas, and its latest cold starts and scale decisions."""
     settings = settings_from_env()
-    view = asyncio.run(_view(settings, name))
+    view, recorded, problem = asyncio.run(_view(settings, name))
+    if problem is not None and recorded:
+        _show_recorded(settings, recorded, output, datetime.now(UTC))
+        down(problem)
     if view is None:
         fail([f"no endpoint {name}: `levers9 endpoint list` shows them"])
         raise typer.Exit(1)
@@ -284,8 +304,42 @@ def get(
     )
 
 
-async def _view(settings: ControlplaneSettings, name: str) -> EndpointView | None:
-    return await endpoint_view(await connect(settings), name)
+async def _view(
+    settings: ControlplaneSettings, name: str
+) -> tuple[EndpointView | None, list[RecordedEndpoint], ControlplaneUnreachable | None]:
+    client = await connect(settings)
+    try:
+        return await endpoint_view(client, name, within=QUERY_WITHIN_S), [], None
+    except NoQueryAnswer as exc:
+        problem = unreachable(settings, no_temporal_worker(settings, str(exc)))
+        return None, await recorded_endpoints(client, name), problem
+
+
+def _show_recorded(
+    settings: ControlplaneSettings,
+    recorded: list[RecordedEndpoint],
+    output: Output,
+    now: datetime,
+) -> None:
+    """With the controlplane down: each endpoint as created (its memo); its replicas and
+    requests only the controlplane knows (`?`)."""
+    if output is Output.json:
+        render([r.spec.model_dump(mode="json") for r in recorded], COLUMNS, output)
+        return
+    unknown = dict.fromkeys(("ready", "replicas", "in_flight", "waiting"), "?")
+    rows = [
+        {
+            **unknown,
+            "name": r.spec.name,
+            "pool": r.spec.pool_name,
+            "range": f"{r.spec.min_replicas}-{r.spec.max_replicas}",
+            "age": ago(r.created_at, now),
+            "url": endpoint_url(settings, r.spec.name),
+        }
+        for r in recorded
+    ]
+    title = "endpoints as created (the controlplane is down: replicas and requests unknown)"
+    render(rows, COLUMNS, output, title=title)
 
 
 @app.command()

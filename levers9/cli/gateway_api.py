@@ -57,9 +57,12 @@ def _credentials(settings: ControlplaneSettings) -> grpc.ChannelCredentials | No
         raise GatewayUnavailable(str(exc)) from None
 
 
-def _translate(exc: aio.AioRpcError, address: str) -> Exception:
+def _translate(exc: aio.AioRpcError, address: str, connected: bool = True) -> Exception:
     details = exc.details() or ""
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith("worker"):
+    unanswered = exc.code() == grpc.StatusCode.UNAVAILABLE and not details.startswith("worker")
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not connected:
+        unanswered, details = True, f"no connection before the call's deadline: {details}"
+    if unanswered:
         return GatewayUnavailable(
             f"the gateway at {address} did not answer ({details});"
             " set LEVERS9_GATEWAY_ADDRESS to where it listens"
@@ -79,11 +82,14 @@ async def _tasks(
     GatewayUnavailable or GatewayRefused."""
     metadata = _metadata(settings)
     address = settings.cli_gateway_address()
-    try:
-        async with gateway_channel(address, _credentials(settings)) as channel:
+    async with gateway_channel(address, _credentials(settings)) as channel:
+        try:
             yield gateway_pb2_grpc.TasksStub(channel), metadata
-    except aio.AioRpcError as exc:
-        raise _translate(exc, address) from None
+        except aio.AioRpcError as exc:
+            # A gateway that drops the connection attempt (no route, a balancer without
+            # backends) ends the call at its deadline: that, too, is one that did not answer.
+            connected = channel.get_state() == grpc.ChannelConnectivity.READY
+            raise _translate(exc, address, connected) from None
 
 
 async def _unary(

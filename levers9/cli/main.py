@@ -158,7 +158,7 @@ def main() -> None:
         code = 0
     except Unreachable as exc:
         typer.echo(f"error: {exc}", err=True)
-        code = 1
+        code = exc.exit_code
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     exit_now(code)

@@ -4,6 +4,10 @@ With an operator token (`levers9 dev up` writes one; LEVERS9_API_TOKEN[_FILE]) e
 to the controlplane's gateway (`levers9.cli.gateway_api`): the command loads no Temporal SDK,
 and `run` waits for the task's end there instead of polling. Without a token, or when the
 gateway cannot be reached, the record is read from Temporal directly, as before.
+
+When the controlplane is down (its gateway does not answer, nor does its Temporal worker a
+query within QUERY_WITHIN_S), a command says `controlplane unreachable at ...`, shows the task's
+last recorded state (its workflow's memo, which Temporal holds without a worker) and exits 69.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
@@ -24,11 +29,15 @@ from levers9.cli import gateway_api
 from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, stream_task_logs
 from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
+from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
+from levers9.errors import ControlplaneUnreachable
 from levers9.models import TERMINAL, TaskInput, TaskRecord, new_task_id
 
 if TYPE_CHECKING:
     from temporalio.client import Client
+
+    from levers9.task_records import LastRecorded
 
 app = typer.Typer(help="Tasks: what users run on the workers, and their records.")
 
@@ -100,12 +109,21 @@ class TemporalTasks:
         await start_task(await self.client(), self._settings.task_queue, task)
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said
+        then, not after the wait), then waits for the end."""
         from levers9.task_records import task_ended, task_record
+        from levers9.temporal import QUERY_WITHIN_S
 
         client = await self.client()
-        if wait_s > 0:
-            return await task_ended(client, task_id, wait_s)
-        return await task_record(client, task_id, where_queued=True)
+        record = await task_record(client, task_id, where_queued=wait_s <= 0, within=QUERY_WITHIN_S)
+        if wait_s <= 0 or record is None or record.state in TERMINAL:
+            return record
+        return await task_ended(client, task_id, wait_s, within=QUERY_WITHIN_S)
+
+    async def last_recorded(self, task_id: str) -> LastRecorded | None:
+        from levers9.task_records import last_recorded
+
+        return await last_recorded(await self.client(), task_id)
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         from levers9.task_records import cancel_task
@@ -114,11 +132,15 @@ class TemporalTasks:
 
 
 class Fallback:
-    """The gateway, and Temporal once the gateway cannot be reached (said once, on stderr)."""
+    """The gateway (`gateway`: the command holds an operator token), and Temporal once the
+    gateway cannot be reached (said once, on stderr). A query there that no Temporal worker
+    answers is ControlplaneUnreachable; `last_recorded` reads what Temporal holds then."""
 
-    def __init__(self, settings: ControlplaneSettings) -> None:
-        self._gateway: Tasks | None = GatewayTasks(settings)
+    def __init__(self, settings: ControlplaneSettings, gateway: bool = True) -> None:
+        self._settings = settings
+        self._gateway: Tasks | None = GatewayTasks(settings) if gateway else None
         self._temporal = TemporalTasks(settings)
+        self._gateway_failed = False
 
     async def _ask(self, call: Callable[[Tasks], Awaitable[T]]) -> T:
         if self._gateway is not None:
@@ -127,7 +149,18 @@ class Fallback:
             except GatewayUnavailable as exc:
                 errors.print(f"asking Temporal directly: {exc}", highlight=False)
                 self._gateway = None
-        return await call(self._temporal)
+                self._gateway_failed = True
+        from levers9.temporal import NoQueryAnswer
+
+        try:
+            return await call(self._temporal)
+        except NoQueryAnswer as exc:
+            problems = ["its gateway did not answer"] if self._gateway_failed else []
+            problems.append(no_temporal_worker(self._settings, str(exc)))
+            raise unreachable(self._settings, *problems) from None
+
+    async def last_recorded(self, task_id: str) -> LastRecorded | None:
+        return await self._temporal.last_recorded(task_id)
 
     async def submit(self, task: TaskInput) -> None:
         await self._ask(lambda tasks: tasks.submit(task))
@@ -149,11 +182,37 @@ def _answered(call: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(1) from None
 
 
-def tasks_for(settings: ControlplaneSettings) -> Tasks:
+def tasks_for(settings: ControlplaneSettings) -> Fallback:
     """The gateway when the command holds an operator token, else Temporal."""
-    if settings.operator_token() is None:
-        return TemporalTasks(settings)
-    return Fallback(settings)
+    return Fallback(settings, gateway=settings.operator_token() is not None)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A task's record, as the controlplane answered; or, when it did not (`down`), as
+    Temporal last recorded it (`last`: None when Temporal knows no such task either)."""
+
+    record: TaskRecord | None
+    down: ControlplaneUnreachable | None = None
+    last: LastRecorded | None = None
+
+
+async def _last(tasks: Fallback, task_id: str, problem: ControlplaneUnreachable) -> _Answer:
+    last = await tasks.last_recorded(task_id)
+    return _Answer(last.record if last is not None else None, problem, last)
+
+
+def _print_last(answer: _Answer) -> None:
+    """The caveat before a last recorded state: which workflow said it, how it stands."""
+    last = answer.last
+    if last is None:
+        return
+    attributes = "".join(f", {key}={value}" for key, value in last.search_attributes.items())
+    console.print(
+        f"last recorded state (the controlplane is down): from the memo of its workflow"
+        f" ({last.status}{attributes})",
+        highlight=False,
+    )
 
 
 class _LogFollower:
@@ -298,9 +357,17 @@ def run(
         _answered(tasks_for(settings).submit(task))
         console.print(task.task_id, highlight=False)
         return
-    record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
+    try:
+        record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
+        last = _answered(_record(settings, task.task_id)) if record is None else None
+    except ControlplaneUnreachable as problem:
+        console.print(
+            f"task {task.task_id} is recorded and waits in Temporal: it is placed once the"
+            f" controlplane is back; levers9 task cancel {task.task_id} withdraws it",
+            highlight=False,
+        )
+        down(problem)
     if record is None:
-        last = _answered(_record(settings, task.task_id))
         spot = last.queue if last is not None else None
         doing = (
             f"is queued ({spot.position} of {spot.waiting}, waiting for one worker with"
@@ -342,12 +409,28 @@ async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | 
     return await tasks_for(settings).record(task_id)
 
 
+async def _record_or_last(settings: ControlplaneSettings, task_id: str) -> _Answer:
+    tasks = tasks_for(settings)
+    try:
+        return _Answer(await tasks.record(task_id))
+    except ControlplaneUnreachable as problem:
+        return await _last(tasks, task_id, problem)
+
+
 async def _cancel(
     settings: ControlplaneSettings, task_id: str, reason: str, wait_s: float
-) -> tuple[bool, TaskRecord | None]:
+) -> tuple[bool, _Answer]:
+    """Tells the task to cancel (a signal: Temporal keeps it while the controlplane is down),
+    then its record: at once, and once it ended (at most `wait_s`)."""
     tasks = tasks_for(settings)
     told = await tasks.cancel(task_id, reason)
-    return told, await tasks.record(task_id, wait_s)
+    try:
+        record = await tasks.record(task_id)
+        if told and record is not None and record.state not in TERMINAL and wait_s > 0:
+            record = await tasks.record(task_id, wait_s)
+    except ControlplaneUnreachable as problem:
+        return told, await _last(tasks, task_id, problem)
+    return told, _Answer(record)
 
 
 @app.command()
@@ -359,7 +442,20 @@ def cancel(
     ] = 60,
 ) -> None:
     """Cancel a task: its container gets SIGTERM, a grace, then SIGKILL; it ends cancelled."""
-    told, record = _answered(_cancel(settings_from_env(), task_id, reason, wait))
+    told, answer = _answered(_cancel(settings_from_env(), task_id, reason, wait))
+    record = answer.record
+    if answer.down is not None:
+        _print_last(answer)
+        if record is not None and not told:
+            console.print(f"task {task_id} had already ended: {record.state}", highlight=False)
+        elif record is not None:
+            console.print(
+                f"task {task_id} is told to cancel (kept by Temporal) and was last recorded"
+                f" {record.state}: it cancels once the controlplane is back",
+                highlight=False,
+            )
+        if record is not None or answer.last is not None:
+            down(answer.down)
     if record is None:
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
@@ -381,24 +477,37 @@ def cancel(
 def get(
     task_id: str, output: Annotated[Output, typer.Option("-o", "--output")] = Output.table
 ) -> None:
-    """The task record: state, worker, phases, exit code, result."""
-    record = _answered(_record(settings_from_env(), task_id))
-    if record is None:
+    """The task record: state, worker, phases, exit code, result. With the controlplane down:
+    its last recorded state, and exit status 69."""
+    answer = _answered(_record_or_last(settings_from_env(), task_id))
+    if answer.record is None:
+        if answer.down is not None and answer.last is not None:
+            console.print(
+                f"task {task_id}: its workflow is {answer.last.status} and holds no record yet"
+                " (no Temporal worker has run it)",
+                highlight=False,
+            )
+            down(answer.down)
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
+    record = answer.record
     if output is Output.json:
         console.print_json(record.model_dump_json())
-        return
-    print_result(record)
-    for phase in record.phases:
-        error = f" error={phase.error}" if phase.error else ""
-        detail = f" {phase.detail}" if phase.detail else ""
-        console.print(f"  {phase.at} {phase.name}{detail}{error}", highlight=False)
+    else:
+        _print_last(answer)
+        print_result(record)
+        for phase in record.phases:
+            error = f" error={phase.error}" if phase.error else ""
+            detail = f" {phase.detail}" if phase.detail else ""
+            console.print(f"  {phase.at} {phase.name}{detail}{error}", highlight=False)
+    if answer.down is not None:
+        down(answer.down)
 
 
 async def _print_logs(settings: ControlplaneSettings, task_id: str, follow: bool) -> bool:
-    """The whole output from the worker, through the gateway; else the record's tail.
-    False when there is no such task."""
+    """The whole output from the worker, through the gateway; else the record's tail (the
+    last recorded one, and exit status 69, with the controlplane down). False when there is
+    no such task."""
     try:
         async for text in stream_task_logs(settings, task_id, follow=follow):
             console.out(text, end="", highlight=False)
@@ -407,10 +516,14 @@ async def _print_logs(settings: ControlplaneSettings, task_id: str, follow: bool
         if str(exc).startswith("NOT_FOUND: no task"):
             return False
         errors.print(f"no log stream, showing the record's tail: {exc}", highlight=False)
-    record = await _record(settings, task_id)
-    if record is None:
+    answer = await _record_or_last(settings, task_id)
+    if answer.record is None:
+        if answer.down is not None and answer.last is not None:
+            down(answer.down)
         return False
-    console.out(record.log_tail, end="", highlight=False)
+    console.out(answer.record.log_tail, end="", highlight=False)
+    if answer.down is not None:
+        down(answer.down)
     return True
 
 

@@ -1,0 +1,161 @@
+"""The CLI with the controlplane down (worker_main, its gateway and its Temporal worker, killed
+with -9; the Temporal server still up), driven as a user runs it: the `levers9` command in its
+own process.
+
+- `task get` answers the task's last recorded state (its workflow's memo, which the server
+  holds without a worker), says `controlplane unreachable at <gateway>` and exits 69;
+- `run --wait 5` says so within its wait (no traceback) and leaves its task recorded, queued;
+- `task logs` shows the recorded tail, `task cancel` says the cancel is kept, `endpoint list`
+  and `endpoint get` show the endpoints as created: each with the notice and 69;
+- once the controlplane is back, what was told meanwhile happens: the task `run` left queued
+  runs, the cancelled one ends cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from levers9.errors import CONTROLPLANE_UNREACHABLE_EXIT
+from tests.controlplane import POOL
+from tests.reliability.world import World, settled, world
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+REPLICA = "crashy"
+"""The one replica world() starts."""
+SLACK_S = 30
+"""A command's subprocess timeout past its own wait: it returned, not how fast."""
+
+
+@dataclass
+class Down:
+    world: World
+    done: str
+    """A task that ran to its end (printed "hello from the task") before the controlplane died."""
+    running: str
+    """A task that was running when it died."""
+
+
+async def _cli(w: World, *args: str, wait: float = 0) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(BIN / "levers9"), *args],
+        env=w.cli_env(REPLICA),
+        capture_output=True,
+        text=True,
+        timeout=wait + SLACK_S,
+    )
+
+
+def _said_unreachable(w: World, done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == CONTROLPLANE_UNREACHABLE_EXIT, (done.stdout, done.stderr)
+    assert f"controlplane unreachable at {w.gateways[REPLICA]}" in done.stderr, done.stderr
+    assert "levers9 dev status" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+async def _state(w: World, task_id: str) -> str:
+    done = await _cli(w, "task", "get", task_id, "-o", "json")
+    return str(json.loads(done.stdout)["state"]) if done.returncode == 0 else ""
+
+
+@pytest.fixture(scope="module")
+async def down(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Down]:
+    async with world(tmp_path_factory.mktemp("down")) as w:
+        await settled(w)
+        ran = await _cli(
+            w, "run", "--pool", POOL, "--wait", "60", "--", "echo", "hello from the task", wait=60
+        )
+        assert ran.returncode == 0, (ran.stdout, ran.stderr)
+        done = ran.stdout.split()[1]
+        started = await _cli(w, "run", "--pool", POOL, "--detach", "--", "sleep", "600")
+        running = started.stdout.strip()
+
+        async def is_running() -> bool:
+            return await _state(w, running) == "running"
+
+        await eventually(is_running, within=60)
+        created = await _cli(
+            w, "endpoint", "create", "downed", "--pool", POOL, "--port", "8080", "--", "true"
+        )
+        assert created.returncode == 0, created.stderr
+        w.controlplane.kill9()
+        yield Down(w, done, running)
+
+
+async def test_task_get_answers_the_last_recorded_state(down: Down) -> None:
+    w = down.world
+    done = await _cli(w, "task", "get", down.done)
+    _said_unreachable(w, done)
+    assert "last recorded state (the controlplane is down)" in done.stdout
+    assert f"PoolName={POOL}" in done.stdout
+    assert f"task {down.done} succeeded exit_code=0" in done.stdout
+
+    running = await _cli(w, "task", "get", down.running, "-o", "json")
+    _said_unreachable(w, running)
+    record = json.loads(running.stdout)
+    assert (record["task_id"], record["state"]) == (down.running, "running")
+
+
+async def test_run_says_unreachable_within_its_wait_and_leaves_its_task_queued(
+    down: Down,
+) -> None:
+    w = down.world
+    ran = await _cli(w, "run", "--pool", POOL, "--wait", "5", "--", "true", wait=5)
+    _said_unreachable(w, ran)
+    task_id = ran.stdout.split()[1]
+    assert f"task {task_id} is recorded and waits in Temporal" in ran.stdout
+    got = await _cli(w, "task", "get", task_id, "-o", "json")
+    _said_unreachable(w, got)
+    assert json.loads(got.stdout)["state"] == "queued"  # the memo it was started with
+
+
+async def test_logs_cancel_and_endpoints_answer_what_temporal_holds(down: Down) -> None:
+    w = down.world
+    logs = await _cli(w, "task", "logs", down.done)
+    _said_unreachable(w, logs)
+    assert "hello from the task" in logs.stdout
+
+    cancel = await _cli(w, "task", "cancel", down.running, "--wait", "5", wait=5)
+    _said_unreachable(w, cancel)
+    assert f"task {down.running} is told to cancel" in cancel.stdout
+
+    for args in (("endpoint", "list"), ("endpoint", "get", "downed")):
+        shown = await _cli(w, *args)
+        _said_unreachable(w, shown)
+        assert "downed" in shown.stdout
+        assert "the controlplane is down" in shown.stdout
+
+    listed = await _cli(w, "task", "list", "-o", "json")  # visibility: no worker needed
+    assert listed.returncode == 0, listed.stderr
+    assert down.done in {row["task_id"] for row in json.loads(listed.stdout)}
+
+
+async def test_what_was_told_meanwhile_happens_once_it_is_back(down: Down) -> None:
+    w = down.world
+    ran = await _cli(w, "run", "--pool", POOL, "--wait", "1", "--", "echo", "queued", wait=1)
+    _said_unreachable(w, ran)
+    queued = ran.stdout.split()[1]
+    cancel = await _cli(w, "task", "cancel", down.running, "--wait", "1", wait=1)
+    _said_unreachable(w, cancel)
+    w.controlplane.start()
+    await w.controlplane_ready()
+
+    async def ended() -> bool:
+        states = (await _state(w, queued), await _state(w, down.running))
+        return states == ("succeeded", "cancelled")
+
+    await eventually(ended, within=90)
+    back = await _cli(w, "task", "get", down.done)
+    assert back.returncode == 0, back.stderr
+    assert "controlplane unreachable" not in back.stderr
