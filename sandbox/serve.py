@@ -18,6 +18,11 @@ State directory:
 | `gcp.json`, `gcp-port` | what the GCP APIs created, and their port, kept for a restart |
 | `gcloud/` | gcloud's configuration directory when run with `gcp.env.cloud_env` |
 | `nodes/<node>/...` | each node's filesystem (hostPath volumes, the kubelet checkpoint) |
+| `cluster.json` | the cluster's objects and nodes (0600; `persist`), loaded on start |
+
+A start with `cluster.json` is the saved cluster powered up again (`sandbox.persist`: every
+object kept, the pods that ran ended by the node shutdown); without it, or with `fresh`, the
+scenario's.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import certifi
 
 from levers9.files import write_private
 from levers9.logs import get_logger
-from sandbox import pki
+from sandbox import persist, pki
 from sandbox.access import DEVELOPER
 from sandbox.cluster.cluster import Cluster
 from sandbox.cluster_admin import ClusterAdmin
@@ -45,9 +50,11 @@ from sandbox.gcp.env import OPERATOR_KEY
 from sandbox.gcp.roles import OWNER
 from sandbox.gcp.server import GcpEmulator, GcpSite, start_gcp
 from sandbox.pki import CertificateAuthority, mint_certificate_authority
+from sandbox.registry import Registry
 from sandbox.scenario import Scenario
 from sandbox.server import LOOPBACK, Sandbox, SandboxOptions, start_sandbox
 from sandbox.serviceaccounts import TokenSigner
+from sandbox.store import Store
 
 CONTROLPLANE_ACCOUNT = "levers9-controlplane"
 OPERATOR_ACCOUNT = "levers9-operator"
@@ -123,11 +130,18 @@ class RunningSandbox:
     cluster: Cluster
     state: SandboxState
     gcp: GcpEmulator
+    saver: persist.Saver
+    restored: bool = False
+    """Whether the cluster is a saved one (else the scenario's)."""
 
     async def close(self) -> None:
+        """Stops everything; the cluster is saved once its processes have stopped."""
         await self.gcp.close()
         await self.cluster.stop()
-        await self.sandbox.close()
+        try:
+            await self.saver.stop()
+        finally:
+            await self.sandbox.close()
 
 
 def _trust_saved_keys(sandbox: Sandbox, state: SandboxState) -> None:
@@ -211,10 +225,21 @@ async def _start_gcp(sandbox: Sandbox, cluster: Cluster, state: SandboxState) ->
 
 
 async def start(
-    scenario: Scenario, state_dir: Path, port: int = 0, controlplane_key: Path | None = None
+    scenario: Scenario,
+    state_dir: Path,
+    port: int = 0,
+    controlplane_key: Path | None = None,
+    *,
+    fresh: bool = False,
 ) -> RunningSandbox:
-    """Starts the API and the cluster; returns once both run and the state files exist."""
+    """Starts the API and the cluster; returns once both run and the state files exist.
+
+    The cluster is the one saved in `state_dir` (`persist`) when there is one and not `fresh`;
+    raises `persist.SnapshotError` when that cannot be loaded."""
     state = SandboxState(state_dir)
+    if fresh and persist.forget(state.dir):
+        log.info("saved cluster removed: starting from the scenario", state_dir=str(state.dir))
+    snapshot = persist.load(state.dir)
     network = scenario.network
     options = SandboxOptions(
         port=port,
@@ -226,10 +251,32 @@ async def start(
         ca=state.certificate_authority(),
         service_account_key=state.service_account_key(),
     )
+    store = Store(
+        history_limit=options.history_limit,
+        history_seconds=options.history_seconds,
+        continue_ttl_seconds=options.continue_ttl_seconds,
+    )
+    if snapshot is not None:
+        ended = persist.restore(store, snapshot)
+        log.info(
+            "saved cluster loaded",
+            path=str(persist.snapshot_path(state.dir)),
+            nodes=len(snapshot.nodes),
+            objects=len(snapshot.objects),
+            pods_ended=ended,
+        )
     commands = ClusterAdmin()
-    sandbox = await start_sandbox(options, extra_routes=commands.add_routes)
+    sandbox = await start_sandbox(
+        options, registry=Registry(store), extra_routes=commands.add_routes
+    )
     _trust_saved_keys(sandbox, state)
-    cluster = Cluster(sandbox.registry, scenario, state.dir, api_address=(LOOPBACK, sandbox.port))
+    cluster = Cluster(
+        sandbox.registry,
+        scenario,
+        state.dir,
+        api_address=(LOOPBACK, sandbox.port),
+        nodes=None if snapshot is None else snapshot.nodes,
+    )
     commands.attach(cluster)
     try:
         await cluster.start()
@@ -242,7 +289,9 @@ async def start(
         await cluster.stop()
         await sandbox.close()
         raise
-    running = RunningSandbox(sandbox, cluster, state, gcp)
+    saver = persist.Saver(state.dir, store, cluster.node_specs)
+    saver.start()
+    running = RunningSandbox(sandbox, cluster, state, gcp, saver, restored=snapshot is not None)
     if controlplane_key is not None:
         ensure_controlplane_key(running, controlplane_key)
     ensure_operator_key(running)
@@ -254,16 +303,23 @@ async def start(
         "port": sandbox.port,
         "project": scenario.cluster.project,
         "gcpUrl": gcp.url,
+        "restored": running.restored,
     }
     (state.dir / "sandbox.json").write_text(json.dumps(info, indent=2) + "\n")
     return running
 
 
 async def serve(
-    scenario: Scenario, state_dir: Path, port: int, controlplane_key: Path | None = None
+    scenario: Scenario,
+    state_dir: Path,
+    port: int,
+    controlplane_key: Path | None = None,
+    *,
+    fresh: bool = False,
 ) -> None:
-    """Runs until SIGINT/SIGTERM, then stops every pod process and the API."""
-    running = await start(scenario, state_dir, port, controlplane_key)
+    """Runs until SIGINT/SIGTERM, then stops every pod process, saves the cluster, and stops
+    the API."""
+    running = await start(scenario, state_dir, port, controlplane_key, fresh=fresh)
     log.info(
         "sandbox serving",
         url=running.sandbox.url,

@@ -536,6 +536,35 @@ class Store:
         )
         return final
 
+    # -- a saved cluster (`sandbox.persist`) -------------------------------------------------
+
+    def objects(self) -> Iterator[tuple[Resource, bytes]]:
+        """Every stored object, as its resource and stored bytes (what a snapshot keeps)."""
+        for resource, table in self._tables.items():
+            for entry in table.entries.values():
+                yield resource, entry.raw
+
+    def restore(self, objects: Iterable[tuple[Resource, dict[str, Any]]], rv: int) -> None:
+        """Loads saved objects into an empty store as they were (uid, resourceVersion,
+        creationTimestamp kept; no event, no history), the counter at `rv` or past the newest
+        of them. Then compacts, as an apiserver starting over etcd has no watch cache: a watch
+        from an older version is 410 and relists."""
+        for resource, obj in objects:
+            meta = obj["metadata"]
+            ns = str(meta.get("namespace", "")) if resource.namespaced else ""
+            key = _key(resource, ns, str(meta["name"]))
+            table = self._table(resource)
+            if key in table.entries:
+                raise ValueError(f"{resource.qualified} {key} is saved twice")
+            entry = self._entry(resource, obj, meta)
+            entry.rv = int(meta["resourceVersion"])
+            table.add_key(key, ns, entry)
+            self._uids[entry.uid] = (resource, key)
+            self._link_owners(resource, key, (), entry.owners)
+            self._rv = max(self._rv, entry.rv)
+        self._rv = max(self._rv, rv)
+        self.compact()
+
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Calls `listener` synchronously after every committed write (after watchers saw it).
 

@@ -78,8 +78,16 @@ def serve(
             help="REF=COMMAND: the kubelet runs this image's containers as local processes",
         ),
     ] = None,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh", help="start from the scenario, replacing the cluster saved in the state dir"
+        ),
+    ] = False,
 ) -> None:
-    """Run the sandbox in the foreground until Ctrl-C."""
+    """Run the sandbox in the foreground until Ctrl-C; its cluster is saved on the way out (and
+    every few seconds) and loaded on the next start."""
+    from sandbox.persist import SnapshotError
     from sandbox.serve import serve as run
 
     try:
@@ -100,7 +108,11 @@ def serve(
     loaded = loaded.with_process_images(processes)
     directory = _state_dir(state_dir)
     console.print(f"sandbox state in {directory}; kubectl --kubeconfig {directory / 'kubeconfig'}")
-    asyncio.run(run(loaded, directory, port, controlplane_key))
+    try:
+        asyncio.run(run(loaded, directory, port, controlplane_key, fresh=fresh))
+    except SnapshotError as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
 
 
 @node_app.command("list")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,10 @@ class Cluster:
         state_dir: Path,
         *,
         api_address: tuple[str, int] | None = None,
+        nodes: Sequence[NodeSpec] | None = None,
     ) -> None:
+        """`nodes`: the nodes of a saved cluster (`sandbox.persist`), whose objects the store
+        already holds; None starts from the scenario's nodes and creates its objects."""
         if api_address is not None and ipaddress.IPv4Address(api_address[0]) not in LOOPBACK:
             raise ValueError(f"the sandbox API must listen on loopback, not {api_address[0]}")
         self.registry = registry
@@ -76,7 +79,10 @@ class Cluster:
             scenario.images.pull_seconds,
             scenario.images.mirrors,
         )
-        self._specs: dict[str, NodeSpec] = {n.name: n for n in scenario.nodes}
+        self._restored = nodes is not None
+        self._specs: dict[str, NodeSpec] = {
+            n.name: n for n in (scenario.nodes if nodes is None else nodes)
+        }
         self._cidrs: dict[str, str] = {}
         self._kubelets: dict[str, tuple[Kubelet, asyncio.Task[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,7 +105,7 @@ class Cluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         timing = self.scenario.timing
         registry = self.registry
-        for spec in self.scenario.nodes:
+        for spec in self._specs.values():
             self._register(spec)
         controllers = (
             Scheduler(registry, timing.resync_seconds),
@@ -120,9 +126,10 @@ class Cluster:
         self._tasks.append(
             asyncio.create_task(watch_forever(registry, NODES, self._on_node), name="kubelets")
         )
-        for spec in self.scenario.nodes:
-            self._ensure_kubelet(spec.name)
-        self._apply_objects()
+        for name in list(self._specs):
+            self._ensure_kubelet(name)
+        if not self._restored:
+            self._apply_objects()
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
