@@ -9,8 +9,9 @@ SIGKILLed (the sandbox's kubelet does so to an agent slow to stop) leaves them r
 their cgroups (`/levers9/l9-<task>`) and their overlays.
 
 A stray is what no running agent looks after: an agent of a stack that is down, a container of
-a runc root whose agent is gone, the cgroup of a task of such a work dir, and any mount under
-the stack's state dir (overlays, FUSE volumes) but those in a running agent's work dir.
+a runc root whose agent is gone, the cgroup of a task of such a work dir, a task that ran as a
+process of such an agent (`processes/`), and any mount under the stack's state dir (overlays,
+FUSE volumes) but those in a running agent's work dir.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ RUNC_TIMEOUT_S = 30.0
 @dataclass(frozen=True)
 class Stray:
     kind: str
-    """"agent", "container", "cgroup" or "mount"."""
+    """"agent", "container", "process", "cgroup" or "mount"."""
     name: str
-    """Its pid, container id, cgroup directory or mount point."""
+    """Its pid, container id, task id (a process), cgroup directory or mount point."""
     where: str
     """The work dir (runc root) it was found in, or the mount's filesystem type."""
     pid: int | None = None
@@ -65,6 +66,9 @@ def find(state_dir: Path, *, stack_running: bool) -> list[Stray]:
             strays.append(Stray("agent", str(work.agent), str(work.path), work.agent))
         containers = _containers(work.path)
         strays += [Stray("container", name, str(work.path), pid) for name, pid in containers]
+        strays += [
+            Stray("process", task, str(work.path), pid) for task, pid in _processes(work.path)
+        ]
         tasks = {name.removeprefix("l9-") for name, _ in containers} | _task_ids(work.path)
         strays += [
             Stray("cgroup", str(directory), str(work.path))
@@ -89,6 +93,10 @@ def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]
     for stray in strays:
         if stray.kind == "agent" and stray.pid is not None:
             _kill(stray.pid)
+    for stray in strays:
+        if stray.kind == "process" and stray.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(stray.pid, signal.SIGKILL)
     for stray in strays:
         if stray.kind == "container":
             runc = ["runc", "--root", str(Path(stray.where) / "runc")]
@@ -139,6 +147,18 @@ def _containers(work: Path) -> list[tuple[str, int | None]]:
     except ValueError:
         return []
     return [(str(e["id"]), int(e.get("pid") or 0) or None) for e in entries if e.get("id")]
+
+
+def _processes(work: Path) -> list[tuple[str, int]]:
+    """(task id, pid) of every task that ran as a process of the work dir's agent, still running."""
+    found = []
+    for record in sorted((work / "processes").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            kept = json.loads(record.read_text())
+            pid, start = int(kept["pid"]), int(kept["start"])
+            if _start_ticks(pid) == start:
+                found.append((record.stem, pid))
+    return found
 
 
 def _task_ids(work: Path) -> set[str]:

@@ -31,7 +31,7 @@ from levers9.worker.driver import register_driver_libraries
 from levers9.worker.gateway import GatewayClient, Registration
 from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
-from levers9.worker.process_runtime import ProcessRuntime
+from levers9.worker.process_runtime import ProcessRuntime, start_ticks
 from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import ByImage
 from levers9.worker.server import ServeError, WorkerServer
@@ -89,7 +89,8 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            runtime = ByImage(ProcessRuntime(driver, self._env), *self._images(work_dir, visible))
+            processes = ProcessRuntime(driver, self._env, work_dir / "processes")
+            runtime = ByImage(processes, *self._images(work_dir, visible))
             tasks = TaskManager(
                 runtime,
                 visible,
@@ -216,7 +217,9 @@ class Agent:
             work_dir = self._paths.map(WORK_ROOT) / self._settings.worker_id
             cleanup.callback(_remove_if_idle, work_dir)
         work_dir.mkdir(parents=True, exist_ok=True)
-        (work_dir / AGENT_FILE).write_text(json.dumps({"pid": os.getpid(), "start": _ticks()}))
+        (work_dir / AGENT_FILE).write_text(
+            json.dumps({"pid": os.getpid(), "start": start_ticks(os.getpid())})
+        )
         return work_dir
 
     async def _gpu_product(self, smi: NvidiaSmi | None, visible: Sequence[int]) -> str:
@@ -246,13 +249,8 @@ async def _until(stop: asyncio.Event, registering: asyncio.Task[None]) -> None:
 def _remove_if_idle(work_dir: Path) -> None:
     """Removes the work dir unless a container's record is left in it (one this agent did not
     end: it failed to start, say, before adopting what the one before it left)."""
-    if not any((work_dir / "containers").glob("*.json")):
+    if not any(p for kind in ("containers", "processes") for p in (work_dir / kind).glob("*.json")):
         shutil.rmtree(work_dir, ignore_errors=True)
-
-
-def _ticks() -> int:
-    """This process's start time, in clock ticks since boot (a pid is ours while it matches)."""
-    return int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
 
 
 def _version() -> str:

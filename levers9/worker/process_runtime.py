@@ -5,6 +5,11 @@ shutdown: SIGTERM, then SIGKILL); like a container, it ends when its main proces
 it left behind in its group is killed then. stdin is closed; stdout and stderr are merged in the
 order they were written.
 
+Each running task's pid and start time are kept in a small JSON under the runtime's state dir
+(when it has one): a process outlives an agent that is SIGKILLed (its own session), and its exit
+status goes with that agent, so the agent started after it kills it (`sweep`) and reports its
+task lost.
+
 The environment is built from scratch, not inherited: the agent's own holds the worker token,
 which a task must never see. A task gets a few neutral variables of the agent's (PATH, HOME,
 locale), its own env, then what the worker decides: its cards, the driver on PATH and
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -50,9 +56,11 @@ class ProcessContainer:
         pump: asyncio.Task[None],
         env: Mapping[str, str],
         cwd: Path,
+        record: Path | None = None,
     ) -> None:
         self._process = process
         self._pump = pump
+        self._record = record
         self.env = dict(env)
         self.cwd = cwd
 
@@ -60,6 +68,8 @@ class ProcessContainer:
         code = await self._process.wait()
         _kill_group(self._process.pid, signal.SIGKILL)
         await drain(self._pump)
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
         return 128 - code if code < 0 else code
 
     async def stop(self, grace_s: float) -> int:
@@ -75,9 +85,15 @@ class ProcessContainer:
 class ProcessRuntime:
     """Runs tasks as local processes (see module doc)."""
 
-    def __init__(self, driver: DriverSetup, agent_env: Mapping[str, str]) -> None:
+    def __init__(
+        self, driver: DriverSetup, agent_env: Mapping[str, str], state_dir: Path | None = None
+    ) -> None:
+        """`state_dir`: where each running task's pid is kept (see the module's docstring)."""
         self._driver = driver
         self._base = {k: agent_env[k] for k in INHERITED if k in agent_env}
+        self._state = state_dir
+        if state_dir is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
 
     @property
     def host(self) -> str:
@@ -123,7 +139,12 @@ class ProcessRuntime:
             raise StartError(str(error)) from None
         assert process.stdout is not None
         pump = pump_output(process.stdout, output)
-        return ProcessContainer(process, pump, env, spec.work_dir)
+        record = None
+        if self._state is not None:
+            record = self._state / f"{spec.task_id}.json"
+            started = start_ticks(process.pid)
+            record.write_text(json.dumps({"pid": process.pid, "start": started}))
+        return ProcessContainer(process, pump, env, spec.work_dir, record)
 
     async def exec(
         self, container: Container, command: Sequence[str], terminal: int | None = None
@@ -150,7 +171,29 @@ class ProcessRuntime:
         return None
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
-        return []
+        """Kills the process group of every task an agent before this one left running."""
+        swept: list[str] = []
+        for record in sorted(self._state.glob("*.json")) if self._state is not None else ():
+            if record.stem in keep:
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                kept = json.loads(record.read_text())
+                pid, start = int(kept["pid"]), int(kept["start"])
+                if start_ticks(pid) == start:
+                    _kill_group(pid, signal.SIGKILL)
+            record.unlink(missing_ok=True)
+            swept.append(record.stem)
+        return swept
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (a pid is the same process while it
+    matches); None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _kill_group(pid: int, sig: signal.Signals) -> None:

@@ -74,7 +74,7 @@ CONNECT_TIMEOUT_S = 10.0
 TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
 ORPHANED = "the worker restarted and found its container without a record: killed"
-NO_CONTAINER = "the worker restarted and found no container of it"
+NO_CONTAINER = "the worker restarted and could not follow it (killed, if it still ran)"
 TASK_FILE = "task.json"
 """In each task's directory: its spec, cards and latest status, for an agent started later."""
 

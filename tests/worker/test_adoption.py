@@ -1,9 +1,10 @@
 """A `levers9-worker` agent SIGKILLed while its containers run, and started again on the same
-work dir, adopts them: a task's output before and after the kill, its exit status and result are
-reported once, by the new agent; a container it finds no record of is killed and its task
-reported lost; the cards of what ended (and only those) are free again, and nothing of the
-containers (runc state, cgroup, overlay) is left once they end. Real agents (the command), real
-runc and a real registry; root only, as runc is.
+work dir, adopts them: a task's output before and after the kill, its exit status and result
+are reported once, by the new agent; a container it finds no record of is killed and its task
+reported lost, and so is a task that ran as a process of the killed agent; the cards of what
+ended (and only those) are free again, and nothing of the containers (runc state, cgroup,
+overlay) is left once they end. Real agents (the command), real runc and a real registry; root
+only, as runc is.
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ async def test_a_restarted_agent_adopts_its_containers_and_kills_the_unrecorded(
         async with _worker(gateway) as stub:
             await stub.RunTask(_task("kept", image[1], ["sh", "-c", KEPT], card=0), metadata=AUTH)
             await stub.RunTask(_task("stray", image[1], ["sleep", "1000"], card=1), metadata=AUTH)
-            await gateway.wait_for(_started("kept", "stray"))
+            await stub.RunTask(_task("process", "", ["sleep", "1000"], card=()), metadata=AUTH)
+            await gateway.wait_for(_started("kept", "stray", "process"))
+            process = json.loads((work / "processes" / "process.json").read_text())["pid"]
             await _eventually(lambda: "before" in _output(work, "kept"))
     finally:
         first.send_signal(signal.SIGKILL)
@@ -105,6 +108,13 @@ async def test_a_restarted_agent_adopts_its_containers_and_kills_the_unrecorded(
         assert stray.state == worker_pb2.TASK_STATE_LOST
         assert "without a record: killed" in stray.reason
         assert cgroup_dirs("stray") == [], "the stray container and its cgroup are gone"
+        await gateway.wait_for(_ended("process"))
+        [orphan] = _ends(gateway.calls, "process")
+        assert (orphan.state, orphan.reason) == (
+            worker_pb2.TASK_STATE_LOST,
+            "the worker restarted and could not follow it (killed, if it still ran)",
+        )
+        assert not _alive(process), "a task the killed agent ran as its process is killed"
         async with _worker(gateway) as stub:
             card_1 = _task("next", image[1], ["true"], card=1)
             await stub.RunTask(card_1, metadata=AUTH)
@@ -170,10 +180,21 @@ class _worker:
         await self._channel.close()
 
 
-def _task(task_id: str, image: str, command: list[str], card: int) -> worker_pb2.RunTaskRequest:
+def _task(
+    task_id: str, image: str, command: list[str], card: int | tuple[()]
+) -> worker_pb2.RunTaskRequest:
+    cards = [card] if isinstance(card, int) else []
     return worker_pb2.RunTaskRequest(
-        task=worker_pb2.TaskSpec(task_id=task_id, image=image, command=command, gpu_indices=[card])
+        task=worker_pb2.TaskSpec(task_id=task_id, image=image, command=command, gpu_indices=cards)
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def _ends(calls: Calls, task_id: str) -> list[worker_pb2.TaskStatus]:
