@@ -95,8 +95,9 @@ class WatchStreamer:
             await self._pump(response, watch, spec, timeout, bookmarks, initial)
         finally:
             watch.close()
-        if watch.reset and request.transport is not None:
-            request.transport.abort()
+        if watch.reset:  # its connection broken, or already gone (`Sandbox.crash`)
+            if request.transport is not None:
+                request.transport.abort()
             raise asyncio.CancelledError
         await response.write_eof()
         return response
