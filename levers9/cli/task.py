@@ -297,7 +297,13 @@ async def submit_and_follow(
 def print_result(record: TaskRecord) -> None:
     console.print(
         f"task {record.task_id} {record.state}"
-        + (f" exit_code={record.exit_code}" if record.exit_code is not None else " (never ran)")
+        + (
+            f" exit_code={record.exit_code}"
+            if record.exit_code is not None
+            else " (never ran)"
+            if record.state in TERMINAL
+            else ""
+        )
         + f" worker={record.worker_id} node={record.node_name}",
         highlight=False,
     )
