@@ -215,6 +215,39 @@ def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
         admin.update_access({"egressIp": before["egressIp"]})
 
 
+def test_the_egress_allowlist_survives_a_kill9_of_the_controlplane(dev: Dev) -> None:
+    """Attach started `egress:demo`; the Temporal worker killed with -9 and `dev up` again (the
+    rest left running): the start waits on no workflow, and a rotation after it is appended to
+    the cluster's authorized networks, beside what attach added."""
+    [worker] = [p for p in dev.processes() if p["component"] == "worker"]
+    pid = worker["pid"]
+    assert isinstance(pid, int)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
+    up = dev.run("dev", "up", *dev.ports, env={"LEVERS9_RECONCILE_INTERVAL_SECONDS": "1"})
+    assert up.returncode == 0, up.stdout + up.stderr
+    rotated = dev.run("egress", "rotate", "--cluster", "demo", "--ip", "127.0.0.98")
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    assert "127.0.0.98/32" in rotated.stdout
+    access = SandboxAdmin(Path(dev.env["LEVERS9_SANDBOX_STATE"])).access()
+    assert "127.0.0.98/32" in access["authorizedNetworks"]
+    assert f"{access['egressIp']}/32" in access["authorizedNetworks"], "attach's IP kept"
+    shown = dev.run("egress", "show", "--cluster", "demo")
+    assert shown.returncode == 0, shown.stderr
+    assert "127.0.0.98/32" in shown.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def test_pool_list_reads_the_schedules(dev: Dev) -> None:
     result = dev.run("pool", "list", "-o", "json")
     assert result.returncode == 0, result.stderr
