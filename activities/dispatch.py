@@ -238,6 +238,7 @@ class TaskActivities:
             cpu_millis=task.cpu_millis,
             ports=list(task.ports),
             ready_path=task.ready_path,
+            stop_grace_seconds=task.stop_grace_seconds,
         )
         response = await self._call(
             input,

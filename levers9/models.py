@@ -281,6 +281,10 @@ class PoolInput(_Record):
     """Continue as new past this many events (once no placement waits)."""
 
 
+MAX_STOP_GRACE_S = 3600
+"""The longest grace a task may ask for between SIGTERM and SIGKILL."""
+
+
 class TaskInput(_Record):
     """One task a user runs; its id names the record (`task:<id>`)."""
 
@@ -298,6 +302,9 @@ class TaskInput(_Record):
     """Container ports reachable through the controlplane (`--port 8080`)."""
     ready_path: str = ""
     """Readiness: "" the first port accepts connections; a path, a GET of it answers 2xx."""
+    stop_grace_seconds: int = Field(default=0, ge=0, le=MAX_STOP_GRACE_S)
+    """When it is stopped (cancel, its worker's shutdown): seconds between SIGTERM and SIGKILL
+    to every process of its container (`--stop-grace`); 0: the worker's 10 s."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""

@@ -111,6 +111,7 @@ async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
         memory_bytes=task.memory_bytes,
         cpu_millis=task.cpu_millis,
         ports=list(task.ports),
+        stop_grace_seconds=task.stop_grace_seconds,
     )
     await _unary(
         settings, lambda stub, md: stub.SubmitTask(request, metadata=md, timeout=CALL_TIMEOUT_S)

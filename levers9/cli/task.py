@@ -32,7 +32,7 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.errors import ControlplaneUnreachable
-from levers9.models import TERMINAL, TaskInput, TaskRecord, new_task_id
+from levers9.models import MAX_STOP_GRACE_S, TERMINAL, TaskInput, TaskRecord, new_task_id
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -105,8 +105,13 @@ class TemporalTasks:
 
     async def submit(self, task: TaskInput) -> None:
         from levers9.task_records import start_task
+        from levers9.temporal import unknown_pool
 
-        await start_task(await self.client(), self._settings.task_queue, task)
+        client = await self.client()
+        problem = await unknown_pool(client, self._settings.task_queue, task.pool_name)
+        if problem is not None:  # as the gateway refuses it: it would wait forever
+            raise typer.BadParameter(problem, param_hint="--pool")
+        await start_task(client, self._settings.task_queue, task)
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
         """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said
@@ -346,6 +351,15 @@ def run(
             "--port", min=1, max=65535, help="a container port to publish (levers9 port-forward)"
         ),
     ] = None,
+    stop_grace: Annotated[
+        int,
+        typer.Option(
+            "--stop-grace",
+            min=0,
+            max=MAX_STOP_GRACE_S,
+            help="seconds from SIGTERM to SIGKILL when it is stopped (0: the worker's 10)",
+        ),
+    ] = 0,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     settings = settings_from_env()
@@ -358,6 +372,7 @@ def run(
         memory_bytes=_quantity("--memory", memory, bytes_=True),
         cpu_millis=_quantity("--cpus", cpus, bytes_=False),
         ports=_ports(port or []),
+        stop_grace_seconds=stop_grace,
     )
     if detach:
         _answered(tasks_for(settings).submit(task))

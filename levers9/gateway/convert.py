@@ -17,7 +17,7 @@ from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
 from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
-from levers9.models import TaskInput, WorkerHeartbeat, WorkerRegistration
+from levers9.models import MAX_STOP_GRACE_S, TaskInput, WorkerHeartbeat, WorkerRegistration
 from levers9.proto import gateway_pb2, worker_pb2
 
 MAX_GPUS = 64
@@ -81,6 +81,11 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     if request.image:
         _check_image("image", request.image)
     ports = check_ports("ports", request.ports)
+    if not 0 <= request.stop_grace_seconds <= MAX_STOP_GRACE_S:
+        raise InvalidRequest(
+            "stop_grace_seconds",
+            f"{request.stop_grace_seconds} is not 0 to {MAX_STOP_GRACE_S} seconds",
+        )
     return TaskInput(
         task_id=request.task_id,
         pool_name=request.pool_name,
@@ -90,6 +95,7 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         memory_bytes=request.memory_bytes,
         cpu_millis=request.cpu_millis,
         ports=ports,
+        stop_grace_seconds=request.stop_grace_seconds,
     )
 
 

@@ -410,6 +410,7 @@ class SubmitTaskRequest(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     CPU_MILLIS_FIELD_NUMBER: _builtins.int
     PORTS_FIELD_NUMBER: _builtins.int
+    STOP_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """the caller's id: a retried submit starts nothing twice"""
     pool_name: _builtins.str
@@ -419,6 +420,8 @@ class SubmitTaskRequest(_message.Message):
     """0: the worker's default"""
     cpu_millis: _builtins.int
     """0: the worker's default"""
+    stop_grace_seconds: _builtins.int
+    """SIGTERM to SIGKILL when it is stopped (--stop-grace); 0: 10 s"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -436,10 +439,11 @@ class SubmitTaskRequest(_message.Message):
         memory_bytes: _builtins.int = ...,
         cpu_millis: _builtins.int = ...,
         ports: _abc.Iterable[_builtins.int] | None = ...,
+        stop_grace_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "ports", b"ports", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "ports", b"ports", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -167,6 +167,38 @@ async def test_detach_then_cancel_ends_the_task_cancelled(cp: Controlplane, imag
     assert "no task nosuchtask00" in unknown.stderr
 
 
+async def test_stop_grace_from_the_command_line(cp: Controlplane) -> None:
+    """Its TERM handler takes 3 s to finish; `--stop-grace 1` kills it before (137), where the
+    default grace (10 s) would have let it exit 0."""
+    started = await cp.cli(
+        "run",
+        "--pool",
+        POOL,
+        "--detach",
+        "--image",
+        IMAGE,
+        "--stop-grace",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "trap 'sleep 3; exit 0' TERM; sleep 1000 & wait",
+    )
+    assert started.returncode == 0, started.stderr
+    task_id = started.stdout.strip()
+
+    async def running() -> bool:
+        got = await cp.cli("task", "get", task_id, "-o", "json")
+        return got.returncode == 0 and json.loads(got.stdout)["state"] == "running"
+
+    await eventually(running, within=WITHIN)
+    cancelled = await cp.cli("task", "cancel", task_id)
+    assert f"task {task_id} cancelled exit_code=137" in cancelled.stdout, cancelled.stdout
+    bad = await cp.cli("run", "--pool", POOL, "--stop-grace", "-1", "--", "true")
+    assert bad.returncode == 2
+    assert "--stop-grace" in bad.stderr
+
+
 async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
     cp: Controlplane,
 ) -> None:

@@ -290,6 +290,10 @@ async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> No
             "image: 'a b' is not",
         ),
         (submit(task_id="t1", pool_name=POOL, command=["true"], image="Up/per"), "image: 'Up/per'"),
+        (
+            submit(task_id="t1", pool_name=POOL, command=["true"], stop_grace_seconds=-1),
+            "stop_grace_seconds: -1 is not 0 to 3600 seconds",
+        ),
     ]
     async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
         stub = gateway_pb2_grpc.TasksStub(channel)
