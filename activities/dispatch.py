@@ -52,6 +52,7 @@ CANCEL_TIMEOUT_S = 45.0
 """The agent's SIGTERM grace (10 s) and the container's teardown, well inside."""
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
+UNREACHABLE = f"Worker{grpc.StatusCode.UNAVAILABLE.name}"
 
 
 class TunnelEndpoints(Protocol):
@@ -200,6 +201,9 @@ class TaskActivities:
     async def worker_ended(self, input: WorkerTaskInput) -> bool:
         """Whether the worker's record has ended (stopped, expired, wound down): a worker that
         is gone cannot be running the task, so the task may be placed elsewhere."""
+        return await self._ended(input)
+
+    async def _ended(self, input: WorkerTaskInput) -> bool:
         handle = self._client.get_workflow_handle(
             worker_workflow_id(input.pool_name, input.worker_id)
         )
@@ -240,13 +244,22 @@ class TaskActivities:
             ready_path=task.ready_path,
             stop_grace_seconds=task.stop_grace_seconds,
         )
-        response = await self._call(
-            input,
-            "RunTask",
-            lambda stub, md: stub.RunTask(
-                worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
-            ),
-        )
+        try:
+            response = await self._call(
+                input,
+                "RunTask",
+                lambda stub, md: stub.RunTask(
+                    worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
+                ),
+            )
+        except ApplicationError as error:
+            # Nothing answers at its address and its record has ended (its Job failed, say):
+            # no retry will reach an agent there, so say so now and the task is placed again,
+            # rather than after every retry of a dead address.
+            if error.type == UNREACHABLE and await self._ended(input):
+                ended = f"{error.message} (its record has ended)"
+                raise ApplicationError(ended, type="WorkerEnded", non_retryable=True) from None
+            raise
         return bool(response.already_running)
 
     @activity.defn

@@ -340,7 +340,7 @@ def pod_state(job: dict[str, Any], pods: list[dict[str, Any]]) -> PodState:
     if not pods:
         return PodState(exists=False, job_failed=failed, message=failure)
     status = pods[-1].get("status", {})
-    waiting = reason = None
+    waiting = reason = exit_code = None
     for container in status.get("containerStatuses") or ():
         state = container.get("state") or {}
         if "waiting" in state:
@@ -349,12 +349,14 @@ def pod_state(job: dict[str, Any], pods: list[dict[str, Any]]) -> PodState:
         elif "terminated" in state:
             terminated = state["terminated"]
             reason = terminated.get("message") or terminated.get("reason")
+            exit_code = terminated.get("exitCode")
     return PodState(
         exists=True,
         phase=status.get("phase"),
         waiting_reason=waiting,
         message=reason or failure,
         job_failed=failed,
+        exit_code=exit_code,
     )
 
 

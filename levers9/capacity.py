@@ -127,6 +127,9 @@ class NodeCapacity(BaseModel):
     worker_gpus: int
     workers: tuple[str, ...]
     external_ip: str | None
+    finished_workers: tuple[str, ...] = ()
+    """Our workers whose Job has finished (Failed, or Complete) and is not deleted yet: their
+    agents are gone, whatever their records say (the machine ends those records now)."""
 
 
 @dataclass(frozen=True)
@@ -386,12 +389,14 @@ def node_capacity(
     metadata, status, spec = node.get("metadata", {}), node.get("status", {}), node.get("spec", {})
     allocatable = node_resources(status, "allocatable")
     capacity = node_resources(status, "capacity")
+    jobs = list(jobs)
     active_jobs = [job for job in jobs if job.active]
     active_workers = frozenset(job.worker_id for job in active_jobs)
     held = _total(pod.amounts for pod in pods if _holds(pod, pool.pool_name, active_workers))
     worker_held = _total(job.amounts for job in active_jobs)
     free = allocatable.minus(held).minus(worker_held)
     workers = tuple(sorted(job.worker_id for job in active_jobs))
+    finished = tuple(sorted(job.worker_id for job in jobs if not job.active))
     if not is_ready(node):
         state = MachineStatus.NOT_READY
     elif spec.get("unschedulable"):
@@ -417,6 +422,7 @@ def node_capacity(
         worker_gpus=worker_held.gpus,
         workers=workers,
         external_ip=external_ip(node),
+        finished_workers=finished,
     )
 
 

@@ -30,6 +30,9 @@ class Slot(BaseModel):
     """Cards of its node: a worker that holds fewer (a neighbour had the rest) can give way to
     one that takes them all, once it drains."""
     busy: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    silent: bool = False
+    """No heartbeat for the liveness window: nothing is placed on it until it is heard again
+    (its ledger kept: its tasks may still run), or until its record ends and it leaves."""
 
     def could_hold(self, gpus: int) -> bool:
         return max(self.node_gpus, len(self.devices)) >= gpus
@@ -95,6 +98,17 @@ class PoolState(BaseModel):
         busy = current.busy if current else {}
         self.slots[slot.worker_id] = slot.model_copy(update={"busy": busy})
 
+    def silence(self, worker_id: str) -> None:
+        """The worker fell silent: out of placement, and a task that reserved it reserves
+        another; `add_worker` (it was heard again) puts it back with its ledger."""
+        slot = self.slots.get(worker_id)
+        if slot is not None:
+            slot.silent = True
+            self.reservations.pop(worker_id, None)
+
+    def placeable(self) -> list[Slot]:
+        return [slot for slot in self.slots.values() if not slot.silent]
+
     def remove_worker(self, worker_id: str) -> list[str]:
         """The worker is gone; returns the tasks that were placed on it."""
         self.slots.pop(worker_id, None)
@@ -130,8 +144,8 @@ class PoolState(BaseModel):
             self.notify.append(task_id)
 
     def most_free(self) -> int:
-        """The most cards free on any one worker now."""
-        return max((len(slot.free()) for slot in self.slots.values()), default=0)
+        """The most cards free on any one worker that can be placed on now."""
+        return max((len(slot.free()) for slot in self.placeable()), default=0)
 
     def spot(self, task_id: str) -> QueueSpot | None:
         """Where the task stands in the queue; None when it does not wait."""
@@ -166,8 +180,9 @@ class PoolState(BaseModel):
         made = []
         still_waiting = []
         most_free = self.most_free()
+        placeable = len(self.placeable())
         for waiting in self.waiting:
-            if waiting.gpus and most_free == 0 and len(self.reservations) >= len(self.slots):
+            if waiting.gpus and most_free == 0 and len(self.reservations) >= placeable:
                 # No card free and every worker reserved: it neither fits nor reserves (a
                 # standing queue of thousands costs a look per task, not a scan of the workers).
                 still_waiting.append(waiting)
@@ -203,7 +218,7 @@ class PoolState(BaseModel):
     def _fit(self, waiting: Waiting) -> Slot | None:
         fits = [
             slot
-            for slot in self.slots.values()
+            for slot in self.placeable()
             if len(slot.free()) >= waiting.gpus
             and self.reservations.get(slot.worker_id, waiting.task_id) == waiting.task_id
             and not (waiting.ports and self._published(slot) & set(waiting.ports))
@@ -224,7 +239,7 @@ class PoolState(BaseModel):
             return
         able = [
             slot
-            for slot in self.slots.values()
+            for slot in self.placeable()
             if slot.could_hold(waiting.gpus) and slot.worker_id not in self.reservations
         ]
         if able:

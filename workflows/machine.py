@@ -1,11 +1,14 @@
 """MachineWorkflow (`machine:<pool>:<node>`): one node of the pool and its machine record.
 
-Told by each reconcile pass whose observation of the node changed (signal `observe`), it decides
-when to add a worker: the node is a machine, it has a free card, and no worker of ours is pending
-or running there, counting both what the observation saw (our Jobs) and the worker this machine
-started itself that an observation may not show yet. Signals are handled one at a time, so two
-passes at once can never add two workers. It lives while the node matches the pool's selector
-(so `levers9 machine list` can say NotReady, Cordoned or Full), and ends when the node is gone.
+Told by each reconcile pass whose observation of the node changed (signal `observe`), it tells
+its worker's record when the observation shows that worker's Job finished (signal
+`job_finished`: the agent exited or was killed; the record ends at once and says
+`worker_ended`), and decides when to add a worker: the node is a machine, it has a free card,
+and no worker of ours is pending or running there, counting both what the observation saw (our
+Jobs) and the worker this machine started itself that an observation may not show yet. Signals
+are handled one at a time, so two passes at once can never add two workers. It lives while the
+node matches the pool's selector (so `levers9 machine list` can say NotReady, Cordoned or Full),
+and ends when the node is gone.
 
 The pool's settings (idle minutes, record TTL) come with its start and, when they change on the
 controlplane, by the signal `settings` (from reconcile); the machine passes them to its worker.
@@ -58,6 +61,7 @@ class MachineWorkflow:
         self._pool = ""
         self._timings: WorkerTimings | None = None
         self._settings_to_tell = False
+        self._told_finished: str | None = None
 
     @workflow.signal
     def observe(self, capacity: NodeCapacity) -> None:
@@ -119,6 +123,7 @@ class MachineWorkflow:
             if self._observations:
                 self._capacity = self._observations[-1]
                 self._observations.clear()
+                await self._tell_job_finished(input)
             if self._settings_to_tell:
                 self._settings_to_tell = False
                 await self._tell_worker_settings(input)
@@ -142,6 +147,31 @@ class MachineWorkflow:
         return (
             bool(self._observations or self._ended_workers) or self._gone or self._settings_to_tell
         )
+
+    async def _tell_job_finished(self, input: MachineInput) -> None:
+        """Its worker's Job finished (the agent exited, was killed): its record ends now and
+        tells this machine `worker_ended`, whose pass adds the next worker at once."""
+        worker_id, capacity = self._worker_id, self._capacity
+        if worker_id is None or capacity is None or worker_id == self._told_finished:
+            return
+        if worker_id not in capacity.finished_workers:
+            return
+        self._told_finished = worker_id
+        workflow.logger.info(
+            "worker Job finished: ending its record",
+            extra={
+                KV_EXTRA: {
+                    "worker_id": worker_id,
+                    "hostname": input.node_name,
+                    "pool_name": input.pool_name,
+                }
+            },
+        )
+        worker = workflow.get_external_workflow_handle(
+            worker_workflow_id(input.pool_name, worker_id)
+        )
+        with contextlib.suppress(FailureError):  # it ended meanwhile
+            await worker.signal("job_finished")
 
     async def _tell_worker_settings(self, input: MachineInput) -> None:
         if self._worker_id is None:

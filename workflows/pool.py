@@ -1,10 +1,11 @@
 """PoolWorkflow (`pool:<pool>`): placement. Which available worker has how many free cards, and
 which task waits for what (levers9/placement.py decides).
 
-Workers announce themselves (signal `worker_available`, from WorkerWorkflow) and leave
-(`worker_gone`). A task asks with the signal `request` (`requests`: a batch of them, as the
-controlplane sends a burst) and is told with the signal `placed` to
-its record once one worker has that many cards free at once; it gives them back with `release`
+Workers announce themselves (signal `worker_available`, from WorkerWorkflow), leave
+(`worker_gone`), and step out of placement while silent (`worker_silent`; back on their next
+`worker_available`, their card ledger kept). A task asks with the signal `request` (`requests`:
+a batch of them, as the controlplane sends a burst) and is told with the signal `placed` to its
+record once one worker has that many cards free at once; it gives them back with `release`
 (which also withdraws a task still waiting). Nothing waits inside an Update, so any number of
 tasks can wait, and the workflow continues as new with its queue and card ledger whatever is
 waiting, once its history grows. (The Update `place`, which waited for the placement, stays for
@@ -64,6 +65,13 @@ class PoolWorkflow:
     @workflow.signal
     def worker_gone(self, worker_id: str) -> None:
         self._state.remove_worker(worker_id)
+        self._changed = True
+
+    @workflow.signal
+    def worker_silent(self, worker_id: str) -> None:
+        """No heartbeat for the liveness window: nothing more is placed on it until it is
+        heard again (`worker_available`) or leaves (`worker_gone`)."""
+        self._state.silence(worker_id)
         self._changed = True
 
     @workflow.signal

@@ -1,14 +1,21 @@
 """WorkerWorkflow (`worker:<pool>:<worker-id>`): one worker Job and the worker record.
 
     creating -> pending -> available -> stopped (idle wind-down, or stopped by the controlplane)
+                   |            |-----> failed (its Job failed) / expired (its Job was deleted)
                    |            '-----> expired (no heartbeat for the record TTL)
                    '-> failed (the Job failed) / expired (never registered within the TTL)
 
 While pending it follows the pod (ImagePullBackOff becomes a condition on the record with the
 spec's fix). Registration (signal `register`, from the gateway) makes it available; heartbeats
-keep it; an idle worker past the pool's idle minutes is wound down (Job deleted); a silent one
-expires and its Job is deleted if still there. Whenever the record ends, the machine is told,
-so its next reconcile can add a fresh worker.
+keep it; an idle worker past the pool's idle minutes is wound down (Job deleted). Its Job
+finishing ends it within seconds: the machine, whose observation (the watch-fed pool cache) saw
+the Job Failed, signals `job_finished`, the record reads the Job and pod, and ends `failed` with
+the agent's exit. A worker silent for the liveness window (a few heartbeats, far below the
+record TTL) leaves placement at once (`worker_silent` to the pool) and its Job is read: failed
+or deleted, the record ends now; still running (the agent hung, or cut off from the gateway by
+a controlplane restart or a network), it stays out of placement until it is heard again, and
+expires at the record TTL as before, its Job deleted. Whenever the record ends, the pool and
+then the machine are told, so its next reconcile adds a fresh worker at once.
 
 It tells the pool's placement its cards when it becomes available and again only when its
 registration changes (its tunnel moved to another replica, say), not on a clock. The pool's
@@ -62,6 +69,17 @@ IMAGE_PULL_FIX = (
 PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
 LEAVE_PLACEMENT_FIRST = "leave-placement-before-the-job-goes"
 ANNOUNCE_ON_CHANGE = "announce-on-change"
+LIVENESS_WINDOW = "liveness-window"
+PROBE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=3,
+)
+"""Reading a silent worker's Job: a cluster out of reach says nothing (it stays out of
+placement), and the record does not wait minutes on it."""
+FINISHED_PHASES = frozenset({"Failed", "Succeeded"})
+SILENT = "silent: no heartbeat for the liveness window, nothing placed on it until heard again"
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -81,6 +99,8 @@ class WorkerWorkflow:
         self._timings: WorkerTimings | None = None
         self._settings_changes = 0
         self._announced: WorkerRegistration | None = None
+        self._job_finished = False
+        self._silent = False
 
     @workflow.query
     def record(self) -> WorkerRecord | None:
@@ -98,6 +118,12 @@ class WorkerWorkflow:
         """The pool's settings changed on the controlplane (from the machine)."""
         self._timings = timings
         self._settings_changes += 1
+
+    @workflow.signal
+    def job_finished(self) -> None:
+        """Its machine's observation saw this worker's Job finished (Failed or Complete): the
+        record reads the Job and ends now, rather than when its heartbeats are missed."""
+        self._job_finished = True
 
     @workflow.signal
     def register(self, registration: WorkerRegistration) -> None:
@@ -181,9 +207,10 @@ class WorkerWorkflow:
             self._pending_condition(input, pod)
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: self._registration is not None or self._stop,
+                    lambda: self._registration is not None or self._stop or self._job_finished,
                     timeout=timedelta(seconds=timings.pod_check_seconds),
                 )
+            self._job_finished = False  # the next pass of this loop reads the Job
         return None
 
     def _pending_condition(self, input: WorkerInput, pod: PodState) -> None:
@@ -248,24 +275,39 @@ class WorkerWorkflow:
             },
         )
         on_change = workflow.patched(ANNOUNCE_ON_CHANGE)
+        # Before: nothing but the record TTL (10 minutes) noticed a dead agent, and tasks kept
+        # being placed on it. Patched: records serving under the old code replay as they ran.
+        liveness = workflow.patched(LIVENESS_WINDOW)
         while True:
             timings = self._settings()
             ttl = timedelta(seconds=timings.record_ttl_seconds)
             idle = timedelta(seconds=timings.idle_seconds)
+            window = min(ttl, timedelta(seconds=timings.liveness_seconds))
             seen = (self._beats, self._settings_changes)
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
                     lambda seen=seen: (
                         (self._beats, self._settings_changes) != seen  # type: ignore[misc]
                         or self._stop
+                        or self._job_finished
                     ),
-                    timeout=ttl,
+                    timeout=self._next_look(ttl, window) if liveness else ttl,
                 )
             if self._stop:
                 return await self._stopped(input, job)
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
+            quiet = self._beat_at is not None and now - self._beat_at >= window
+            falling_silent = liveness and quiet and not self._silent
+            if self._job_finished or falling_silent:
+                ended = await self._look_at_job(input, job)
+                if ended is not None:
+                    return ended
+            if falling_silent:
+                await self._fall_silent(input, window)
+            elif self._silent and not quiet:
+                await self._heard_again(input)
             # Idle is the agent's own word: its latest heartbeat says it has run nothing for the
             # idle minutes. A timer on an older heartbeat would wind down a worker that took
             # tasks since (and kill them).
@@ -283,8 +325,9 @@ class WorkerWorkflow:
                 self._set(input, "available")
                 await self._announce(input)
             long = workflow.info().get_current_history_length() > input.max_history_events
-            # Not while a stop waits (it came during the announcement): this run acts on it.
-            if long and not self._stop:
+            # Not while a stop waits (it came during the announcement): this run acts on it;
+            # nor while silent (the next run would announce it placeable).
+            if long and not self._stop and not self._silent:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._stop:
                     workflow.continue_as_new(
@@ -296,6 +339,64 @@ class WorkerWorkflow:
                             }
                         )
                     )
+
+    def _next_look(self, ttl: timedelta, window: timedelta) -> timedelta:
+        """Until the heartbeats are a liveness window late (the record TTL, once silent)."""
+        if self._beat_at is None:
+            return window
+        due = self._beat_at + (ttl if self._silent else window)
+        return max(due - workflow.now(), timedelta(seconds=1))
+
+    async def _look_at_job(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord | None:
+        """Reads its Job and pod: the ended record when they say the agent is gone."""
+        told = self._job_finished
+        self._job_finished = False
+        try:
+            pod: PodState = await workflow.execute_activity_method(
+                KubeActivities.describe_worker_pod,
+                job,
+                start_to_close_timeout=KUBE_TIMEOUT,
+                retry_policy=PROBE_RETRY,
+                summary="is the worker's agent still there? (its Job finished, or it is silent)",
+            )
+        except ActivityError:
+            if told:  # the pool cache saw the Job finished; a finished Job never runs again
+                return await self._end(input, "failed", "its Job failed", job)
+            return None
+        if not pod.job_exists:
+            return await self._end(input, "expired", "its Job was deleted", None)
+        if pod.node_gone:
+            return await self._end(input, "stopped", node_gone_reason(input.node_name), job)
+        if pod.job_failed or pod.phase in FINISHED_PHASES:
+            return await self._end(input, "failed", job_failure(pod), job)
+        return None
+
+    async def _fall_silent(self, input: WorkerInput, window: timedelta) -> None:
+        """No heartbeat for the window, its Job still running: out of placement until heard."""
+        self._silent = True
+        self._set(input, "available")
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+        with contextlib.suppress(FailureError):
+            await pool.signal("worker_silent", input.worker_id)
+        workflow.logger.warning(
+            "worker silent: out of placement until it is heard again",
+            extra={
+                KV_EXTRA: {
+                    "worker_id": input.worker_id,
+                    "pool_name": input.pool_name,
+                    "silent_s": int(window.total_seconds()),
+                }
+            },
+        )
+
+    async def _heard_again(self, input: WorkerInput) -> None:
+        self._silent = False
+        self._set(input, "available")
+        await self._announce(input)  # back in placement, its card ledger kept by the pool
+        workflow.logger.info(
+            "worker heard again: back in placement",
+            extra={KV_EXTRA: {"worker_id": input.worker_id, "pool_name": input.pool_name}},
+        )
 
     async def _leave_placement(self, input: WorkerInput) -> None:
         if self._registration is not None:
@@ -321,6 +422,8 @@ class WorkerWorkflow:
     ) -> None:
         registration = self._registration
         beat = self._beat
+        if condition is None and self._silent and state == "available":
+            condition = SILENT
         self._record = WorkerRecord(
             pool_name=input.pool_name,
             node_name=input.node_name,
@@ -386,3 +489,11 @@ class WorkerWorkflow:
             await machine.signal("worker_ended", input.worker_id)
         assert self._record is not None
         return self._record
+
+
+def job_failure(pod: PodState) -> str:
+    """An available worker's end reason when its Job finished, with the agent's exit."""
+    detail = pod.message or "the worker pod failed"
+    if pod.exit_code is not None:
+        detail += f" (exit code {pod.exit_code})"
+    return f"its Job failed: {detail}"

@@ -4,6 +4,12 @@ saying idle for the pool's idle minutes wind it down (Job deleted, `stopped`), a
 silence past the record TTL expires it (`expired`, Job deleted); a pending worker shows
 ImagePullBackOff with the spec's fix, ends `failed` when its Job fails, and `expired` when its
 Job is deleted or it never registers.
+
+The liveness window (30 s, three heartbeats), with the real PoolWorkflow as its placement:
+silent that long with its Job running, an available worker leaves placement (its card ledger
+kept) and comes back on its next heartbeat; silent with its Job failed it ends `failed` with the
+agent's exit, and with its Job deleted `expired`, both long before the record TTL; its machine's
+`job_finished` ends it without waiting for the window.
 """
 
 from __future__ import annotations
@@ -15,20 +21,25 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from levers9.models import (
+    PlaceRequest,
     PodState,
+    PoolInput,
     WorkerHeartbeat,
     WorkerInput,
     WorkerJobInput,
     WorkerRecord,
     WorkerRegistration,
     WorkerTimings,
+    pool_workflow_id,
 )
-from workflows.worker import WorkerWorkflow
+from levers9.placement import PoolState
+from workflows.pool import PoolWorkflow
+from workflows.worker import SILENT, WorkerWorkflow
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +78,7 @@ async def cluster(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterat
     async with Worker(
         time_env.client,
         task_queue=task_queue,
-        workflows=[WorkerWorkflow],
+        workflows=[WorkerWorkflow, PoolWorkflow],
         activities=[
             mocked.create_worker_job,
             mocked.describe_worker_pod,
@@ -78,22 +89,67 @@ async def cluster(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterat
 
 
 async def _start(
-    env: WorkflowEnvironment, task_queue: str
+    env: WorkflowEnvironment, task_queue: str, pool_name: str = "gke-rtx6000"
 ) -> WorkflowHandle[WorkerWorkflow, WorkerRecord]:
     worker_id = uuid.uuid4().hex[:8]
     return await env.client.start_workflow(
         WorkerWorkflow.run,
         WorkerInput(
-            pool_name="gke-rtx6000",
+            pool_name=pool_name,
             node_name="gke-node",
             worker_id=worker_id,
             machine_id="m",
             gpus=2,
             timings=TIMINGS,
         ),
-        id=f"worker:gke-rtx6000:{worker_id}",
+        id=f"worker:{pool_name}:{worker_id}",
         task_queue=task_queue,
     )
+
+
+@pytest.fixture
+async def pool(
+    time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
+) -> AsyncIterator[WorkflowHandle[PoolWorkflow, None]]:
+    """A pool of its own (the real placement), ended with the test: a run left on a queue that
+    nobody polls any more would stop the server skipping time for the next tests."""
+    pool_name = f"live-{uuid.uuid4().hex[:8]}"
+    handle = await time_env.client.start_workflow(
+        PoolWorkflow.run,
+        PoolInput(pool_name=pool_name),
+        id=pool_workflow_id(pool_name),
+        task_queue=task_queue,
+    )
+    yield handle
+    await handle.terminate("test over")
+
+
+async def _available_in(
+    env: WorkflowEnvironment, task_queue: str, pool: WorkflowHandle[PoolWorkflow, None]
+) -> WorkflowHandle[WorkerWorkflow, WorkerRecord]:
+    """An available worker of the pool."""
+    handle = await _start(env, task_queue, pool.id.removeprefix("pool:"))
+    await handle.signal(WorkerWorkflow.register, REGISTRATION)
+    await env.sleep(1)
+    assert (await _slots(pool)) == {_worker_id(handle): False}
+    return handle
+
+
+async def _lived(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord]) -> timedelta:
+    """From start to end, in the server's (skipped) time."""
+    described = await handle.describe()
+    assert described.close_time is not None
+    return described.close_time - described.start_time
+
+
+def _worker_id(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord]) -> str:
+    return handle.id.rsplit(":", 1)[1]
+
+
+async def _slots(pool: WorkflowHandle[PoolWorkflow, None]) -> dict[str, bool]:
+    """The pool's workers: whether each is silent."""
+    state: PoolState = await pool.query(PoolWorkflow.state)
+    return {worker_id: slot.silent for worker_id, slot in state.slots.items()}
 
 
 async def _record(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord]) -> WorkerRecord:
@@ -231,3 +287,113 @@ async def test_never_registered_expires(
     assert (final.state, final.reason) == ("expired", "never registered within the record TTL")
     assert cluster.deleted == [final.worker_id]
     assert datetime.now(UTC) - before < timedelta(minutes=1), "ten minutes skipped"
+
+
+async def test_silence_takes_it_out_of_placement_until_it_is_heard_again(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    pool: WorkflowHandle[PoolWorkflow, None],
+) -> None:
+    cluster.pod = PodState(exists=True, phase="Running")  # hung, or cut off from the gateway
+    handle = await _available_in(time_env, task_queue, pool)
+    worker_id = _worker_id(handle)
+    t1 = await pool.execute_update(
+        PoolWorkflow.place, PlaceRequest(pool_name="", task_id="t1", gpus=1)
+    )
+    await time_env.sleep(20)
+    await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=1))
+    await time_env.sleep(25)  # 25 s since it was heard: inside the window
+    assert await _slots(pool) == {worker_id: False}
+    assert (await _record(handle)).condition is None
+    await time_env.sleep(10)  # 35 s: past it
+    assert await _slots(pool) == {worker_id: True}
+    record = await _record(handle)
+    assert (record.state, record.condition) == ("available", SILENT)
+    assert cluster.deleted == [], "its Job runs: only the record TTL ends it"
+    # Nothing is placed on it meanwhile; the task it holds keeps its card.
+    asking = await pool.start_update(
+        PoolWorkflow.place,
+        PlaceRequest(pool_name="", task_id="t2", gpus=1),
+        wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+    )
+    await time_env.sleep(1)
+    state: PoolState = await pool.query(PoolWorkflow.state)
+    assert (list(state.placed), [w.task_id for w in state.waiting]) == (["t1"], ["t2"])
+    await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=1))
+    t2 = await asking.result()
+    assert await _slots(pool) == {worker_id: False}
+    assert (await _record(handle)).condition is None
+    assert (t1.gpu_indices, t2.gpu_indices) == ((0,), (1,)), "its ledger kept"
+    await handle.signal(WorkerWorkflow.stop)
+    await handle.result()
+
+
+async def test_silent_with_its_job_failed_ends_failed_within_the_window(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    pool: WorkflowHandle[PoolWorkflow, None],
+) -> None:
+    cluster.pod = PodState(
+        exists=True, phase="Failed", job_failed=True, message="Error", exit_code=137
+    )
+    handle = await _available_in(time_env, task_queue, pool)
+    final = await handle.result()
+    assert await _lived(handle) < timedelta(seconds=60), "the window, not the 600 s record TTL"
+    assert (final.state, final.reason) == ("failed", "its Job failed: Error (exit code 137)")
+    assert cluster.deleted == [final.worker_id]
+    assert await _slots(pool) == {}, "out of placement"
+
+
+async def test_silent_with_its_job_deleted_expires_within_the_window(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    pool: WorkflowHandle[PoolWorkflow, None],
+) -> None:
+    cluster.pod = PodState(exists=False, job_exists=False)
+    handle = await _available_in(time_env, task_queue, pool)
+    final = await handle.result()
+    assert await _lived(handle) < timedelta(seconds=60)
+    assert (final.state, final.reason) == ("expired", "its Job was deleted")
+    assert cluster.deleted == [], "nothing left to delete"
+    assert await _slots(pool) == {}
+
+
+async def test_job_finished_ends_it_without_waiting_for_the_window(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    pool: WorkflowHandle[PoolWorkflow, None],
+) -> None:
+    handle = await _available_in(time_env, task_queue, pool)
+    cluster.pod = PodState(
+        exists=True, phase="Failed", job_failed=True, message="Error", exit_code=9
+    )
+    told = await time_env.get_current_time()
+    await handle.signal(WorkerWorkflow.job_finished)
+    final = await handle.result()
+    ended = (await handle.describe()).close_time
+    assert ended is not None
+    assert ended - told < timedelta(seconds=10), "the signal ended it, not the 30 s window"
+    assert (final.state, final.reason) == ("failed", "its Job failed: Error (exit code 9)")
+    assert final.last_heartbeat is not None
+    assert await _slots(pool) == {}
+
+
+async def test_job_finished_with_its_pod_still_running_keeps_it(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    pool: WorkflowHandle[PoolWorkflow, None],
+) -> None:
+    """The record reads the Job before it ends: the cluster has the last word."""
+    cluster.pod = PodState(exists=True, phase="Running")
+    handle = await _available_in(time_env, task_queue, pool)
+    await handle.signal(WorkerWorkflow.job_finished)
+    await time_env.sleep(2)
+    assert (await _record(handle)).state == "available"
+    assert await _slots(pool) == {_worker_id(handle): False}
+    await handle.signal(WorkerWorkflow.stop)
+    await handle.result()

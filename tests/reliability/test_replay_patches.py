@@ -46,13 +46,19 @@ from levers9.models import (
     WorkerRegistration,
     WorkerSlotInput,
     WorkerTaskInput,
+    WorkerTimings,
 )
 from levers9.placement import Placement
 from tests.waiting import eventually, signals_handled
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.pool import TELL_AFTER_CONTINUING, PoolWorkflow
 from workflows.task import ASK_AGAIN, PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
-from workflows.worker import ANNOUNCE_ON_CHANGE, LEAVE_PLACEMENT_FIRST, WorkerWorkflow
+from workflows.worker import (
+    ANNOUNCE_ON_CHANGE,
+    LEAVE_PLACEMENT_FIRST,
+    LIVENESS_WINDOW,
+    WorkerWorkflow,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -111,14 +117,19 @@ async def delete_worker_job(job: WorkerJobInput) -> None:
 
 
 async def _start_worker(
-    client: Client, task_queue: str
+    client: Client, task_queue: str, timings: WorkerTimings | None = None
 ) -> WorkflowHandle[WorkerWorkflow, WorkerRecord]:
     """A one-card worker record of a fresh id, pending."""
     worker_id = uuid.uuid4().hex[:8]
     return await client.start_workflow(
         WorkerWorkflow.run,
         WorkerInput(
-            pool_name=POOL, node_name="node-1", worker_id=worker_id, machine_id="m1", gpus=1
+            pool_name=POOL,
+            node_name="node-1",
+            worker_id=worker_id,
+            machine_id="m1",
+            gpus=1,
+            timings=timings or WorkerTimings(),
         ),
         id=f"worker:{POOL}:{worker_id}",
         task_queue=task_queue,
@@ -172,6 +183,34 @@ async def _worker_registered_again(client: Client, task_queue: str) -> str:
     await handle.signal(WorkerWorkflow.stop, StopWorker(reason="test over"))
     await handle.result()
     return workflow_id
+
+
+async def _worker_gone_silent(client: Client, task_queue: str) -> str:
+    """An available worker never heard again: silent after its 1 s liveness window (its pod
+    still Running), expired at its 3 s record TTL."""
+    timings = WorkerTimings(record_ttl_seconds=3, liveness_seconds=1)
+    handle = await _start_worker(client, task_queue, timings)
+    worker_id = handle.id.removeprefix(f"worker:{POOL}:")
+    registration = WorkerRegistration(
+        worker_id=worker_id,
+        pod_uid="uid-1",
+        address="127.0.20.1:40000",
+        gpus=1,
+        visible_devices=(0,),
+    )
+    await handle.signal(WorkerWorkflow.register, registration)
+    assert (await handle.result()).state == "expired"
+    return handle.id
+
+
+def _silences(history: WorkflowHistory) -> int:
+    """How many times the worker told the pool it fell silent."""
+    return sum(
+        1
+        for e in history.events
+        if e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+        == "worker_silent"
+    )
 
 
 POOL_CAP = 30
@@ -337,6 +376,7 @@ PATCHES = {
     ANNOUNCE_ON_CHANGE: Patch(ANNOUNCE_ON_CHANGE, _worker_registered_again, _announcements),
     TELL_AFTER_CONTINUING: Patch(TELL_AFTER_CONTINUING, _pool_past_its_cap, _quiet_past_the_cap),
     ASK_AGAIN: Patch(ASK_AGAIN, _task_whose_request_was_lost, _requests),
+    LIVENESS_WINDOW: Patch(LIVENESS_WINDOW, _worker_gone_silent, _silences),
 }
 WORKFLOWS = [MachineWorkflow, PoolWorkflow, TaskWorkflow, WorkerWorkflow]
 

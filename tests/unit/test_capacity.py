@@ -251,6 +251,20 @@ def test_workers_listed_by_id() -> None:
     assert got.worker_gpus == 2
 
 
+def test_workers_whose_job_finished_are_listed_apart() -> None:
+    """The machine ends their records at once: their agents are gone."""
+    got = _one(
+        node(),
+        [],
+        [
+            worker_job(worker_id="dead", gpus=2, finished="Failed"),
+            worker_job(worker_id="done", gpus=1, finished="Complete"),
+            worker_job(worker_id="next", gpus=2),
+        ],
+    )
+    assert (got.workers, got.finished_workers) == (("next",), ("dead", "done"))
+
+
 def test_external_ip_is_advertised_not_the_name() -> None:
     assert _one(node(external_ip="127.0.10.9")).external_ip == "127.0.10.9"
 

@@ -137,3 +137,36 @@ def test_tasks_publishing_a_port_go_to_workers_where_it_is_free() -> None:
     assert [w.task_id for w in state.waiting] == ["t2"]
     state.release("t0")
     assert [p.task_id for p in state.assign(now, timedelta(hours=1))] == ["t2"]
+
+
+def test_a_silent_worker_takes_nothing_until_heard_again_and_keeps_its_ledger() -> None:
+    state = _pool(quiet=(0, 1), other=(0,))
+    state.request("t1", 2, T0)
+    [held] = state.assign(T0, RESERVE)
+    assert held.worker_id == "quiet"
+    state.release("t1")
+    state.request("t1", 1, T0)
+    state.assign(T0, RESERVE)  # the tightest fit: `other`
+    state.request("t2", 1, T0)
+    [on_quiet] = state.assign(T0, RESERVE)
+    assert (on_quiet.worker_id, on_quiet.gpu_indices) == ("quiet", (0,))
+    state.silence("quiet")
+    state.request("t3", 1, T0)
+    assert state.assign(T0, RESERVE) == [], "its free card is not offered while it is silent"
+    assert state.most_free() == 0
+    state.add_worker(Slot(worker_id="quiet", node_name="n-quiet", address="a:1", devices=(0, 1)))
+    [placed] = state.assign(T0, RESERVE)
+    assert (placed.task_id, placed.worker_id, placed.gpu_indices) == ("t3", "quiet", (1,))
+
+
+def test_a_silent_worker_gives_up_its_reservation() -> None:
+    state = _pool(a=(0, 1), b=(0, 1))
+    state.request("pair", 2, T0)
+    state.request("one", 1, T0)
+    state.assign(T0, RESERVE)  # a full, b with a card free
+    state.request("big", 2, T0)
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"b": "big"}
+    state.silence("b")
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"a": "big"}
