@@ -194,6 +194,40 @@ async def _managed_schedule_ids(client: Client, task_queue: str) -> set[str]:
     return ids
 
 
+async def pool_names(client: Client, task_queue: str) -> list[str]:
+    """The pools this controlplane reconciles (its `reconcile:<pool>` schedules), sorted."""
+    ids = await _managed_schedule_ids(client, task_queue)
+    return sorted(schedule_id.removeprefix(RECONCILE_PREFIX) for schedule_id in ids)
+
+
+async def has_pool(client: Client, task_queue: str, pool_name: str) -> bool:
+    """Whether this controlplane reconciles the pool: its schedule, described (read at once,
+    unlike a listing, which the visibility store may give a moment late)."""
+    handle = client.get_schedule_handle(reconcile_schedule_id(pool_name))
+    try:
+        described = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return (await described.memo()).get(MEMO_TASK_QUEUE) == task_queue
+
+
+async def unknown_pool(client: Client, task_queue: str, pool_name: str) -> str | None:
+    """Why a command naming the pool is refused (no such pool here, naming those there
+    are), or None when this controlplane reconciles it."""
+    if await has_pool(client, task_queue, pool_name):
+        return None
+    return no_such_pool(pool_name, await pool_names(client, task_queue))
+
+
+def no_such_pool(pool_name: str, pools: Iterable[str]) -> str:
+    return (
+        f"no pool {pool_name} on this controlplane (`levers9 pool list` shows"
+        f" {', '.join(sorted(pools)) or 'none'}): --pool names one"
+    )
+
+
 async def ensure_reconcile_schedule(
     client: Client, pool_name: str, settings: ControlplaneSettings, source: str = JOINED
 ) -> bool:

@@ -36,7 +36,13 @@ from levers9.endpoint_records import (
 from levers9.endpoints import EndpointSpec, EndpointView
 from levers9.errors import ControlplaneUnreachable
 from levers9.image_reference import ImageReference, ImageReferenceError
-from levers9.temporal import QUERY_WITHIN_S, NoQueryAnswer, connect, list_reconcile_schedules
+from levers9.temporal import (
+    QUERY_WITHIN_S,
+    NoQueryAnswer,
+    connect,
+    list_reconcile_schedules,
+    no_such_pool,
+)
 
 app = typer.Typer(
     help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
@@ -193,10 +199,7 @@ async def _create(settings: ControlplaneSettings, spec: EndpointSpec) -> None:
     client = await connect(settings)
     pools = {row.pool for row in await list_reconcile_schedules(settings)}
     if spec.pool_name not in pools:
-        raise LookupError(
-            f"no pool {spec.pool_name} on this controlplane (`levers9 pool list` shows"
-            f" {', '.join(sorted(pools)) or 'none'}): --pool names one"
-        )
+        raise LookupError(no_such_pool(spec.pool_name, pools))
     await create_endpoint(client, settings.task_queue, spec)
 
 

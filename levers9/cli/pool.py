@@ -8,17 +8,25 @@ import json
 from typing import Annotated, Any
 
 import typer
-from temporalio.client import WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError
 
+from levers9.cli.gateway_api import GatewayRefused
 from levers9.cli.output import Output, console, fail, render
 from levers9.cli.runtime import duration, settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
+from levers9.contract import DNS_LABEL
 from levers9.models import TaskInput, new_task_id
 from levers9.operations import failure_message, start_pool_removal
 from levers9.task_records import PROBE_COMMAND, check_mismatch, check_report
-from levers9.temporal import connect, list_reconcile_schedules
+from levers9.temporal import (
+    connect,
+    has_pool,
+    list_reconcile_schedules,
+    no_such_pool,
+    pool_names,
+)
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
 
@@ -73,7 +81,11 @@ def check(
     settings = settings_from_env()
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
     console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
-    record = asyncio.run(submit_and_follow(settings, task, wait_s, show_logs=False))
+    try:
+        record = asyncio.run(submit_and_follow(settings, task, wait_s, show_logs=False))
+    except GatewayRefused as exc:  # no such pool, say
+        fail([str(exc)])
+        raise typer.Exit(1) from None
     if record is None:
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
@@ -103,6 +115,9 @@ def remove(
     except WorkflowFailureError as exc:
         fail([f"removal failed: {failure_message(exc)}"])
         raise typer.Exit(1) from None
+    except LookupError as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
     console.print(
         f"pool {pool} removed: schedule {'deleted' if result.schedule_deleted else 'was gone'},"
         f" {len(result.workers_ended)} worker records ended, {len(result.machines_ended)}"
@@ -118,7 +133,20 @@ async def _remove(
     settings: ControlplaneSettings, pool: str, delete_namespace: bool
 ) -> RemovePoolResult:
     client = await connect(settings)
+    if not DNS_LABEL.fullmatch(pool) or not await _removable(client, settings, pool):
+        raise LookupError(no_such_pool(pool, await pool_names(client, settings.task_queue)))
     handle = await start_pool_removal(
         client, settings, pool, delete_namespace=delete_namespace, reason="removed by levers9"
     )
     return await handle.result()
+
+
+async def _removable(client: Client, settings: ControlplaneSettings, pool: str) -> bool:
+    """The pool is reconciled here, or a removal of it left records running (rerun to finish):
+    anything else names no pool, and removing it would say it removed one."""
+    if await has_pool(client, settings.task_queue, pool):
+        return True
+    query = f"ExecutionStatus='Running' AND PoolName='{pool}' AND TaskQueue='{settings.task_queue}'"
+    async for _ in client.list_workflows(query, limit=1):
+        return True
+    return False

@@ -105,8 +105,13 @@ class TemporalTasks:
 
     async def submit(self, task: TaskInput) -> None:
         from levers9.task_records import start_task
+        from levers9.temporal import unknown_pool
 
-        await start_task(await self.client(), self._settings.task_queue, task)
+        client = await self.client()
+        problem = await unknown_pool(client, self._settings.task_queue, task.pool_name)
+        if problem is not None:  # as the gateway refuses it: it would wait forever
+            raise typer.BadParameter(problem, param_hint="--pool")
+        await start_task(client, self._settings.task_queue, task)
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
         """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said

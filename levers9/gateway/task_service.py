@@ -19,6 +19,8 @@ registered it), and relays `WorkerService/StreamLogs` chunk by chunk.
 - A task not yet placed is waited for (with `follow`), polling its record.
 - The worker unreachable, or gone mid-stream: UNAVAILABLE naming the worker and its address,
   and where the record's tail is (`levers9 task logs <id>`).
+- A pool this controlplane does not reconcile (no `reconcile:<pool>` schedule): INVALID_ARGUMENT
+  naming the pools there are, before anything is started (it would wait forever).
 - No such task: NOT_FOUND. A wrong or missing operator token: UNAUTHENTICATED. A malformed
   submit (no command, a pool name that is no DNS label, a bad task id): INVALID_ARGUMENT
   naming the field.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -52,6 +55,7 @@ from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_records import cancel_task, start_task, task_ended, task_record
+from levers9.temporal import unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
 PLACEMENT_POLL_S = (0.02, 0.5)
@@ -72,6 +76,7 @@ RELAYED = "levers9-relayed-by"
 MAX_WAIT_S = 60.0
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
 MAX_REASON_CHARS = 1024
+KNOWN_POOL_TTL_S = 5.0
 
 
 class TaskRecords(Protocol):
@@ -80,6 +85,9 @@ class TaskRecords(Protocol):
 
     async def start(self, task: TaskInput) -> None:
         """Starts the task's record; a second start of the same id starts nothing."""
+
+    async def unknown_pool(self, pool_name: str) -> str | None:
+        """Why a task naming the pool is refused (no such pool, naming those there are)."""
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         """The record once the task has ended, or as it is after `timeout_s`."""
@@ -97,6 +105,7 @@ class TemporalTaskRecords:
     def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
         self._task_queue = task_queue
+        self._known: dict[str, float] = {}
 
     async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
         return await task_record(self._client, task_id, where_queued=where_queued)
@@ -104,6 +113,17 @@ class TemporalTaskRecords:
     async def start(self, task: TaskInput) -> None:
         with contextlib.suppress(WorkflowAlreadyStartedError):
             await start_task(self._client, self._task_queue, task)
+
+    async def unknown_pool(self, pool_name: str) -> str | None:
+        """A burst of submits to one pool describes its schedule once per KNOWN_POOL_TTL_S;
+        a refusal is always from a fresh read."""
+        seen = self._known.get(pool_name)
+        if seen is not None and time.monotonic() - seen < KNOWN_POOL_TTL_S:
+            return None
+        problem = await unknown_pool(self._client, self._task_queue, pool_name)
+        if problem is None:
+            self._known[pool_name] = time.monotonic()
+        return problem
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)
@@ -338,6 +358,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             task = submitted_task(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        problem = await self._records.unknown_pool(task.pool_name)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pool_name: {problem}")
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
 

@@ -1,0 +1,144 @@
+"""Wrong input to the CLI is refused at the door, the real `levers9` driven as a user drives it
+against the Temporal dev server and a real gateway: a pool this controlplane does not reconcile
+is refused at submit (through the gateway, and straight through Temporal without a token),
+naming the pools there are, and nothing is started; `pool remove` of such a pool removes
+nothing and says so.
+
+The controlplane here is its gateway and one reconcile schedule (paused: nothing polls its task
+queue), which is all the refusals read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.config import ControlplaneSettings
+from levers9.gateway.records import TemporalWorkerRecords
+from levers9.gateway.server import Gateway
+from levers9.gateway.task_service import TemporalTaskRecords
+from levers9.models import reconcile_schedule_id
+from levers9.temporal import VALUES, ensure_reconcile_schedule
+from levers9.tokens import operator_token
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+SECRET = "door-refusals-secret-0123456789"
+POOL = "door-pool"
+LEVERS9 = Path(sys.executable).parent / "levers9"
+
+
+@dataclass(frozen=True)
+class Plane:
+    env: dict[str, str]
+    task_queue: str
+    env_without_token: dict[str, str]
+
+    async def cli(self, *args: str, token: bool = True) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(
+            subprocess.run,
+            [str(LEVERS9), *args],
+            env=self.env if token else self.env_without_token,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+@pytest.fixture(scope="module")
+async def plane(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Plane]:
+    client = dev_env.client
+    task_queue = f"tq-door-{uuid.uuid4().hex[:8]}"
+    address = client.service_client.config.target_host
+    settings = ControlplaneSettings.model_validate(
+        {"temporalAddress": address, "taskQueue": task_queue}
+    )
+    await ensure_reconcile_schedule(client, POOL, settings, source=VALUES)
+    schedule = client.get_schedule_handle(reconcile_schedule_id(POOL))
+    await schedule.pause()
+    gateway = Gateway(
+        TemporalWorkerRecords(client),
+        SecretStr(SECRET),
+        tasks=TemporalTaskRecords(client, task_queue),
+    )
+    port = await gateway.start("127.0.0.1:0")
+    home = tmp_path_factory.mktemp("door")
+    base = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": address,
+        "LEVERS9_TASK_QUEUE": task_queue,
+        "LEVERS9_HOME": str(home / "no-dev-stack"),
+        "COLUMNS": "400",  # click's usage errors in one line, as the assertions read them
+    }
+    base.pop("LEVERS9_API_TOKEN", None)
+    base.pop("LEVERS9_API_TOKEN_FILE", None)
+    with_token = {
+        **base,
+        "LEVERS9_GATEWAY_ADDRESS": f"127.0.0.1:{port}",
+        "LEVERS9_API_TOKEN": operator_token(SECRET),
+    }
+    try:
+        yield Plane(with_token, task_queue, base)
+    finally:
+        await gateway.stop(grace=0)
+        await schedule.delete()
+
+
+async def _tasks(dev_env: WorkflowEnvironment, task_queue: str, pool: str) -> list[str]:
+    query = f"TaskQueue='{task_queue}' AND WorkflowType='TaskWorkflow' AND PoolName='{pool}'"
+    return [w.id async for w in dev_env.client.list_workflows(query)]
+
+
+@pytest.mark.parametrize("token", [True, False], ids=["gateway", "temporal"])
+async def test_run_on_a_pool_that_is_not_there_is_refused_naming_the_pools(
+    plane: Plane, dev_env: WorkflowEnvironment, token: bool
+) -> None:
+    done = await plane.cli("run", "--pool", "nosuchpool", "--wait", "5", "--", "true", token=token)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "Traceback" not in said
+    assert (
+        "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-pool)" in said
+    ), said
+    assert "submitted" not in said
+    # The pool that is there is taken (the check refuses by name, not everything).
+    taken = await plane.cli("run", "--pool", POOL, "--detach", "--", "true", token=token)
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    task_id = taken.stdout.strip().splitlines()[-1]
+
+    async def listed() -> bool:
+        return f"task:{task_id}" in await _tasks(dev_env, plane.task_queue, POOL)
+
+    await eventually(listed)  # what was started is listed by now; the refused one never was
+    assert await _tasks(dev_env, plane.task_queue, "nosuchpool") == []
+    await dev_env.client.get_workflow_handle(f"task:{task_id}").terminate("test done")
+
+
+async def test_pool_remove_of_a_pool_that_is_not_there_removes_nothing(
+    plane: Plane, dev_env: WorkflowEnvironment
+) -> None:
+    done = await plane.cli("pool", "remove", "--pool", "nosuchpool")
+    said = done.stdout + done.stderr
+    assert done.returncode == 1, said
+    assert "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-pool)" in said
+    assert "removed" not in said
+    assert "kubectl delete namespace" not in said
+    assert "Traceback" not in said
+    query = f"TaskQueue='{plane.task_queue}' AND WorkflowType='RemovePoolWorkflow'"
+    assert [w.id async for w in dev_env.client.list_workflows(query)] == []
+    bad = await plane.cli("pool", "remove", "--pool", "Not'A'Pool")
+    assert bad.returncode == 1
+    assert "no pool Not'A'Pool" in bad.stdout + bad.stderr
