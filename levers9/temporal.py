@@ -97,11 +97,78 @@ async def connect(settings: ControlplaneSettings, runtime: Runtime | None = None
     except RuntimeError as exc:
         if not str(exc).startswith("Failed client connect"):
             raise
-        raise Unreachable(
-            f"cannot reach Temporal at {settings.temporal_address}"
-            f" ({_connect_reason(str(exc))}): set TEMPORAL_ADDRESS (temporalAddress), or start"
-            " the dev stack with levers9 dev up"
-        ) from None
+        reason, fix = connect_problem(settings, str(exc))
+        message = f"cannot reach Temporal at {settings.temporal_address} ({reason}): {fix}"
+        if api_key:
+            message = message.replace(api_key.get_secret_value(), "***")
+        raise Unreachable(message) from None
+
+
+_CA_SETTING = "temporalTlsServerCaFile (LEVERS9_TEMPORAL_TLS_SERVER_CA_FILE)"
+_CLIENT_SETTINGS = (
+    "temporalTlsCertFile and temporalTlsKeyFile"
+    " (LEVERS9_TEMPORAL_TLS_CERT_FILE, LEVERS9_TEMPORAL_TLS_KEY_FILE)"
+)
+
+
+def connect_problem(settings: ControlplaneSettings, message: str) -> tuple[str, str]:
+    """Why the SDK's `Failed client connect: ...` failed, in words, and the setting that fixes
+    it: TLS and authentication problems name their setting, not the address."""
+    tls = settings.temporal_tls or settings.temporal_api_key is not None
+    tls = tls or any(
+        path is not None
+        for path in (
+            settings.temporal_tls_cert_file,
+            settings.temporal_tls_key_file,
+            settings.temporal_tls_server_ca_file,
+        )
+    )
+    ca = settings.temporal_tls_server_ca_file
+    if "UnknownIssuer" in message:
+        trusted = f"the CA in {ca}" if ca else "a CA of the system's roots"
+        return (
+            f"its TLS certificate is not signed by {trusted}",
+            f"set {_CA_SETTING} to the CA that signed the server's certificate",
+        )
+    if "NotValidForName" in message:
+        return (
+            "its TLS certificate does not name that host",
+            "set TEMPORAL_ADDRESS (temporalAddress) to a name its certificate holds",
+        )
+    if "code: Unauthenticated" in message or "code: PermissionDenied" in message:
+        if settings.temporal_api_key is None:
+            return "it wants an API key", "set TEMPORAL_API_KEY (temporalApiKey)"
+        return (
+            "it refused the API key",
+            f"set TEMPORAL_API_KEY (temporalApiKey) to a key valid for namespace"
+            f" {settings.temporal_namespace}",
+        )
+    if tls and "InvalidContentType" in message:
+        return (
+            "it does not speak TLS",
+            "unset LEVERS9_TEMPORAL_TLS and the LEVERS9_TEMPORAL_TLS_*_FILE settings"
+            " (an API key turns TLS on too), or point TEMPORAL_ADDRESS at its TLS port",
+        )
+    closed = ("close_notify", "UnexpectedEof", "BrokenPipe", '"connection closed"')
+    if tls and any(word in message for word in closed):
+        if settings.temporal_tls_cert_file is None:
+            return (
+                "it closed the TLS connection: it may want a client certificate, for mutual TLS",
+                f"set {_CLIENT_SETTINGS}",
+            )
+        return (
+            "it closed the TLS connection: it may have refused the client certificate",
+            f"set {_CLIENT_SETTINGS} to a certificate its client CA signed",
+        )
+    if not tls and any(word in message for word in closed):
+        return (
+            "it closed the connection: it may serve TLS only",
+            f"set LEVERS9_TEMPORAL_TLS=true (temporalTls), with {_CA_SETTING} for a CA of your own",
+        )
+    return (
+        _connect_reason(message),
+        "set TEMPORAL_ADDRESS (temporalAddress), or start the dev stack with levers9 dev up",
+    )
 
 
 def _connect_reason(message: str) -> str:
