@@ -217,6 +217,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         settings,
         keep=[p.pool_name for p in values.problems],
         joined=[s.spec.name for s in joined],
+        simulated_gpus=[name for name, pool in values.pools.items() if pool.simulated_gpus],
     )
     log.info(
         "reconcile schedules in place",

@@ -317,6 +317,9 @@ class PoolConfig(_Model):
         default_factory=WorkerResources, alias="workerResources"
     )
     kubernetes: KubernetesConfig
+    simulated_gpus: bool = Field(default=False, alias="simulatedGpus", strict=True)
+    """The pool's cards are simulated (the sandbox): its GPU check expects the container to see
+    no card. Never set on a real pool: there a container that saw no card fails the check."""
 
     @field_validator("image_cache_size")
     @classmethod

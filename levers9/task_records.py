@@ -177,10 +177,21 @@ def check_report(record: TaskRecord) -> dict[str, object]:
     return report
 
 
-def check_mismatch(report: dict[str, object], gpu: str) -> str | None:
-    """Why a check whose task completed still failed: the card the container saw is not the
-    `--gpu` asked for, or the matmul on it disagreed with the CPU. None when it passed, or when
-    the container saw no card at all (the sandbox has none; `cuda` false says so)."""
+NO_CARD = "the container saw no GPU: check the node's driver and the device plugin"
+SIMULATED_NO_CARD = "simulated cards: no GPU was visible, as expected"
+
+
+def saw_no_card(report: dict[str, object]) -> bool:
+    """The probe found no card at all: no device, no nvidia-smi line, CUDA not up."""
+    return not any(report.get(k) for k in ("device", "nvidia_smi", "cuda"))
+
+
+def check_mismatch(report: dict[str, object], gpu: str, *, simulated: bool = False) -> str | None:
+    """Why a check whose task completed still failed: the container saw no card (on a pool not
+    marked `simulatedGpus`), the card it saw is not the `--gpu` asked for, or the matmul on it
+    disagreed with the CPU. None when it passed (a simulated pool's container sees none)."""
+    if saw_no_card(report):
+        return None if simulated else NO_CARD
     seen = [str(report[k]) for k in ("device", "nvidia_smi") if report.get(k)]
     if seen and not any(gpu_type_matches(gpu, name) for name in seen):
         return f"the container saw {seen[0]!r}, not a {gpu}: check --gpu and the pool's selector"

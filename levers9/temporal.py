@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -58,6 +58,9 @@ MEMO_SOURCE = "levers9.source"
 """Who made a pool: `values` (the controlplane's values) or `joined` (`levers9 cluster join`);
 a join never takes, and a leave never removes, a pool of the values."""
 VALUES, JOINED = "values", "joined"
+MEMO_SIMULATED_GPUS = "levers9.simulatedGpus"
+"""True when the pool's values say `simulatedGpus: true` (the sandbox): `levers9 pool check`
+reads it to tell a simulated pool's empty container from a broken driver's."""
 RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
 PASS_POLL_S = 1.0
 
@@ -296,21 +299,34 @@ def no_such_pool(pool_name: str, pools: Iterable[str]) -> str:
 
 
 async def ensure_reconcile_schedule(
-    client: Client, pool_name: str, settings: ControlplaneSettings, source: str = JOINED
+    client: Client,
+    pool_name: str,
+    settings: ControlplaneSettings,
+    source: str = JOINED,
+    *,
+    simulated_gpus: bool = False,
 ) -> bool:
     """Creates `reconcile:<pool>` (True), or updates it keeping an operator's pause (False).
-    `source` (values or joined) is kept in its memo; a schedule made before the memo named it
-    is made again with it, its pause kept."""
+    `source` (values or joined) and `simulated_gpus` are kept in its memo; a schedule whose memo
+    says otherwise (or was made before the memo said) is made again with it, its pause kept."""
     schedule_id = reconcile_schedule_id(pool_name)
     schedule = reconcile_schedule(pool_name, settings)
-    memo = {MEMO_TASK_QUEUE: settings.task_queue, MEMO_SOURCE: source}
+    memo = {
+        MEMO_TASK_QUEUE: settings.task_queue,
+        MEMO_SOURCE: source,
+        MEMO_SIMULATED_GPUS: simulated_gpus,
+    }
     try:
         await client.create_schedule(schedule_id, schedule, memo=memo)
         return True
     except ScheduleAlreadyRunningError:
         handle = client.get_schedule_handle(schedule_id)
         described = await handle.describe()
-        if (await described.memo()).get(MEMO_SOURCE) != source:
+        kept = await described.memo()
+        if (kept.get(MEMO_SOURCE), kept.get(MEMO_SIMULATED_GPUS, False)) != (
+            source,
+            simulated_gpus,
+        ):
             # A schedule's memo cannot be updated: make it again, as it stood.
             await handle.delete()
             state = described.schedule.state
@@ -331,14 +347,24 @@ async def ensure_reconcile_schedule(
 async def schedule_source(client: Client, pool_name: str) -> str | None:
     """Who made pool `pool_name`'s schedule (values or joined); None when it has none, or was
     made before the memo said."""
+    source = (await _schedule_memo(client, pool_name)).get(MEMO_SOURCE)
+    return source if isinstance(source, str) else None
+
+
+async def gpus_simulated(client: Client, pool_name: str) -> bool:
+    """Whether pool `pool_name`'s values say `simulatedGpus: true` (its schedule's memo); False
+    for a pool without a schedule, a joined one, or one scheduled before the memo said."""
+    return (await _schedule_memo(client, pool_name)).get(MEMO_SIMULATED_GPUS) is True
+
+
+async def _schedule_memo(client: Client, pool_name: str) -> Mapping[str, Any]:
     try:
         described = await client.get_schedule_handle(reconcile_schedule_id(pool_name)).describe()
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
+            return {}
         raise
-    source = (await described.memo()).get(MEMO_SOURCE)
-    return source if isinstance(source, str) else None
+    return await described.memo()
 
 
 async def sync_reconcile_schedules(
@@ -347,22 +373,26 @@ async def sync_reconcile_schedules(
     settings: ControlplaneSettings,
     keep: Iterable[str] = (),
     joined: Iterable[str] = (),
+    simulated_gpus: Iterable[str] = (),
 ) -> ScheduleSync:
     """Creates or updates `reconcile:<pool>` per pool; deletes those of pools no longer here.
 
     Pools in `keep` (in the values but not loadable, say a typo) keep their schedule as it is:
     a bad edit must not read as "pool removed". Pools in `joined` were made by `levers9
-    cluster join`, the others by the values (the schedule's memo says which). Only schedules
+    cluster join`, the others by the values (the schedule's memo says which); pools in
+    `simulated_gpus` say `simulatedGpus: true` (memo too). Only schedules
     that this controlplane's task queue owns (a memo) are deleted, so two controlplanes sharing
     a namespace leave each other alone. An operator's pause survives an update.
     """
     wanted = {reconcile_schedule_id(name): name for name in pool_names}
     kept = {reconcile_schedule_id(name) for name in keep}
     created, updated = [], []
-    joined = set(joined)
+    joined, simulated = set(joined), set(simulated_gpus)
     for schedule_id, pool_name in wanted.items():
         source = JOINED if pool_name in joined else VALUES
-        if await ensure_reconcile_schedule(client, pool_name, settings, source):
+        if await ensure_reconcile_schedule(
+            client, pool_name, settings, source, simulated_gpus=pool_name in simulated
+        ):
             created.append(schedule_id)
         else:
             updated.append(schedule_id)

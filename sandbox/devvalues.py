@@ -59,11 +59,13 @@ def write(
     tunnel: bool = False,
     task_image: str | None = None,
 ) -> list[Path]:
-    """Writes the two values files for the sandbox at `endpoint` with its CA and key; with
-    `task_image`, the block gains `taskDefaults: {image: ...}` (the one line beyond the spec's
-    block: where a task that names no image runs)."""
+    """Writes the two values files for the sandbox at `endpoint` with its CA and key. Beyond the
+    spec's block: `simulatedGpus: true` (the sandbox's cards are simulated, so the GPU check
+    expects its container to see none) and, with `task_image`, `taskDefaults: {image: ...}`
+    (where a task that names no image runs)."""
     values = directory / "values.yaml"
     block = pool_block(ca_base64, endpoint, tunnel=tunnel)
+    block["simulatedGpus"] = True
     if task_image:
         block["taskDefaults"] = {"image": task_image}
     pools = {POOL_NAME: block}

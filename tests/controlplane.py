@@ -226,7 +226,8 @@ async def controlplane(
     pool_settings: Mapping[str, object] | None = None,
 ) -> AsyncIterator[Controlplane]:
     """The sandbox (default scenario) and the pool, clients and settings that reach it;
-    `pool_settings` are added to the spec's pool block (e.g. `taskDefaults`)."""
+    `pool_settings` are added to the spec's pool block (e.g. `taskDefaults`), which says
+    `simulatedGpus: true` as the dev stack's does (the sandbox has no card)."""
     key_file = directory / "gke-sa.json"
     running = await start(
         scenario or quick_scenario(), directory / "sandbox", controlplane_key=key_file
@@ -236,7 +237,7 @@ async def controlplane(
         base64.b64encode(ca_pem).decode(), running.sandbox.url, tunnel=tunnel
     )
     block["kubernetes"]["credentials"] = key_file.read_text()
-    block.update(pool_settings or {})
+    block.update({"simulatedGpus": True, **(pool_settings or {})})
     pool = parse_pool(POOL, block)
     gateway_port = free_port()
     values = ControlplaneSettings.model_validate(
@@ -285,7 +286,8 @@ async def reconciling(
         ) as plane,
         plane.worker(client),
     ):
-        await sync_reconcile_schedules(client, [POOL], plane.settings)
+        simulated = [POOL] if plane.pool.simulated_gpus else []
+        await sync_reconcile_schedules(client, [POOL], plane.settings, simulated_gpus=simulated)
         try:
             yield plane
         finally:

@@ -3,19 +3,23 @@ timeline with the times this run took, each line read from the log that printed 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from datetime import datetime
 
-from levers9.cli.output import Output, console, render
+from levers9.cli.output import Output, render
+from levers9.cli.pool import print_check
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.models import TaskInput, TaskRecord, new_task_id
-from levers9.task_records import PROBE_COMMAND, check_report
+from levers9.task_records import PROBE_COMMAND
+from levers9.temporal import connect, gpus_simulated
 from levers9.timeline import Row, first, since
 from sandbox.devstack import DevStack
 
 POOL = "gke-rtx6000"
+GPU = "RTXPro6000"
 JOB_WAIT_S = 900.0
 
 
@@ -81,5 +85,8 @@ def show(
         title="what you see along the way, measured on this run",
     )
     if cold is not None:
-        word = "COMPLETE" if cold.state == "succeeded" else "FAILED"
-        console.print(f"{word} {json.dumps(check_report(cold), indent=2)}", highlight=False)
+        print_check(cold, GPU, simulated=asyncio.run(_simulated(stack.settings())))
+
+
+async def _simulated(settings: ControlplaneSettings) -> bool:
+    return await gpus_simulated(await connect(settings), POOL)

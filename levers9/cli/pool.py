@@ -17,11 +17,18 @@ from levers9.cli.task import submit_and_follow
 from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
-from levers9.models import TaskInput, new_task_id
+from levers9.models import TaskInput, TaskRecord, new_task_id
 from levers9.operations import failure_message, start_pool_removal
-from levers9.task_records import PROBE_COMMAND, check_mismatch, check_report
+from levers9.task_records import (
+    PROBE_COMMAND,
+    SIMULATED_NO_CARD,
+    check_mismatch,
+    check_report,
+    saw_no_card,
+)
 from levers9.temporal import (
     connect,
+    gpus_simulated,
     has_pool,
     list_reconcile_schedules,
     no_such_pool,
@@ -76,13 +83,14 @@ def check(
     timeout: Annotated[str, typer.Option("--timeout", help="e.g. 15m, 90s")] = "15m",
 ) -> None:
     """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
-    task record, so a slow first start does not hide the result."""
+    task record, so a slow first start does not hide the result. A container that saw no card
+    fails it, unless the pool's values say `simulatedGpus: true` (the sandbox)."""
     wait_s = duration(timeout, "--timeout")
     settings = settings_from_env()
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
     console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
     try:
-        record = asyncio.run(submit_and_follow(settings, task, wait_s, show_logs=False))
+        record, simulated = asyncio.run(_run_check(settings, task, wait_s))
     except GatewayRefused as exc:  # no such pool, say
         fail([str(exc)])
         raise typer.Exit(1) from None
@@ -90,14 +98,34 @@ def check(
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
         raise typer.Exit(1)
+    if not print_check(record, gpu, simulated=simulated):
+        raise typer.Exit(1)
+
+
+async def _run_check(
+    settings: ControlplaneSettings, task: TaskInput, wait_s: float
+) -> tuple[TaskRecord | None, bool]:
+    """The check's record, and whether its pool's cards are simulated (its schedule's memo)."""
+    record = await submit_and_follow(settings, task, wait_s, show_logs=False)
+    return record, await gpus_simulated(await connect(settings), task.pool_name)
+
+
+def print_check(record: TaskRecord, gpu: str, *, simulated: bool) -> bool:
+    """Prints `COMPLETE {json}` (True) or `FAILED {json}` with the reason (False); on a
+    simulated pool whose container saw no card, says so on the line before."""
     report = check_report(record)
-    mismatch = check_mismatch(report, gpu) if record.state == "succeeded" else None
+    mismatch = (
+        check_mismatch(report, gpu, simulated=simulated) if record.state == "succeeded" else None
+    )
     if mismatch:
         report["reason"] = mismatch
-    word = "COMPLETE" if record.state == "succeeded" and not mismatch else "FAILED"
-    console.print(f"{word} {json.dumps(report, indent=2)}", highlight=False)
-    if word == "FAILED":
-        raise typer.Exit(1)
+    passed = record.state == "succeeded" and not mismatch
+    if passed and simulated and saw_no_card(report):
+        console.print(SIMULATED_NO_CARD, highlight=False)
+    console.print(
+        f"{'COMPLETE' if passed else 'FAILED'} {json.dumps(report, indent=2)}", highlight=False
+    )
+    return passed
 
 
 @app.command()

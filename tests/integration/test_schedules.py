@@ -34,6 +34,7 @@ from levers9.search_attributes import POOL_NAME
 from levers9.temporal import (
     MEMO_TASK_QUEUE,
     ensure_search_attributes,
+    gpus_simulated,
     list_reconcile_schedules,
     sync_reconcile_schedules,
 )
@@ -127,6 +128,24 @@ async def test_other_task_queues_schedules_are_left_alone(
     result = await sync_reconcile_schedules(client, [], _settings(dev_env, task_queue))
     assert f"reconcile:{prefix}-x" not in result.deleted
     await sync_reconcile_schedules(client, [], _settings(dev_env, other_queue))
+
+
+async def test_a_pools_simulated_gpus_is_in_its_schedules_memo_and_a_change_keeps_the_pause(
+    dev_env: WorkflowEnvironment, client: Client, task_queue: str
+) -> None:
+    """`levers9 pool check` reads `simulatedGpus` from the schedule's memo: set as the values say,
+    false for any other pool (or none), and a change made again with an operator's pause kept."""
+    settings = _settings(dev_env, task_queue)
+    sim, real = _names(f"p-{uuid.uuid4().hex[:8]}", "sim", "real")
+    await sync_reconcile_schedules(client, [sim, real], settings, simulated_gpus=[sim])
+    assert (await gpus_simulated(client, sim), await gpus_simulated(client, real)) == (True, False)
+    assert await gpus_simulated(client, "no-such-pool") is False
+    await client.get_schedule_handle(f"reconcile:{sim}").pause(note="operator")
+    await sync_reconcile_schedules(client, [sim, real], settings)
+    assert await gpus_simulated(client, sim) is False
+    described = await client.get_schedule_handle(f"reconcile:{sim}").describe()
+    assert described.schedule.state.paused
+    await sync_reconcile_schedules(client, [], settings)
 
 
 class ObserveRecorder:

@@ -1,6 +1,8 @@
 """Tasks end to end on the sandbox, driven by the real CLI as a user drives it: the GPU check
 (`levers9 pool check`, and `deploy/gke/check-gke-pool.sh` around it) prints COMPLETE with what
-the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never an invented device);
+the container saw (no GPU here: `cuda` false, `nvidia_smi` null, never an invented device) on a
+pool whose values say `simulatedGpus: true`, and FAILED (exit 1) with the reason on one that
+does not;
 `levers9 run` prints the task's output and result, a task sees only its cards; `run --wait 0`
 prints DEADLINE_EXCEEDED and the task still completes; a worker shut down mid-task fails the
 task with the reason, never silently. Without the tunnel, the controlplane reaches every worker
@@ -27,9 +29,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.models import TERMINAL
 from levers9.rpc.worker_tls import server_name, worker_ca, worker_channel
 from levers9.task_records import task_record
-from levers9.temporal import connect, list_worker_records
+from levers9.temporal import connect, list_worker_records, sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 
@@ -93,6 +96,7 @@ async def test_workers_serve_tls_with_the_certificate_the_controlplane_issued(
 async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
     done = await cp.cli("pool", "check", "--pool", POOL, "--gpu", "RTXPro6000")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "simulated cards: no GPU was visible, as expected\nCOMPLETE {" in done.stdout
     text = done.stdout[done.stdout.index("COMPLETE ") + len("COMPLETE ") :]
     result = json.loads(text)
     assert list(result) == ["host", "nvidia_smi", "cuda", "device", "matmul_ok"]
@@ -105,7 +109,7 @@ async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
     }
 
 
-async def test_check_script_wraps_the_check(cp: Controlplane) -> None:
+async def _check_script(cp: Controlplane) -> subprocess.CompletedProcess[str]:
     script = Path(__file__).parents[2] / "deploy" / "gke" / "check-gke-pool.sh"
     env = {
         **os.environ,
@@ -113,7 +117,7 @@ async def test_check_script_wraps_the_check(cp: Controlplane) -> None:
         "LEVERS9_TASK_QUEUE": cp.settings.task_queue,
         "LEVERS9": str(BIN / "levers9"),
     }
-    done = await asyncio.to_thread(
+    return await asyncio.to_thread(
         subprocess.run,
         [str(script), "--gpu", "RTXPro6000"],
         env=env,
@@ -121,8 +125,33 @@ async def test_check_script_wraps_the_check(cp: Controlplane) -> None:
         text=True,
         timeout=120,
     )
+
+
+async def test_check_script_wraps_the_check(cp: Controlplane) -> None:
+    done = await _check_script(cp)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "COMPLETE {" in done.stdout
+
+
+async def test_check_on_a_pool_not_marked_simulated_fails_when_no_card_is_seen(
+    cp: Controlplane,
+) -> None:
+    """The same pool, its values without `simulatedGpus` (the schedule's memo, as the
+    controlplane writes it from them): the container that saw no card fails the check, as on a
+    real pool whose driver or device plugin is broken, and the script exits non-zero."""
+    client = await connect(cp.settings)
+    await sync_reconcile_schedules(client, [POOL], cp.settings)
+    try:
+        done = await _check_script(cp)
+    finally:
+        await sync_reconcile_schedules(client, [POOL], cp.settings, simulated_gpus=[POOL])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "simulated cards" not in done.stdout
+    report = json.loads(done.stdout[done.stdout.index("FAILED ") + len("FAILED ") :])
+    assert report["cuda"] is False
+    assert report["reason"] == (
+        "the container saw no GPU: check the node's driver and the device plugin"
+    )
 
 
 async def test_run_prints_output_and_the_task_sees_only_its_cards(cp: Controlplane) -> None:
@@ -345,9 +374,10 @@ async def test_worker_shut_down_mid_task_fails_it_with_the_reason(cp: Controlpla
 
     async def failed() -> bool:
         got = await task_record(await connect(cp.settings), task_id)
-        return got is not None and got.state in {"lost", "failed"}
+        return got is not None and got.state in TERMINAL
 
     await eventually(failed, within=WITHIN)
     final = await task_record(await connect(cp.settings), task_id)
     assert final is not None
-    assert "worker shut down" in final.reason or "worker lost" in final.reason
+    # The pod's deletion stops its agent (SIGTERM), which reports its running task lost.
+    assert (final.state, final.reason) == ("lost", "worker shut down")

@@ -1,11 +1,18 @@
 """The GPU check's verdict on what the container saw: the spec's good run passes, a card that is
 not the `--gpu` asked for or a matmul that disagrees fails with the reason, and a container that
-saw no card (the sandbox) reports so without failing."""
+saw no card fails (a broken driver or device plugin) unless the pool says `simulatedGpus: true`
+(the sandbox), where `levers9 pool check` says it saw none, as expected, and COMPLETE."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+
 import pytest
 
+from levers9.cli.output import console
+from levers9.cli.pool import print_check
+from levers9.models import TaskRecord
 from levers9.task_records import check_mismatch, gpu_type_matches
 
 SPEC_RUN: dict[str, object] = {
@@ -58,6 +65,78 @@ def test_a_wrong_matmul_fails() -> None:
     )
 
 
-def test_no_card_seen_is_reported_not_failed() -> None:
-    sandbox = {"host": "process", "nvidia_smi": None, "cuda": False, "device": None}
-    assert check_mismatch({**sandbox, "matmul_ok": None}, "RTXPro6000") is None
+NO_CARD: dict[str, object] = {
+    "host": "runc",
+    "nvidia_smi": None,
+    "cuda": False,
+    "device": None,
+    "matmul_ok": None,
+}
+
+
+def test_no_card_seen_fails_naming_the_driver_and_the_device_plugin() -> None:
+    assert check_mismatch(NO_CARD, "RTXPro6000") == (
+        "the container saw no GPU: check the node's driver and the device plugin"
+    )
+
+
+def test_no_card_seen_passes_on_a_simulated_pool() -> None:
+    assert check_mismatch(NO_CARD, "RTXPro6000", simulated=True) is None
+
+
+def test_a_card_seen_on_a_simulated_pool_is_still_checked() -> None:
+    assert check_mismatch(SPEC_RUN, "RTXPro6000", simulated=True) is None
+    assert check_mismatch(SPEC_RUN, "H200", simulated=True) is not None
+
+
+def _record(seen: dict[str, object], state: str = "succeeded") -> TaskRecord:
+    result = {k: v for k, v in seen.items() if k != "host"}
+    return TaskRecord(
+        task_id="t-1",
+        pool_name="gke-rtx6000",
+        command=("levers9-probe",),
+        gpus=1,
+        image="python:3.12-slim",
+        state=state,
+        created_at=datetime(2026, 12, 4, tzinfo=UTC),
+        result_json=json.dumps(result),
+        host=str(seen["host"]),
+        reason="" if state == "succeeded" else "exit code 1",
+    )
+
+
+def _printed(record: TaskRecord, *, simulated: bool) -> tuple[bool, str]:
+    with console.capture() as captured:
+        passed = print_check(record, "RTXPro6000", simulated=simulated)
+    return passed, captured.get()
+
+
+def test_the_check_on_a_simulated_pool_says_no_card_was_expected() -> None:
+    passed, text = _printed(_record(NO_CARD), simulated=True)
+    assert passed
+    assert text.startswith("simulated cards: no GPU was visible, as expected\nCOMPLETE {")
+    assert json.loads(text[text.index("{") :]) == NO_CARD
+
+
+def test_the_check_on_a_real_pool_that_saw_no_card_fails_with_the_reason() -> None:
+    passed, text = _printed(_record(NO_CARD), simulated=False)
+    assert not passed
+    assert text.startswith("FAILED {")
+    assert json.loads(text[text.index("{") :]) == {
+        **NO_CARD,
+        "reason": "the container saw no GPU: check the node's driver and the device plugin",
+    }
+
+
+def test_the_check_of_a_real_card_prints_no_simulated_line() -> None:
+    passed, text = _printed(_record(SPEC_RUN), simulated=True)
+    assert passed
+    assert text.startswith("COMPLETE {")
+    assert json.loads(text[text.index("{") :]) == SPEC_RUN
+
+
+def test_a_task_that_failed_fails_the_check_even_on_a_simulated_pool() -> None:
+    passed, text = _printed(_record(NO_CARD, state="failed"), simulated=True)
+    assert not passed
+    assert "simulated cards" not in text
+    assert json.loads(text[text.index("{") :])["reason"] == "exit code 1"

@@ -68,6 +68,7 @@ BAD_BLOCKS = {
     "no workerImage": lambda b: b["kubernetes"].pop("workerImage"),
     "mode": lambda b: b.update(mode="internal"),
     "cache": lambda b: b.update(cache={"enabled": "yes please"}),
+    "simulatedGpus": lambda b: b.update(simulatedGpus="yes"),
 }
 
 
@@ -87,6 +88,21 @@ def test_the_spec_block_and_another_providers_pool_are_accepted() -> None:
     parse_pool("gke-rtx6000", copy.deepcopy(block))
     other = {"mode": "external", "provider": "aws", "region": "us-east-1"}
     assert _errors(_values({"gke-rtx6000": block, "old-aws": other})) == []
+
+
+def test_the_dev_values_say_their_cards_are_simulated_and_the_spec_block_does_not(
+    tmp_path: Path,
+) -> None:
+    files = devvalues.write(tmp_path, ca_base64=CA, endpoint="https://127.0.0.1:6443", key_json=KEY)
+    merged = load_values(files)["config"]["worker"]["pools"][devvalues.POOL_NAME]
+    assert parse_pool(devvalues.POOL_NAME, merged).simulated_gpus is True
+    assert parse_pool("gke-rtx6000", _block()).simulated_gpus is False
+
+
+def test_a_simulated_gpus_that_is_not_a_boolean_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_pool("gke-rtx6000", {**_block(), "simulatedGpus": "yes"})
+    assert "config.worker.pools.gke-rtx6000.simulatedGpus" in str(refused.value)
 
 
 def test_controlplane_settings_keys_are_the_settings_own() -> None:
