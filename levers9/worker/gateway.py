@@ -6,7 +6,10 @@ bounded, jittered back-off for as long as the gateway is unreachable. Heartbeats
 worker has been idle (the controlplane decides on wind-down). A gateway that restarted no longer
 knows the worker and answers NOT_FOUND or UNAUTHENTICATED: the worker registers again. Each
 task's end is reported, retried for as long as the controlplane would wait on the worker's
-record; GetTask remains the fallback. Every call presents the worker's token.
+record; GetTask remains the fallback. A task's reports are delivered in the order they were
+made (each waits for the one before it, delivered or given up): each carries the whole status,
+so the record's latest is the task's latest (a start retried past the task's readiness would
+otherwise undo it). Every call presents the worker's token.
 
 The channel is TLS when the Job says so (`LEVERS9_GATEWAY_TLS`, `LEVERS9_GATEWAY_CA`), plaintext
 otherwise.
@@ -101,6 +104,8 @@ class GatewayClient:
         self._rng = rng or random.Random()
         self._forgotten = asyncio.Event()
         self._reports: set[asyncio.Task[None]] = set()
+        self._latest: dict[str, asyncio.Task[None]] = {}
+        """Each task's latest report under way: the next one waits for it."""
 
     async def run(self, registration: Registration, load: Load) -> None:
         request = registration.request(self._pool_name, self._worker_id)
@@ -113,9 +118,12 @@ class GatewayClient:
         self._forgotten.set()
 
     def report(self, status: worker_pb2.TaskStatus) -> None:
-        task = asyncio.create_task(self._deliver(status), name=f"report {status.task_id}")
+        before = self._latest.get(status.task_id)
+        task = asyncio.create_task(self._after(before, status), name=f"report {status.task_id}")
         self._reports.add(task)
+        self._latest[status.task_id] = task
         task.add_done_callback(self._reports.discard)
+        task.add_done_callback(lambda done: self._forget(status.task_id, done))
 
     async def drain(self, timeout_s: float) -> None:
         """Waits up to `timeout_s` for reports under way; abandons the rest (GetTask remains)."""
@@ -189,6 +197,17 @@ class GatewayClient:
         )
 
     # -- task reports ------------------------------------------------------------------------
+
+    async def _after(
+        self, before: asyncio.Task[None] | None, status: worker_pb2.TaskStatus
+    ) -> None:
+        if before is not None:
+            await asyncio.wait({before})  # its outcome is its own; only its turn matters here
+        await self._deliver(status)
+
+    def _forget(self, task_id: str, done: asyncio.Task[None]) -> None:
+        if self._latest.get(task_id) is done:
+            del self._latest[task_id]
 
     async def _deliver(self, status: worker_pb2.TaskStatus) -> None:
         request = gateway_pb2.ReportTaskRequest(

@@ -24,6 +24,9 @@ class Calls:
     registers: list[tuple[gateway_pb2.RegisterRequest, str | None]] = field(default_factory=list)
     heartbeats: list[gateway_pb2.HeartbeatRequest] = field(default_factory=list)
     reports: list[gateway_pb2.ReportTaskRequest] = field(default_factory=list)
+    refuse_reports: int = 0
+    """The next this many ReportTask calls are answered UNAVAILABLE (the worker retries)."""
+    refused: list[gateway_pb2.ReportTaskRequest] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -56,6 +59,11 @@ class _Servicer(gateway_pb2_grpc.GatewayServicer):
     async def ReportTask(
         self, request: gateway_pb2.ReportTaskRequest, context: aio.ServicerContext[Any, Any]
     ) -> gateway_pb2.ReportTaskResponse:
+        if self._calls.refuse_reports > 0:
+            self._calls.refuse_reports -= 1
+            self._calls.refused.append(request)
+            self._record()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the gateway is busy")
         self._calls.reports.append(request)
         self._record()
         return gateway_pb2.ReportTaskResponse()

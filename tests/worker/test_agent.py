@@ -26,8 +26,10 @@ from grpc import aio
 from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.agent import Agent
+from levers9.worker.backoff import Backoff
 from levers9.worker.checkpoint import CHECKPOINT_PATH
 from levers9.worker.devices import DeviceError
+from levers9.worker.gateway import GatewayClient
 from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV, HostPaths
 from levers9.worker.settings import WorkerSettings
 from tests.worker.kit import AUTH, NEIGHBOUR_UID, POD_UID, TOKEN, write_checkpoint
@@ -154,12 +156,36 @@ async def test_a_finished_task_is_reported(
 
     await gateway.wait_for(_reported("t-done", worker_pb2.TASK_STATE_SUCCEEDED))
     await gateway.wait_for(lambda calls: len(calls.reports) == 2)
-    # Its start is reported too; each report travels on its own, in either order.
-    states = sorted(r.status.state for r in gateway.calls.reports)
+    # Its start is reported too, before its end.
+    states = [r.status.state for r in gateway.calls.reports]
     assert states == [worker_pb2.TASK_STATE_RUNNING, worker_pb2.TASK_STATE_SUCCEEDED]
     [report] = [r for r in gateway.calls.reports if r.status.state != worker_pb2.TASK_STATE_RUNNING]
     assert (report.pool_name, report.worker_id) == ("gke-rtx6000", "w1")
     assert report.status.log_tail == "done\n"
+
+
+async def test_a_tasks_reports_arrive_in_the_order_they_were_made(
+    gateway: RecordingGateway,
+) -> None:
+    """Its start is refused once (retried after a back-off of 0.5 to 1 s): its readiness,
+    reported meanwhile, waits its turn, so the gateway's latest is the task's latest; another
+    task's report does not wait."""
+    gateway.calls.refuse_reports = 1
+    running = worker_pb2.TaskStatus(task_id="t1", state=worker_pb2.TASK_STATE_RUNNING)
+    ready = worker_pb2.TaskStatus(task_id="t1", state=worker_pb2.TASK_STATE_RUNNING, ready=True)
+    async with aio.insecure_channel(gateway.address) as channel:
+        client = GatewayClient(channel, TOKEN, "gke-rtx6000", "w1", backoff=Backoff(1.0, 1.0))
+        client.report(running)
+        await gateway.wait_for(lambda calls: len(calls.refused) == 1)
+        client.report(ready)
+        client.report(worker_pb2.TaskStatus(task_id="t2", state=worker_pb2.TASK_STATE_RUNNING))
+        await client.drain(10)
+    assert [r.status for r in gateway.calls.refused] == [running]
+    assert [(r.status.task_id, r.status.ready) for r in gateway.calls.reports] == [
+        ("t2", False),
+        ("t1", False),
+        ("t1", True),
+    ]
 
 
 async def test_registers_again_after_the_gateway_restarts(
