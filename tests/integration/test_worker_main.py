@@ -13,12 +13,15 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.cloud import RemovePoolResult
+from levers9.config import ControlplaneSettings
+from levers9.operations import start_pool_removal
 from tests.factories import (
     MARKER,
     free_port,
@@ -28,6 +31,7 @@ from tests.factories import (
     write_json,
     write_yaml,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +141,89 @@ async def test_pools_without_a_token_secret_exit_naming_the_setting(tmp_path: Pa
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert "config.controlplane.workerTokenSecret: required to start workers" in err.decode()
+
+
+DOCUMENTED_METRICS = (
+    "temporal_workflow_task_schedule_to_start_latency",
+    "temporal_activity_schedule_to_start_latency",
+    "temporal_worker_task_slots_available",
+    "temporal_worker_task_slots_used",
+    "temporal_workflow_task_execution_latency",
+    "temporal_activity_execution_latency",
+    "temporal_num_pollers",
+    "temporal_request",
+    "temporal_request_latency",
+    "temporal_workflow_completed",
+)
+"""The metrics docs/operations.md names (a histogram shows as its _bucket, _sum and _count)."""
+
+
+def _metric(text: str, name: str, task_queue: str) -> float:
+    """The sum of metric `name`'s samples on `task_queue` in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{") and f'task_queue="{task_queue}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_serves_temporal_metrics_that_grow_as_workflows_run(
+    dev_env: WorkflowEnvironment, tmp_path: Path, task_queue: str
+) -> None:
+    """LEVERS9_METRICS_ADDRESS: worker_main serves the SDK's metrics in Prometheus format; a
+    workflow and its activities run on it (a pool's removal, twice) count in them."""
+    values = write_yaml(tmp_path / "values.yaml", values_doc({}))
+    address = f"127.0.0.1:{free_port()}"
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+        "LEVERS9_TASK_QUEUE": task_queue,
+        "LEVERS9_METRICS_ADDRESS": address,
+        "LEVERS9_WORKER_TOKEN_SECRET": MARKER,
+        "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
+        "LEVERS9_ENDPOINTS_LISTEN": f"127.0.0.1:{free_port()}",
+    }
+    settings = ControlplaneSettings.model_validate(
+        {"temporalAddress": env["TEMPORAL_ADDRESS"], "taskQueue": task_queue}
+    )
+    proc = await _worker_main(env, values)
+    assert proc.stderr is not None
+    try:
+        await _read_until(proc.stderr, STARTED)
+        async with aiohttp.ClientSession() as http:
+
+            async def scrape() -> str:
+                async with http.get(f"http://{address}/metrics") as response:
+                    assert response.status == 200
+                    assert response.content_type == "text/plain"
+                    return await response.text()
+
+            async def removed(times: int) -> str:
+                """The scrape once `times` removals completed and their activities ran."""
+                text = ""
+
+                async def counted() -> bool:
+                    nonlocal text
+                    text = await scrape()
+                    latency = "temporal_activity_execution_latency_count"
+                    return (
+                        _metric(text, "temporal_workflow_completed", task_queue) == times
+                        and _metric(text, latency, task_queue) >= 3 * times
+                    )
+
+                await eventually(counted, within=30)
+                return text
+
+            before = await scrape()
+            assert _metric(before, "temporal_num_pollers", task_queue) > 0
+            assert _metric(before, "temporal_workflow_completed", task_queue) == 0
+            for times in (1, 2):
+                handle = await start_pool_removal(dev_env.client, settings, f"gone-{times}")
+                await asyncio.wait_for(handle.result(), 60)
+                after = await removed(times)
+            names = {line.split("{")[0].split(" ")[0] for line in after.splitlines()}
+            for name in DOCUMENTED_METRICS:
+                assert {name, f"{name}_count"} & names, name
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
