@@ -19,7 +19,8 @@ in response to imminent node shutdown.", with a `DisruptionTarget` condition
 Controllers then do what they do after a node restart: a ReplicaSet (a Deployment's) creates a
 replacement, a Job counts the failure against its `backoffLimit` (no `podFailurePolicy` here:
 the worker Job's `backoffLimit: 0` fails the Job, and the controlplane's reconcile replaces the
-worker). Pods not yet bound wait for the scheduler as before.
+worker). Pods not yet bound wait for the scheduler as before. Events older than their TTL
+(the apiserver's `--event-ttl`, 1 h) expired in etcd meanwhile: they are not loaded.
 
     snapshot = persist.load(state_dir)          # None: no file; SnapshotError: unreadable
     persist.restore(store, snapshot)            # into an empty store, before the registry
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from pydantic import ValidationError
 from levers9.files import write_private
 from levers9.logs import get_logger
 from sandbox.cluster.objects import is_terminal, set_condition
-from sandbox.resources import NODES, PODS, Resource, ResourceCatalog
+from sandbox.resources import EVENTS, NODES, PODS, Resource, ResourceCatalog
 from sandbox.scenario import NodeSpec
 from sandbox.store import Store, rfc3339
 
@@ -53,6 +55,7 @@ SAVE_PERIOD_S = 2.0
 FRESH = "`levers9 dev up --fresh` (or `levers9 sandbox serve --fresh`)"
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+EVENT_TTL = dt.timedelta(hours=1)
 
 
 class SnapshotError(Exception):
@@ -155,10 +158,13 @@ def restore(store: Store, snapshot: Snapshot) -> int:
     """Loads `snapshot` into an empty store, after the power cycle (see module doc); returns
     how many pods it ended."""
     now = rfc3339(store.now())
+    expired = store.now() - EVENT_TTL
     rv = snapshot.resource_version
     objects: list[tuple[Resource, dict[str, Any]]] = []
     ended = 0
     for resource, obj in snapshot.objects:
+        if resource is EVENTS and _last_seen(obj) < expired:
+            continue
         if resource is PODS and (obj.get("spec") or {}).get("nodeName") and not is_terminal(obj):
             meta = obj["metadata"]
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -170,6 +176,20 @@ def restore(store: Store, snapshot: Snapshot) -> int:
         objects.append((resource, obj))
     store.restore(objects, rv)
     return ended
+
+
+def _last_seen(event: dict[str, Any]) -> dt.datetime:
+    """When the event was last recorded (its TTL starts again at each update)."""
+    meta = event.get("metadata") or {}
+    for stamp in (
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        meta.get("creationTimestamp"),
+    ):
+        if isinstance(stamp, str):
+            with contextlib.suppress(ValueError):
+                return dt.datetime.fromisoformat(stamp).astimezone(dt.UTC)
+    return dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def _shut_down(pod: dict[str, Any], now: str) -> None:

@@ -12,6 +12,7 @@ backoffLimit; `fresh` starts from the scenario again.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 
 from sandbox import errors, persist
 from sandbox.registry import Registry
-from sandbox.resources import DEPLOYMENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
+from sandbox.resources import DEPLOYMENTS, EVENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
 from sandbox.scenario import Gpus, NodeSpec
 from sandbox.serve import RunningSandbox, start
 from sandbox.store import Store
@@ -124,6 +125,19 @@ def test_the_pods_that_ran_are_ended_by_the_node_shutdown(tmp_path: Path) -> Non
     waiting = store.get(PODS, "team", "waiting")
     assert (waiting.get("status") or {}).get("phase") == "Pending", "unbound: it waits"
     assert not store.exists(PODS, "team", "leaving"), "its kubelet would have confirmed it"
+
+
+def test_events_past_their_ttl_expired_while_it_was_down(tmp_path: Path) -> None:
+    store = Store()
+    now = dt.datetime.now(dt.UTC)
+    for name, age in (("old", dt.timedelta(hours=2)), ("recent", dt.timedelta(minutes=5))):
+        stamp = (now - age).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {"metadata": {"name": name, "namespace": "team"}, "lastTimestamp": stamp}
+        store.create(EVENTS, event)
+    persist.save(tmp_path, store, [])
+    loaded = _loaded(tmp_path)
+    assert not loaded.exists(EVENTS, "team", "old"), "etcd's TTL (1 h) ran out"
+    assert loaded.exists(EVENTS, "team", "recent")
 
 
 def test_no_snapshot_is_the_scenario(tmp_path: Path) -> None:
