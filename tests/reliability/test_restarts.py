@@ -22,7 +22,6 @@ import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -33,7 +32,7 @@ from levers9.temporal import list_worker_records
 from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
-from tests.reliability.world import World, live, settled, world
+from tests.reliability.world import World, agent_pid, live, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -117,24 +116,10 @@ async def test_gateway_restart_keeps_the_records(plane: World) -> None:
     assert {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)} == jobs_before
 
 
-def _agent_pid(worker_id: str) -> int:
-    """The worker's agent process (the sandbox runs pods as processes)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"LEVERS9_WORKER_ID={worker_id}".encode() in environ:
-            return int(proc.name)
-    raise AssertionError(f"no agent process for worker {worker_id}")
-
-
 async def test_a_silent_worker_expires_and_is_replaced(plane: World) -> None:
     workers = await _workers(plane)
     worker_id, node = sorted(workers.items())[0]
-    pid = await asyncio.to_thread(_agent_pid, worker_id)
+    pid = await asyncio.to_thread(agent_pid, worker_id)
     os.kill(pid, signal.SIGSTOP)
     try:
 

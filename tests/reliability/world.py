@@ -339,6 +339,20 @@ async def world(
         temporal.stop()
 
 
+def agent_pid(worker_id: str) -> int:
+    """The worker's agent process (the sandbox runs pods as processes)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LEVERS9_WORKER_ID={worker_id}".encode() in environ:
+            return int(proc.name)
+    raise AssertionError(f"no agent process for worker {worker_id}")
+
+
 def live(job: dict[str, Any]) -> bool:
     """A worker Job neither finished nor being deleted."""
     status = job.get("status") or {}
