@@ -22,23 +22,25 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     AliasChoices,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from levers9.contract import DNS_LABEL, host_list, registry_mirrors
+from levers9.contract import DNS_LABEL, host_list, label_problem, registry_mirrors
 from levers9.tokens import operator_token
 
 POOLS_PATH = ("config", "worker", "pools")
@@ -77,7 +79,7 @@ class CacheConfig(_Model):
 def _check_service_account_key(text: str) -> None:
     try:
         key = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         key = None
     missing = [] if isinstance(key, dict) else list(_SA_KEY_FIELDS)
     if isinstance(key, dict):
@@ -104,7 +106,7 @@ def generic_kubeconfig(text: str) -> dict[str, Any] | None:
 
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         doc = None
     if not (isinstance(doc, dict) and doc.get("kind") == "Config"):
         raise ValueError(
@@ -167,6 +169,15 @@ class KubernetesConfig(_Model):
             ) from None
         return value
 
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            problem = label_problem(key, label)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
     @field_validator("namespace")
     @classmethod
     def _dns_label(cls, value: str) -> str:
@@ -222,6 +233,24 @@ def _read_credentials_file(path: Path) -> str:
         ) from None
 
 
+def _quantity_text(value: Any) -> Any:
+    """A quantity written as a number (`memory: 8`, YAML's int) is the same quantity as its
+    text, as Kubernetes reads it (bytes, cores)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (
+            format(value, "f").rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+        )
+    return value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_text),
+    WithJsonSchema({"type": ["string", "number"]}),
+]
+"""A Kubernetes quantity as values write it: `8Gi`, `500m`, or a number (`memory: 8`, bytes)."""
+
+
 def _positive_quantity(value: str) -> str:
     """A Kubernetes quantity above 0, as given; ValueError naming it otherwise."""
     from levers9.quantity import parse_quantity
@@ -238,9 +267,9 @@ class TaskDefaults(_Model):
     image's filesystem, not isolated from the agent), as before containers; set one."""
 
     image: str | None = None
-    memory: str | None = None
+    memory: Quantity | None = None
     """A Kubernetes quantity (`8Gi`); unset: no memory limit of its own."""
-    cpus: str | None = None
+    cpus: Quantity | None = None
     """A Kubernetes quantity (`4`, `500m`); unset: no CPU limit."""
 
     @field_validator("image")
@@ -279,8 +308,8 @@ class WorkerResources(_Model):
     it is Burstable, never BestEffort, and not the first pod the kubelet evicts. A node whose
     neighbours leave less than this gets no worker (`machine list` says `TooSmall`)."""
 
-    cpu: str = "500m"
-    memory: str = "1Gi"
+    cpu: Quantity = "500m"
+    memory: Quantity = "1Gi"
 
     @field_validator("cpu", "memory")
     @classmethod
@@ -308,7 +337,7 @@ class PoolConfig(_Model):
     gpu_type: str = Field(alias="gpuType", min_length=1)
     images_path: str = Field(default="/var/lib/levers9/images", alias="imagesPath")
     durable_disks_path: str = Field(default="/var/lib/levers9/disks", alias="durableDisksPath")
-    image_cache_size: str = Field(default="100Gi", alias="imageCacheSize")
+    image_cache_size: Quantity = Field(default="100Gi", alias="imageCacheSize")
     """How much of `imagesPath` tasks' images may fill before the least recently used go."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
@@ -688,16 +717,81 @@ def read_values_file(path: Path) -> dict[str, Any]:
     import yaml  # values files only: the CLI's settings come from the environment
 
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_values_loader())
+    except DuplicateKey as exc:
+        raise ConfigError([f"{path}: {exc}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise ConfigError([f"{path}: not valid YAML or JSON{where}"]) from None
+    except RecursionError:
+        doc = _TOO_DEEP
+    if doc is _TOO_DEEP or _depth(doc) > MAX_DEPTH:
+        raise ConfigError(
+            [
+                f"{path}: nested more than {MAX_DEPTH} deep: values are a few maps deep (config:"
+                " worker: pools: <name>: ...)"
+            ]
+        )
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         raise ConfigError([f"{path}: the top level must be a map (config: ...)"])
     return doc
+
+
+MAX_DEPTH = 64
+"""The deepest a values document may nest (maps and lists): the pool block is six deep; a
+deeper document is refused before anything recurses into it."""
+_TOO_DEEP = object()
+
+
+def _depth(doc: Any) -> int:
+    """How deep maps and lists nest in `doc`, counted without recursion (stops past
+    MAX_DEPTH)."""
+    deepest, stack = 0, [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            return deepest
+        if isinstance(node, Mapping):
+            stack.extend((child, depth + 1) for child in node.values())
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return deepest
+
+
+class DuplicateKey(Exception):
+    """A YAML map that holds a key twice (YAML forbids it; PyYAML would keep the last)."""
+
+
+def _values_loader() -> type:
+    """yaml.SafeLoader, refusing a key written twice in one map, naming it and both lines."""
+    import yaml
+
+    class ValuesLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue  # `<<:` merges; keys written beside it override, as YAML says
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        first = seen.get(key)
+                    except TypeError:
+                        continue  # an unhashable key: the constructor refuses it below
+                    if first is not None:
+                        raise DuplicateKey(
+                            f"key {key!r:.80} is written twice in one map (lines {first} and"
+                            f" {line}): keep one (YAML keeps no duplicate; the last would win)"
+                        )
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return ValuesLoader
 
 
 def load_values(paths: Iterable[Path]) -> dict[str, Any]:
@@ -771,6 +865,12 @@ def parse_pool(name: str, block: Any) -> PoolConfig:
                     " the other values files do not have (check the pool's name in both)",
                 ]
             )
+        if block.get("provider") is None:
+            # `{}`, or a block that lost its first lines: say where (another provider's pool
+            # is the spec's line alone: it belongs to another part of the controlplane).
+            raise ConfigError(
+                [INVALID_PROVIDER, f"{prefix}.provider: required: write provider: {PROVIDER}"]
+            )
         raise ConfigError([INVALID_PROVIDER])
     try:
         return PoolConfig.model_validate(block)
@@ -789,8 +889,32 @@ def parse_settings(doc: Mapping[str, Any]) -> ControlplaneSettings:
         raise ConfigError(describe_validation_error(".".join(CONTROLPLANE_PATH), exc)) from None
 
 
+KNOWN_ABOVE_POOLS: Mapping[tuple[str, ...], frozenset[str]] = {
+    ("config",): frozenset({"controlplane", "worker"}),
+    ("config", "worker"): frozenset({"pools"}),
+}
+"""What `config` and `config.worker` hold; anything else there is a typo (`config.wrker`).
+Keys beside `config` are the Helm chart's own (`replicaCount`, `image`, ...) and pass."""
+
+
+def _unknown_above_pools(doc: Mapping[str, Any]) -> list[str]:
+    problems = []
+    for path, known in KNOWN_ABOVE_POOLS.items():
+        block, _ = _dig(doc, path)
+        for key in block or {}:
+            if key not in known:
+                problems.append(
+                    f"{'.'.join(path)}.{key}: unknown field (check its spelling against"
+                    f" docs/configuration.md; {'.'.join(path)} holds {', '.join(sorted(known))})"
+                )
+    return problems
+
+
 def parse_values(doc: Mapping[str, Any]) -> Values:
     """Validates merged values: pools that load, pools that do not, controlplane settings."""
+    unknown = _unknown_above_pools(doc)
+    if unknown:
+        raise ConfigError(unknown)
     settings = parse_settings(doc)
     block, problem = _dig(doc, POOLS_PATH)
     if problem:

@@ -43,6 +43,29 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 names and labels. Use with `fullmatch` (a `$` would let a trailing newline through)."""
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_FORM = "at most 63 of A-Z, a-z, 0-9, '-', '_', '.', starting and ending alphanumeric"
+
+
+def label_problem(key: str, value: str) -> str | None:
+    """What Kubernetes would refuse in the label (or node selector term) `key=value`, naming
+    the part; None when it takes it. A key is `[prefix/]name`: the prefix a DNS subdomain of
+    at most 253; the name, and the value unless empty, at most 63 of `[A-Za-z0-9._-]`,
+    starting and ending alphanumeric."""
+    prefix, slash, name = key.rpartition("/")
+    if not _LABEL_NAME.fullmatch(name):
+        return f"label key {key!r}: its name {name!r} is not {_LABEL_FORM}"
+    if slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return (
+            f"label key {key!r}: its prefix {prefix!r} is not a DNS subdomain (lowercase a-z,"
+            " 0-9, '-' and '.', at most 253)"
+        )
+    if value and not _LABEL_NAME.fullmatch(value):
+        return f"label {key}: its value {value!r} is not {_LABEL_FORM} (or empty)"
+    return None
+
+
 def registry_mirrors(text: str, setting: str = "LEVERS9_REGISTRY_MIRRORS") -> dict[str, str]:
     """`host=host:port,...`: where a registry host is served instead (the dev stack's Artifact
     Registry on loopback); a malformed entry names the setting and the form (ValueError)."""

@@ -138,10 +138,12 @@ def values_schema() -> dict[str, Any]:
             **chart_properties(),
             "config": {
                 "type": "object",
+                "additionalProperties": False,
                 "properties": {
                     "controlplane": settings,
                     "worker": {
                         "type": "object",
+                        "additionalProperties": False,
                         "properties": {
                             "pools": {"type": "object", "additionalProperties": pool},
                         },

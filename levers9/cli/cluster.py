@@ -21,7 +21,7 @@ import typer
 import yaml
 
 from levers9.cli.output import Output, ago, console, errors, fail, render
-from levers9.cli.runtime import key_values, settings_from_env
+from levers9.cli.runtime import labels, settings_from_env
 from levers9.cluster_records import (
     ClusterExists,
     cluster_state,
@@ -87,7 +87,7 @@ def join(
     spec = JoinedCluster(
         name=name,
         gpu_type=gpu_type,
-        node_selector=key_values(node_selector or [], "--node-selector"),
+        node_selector=labels(node_selector or [], "--node-selector"),
         namespace=namespace,
         worker_image=image,
     )

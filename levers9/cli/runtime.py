@@ -63,6 +63,21 @@ def key_values(pairs: list[str], option: str) -> dict[str, str]:
     return values
 
 
+def labels(pairs: list[str], option: str) -> dict[str, str]:
+    """`KEY=VALUE` label options (`--node-selector`): each as Kubernetes takes a label, else
+    the option and what is wrong (`k=v=w`: a value holds no `=`)."""
+    import typer
+
+    from levers9.contract import label_problem
+
+    values = key_values(pairs, option)
+    for key, value in values.items():
+        problem = label_problem(key, value)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint=option)
+    return values
+
+
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
 
 
