@@ -191,8 +191,10 @@ async def test_stop_grace_from_the_command_line(cp: Controlplane) -> None:
         got = await cp.cli("task", "get", task_id, "-o", "json")
         return got.returncode == 0 and json.loads(got.stdout)["state"] == "running"
 
-    await eventually(running, within=WITHIN)
-    cancelled = await cp.cli("task", "cancel", task_id)
+    try:
+        await eventually(running, within=WITHIN)
+    finally:
+        cancelled = await cp.cli("task", "cancel", task_id)  # also when it never ran
     assert f"task {task_id} cancelled exit_code=137" in cancelled.stdout, cancelled.stdout
     bad = await cp.cli("run", "--pool", POOL, "--stop-grace", "-1", "--", "true")
     assert bad.returncode == 2
@@ -236,6 +238,7 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
     try:
         await eventually(ready, within=WITHIN)
     except TimeoutError:
+        await cp.cli("task", "cancel", task_id)  # nothing of it outlives the test
         pytest.fail(f"task {task_id} was never ready: {seen}")
     assert _port_taken(port)
     cancelled = await cp.cli("task", "cancel", task_id)
