@@ -17,6 +17,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from levers9.errors import CONTROLPLANE_UNREACHABLE_EXIT
+from levers9.models import TASK_WORKFLOW, TaskInput, task_workflow_id
 from tests.controlplane import POOL
 from tests.reliability.world import World, settled, world
 from tests.waiting import eventually
@@ -46,20 +48,28 @@ class Down:
     """A task that was running when it died."""
 
 
-async def _cli(w: World, *args: str, wait: float = 0) -> subprocess.CompletedProcess[str]:
+async def _cli(
+    w: World, *args: str, wait: float = 0, gateway: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = w.cli_env(REPLICA)
+    if gateway is not None:
+        env["LEVERS9_GATEWAY_ADDRESS"] = gateway
     return await asyncio.to_thread(
         subprocess.run,
         [str(BIN / "levers9"), *args],
-        env=w.cli_env(REPLICA),
+        env=env,
         capture_output=True,
         text=True,
         timeout=wait + SLACK_S,
     )
 
 
-def _said_unreachable(w: World, done: subprocess.CompletedProcess[str]) -> None:
+def _said_unreachable(
+    w: World, done: subprocess.CompletedProcess[str], gateway: str | None = None
+) -> None:
     assert done.returncode == CONTROLPLANE_UNREACHABLE_EXIT, (done.stdout, done.stderr)
-    assert f"controlplane unreachable at {w.gateways[REPLICA]}" in done.stderr, done.stderr
+    at = gateway or w.gateways[REPLICA]
+    assert f"controlplane unreachable at {at}" in done.stderr, done.stderr
     assert "levers9 dev status" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
 
@@ -105,6 +115,41 @@ async def test_task_get_answers_the_last_recorded_state(down: Down) -> None:
     _said_unreachable(w, running)
     assert f"from the memo of its workflow (Running, PoolName={POOL})" in running.stdout
     assert f"task {down.running} running worker=" in running.stdout
+
+
+async def test_a_task_no_temporal_worker_ever_ran_is_said_to_hold_no_record_yet(
+    down: Down,
+) -> None:
+    w = down.world
+    assert w.client is not None
+    task = TaskInput(task_id=f"bare{uuid.uuid4().hex[:8]}", pool_name=POOL, command=("true",))
+    # As an older CLI started it: no memo.
+    await w.client.start_workflow(
+        TASK_WORKFLOW, task, id=task_workflow_id(task.task_id), task_queue=w.settings.task_queue
+    )
+    got = await _cli(w, "task", "get", task.task_id)
+    _said_unreachable(w, got)
+    assert f"task {task.task_id}: its workflow is Running and holds no record yet" in got.stdout
+    await w.client.get_workflow_handle(task_workflow_id(task.task_id)).terminate("test done")
+
+
+async def test_a_gateway_that_never_connects_counts_as_unanswered(down: Down) -> None:
+    """A listener that accepts and never speaks (a balancer without backends): the gateway
+    call ends at its deadline without a connection, and that is not a refusal."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # kept open, never written to
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    gateway = f"127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+    try:
+        got = await _cli(w := down.world, "task", "get", down.done, gateway=gateway)
+    finally:
+        silent.close()
+    _said_unreachable(w, got, gateway)
+    assert f"the gateway at {gateway} did not answer (no connection before" in got.stderr
+    assert f"task {down.done} succeeded" in got.stdout
 
 
 async def test_run_says_unreachable_within_its_wait_and_leaves_its_task_queued(
