@@ -4,6 +4,8 @@ own process.
 
 - `task get` answers the task's last recorded state (its workflow's memo, which the server
   holds without a worker), says `controlplane unreachable at <gateway>` and exits 69;
+- a task no Temporal worker ever ran (no memo: an older CLI's) is said to hold no record yet;
+- a gateway that accepts and never speaks counts as one that did not answer;
 - `run --wait 5` says so within its wait (no traceback) and leaves its task recorded, queued;
 - `task logs` shows the recorded tail, `task cancel` says the cancel is kept, `endpoint list`
   and `endpoint get` show the endpoints as created: each with the notice and 69;
