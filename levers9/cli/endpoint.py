@@ -35,6 +35,7 @@ from levers9.endpoint_records import (
 )
 from levers9.endpoints import EndpointSpec, EndpointView
 from levers9.errors import ControlplaneUnreachable
+from levers9.gateway.convert import MAX_GPUS
 from levers9.image_reference import ImageReference, ImageReferenceError
 from levers9.temporal import (
     QUERY_WITHIN_S,
@@ -94,7 +95,7 @@ def create(
     pool: Annotated[str, typer.Option("--pool", help="the pool its replicas run on")],
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="the port it serves")],
     image: Annotated[str, typer.Option("--image", help="container image")] = "",
-    gpus: Annotated[int, typer.Option("--gpus", min=0, help="cards per replica")] = 1,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, max=MAX_GPUS, help="cards per replica")] = 1,
     min_replicas: Annotated[int, typer.Option("--min-replicas", min=0)] = 0,
     max_replicas: Annotated[int, typer.Option("--max-replicas", min=1)] = 1,
     concurrency: Annotated[

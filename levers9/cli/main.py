@@ -9,6 +9,8 @@ any of them; `tests/integration/test_cli_startup.py` holds it to that.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,19 +142,47 @@ app = typer.Typer(
 )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
 @app.callback()
 def _main(
-    log_level: str = typer.Option("WARNING", "--log-level", help="log level of this command"),
+    log_level: str = typer.Option(
+        "WARNING", "--log-level", help=f"log level of this command: {', '.join(LOG_LEVELS)}"
+    ),
 ) -> None:
     from levers9 import logs
     from levers9.cli.runtime import honour_dev_env
 
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(
+            f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
+        )
     honour_dev_env()
     logs.setup(log_level)
 
 
+def not_utf8(argv: list[str]) -> str | None:
+    """Why an argument cannot be taken (bytes that are not UTF-8, which Python hands over as
+    lone surrogates): a command, a name, a value all travel as UTF-8 text."""
+    for number, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(arg)
+            return (
+                f"argument {number} ({raw!r}) is not UTF-8 text: levers9 takes UTF-8 arguments"
+                " (a task's command and environment are text); pass binary data in a file"
+            )
+    return None
+
+
 def main() -> None:
     """The `levers9` command; it leaves through `exit_now` (see there why)."""
+    problem = not_utf8(sys.argv[1:])
+    if problem is not None:
+        typer.echo(f"error: {problem}", err=True)
+        exit_now(2)
     try:
         app()
         code = 0

@@ -32,6 +32,7 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.errors import ControlplaneUnreachable
+from levers9.gateway.convert import MAX_GPUS
 from levers9.models import MAX_STOP_GRACE_S, TERMINAL, TaskInput, TaskRecord, new_task_id
 
 if TYPE_CHECKING:
@@ -333,7 +334,9 @@ def print_result(record: TaskRecord) -> None:
 def run(
     command: Annotated[list[str], typer.Argument(help="the command, after --")],
     pool: Annotated[str, typer.Option("--pool", help="the pool to run on")],
-    gpus: Annotated[int, typer.Option("--gpus", min=0, help="cards of one worker")] = 1,
+    gpus: Annotated[
+        int, typer.Option("--gpus", min=0, max=MAX_GPUS, help="cards of one worker")
+    ] = 1,
     image: Annotated[str, typer.Option("--image", help="container image")] = "",
     wait: Annotated[float, typer.Option("--wait", min=0, help="seconds this command waits")] = 120,
     detach: Annotated[

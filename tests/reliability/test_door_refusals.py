@@ -142,3 +142,52 @@ async def test_pool_remove_of_a_pool_that_is_not_there_removes_nothing(
     bad = await plane.cli("pool", "remove", "--pool", "Not'A'Pool")
     assert bad.returncode == 1
     assert "no pool Not'A'Pool" in bad.stdout + bad.stderr
+
+
+def _levers9(*args: str | bytes) -> subprocess.CompletedProcess[str]:
+    """The CLI with no controlplane to reach: what it refuses, it refuses before dialling."""
+    return subprocess.run(
+        [str(LEVERS9), *args],
+        env={**os.environ, "COLUMNS": "400", "TEMPORAL_ADDRESS": "127.0.0.1:1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("run", "--pool", "p", "--gpus", "99999999999999999999999", "--", "true"),
+            "Invalid value for '--gpus': Input should be less than or equal to 64",
+        ),
+        (
+            ("endpoint", "create", "e1", "--pool", "p", "--port", "80", "--gpus", "65", "--"),
+            "Invalid value for '--gpus': Input should be less than or equal to 64",
+        ),
+        (
+            ("run", "--pool", "p", "--", "echo", b"\xff\xfe"),
+            "error: argument 6 (b'\\xff\\xfe') is not UTF-8 text: levers9 takes UTF-8 arguments",
+        ),
+        (
+            ("endpoint", "create", "e1", "--pool", "p", "--port", "80", "-e", b"K=\xff", "--"),
+            "error: argument 9 (b'K=\\xff') is not UTF-8 text",
+        ),
+        (("task", "get", b"\xff"), "error: argument 3 (b'\\xff') is not UTF-8 text"),
+        (
+            ("--log-level", "BOGUS", "pool", "list"),
+            "Invalid value for --log-level: 'BOGUS' is not one of debug, info, warning, error,"
+            " critical",
+        ),
+    ],
+)
+def test_a_wrong_argument_is_a_message_and_exit_2_never_a_traceback(
+    args: tuple[str | bytes, ...], said: str
+) -> None:
+    done = _levers9(*args)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert said in out
+    assert "Traceback" not in out
+    assert "cannot reach Temporal" not in out  # refused before anything was dialled
