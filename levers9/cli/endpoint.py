@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, ago, console, fail, render
-from levers9.cli.runtime import duration, key_values, settings_from_env
+from levers9.cli.runtime import duration, environment, settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
@@ -37,6 +37,7 @@ from levers9.endpoints import EndpointSpec, EndpointView
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.models import task_input_problem
 from levers9.temporal import (
     QUERY_WITHIN_S,
     NoQueryAnswer,
@@ -136,6 +137,10 @@ def create(
         )
     if ready_path and not ready_path.startswith("/"):
         raise typer.BadParameter(f"{ready_path!r} must start with /", param_hint="--ready-path")
+    variables = environment(env or [], "--env")
+    problem = task_input_problem(command, variables)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="CMD and --env")
     spec = EndpointSpec(
         name=name,
         pool_name=pool,
@@ -143,7 +148,7 @@ def create(
         port=port,
         image=image,
         gpus=gpus,
-        env=key_values(env or [], "--env"),
+        env=variables,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         target_in_flight=concurrency,

@@ -63,6 +63,22 @@ def key_values(pairs: list[str], option: str) -> dict[str, str]:
     return values
 
 
+def environment(pairs: list[str], option: str) -> dict[str, str]:
+    """`KEY=VALUE` environment options (`--env`): each KEY a variable name a shell can use."""
+    import typer
+
+    from levers9.models import ENV_NAME
+
+    values = key_values(pairs, option)
+    for key in values:
+        if not ENV_NAME.fullmatch(key):
+            raise typer.BadParameter(
+                f"{key!r} is not a variable name: letters, digits and _, not starting with a digit",
+                param_hint=option,
+            )
+    return values
+
+
 def labels(pairs: list[str], option: str) -> dict[str, str]:
     """`KEY=VALUE` label options (`--node-selector`): each as Kubernetes takes a label, else
     the option and what is wrong (`k=v=w`: a value holds no `=`)."""

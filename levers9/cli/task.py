@@ -33,7 +33,14 @@ from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
-from levers9.models import MAX_STOP_GRACE_S, TERMINAL, TaskInput, TaskRecord, new_task_id
+from levers9.models import (
+    MAX_STOP_GRACE_S,
+    TERMINAL,
+    TaskInput,
+    TaskRecord,
+    new_task_id,
+    task_input_problem,
+)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -365,6 +372,9 @@ def run(
     ] = 0,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
+    refused = task_input_problem(command, {})
+    if refused is not None:
+        raise typer.BadParameter(refused, param_hint="CMD")
     settings = settings_from_env()
     task = TaskInput(
         task_id=new_task_id(),

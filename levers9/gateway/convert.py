@@ -17,7 +17,14 @@ from levers9.contract import DNS_LABEL
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
 from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
-from levers9.models import MAX_STOP_GRACE_S, TaskInput, WorkerHeartbeat, WorkerRegistration
+from levers9.models import (
+    MAX_STOP_GRACE_S,
+    MAX_TASK_INPUT_BYTES,
+    TaskInput,
+    WorkerHeartbeat,
+    WorkerRegistration,
+    task_input_problem,
+)
 from levers9.proto import gateway_pb2, worker_pb2
 
 MAX_GPUS = 64
@@ -29,7 +36,7 @@ MAX_REASON_BYTES = 16 * 1024
 MAX_LOG_TAIL_BYTES = 64 * 1024
 MAX_PHASES = 64
 MAX_PHASE_ERROR_BYTES = 2 * 1024
-MAX_COMMAND_BYTES = 128 * 1024
+MAX_COMMAND_BYTES = MAX_TASK_INPUT_BYTES
 MAX_COMMAND_ARGS = 4096
 MAX_MEMORY_BYTES = 64 * 1024**4
 MAX_CPU_MILLIS = 4096 * 1000
@@ -71,7 +78,9 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         raise InvalidRequest("command", f"{len(command)} arguments, at most {MAX_COMMAND_ARGS}")
     if any("\0" in arg for arg in command):
         raise InvalidRequest("command", "an argument holds a NUL byte")
-    _check_size("command", "".join(command), MAX_COMMAND_BYTES)
+    problem = task_input_problem(command, {})
+    if problem is not None:
+        raise InvalidRequest("command", problem)
     if not 0 <= request.gpus <= MAX_GPUS:
         raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
     if not 0 <= request.memory_bytes <= MAX_MEMORY_BYTES:

@@ -1,8 +1,12 @@
-"""Wrong input to the CLI is refused at the door, the real `levers9` driven as a user drives it
-against the Temporal dev server and a real gateway: a pool this controlplane does not reconcile
-is refused at submit (through the gateway, and straight through Temporal without a token),
-naming the pools there are, and nothing is started; `pool remove` of such a pool removes
-nothing and says so.
+"""Wrong input to the CLI is refused at the door, the real `levers9` driven as a user drives it:
+- against the Temporal dev server and a real gateway: a pool this controlplane does not
+  reconcile is refused at submit (through the gateway, and straight through Temporal without a
+  token), naming the pools there are, and nothing is started; `pool remove` of such a pool
+  removes nothing and says so;
+- with nothing to reach: an argument that is not UTF-8, a --gpus past the gateway's bound, a
+  bad --log-level, a command and environment over the one 128 KiB limit, an environment
+  variable that is no variable name: each a message and exit status 2, never a traceback, and
+  refused before anything is dialled.
 
 The controlplane here is its gateway and one reconcile schedule (paused: nothing polls its task
 queue), which is all the refusals read.
@@ -191,3 +195,65 @@ def test_a_wrong_argument_is_a_message_and_exit_2_never_a_traceback(
     assert said in out
     assert "Traceback" not in out
     assert "cannot reach Temporal" not in out  # refused before anything was dialled
+
+
+CHUNK = "x" * 100_000  # one argument under the kernel's own 128 KiB per argument
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            (
+                *("endpoint", "create", "e1", "--pool", "p", "--port", "80"),
+                *(arg for i in range(17) for arg in ("-e", f"V{i}={CHUNK}")),
+                *("--", "true"),
+            ),
+            # 10 of 100,004 (V0-V9, '=', NUL), 7 of 100,005 (V10-V16), 5 (true, NUL)
+            "Invalid value for CMD and --env: the command and environment hold 1700080 bytes,"
+            " more than 131072 (128 KiB): pass large data in a file, a volume or the image",
+        ),
+        (
+            (
+                *("endpoint", "create", "e1", "--pool", "p", "--port", "80", "-e", f"A={CHUNK}"),
+                *("--", "echo", CHUNK),
+            ),
+            "Invalid value for CMD and --env: the command and environment hold 200009 bytes",
+        ),
+        (
+            ("run", "--pool", "p", "--", "echo", CHUNK, CHUNK),
+            "Invalid value for CMD: the command and environment hold 200007 bytes, more than"
+            " 131072 (128 KiB)",
+        ),
+        (
+            (
+                *("endpoint", "create", "e1", "--pool", "p", "--port", "80"),
+                *("-e", "1BAD-KEY=x", "--", "true"),
+            ),
+            "Invalid value for --env: '1BAD-KEY' is not a variable name: letters, digits and _,"
+            " not starting with a digit",
+        ),
+    ],
+    ids=["env-1.7MB", "env-and-command", "run-command", "env-name"],
+)
+def test_one_limit_for_a_tasks_command_and_environment(args: tuple[str, ...], said: str) -> None:
+    done = _levers9(*args)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-2000:]
+    assert said in out, out[-2000:]
+    assert "Traceback" not in out
+    assert "cannot reach Temporal" not in out
+
+
+def test_the_limit_counts_each_argument_and_variable_with_its_terminator() -> None:
+    from levers9.models import MAX_TASK_INPUT_BYTES, task_input_problem
+
+    exactly = ["x" * (MAX_TASK_INPUT_BYTES - 1)]
+    assert task_input_problem(exactly, {}) is None
+    assert task_input_problem([*exactly, ""], {}) is not None
+    assert task_input_problem(["true"], {"K": "x" * (MAX_TASK_INPUT_BYTES - 5 - 3)}) is None
+    assert task_input_problem(["true"], {"K": "x" * (MAX_TASK_INPUT_BYTES - 5 - 2)}) is not None
+    assert task_input_problem(["true"], {"_ok9": ""}) is None
+    assert task_input_problem(["true"], {"a.b": ""}) == (
+        "'a.b' is not a variable name: letters, digits and _, not starting with a digit"
+    )
