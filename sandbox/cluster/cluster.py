@@ -86,6 +86,8 @@ class Cluster:
         self._cidrs: dict[str, str] = {}
         self._kubelets: dict[str, tuple[Kubelet, asyncio.Task[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.node_lifecycle: NodeLifecycle | None = None
+        """Its node lifecycle controller, once started (tests read when it collects pods)."""
         self._stopping: set[asyncio.Task[None]] = set()
 
     @property
@@ -107,15 +109,16 @@ class Cluster:
         registry = self.registry
         for spec in self._specs.values():
             self._register(spec)
+        self.node_lifecycle = NodeLifecycle(
+            registry,
+            timing.resync_seconds,
+            timing.node_monitor_grace_seconds,
+            timing.orphan_pod_quarantine_seconds,
+            timing.pod_gc_period_seconds,
+        )
         controllers = (
             Scheduler(registry, timing.resync_seconds),
-            NodeLifecycle(
-                registry,
-                timing.resync_seconds,
-                timing.node_monitor_grace_seconds,
-                timing.orphan_pod_quarantine_seconds,
-                timing.pod_gc_period_seconds,
-            ),
+            self.node_lifecycle,
             JobController(registry, timing),
             ReplicaSetController(registry, timing.resync_seconds),
             DeploymentController(registry, timing.resync_seconds),

@@ -216,6 +216,11 @@ class NodeLifecycle(Controller[str]):
             # Pod GC waits out a quarantine: the node may just not be observed yet.
             self.queue.add_after(node, self._missing(node))
 
+    def collects_at(self, node: str) -> float | None:
+        """When (loop time) the pods of `node`, seen missing, are collected; None unless it
+        is missing."""
+        return self._collect_at.get(node)
+
     def _missing(self, node: str) -> float:
         """Seconds until the pods of `node`, now seen missing, are collected."""
         now = asyncio.get_running_loop().time()

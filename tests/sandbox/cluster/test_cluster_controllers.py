@@ -187,16 +187,20 @@ async def test_pods_of_a_deleted_node_stay_listed_through_the_quarantine(
     registry = cluster.registry
     [server] = await wait_for(lambda: _servers(registry))
     name = server["metadata"]["name"]
+    lifecycle = cluster.node_lifecycle
+    assert lifecycle is not None
     loop = asyncio.get_running_loop()
     removed = loop.time()
     await cluster.remove_node(GPU_4X)
     assert not registry.list(NODES, field_selector=f"metadata.name={GPU_4X}").items()
-    await asyncio.sleep(quarantine - 0.5)
+    # Pod GC has seen the node gone: it set when it collects, and its pods are still listed.
+    collects_at = await wait_for(lambda: lifecycle.collects_at(GPU_4X))
     kept = pod(registry, name)
     assert kept is not None, "pod GC waits out its quarantine"
     assert (kept["spec"]["nodeName"], kept["status"]["phase"]) == (GPU_4X, "Running")
+    assert collects_at >= removed + quarantine, "its deadline is the quarantine after the removal"
     await wait_for(lambda: pod(registry, name) is None)
-    assert loop.time() - removed >= quarantine
+    assert loop.time() >= collects_at, "collected at its deadline, not before"
 
 
 async def test_pod_gc_collects_a_deleted_node_40_to_60_seconds_later_by_default(
