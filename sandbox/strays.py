@@ -95,8 +95,7 @@ def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]
             _kill(stray.pid)
     for stray in strays:
         if stray.kind == "process" and stray.pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(stray.pid, signal.SIGKILL)
+            _kill(stray.pid, group=True)
     for stray in strays:
         if stray.kind == "container":
             runc = ["runc", "--root", str(Path(stray.where) / "runc")]
@@ -184,10 +183,14 @@ def _mounts_under(root: Path) -> list[tuple[str, str]]:
     return found
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, *, group: bool = False) -> None:
+    """SIGKILL to the process (its group, the session it leads), then waits until it is gone."""
     start = _start_ticks(pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WITHIN_S
     while start is not None and _start_ticks(pid) == start and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from levers9.logs import get_logger
-from sandbox import errors
+from sandbox import errors, strays
 from sandbox.cluster.controller import watch_forever
 from sandbox.cluster.deployments import DeploymentController
 from sandbox.cluster.images import ImageSet, ProcessImage
@@ -141,6 +141,19 @@ class Cluster:
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(self._stop_kubelet(n, STOP_GRACE_S) for n in list(self._kubelets)))
         await asyncio.gather(*self._stopping, return_exceptions=True)
+        await self._sweep()
+
+    async def _sweep(self) -> None:
+        """What the nodes' worker agents left (`sandbox.strays`): an agent stopped by SIGKILL
+        (slower than the grace) leaves its tasks' containers and processes running, in sessions
+        of their own; they go with the machine's processes, as on a reboot."""
+        found = await asyncio.to_thread(strays.find, self.state_dir, stack_running=False)
+        if found:
+            left = await asyncio.to_thread(
+                strays.remove, self.state_dir, found, lambda line: log.info(line)
+            )
+            for stray in left:
+                log.warning("stray left behind", kind=stray.kind, name=stray.name)
 
     async def __aenter__(self) -> Cluster:
         await self.start()

@@ -261,3 +261,41 @@ def test_volume_paths_cannot_leave_the_node_root(tmp_path: Path) -> None:
     assert inside(tmp_path, "/var/lib/x") == tmp_path / "var/lib/x"
     with pytest.raises(MountError):
         inside(tmp_path, "/../../etc")
+
+
+AGENT_LIKE = """
+import json, os, pathlib, subprocess, time
+def ticks(pid):
+    return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+work = pathlib.Path(os.environ["LEVERS9_SANDBOX_ROOT"]) / "var/lib/levers9/work/w1"
+(work / "processes").mkdir(parents=True)
+(work / "agent.json").write_text(json.dumps({"pid": os.getpid(), "start": ticks(os.getpid())}))
+quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+task = subprocess.Popen(["sleep", "1000"], start_new_session=True, **quiet)
+record = {"pid": task.pid, "start": ticks(task.pid)}
+(work / "processes" / "t1.json").write_text(json.dumps(record))
+time.sleep(1000)
+"""
+"""A worker agent as far as the node sees it: its work dir under the node's root, a task's
+process in a session of its own (which the kubelet's stop of the pod does not reach)."""
+
+
+async def test_what_a_pods_agent_left_running_stops_with_the_cluster(cluster: Cluster) -> None:
+    registry = cluster.registry
+    registry.create(PODS, pod_manifest("agent", command=python(AGENT_LIKE), node_name=CPU_NODE))
+    await wait_for(lambda: phase(registry, "agent", "Running"))
+    kubelet = cluster.kubelet(CPU_NODE)
+    assert kubelet is not None
+    record = kubelet.root / "var/lib/levers9/work/w1/processes/t1.json"
+    task = int(await wait_for(lambda: record.exists() and json.loads(record.read_text())["pid"]))
+    assert _running(task)
+    await cluster.stop()
+    assert not _running(task), "the task's process went with the machine's"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
