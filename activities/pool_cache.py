@@ -366,6 +366,8 @@ class PassTrigger:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.triggered = 0
+        self.changes_taken = 0
+        """Bursts of changed nodes this trigger acted on (triggered, or not: the schedule gone)."""
         cache.on_change(self.poke)
 
     def poke(self) -> None:
@@ -383,6 +385,7 @@ class PassTrigger:
             changed = await asyncio.to_thread(self._cache.take_changes)
             if not changed:
                 continue
+            self.changes_taken += 1
             try:
                 await handle.trigger(overlap=ScheduleOverlapPolicy.BUFFER_ONE)
             except RPCError as exc:

@@ -11,11 +11,18 @@ from temporalio.client import Client
 POLL_S = 0.2
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 20) -> None:
-    """Polls `check` until it is true; fails after `within` seconds."""
-    async with asyncio.timeout(within):
-        while not await check():  # noqa: ASYNC110 - polling a remote server, not a local event
-            await asyncio.sleep(POLL_S)
+async def eventually(
+    check: Callable[[], Awaitable[bool]], within: float = 20, *, what: str = ""
+) -> None:
+    """Polls `check` until it is true; fails after `within` seconds with a TimeoutError naming
+    what did not happen (`what`, else the check's own name)."""
+    try:
+        async with asyncio.timeout(within):
+            while not await check():  # noqa: ASYNC110 - polling a remote server, not a local event
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        name = what or getattr(check, "__name__", "the condition")
+        raise TimeoutError(f"{name}: not true within {within:g} s") from None
 
 
 async def signals_handled(client: Client, workflow_id: str, within: float = 30) -> None:

@@ -2,7 +2,8 @@
 project's registry and restarts every worker at once (the old records end `stopped` with the
 reason, fresh workers are available within a reconcile or two, not after the record TTL);
 `levers9 pool remove --delete-namespace` leaves no schedule, no running record, no worker Job
-and no namespace.
+and no namespace, and a node event afterwards (acted on by the pool cache's trigger) brings none
+back.
 
 The tests of this module share one controlplane and run in order.
 """
@@ -128,5 +129,20 @@ async def test_pool_remove_leaves_nothing_running(
     # Nothing comes back: no schedule, so no reconcile creates workers again. What could have
     # (a pass, or a machine, still running when the removal began) has ended by now.
     await eventually(lambda: _settled(dev_env, cp, before), within=WITHIN)
+    # A node event, which would start a pass of a pool still here, reaches the pool cache's
+    # trigger: it acts on it (its trigger finds no schedule), and still nothing comes back.
+    assert cp.caches is not None
+    trigger = cp.caches.triggers[POOL]
+    taken = trigger.changes_taken
+    node = next(spec.name for spec in cp.sandbox.cluster.node_specs() if spec.gpus.count)
+    await cp.sandbox.cluster.set_node_ready(node, False)
+
+    async def acted_on() -> bool:
+        return trigger.changes_taken > taken
+
+    await eventually(acted_on, within=WITHIN)
+    await eventually(lambda: _settled(dev_env, cp, before), within=WITHIN)
+    assert await list_reconcile_schedules(cp.settings) == []
     assert await _workers(cp) == []
+    assert await list_machine_records(cp.settings, POOL) == []
     assert await cp.worker_jobs() == []

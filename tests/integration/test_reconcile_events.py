@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,15 @@ GPU_NODES = 3
 HOUR = {"reconcileIntervalSeconds": 3600}
 
 
-async def _job_nodes(plane: Controlplane) -> set[str]:
-    return {job["metadata"]["labels"][NODE_LABEL] for job in await plane.worker_jobs()}
+async def _job_nodes(plane: Controlplane) -> Counter[str]:
+    """Worker Jobs per node: a node's second Job counts twice."""
+    return Counter(job["metadata"]["labels"][NODE_LABEL] for job in await plane.worker_jobs())
+
+
+async def _one_job_per_node(plane: Controlplane, *, but: str = "") -> Counter[str]:
+    jobs = await _job_nodes(plane)
+    assert all(count == 1 for node, count in jobs.items() if node != but), jobs
+    return jobs
 
 
 def _triggered(plane: Controlplane) -> int:
@@ -59,6 +67,7 @@ async def test_a_node_added_gets_its_worker_from_the_pass_its_event_starts(
                 return len(await _job_nodes(plane)) == GPU_NODES
 
             await eventually(first_workers, within=60)
+            await _one_job_per_node(plane)
             before = _triggered(plane)
             added = await plane.cli(
                 "sandbox",
@@ -76,6 +85,7 @@ async def test_a_node_added_gets_its_worker_from_the_pass_its_event_starts(
                 return "gke-demo-gpu-2x-events-1" in await _job_nodes(plane)
 
             await eventually(its_worker, within=30)
+            assert len(await _one_job_per_node(plane)) == GPU_NODES + 1
             assert _triggered(plane) > before
             assert "nodes changed: reconciling now pool_name=gke-rtx6000" in stream.getvalue()
         finally:
@@ -98,6 +108,7 @@ async def test_a_restarted_controlplane_repairs_what_changed_while_none_ran(
                     return len(await _job_nodes(plane)) == GPU_NODES
 
                 await eventually(first_workers, within=60)
+                await _one_job_per_node(plane)
             # No controlplane runs: a node joins, another goes.
             await add_gpu_node(
                 plane.sandbox.cluster, "gke-demo-gpu-2x-restart-1", 2, "127.0.32.1", "127.0.32.2"
@@ -111,6 +122,8 @@ async def test_a_restarted_controlplane_repairs_what_changed_while_none_ran(
                     return ended and "gke-demo-gpu-2x-restart-1" in await _job_nodes(plane)
 
                 await eventually(repaired, within=60)
+                jobs = await _one_job_per_node(plane, but=NODE_1X)
+                assert jobs["gke-demo-gpu-2x-restart-1"] == 1
                 # A pass of this process did it (the hourly schedule never came): the one its
                 # cache's first sync triggered, or one the stopped process left buffered
                 # (BUFFER_ONE) that read the changes first. Which one is a race, so only the

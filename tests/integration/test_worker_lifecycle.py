@@ -38,6 +38,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.placement import PoolState
+from tests.waiting import signals_handled
 from workflows.pool import PoolWorkflow
 from workflows.worker import SILENT, WorkerWorkflow
 
@@ -230,7 +231,7 @@ async def test_a_stale_idle_heartbeat_does_not_wind_down_a_busy_worker(
     for _ in range(8):  # tasks keep it busy for 8 minutes, past the 5 idle ones
         await time_env.sleep(60)
         await handle.signal(WorkerWorkflow.heartbeat, busy)
-    await time_env.sleep(1)
+    await signals_handled(time_env.client, handle.id)  # the last busy heartbeat taken
     assert (await _record(handle)).state == "available"
     assert cluster.deleted == []
     await handle.signal(WorkerWorkflow.stop)

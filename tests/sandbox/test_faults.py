@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -55,11 +56,22 @@ def test_429_carries_retry_after(http: Http, core: Api, namespace: str) -> None:
     assert status_of(caught.value)["details"]["retryAfterSeconds"] == 3
 
 
+def _fired(http: Http, rule: dict[str, Any]) -> int:
+    rules = json.loads(http("GET", "/_sandbox/faults").data)["rules"]
+    return int(next(r["fired"] for r in rules if r["id"] == rule["id"]))
+
+
 def test_delay_and_drop(http: Http, core: Api, namespace: str) -> None:
-    add_fault(http, verb="get", resource="namespaces", delaySeconds=0.3, times=1)
-    started = time.monotonic()
-    core.read_namespace(namespace)
-    assert time.monotonic() - started >= 0.3
+    rule = add_fault(http, verb="get", resource="namespaces", delaySeconds=2, times=1)
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(core.read_namespace, namespace)
+        deadline = time.monotonic() + 10
+        while _fired(http, rule) == 0:  # the request reached the server, which holds it
+            assert time.monotonic() < deadline, "the delayed request never reached the server"
+            time.sleep(0.02)
+        core.list_namespace()  # answered while the delayed one is held
+        assert not held.done(), "the delay holds the request it matched, and only that one"
+        assert held.result(timeout=10).metadata.name == namespace  # then answers it
     add_fault(http, verb="list", resource="nodes", drop=True, times=1)
     with pytest.raises(urllib3.exceptions.HTTPError):
         core.list_node()

@@ -287,9 +287,9 @@ async def test_exec_runs_in_the_task_context(served: ServedWorker) -> None:
 
 TERMINAL_COMMAND = """
 import os, signal, sys
-print(os.isatty(0), os.isatty(1), tuple(os.get_terminal_size(1)), flush=True)
 size = lambda *_: print("resized", tuple(os.get_terminal_size(1)), flush=True)
 signal.signal(signal.SIGWINCH, size)
+print(os.isatty(0), os.isatty(1), tuple(os.get_terminal_size(1)), flush=True)
 line = sys.stdin.readline()
 print("read", line.strip(), flush=True)
 sys.exit(6)
@@ -302,7 +302,7 @@ async def test_exec_on_a_terminal_follows_its_size(served: ServedWorker) -> None
         metadata=AUTH,
     )
     await started(served, "t-tty", b"up")
-    resized = asyncio.Event()
+    listening, resized = asyncio.Event(), asyncio.Event()
 
     async def requests() -> AsyncIterator[worker_pb2.ExecRequest]:
         start = worker_pb2.ExecStart(
@@ -310,7 +310,7 @@ async def test_exec_on_a_terminal_follows_its_size(served: ServedWorker) -> None
         )
         start.size.rows, start.size.cols = 30, 100
         yield worker_pb2.ExecRequest(start=start)
-        await asyncio.sleep(0.5)
+        await listening.wait()  # its first line: the SIGWINCH handler is in place
         yield worker_pb2.ExecRequest(resize=worker_pb2.TerminalSize(rows=50, cols=132))
         await resized.wait()
         yield worker_pb2.ExecRequest(stdin=b"typed\n")
@@ -321,6 +321,8 @@ async def test_exec_on_a_terminal_follows_its_size(served: ServedWorker) -> None
     async for response in served.stub.Exec(requests(), metadata=AUTH):
         assert response.WhichOneof("message") in ("stdout", "exit_code"), "one stream: the tty"
         out += response.stdout
+        if b"\n" in out:
+            listening.set()
         if b"resized" in out:
             resized.set()
         if response.HasField("exit_code"):
@@ -344,9 +346,16 @@ async def test_exec_in_an_unknown_task_is_not_found(served: ServedWorker) -> Non
     "metadata", [(), bearer.metadata("l9w1.someone-else"), (("authorization", "token"),)]
 )
 async def test_calls_without_the_worker_token_are_unauthenticated(
-    served: ServedWorker, metadata: tuple[tuple[str, str], ...]
+    served: ServedWorker, metadata: tuple[tuple[str, str], ...], tmp_path: Path
 ) -> None:
     stub = served.stub
+    ran = tmp_path / "ran"
+    run = python_task("t-untrusted", f"open({str(ran)!r}, 'a').write('ran')")
+    with pytest.raises(aio.AioRpcError) as refused:
+        await stub.RunTask(run, metadata=metadata)
+    with pytest.raises(aio.AioRpcError) as unknown:
+        await stub.GetTask(worker_pb2.GetTaskRequest(task_id="t-untrusted"), metadata=AUTH)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, "the refused task was never kept"
     with pytest.raises(aio.AioRpcError) as unary:
         await stub.GetTask(worker_pb2.GetTaskRequest(task_id="t"), metadata=metadata)
     with pytest.raises(aio.AioRpcError) as stream:
@@ -358,9 +367,12 @@ async def test_calls_without_the_worker_token_are_unauthenticated(
         ]
     with pytest.raises(aio.AioRpcError) as bidi:
         _ = [r async for r in stub.Exec(_exec_requests("t", hold=True), metadata=metadata)]
-    codes = {e.value.code() for e in (unary, stream, bidi)}
-    assert codes == {grpc.StatusCode.UNAUTHENTICATED}
-    assert served.tasks.running == 0
+    codes = [e.value.code() for e in (refused, unary, stream, bidi)]
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 4
+    assert (served.tasks.running, served.reports, ran.exists()) == (0, [], False)
+    # The same request with the token runs: only the token kept it from running.
+    await run_to_end(served, run)
+    assert ran.read_text() == "ran"
 
 
 async def test_health_needs_no_token(served: ServedWorker) -> None:
