@@ -12,6 +12,7 @@ command itself: the spec's start lines, SIGTERM reporting the running task LOST
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from grpc import aio
 
+from levers9 import logs
 from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.agent import Agent
@@ -32,6 +34,7 @@ from levers9.worker.devices import DeviceError
 from levers9.worker.gateway import GatewayClient
 from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV, HostPaths
 from levers9.worker.settings import WorkerSettings
+from tests.waiting import eventually
 from tests.worker.kit import AUTH, NEIGHBOUR_UID, POD_UID, TOKEN, write_checkpoint
 from tests.worker.recording_gateway import Calls, RecordingGateway
 
@@ -203,14 +206,22 @@ async def test_registration_is_retried_until_the_gateway_is_up(
     gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
 ) -> None:
     await gateway.stop()
+    stream = io.StringIO()
+    logs.setup("INFO", stream)
 
-    async def start_later() -> None:
-        await asyncio.sleep(0.5)
+    async def refused() -> bool:
+        return "gateway registration failed, retrying" in stream.getvalue()
+
+    async def start_once_refused() -> None:
+        await eventually(refused, within=30)  # it tried while the gateway was down
         await gateway.start()
 
-    later = asyncio.create_task(start_later())
-    await start_agent(worker_env)
-    await later
+    try:
+        later = asyncio.create_task(start_once_refused())
+        await start_agent(worker_env)
+        await later
+    finally:
+        logs.setup("INFO")
     assert len(gateway.calls.registers) == 1
 
 
