@@ -6,8 +6,9 @@ of one task's command); endpoint requests, 5xx, connection errors and hung (no a
 the client's timeout); and the longest gap with no task completing, and with no request
 answered 200.
 
-    python benchmarks/faults.py [--tasks 120] [--duration 240] [--fault-every 30] [--down 3]
-        [--rate 4] [--client-timeout 30] [--endpoint-timeout 20s] [--seed 7] [--dir DIR]
+    python benchmarks/faults.py [--tasks 150] [--duration 300] [--task-seconds 3]
+        [--fault-every 30] [--down 3] [--rate 4] [--client-timeout 30]
+        [--endpoint-timeout 20s] [--seed 7] [--dir DIR]
 
 What runs is tests/reliability/world.py's world: the Temporal dev server (sqlite) and
 `python -m worker_main` as processes of their own, the sandbox cluster in this one (3 GPU
@@ -23,7 +24,8 @@ order, each kind once before any twice:
   watch and connection cut, requests in flight unanswered; its store, etcd, kept), serving
   again on the same port after `--down` s.
 
-The tasks (one card each, `sh -c`: a line with the time into a file of their own, sleep 1) are
+The tasks (one card each, `sh -c`: a line with the time into a file of their own, then
+`--task-seconds` of sleep) are
 submitted evenly over `--duration` s; the endpoint (one card, `--min-replicas 1`, Python's
 http.server) gets `--rate` GETs a second through the endpoints front with the operator token.
 The directory (`--dir`, else a new one under /tmp) is kept: every process's log is there.
@@ -111,6 +113,7 @@ class Soak:
     tasks: list[Task] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    task_seconds: float = 3.0
     load_began: float = 0.0
     replica: str = ""
     """The endpoint's replica (task id) that last answered."""
@@ -131,7 +134,8 @@ class Soak:
 
     def command(self, task_id: str) -> tuple[str, ...]:
         runs = self.w.task_runs / task_id
-        return ("sh", "-c", f'echo "run $(date +%s.%N)" >> {runs}; sleep 1; echo done')
+        line = f'echo "run $(date +%s.%N)" >> {runs}'
+        return ("sh", "-c", f"{line}; sleep {self.task_seconds:g}; echo done")
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -439,7 +443,7 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     async with world(directory) as w:
         keep_pod_logs(w, directory)
         await settled(w)
-        soak = Soak(w, random.Random(args.seed))
+        soak = Soak(w, random.Random(args.seed), task_seconds=args.task_seconds)
         # Not from the seed: a replica left running by an earlier run's killed agent may
         # still hold that port on its node.
         port = random.SystemRandom().randrange(20000, 30000)
@@ -486,8 +490,9 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=120, help="tasks submitted over --duration")
-    parser.add_argument("--duration", type=float, default=240, help="seconds of load and faults")
+    parser.add_argument("--tasks", type=int, default=150, help="tasks submitted over --duration")
+    parser.add_argument("--duration", type=float, default=300, help="seconds of load and faults")
+    parser.add_argument("--task-seconds", type=float, default=3, help="how long each task runs")
     parser.add_argument("--fault-every", type=float, default=30, help="seconds between faults")
     parser.add_argument("--down", type=float, default=3, help="seconds a killed process stays down")
     parser.add_argument("--rate", type=float, default=4, help="endpoint requests a second")
