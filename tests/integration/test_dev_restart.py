@@ -1,0 +1,141 @@
+"""A joined cluster comes back after `levers9 dev down` and `levers9 dev up`, as a real cluster
+keeps its objects when its machines are powered down and up: the user path of issue 33 run as
+the user runs it (a node added with `levers9 sandbox node add`, `levers9 cluster join ... |
+kubectl apply -f -`), then down and up. The agent's Deployment, Secret and RBAC are still there,
+its pod that died with the machine is replaced and dials the gateway with the token it kept, and
+the joined pool gets a new worker on its machine; the controlplane's records were not ended (the
+cluster did not start empty). `dev up --fresh` starts from the scenario again, and ends them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.devstack import Dev
+
+pytestmark = pytest.mark.integration
+
+FAST = {"LEVERS9_RECONCILE_INTERVAL_SECONDS": "1"}
+WITHIN = 120
+
+
+def _apply(dev: Dev, manifest: str) -> None:
+    applied = subprocess.run(
+        ["kubectl", "apply", "-f", "-"],
+        input=manifest,
+        env={**os.environ, **dev.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+
+
+def _joined_workers(dev: Dev) -> list[dict[str, str]]:
+    listed = dev.run("worker", "list", "--pool", "joined", "-o", "json")
+    rows: list[dict[str, str]] = json.loads(listed.stdout) if listed.returncode == 0 else []
+    return rows
+
+
+def _new_joined_worker(dev: Dev, not_these: set[str]) -> dict[str, str]:
+    """An available worker of `joined` on gke-joined that is none of `not_these`: the agent
+    ran and made it."""
+    deadline = time.monotonic() + WITHIN
+    rows: list[dict[str, str]] = []
+    while time.monotonic() < deadline:
+        rows = _joined_workers(dev)
+        for row in rows:
+            fresh = row["worker_id"] not in not_these and row["node_name"] == "gke-joined"
+            if fresh and row["state"] == "available":
+                return row
+        time.sleep(1)
+    raise AssertionError(f"no new available worker of joined in {WITHIN}s: {rows}")
+
+
+def _agent(dev: Dev) -> tuple[dict[str, str], dict[str, str]]:
+    """The agent's Deployment and Secret metadata (uid, creationTimestamp) and the Secret data."""
+    deploy = json.loads(
+        dev.kubectl("-n", "levers9", "get", "deploy", "levers9-agent", "-o", "json")
+    )
+    secret = json.loads(
+        dev.kubectl("-n", "levers9", "get", "secret", "levers9-agent", "-o", "json")
+    )
+    kept = {
+        "deploy": deploy["metadata"]["uid"] + deploy["metadata"]["creationTimestamp"],
+        "secret": secret["metadata"]["uid"] + secret["metadata"]["creationTimestamp"],
+    }
+    return kept, secret["data"]
+
+
+def _agent_pods(dev: Dev) -> list[dict[str, Any]]:
+    listed = dev.kubectl(
+        "-n", "levers9", "get", "pods", "-l", "app.kubernetes.io/name=levers9-agent", "-o", "json"
+    )
+    pods: list[dict[str, Any]] = json.loads(listed)["items"]
+    return pods
+
+
+# Three stacks start here (up, up again, up --fresh): twice the suite's hang guard.
+@pytest.mark.timeout(600)
+def test_a_joined_cluster_comes_back_after_down_and_up(tmp_path: Path) -> None:
+    dev = Dev(tmp_path)
+    try:
+        up = dev.run("dev", "up", *dev.ports, env=FAST)
+        assert up.returncode == 0, up.stdout + up.stderr
+        added = dev.run(
+            *("sandbox", "node", "add", "gke-joined", "--gpus", "1"),
+            *("--node-pool", "joined-pool"),
+        )
+        assert added.returncode == 0, added.stderr
+        joined = dev.run(
+            *("cluster", "join", "--name", "joined", "--gpu-type", "RTXPro6000"),
+            *("--node-selector", "cloud.google.com/gke-nodepool=joined-pool"),
+        )
+        assert joined.returncode == 0, joined.stderr
+        _apply(dev, joined.stdout)
+        before = _new_joined_worker(dev, set())
+        kept, data = _agent(dev)
+        [old_pod] = _agent_pods(dev)
+
+        down = dev.run("dev", "down")
+        assert down.returncode == 0, down.stderr
+        saved = tmp_path / ".levers9" / "dev" / "sandbox" / "cluster.json"
+        assert f"the sandbox's cluster is saved in {saved}" in down.stdout
+        again = dev.run("dev", "up", *dev.ports, env=FAST)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "records of the previous sandbox cluster" not in again.stdout, "none ended"
+
+        pools = json.loads(dev.run("pool", "list", "-o", "json").stdout)
+        assert {row["pool"]: row["provider"] for row in pools}["joined"] == "kubernetes (joined)"
+        after = _new_joined_worker(dev, {before["worker_id"]})
+        machines = json.loads(dev.run("machine", "list", "--pool", "joined", "-o", "json").stdout)
+        assert [row["node_name"] for row in machines] == ["gke-joined"]
+        assert after["pool_name"] == "joined"
+        assert _agent(dev) == (kept, data), "the same Deployment, and the token it kept"
+        pods = {str(p["metadata"]["uid"]): p for p in _agent_pods(dev)}
+        ended = pods.pop(str(old_pod["metadata"]["uid"]))
+        assert ended["status"]["reason"] == "Terminated"
+        [replacement] = pods.values()
+        assert replacement["status"]["phase"] == "Running"
+        labels = dev.kubectl("get", "node", "gke-joined", "-o", "jsonpath={.metadata.labels}")
+        assert json.loads(labels)["cloud.google.com/gke-nodepool"] == "joined-pool"
+
+        assert dev.run("dev", "down").returncode == 0
+        fresh = dev.run("dev", "up", "--fresh", *dev.ports, env=FAST)
+        assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+        assert "records of the previous sandbox cluster" in fresh.stdout
+        deployments = dev.kubectl("get", "deploy", "-A", "-o", "name").split()
+        assert deployments == ["deployment.apps/model-server"]
+        assert "gke-joined" not in dev.kubectl("get", "nodes", "-o", "name")
+        running = dev.run("dev", "up", "--fresh", *dev.ports)
+        assert running.returncode == 1
+        assert "`levers9 dev down` first, then `dev up --fresh`" in running.stderr
+    finally:
+        dev.run("dev", "down")
