@@ -140,6 +140,25 @@ def test_events_past_their_ttl_expired_while_it_was_down(tmp_path: Path) -> None
     assert loaded.exists(EVENTS, "team", "recent")
 
 
+async def test_a_crash_loses_at_most_the_last_period(tmp_path: Path) -> None:
+    """Saved while it runs, not only on a clean stop: what a SIGKILL leaves is loadable."""
+    store = Store()
+    saver = persist.Saver(tmp_path, store, list, period_s=0.05)
+    saver.start()
+    try:
+        store.create(NAMESPACES, {"metadata": {"name": "later"}})
+
+        async def saved() -> bool:
+            snapshot = persist.load(tmp_path)
+            return snapshot is not None and any(
+                o["metadata"]["name"] == "later" for _, o in snapshot.objects
+            )
+
+        await eventually(saved, within=10)
+    finally:
+        await saver.stop()
+
+
 def test_no_snapshot_is_the_scenario(tmp_path: Path) -> None:
     assert persist.load(tmp_path) is None
 
