@@ -15,7 +15,6 @@ code whose branch is unguarded (`patched` always True) is a nondeterminism error
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
@@ -326,7 +325,7 @@ async def _task_never_started(client: Client, task_queue: str) -> str:
 
 async def _task_whose_request_was_lost(client: Client, task_queue: str) -> str:
     """A task whose first request the pool never took, asking again after a second; it is
-    cancelled after four (the old code waits for ever)."""
+    cancelled once it has asked again (the old code waits for ever)."""
     task_id = f"lost{uuid.uuid4().hex[:8]}"
     workflow_id = f"task:{task_id}"
     handle = await client.start_workflow(
@@ -335,8 +334,14 @@ async def _task_whose_request_was_lost(client: Client, task_queue: str) -> str:
         id=workflow_id,
         task_queue=task_queue,
     )
-    await asyncio.sleep(4)
-    with contextlib.suppress(RPCError):  # the new code has ended it by then
+
+    async def asked_again_or_ended() -> bool:
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return True
+        return _requests(await handle.fetch_history()) >= 2
+
+    await eventually(asked_again_or_ended, within=30)
+    with contextlib.suppress(RPCError):  # the new code may have ended it by then
         await handle.signal(TaskWorkflow.cancel, "test over")
     await handle.result()
     return workflow_id
