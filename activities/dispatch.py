@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -35,6 +35,7 @@ from levers9.models import (
 )
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.quantity import binary_text
 from levers9.rpc.worker_tls import worker_channel
 from levers9.telemetry import span
 from levers9.temporal import is_running, machine_records
@@ -53,6 +54,18 @@ CANCEL_TIMEOUT_S = 45.0
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 UNREACHABLE = f"Worker{grpc.StatusCode.UNAVAILABLE.name}"
+
+
+class Largest(NamedTuple):
+    """The most cards and allocatable memory one machine of a pool has (None: not known)."""
+
+    gpus: int | None
+    memory_bytes: int | None
+
+    def holds(self, request: PlaceRequest) -> bool:
+        return (self.gpus is None or request.gpus <= self.gpus) and (
+            self.memory_bytes is None or request.memory_bytes <= self.memory_bytes
+        )
 
 
 class TunnelEndpoints(Protocol):
@@ -123,8 +136,8 @@ class TaskActivities:
         self._client = client
         self._settings = settings
         self._tunnels = tunnels
-        self._largest: dict[str, tuple[float, int | None]] = {}
-        """By pool: when its machine records were read, and the most cards one has."""
+        self._largest: dict[str, tuple[float, Largest]] = {}
+        """By pool: when its machine records were read, and the most one has."""
         self._batches = RequestBatches(self._signal_requests)
 
     def _address(self, input: WorkerTaskInput) -> str:
@@ -162,12 +175,19 @@ class TaskActivities:
     async def request_placement(self, request: PlaceRequest) -> str:
         """Queues the task on its pool (signal-with-start `request`; a repeat queues nothing
         twice). Returns "" when queued, or why no machine of the pool can ever hold it (more
-        cards than the largest machine record has; with no machine yet, it waits)."""
-        largest = await self._largest_machine(request.pool_name, request.gpus)
-        if largest is not None and request.gpus > largest:
+        cards, or a larger memory limit, than the largest machine record has; with no machine
+        yet, it waits)."""
+        largest = await self._largest_machine(request)
+        if largest.gpus is not None and request.gpus > largest.gpus:
             return (
                 f"no machine of pool {request.pool_name} can hold {request.gpus} cards:"
-                f" the largest has {largest}"
+                f" the largest has {largest.gpus}"
+            )
+        if largest.memory_bytes is not None and request.memory_bytes > largest.memory_bytes:
+            return (
+                f"no machine of pool {request.pool_name} can hold a memory limit of"
+                f" {binary_text(request.memory_bytes)}: the largest has"
+                f" {binary_text(largest.memory_bytes)} allocatable"
             )
         await self._batches.add(request)
         return ""
@@ -183,17 +203,21 @@ class TaskActivities:
             start_signal_args=[requests],
         )
 
-    async def _largest_machine(self, pool_name: str, gpus: int) -> int | None:
-        """The most cards a node of the pool has, from its running machine records: a burst of
-        requests reads them once per LARGEST_TTL_S (10,000 tasks queued at once made 10,000
-        visibility lists), but a task is refused only on a fresh read."""
+    async def _largest_machine(self, request: PlaceRequest) -> Largest:
+        """The most cards and memory a node of the pool has, from its running machine records:
+        a burst of requests reads them once per LARGEST_TTL_S (10,000 tasks queued at once made
+        10,000 visibility lists), but a task is refused only on a fresh read."""
+        pool_name = request.pool_name
         cached = self._largest.get(pool_name)
         now = time.monotonic()
-        fresh = cached is not None and now - cached[0] < LARGEST_TTL_S
-        if cached is not None and fresh and (cached[1] is None or gpus <= cached[1]):
+        if cached is not None and now - cached[0] < LARGEST_TTL_S and cached[1].holds(request):
             return cached[1]
         records = await machine_records(self._client, self._settings.task_queue, pool_name)
-        largest = max((r.total_gpus for r in records), default=None)
+        memory = max((r.total_memory_bytes for r in records), default=0)
+        largest = Largest(
+            gpus=max((r.total_gpus for r in records), default=None),
+            memory_bytes=memory or None,  # records made before they kept it: unknown
+        )
         self._largest[pool_name] = (now, largest)
         return largest
 

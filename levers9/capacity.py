@@ -127,6 +127,8 @@ class NodeCapacity(BaseModel):
     worker_gpus: int
     workers: tuple[str, ...]
     external_ip: str | None
+    total_memory_bytes: int = 0
+    """The node's allocatable memory: the most a task there could ever be given."""
     finished_workers: tuple[str, ...] = ()
     """Our workers whose Job has finished (Failed, or Complete) and is not deleted yet: their
     agents are gone, whatever their records say (the machine ends those records now)."""
@@ -418,6 +420,7 @@ def node_capacity(
         status=state,
         gpu_type=gpu_type_of(metadata.get("labels") or {}),
         total_gpus=max(capacity.gpus, allocatable.gpus),
+        total_memory_bytes=allocatable.memory_bytes,
         free=free,
         worker_gpus=worker_held.gpus,
         workers=workers,

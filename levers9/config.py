@@ -290,6 +290,17 @@ class TaskDefaults(_Model):
     def _quantity(cls, value: str | None) -> str | None:
         return None if value is None else _positive_quantity(value)
 
+    @field_validator("memory")
+    @classmethod
+    def _memory_floor(cls, value: str | None) -> str | None:
+        from levers9.models import memory_floor_problem
+        from levers9.quantity import whole
+
+        below = memory_floor_problem(whole(value)) if value is not None else None
+        if below is not None:
+            raise ValueError(below)
+        return value
+
     @property
     def memory_bytes(self) -> int:
         from levers9.quantity import whole

@@ -116,6 +116,8 @@ class MachineRecord(_Record):
     free_memory_bytes: int
     workers: tuple[str, ...]
     observed_at: datetime
+    total_memory_bytes: int = 0
+    """The node's allocatable memory (0: a record made before it was kept)."""
 
 
 class WorkerRegistration(_Record):
@@ -246,6 +248,9 @@ class PlaceRequest(_Record):
     """The task's creation: the queue keeps this order."""
     ports: tuple[int, ...] = ()
     """The ports it publishes: it goes to a worker where no placed task publishes them."""
+    memory_bytes: int = 0
+    """Its container's memory limit (0: none of its own): refused at once when no machine of
+    the pool has that much allocatable."""
 
 
 class WorkerSlotInput(_Record):
@@ -285,6 +290,23 @@ class PoolInput(_Record):
 
 MAX_STOP_GRACE_S = 3600
 """The longest grace a task may ask for between SIGTERM and SIGKILL."""
+
+MIN_TASK_MEMORY_BYTES = 6 * 1024 * 1024
+"""The smallest memory limit a task's container may have (6 MiB, Docker's floor): below it runc
+cannot start the container's first process in its cgroup, and the task would fail late, at its
+start on the worker, with runc's cgroup error. `--memory`, `taskDefaults.memory` and the
+gateway's SubmitTask refuse less."""
+
+
+def memory_floor_problem(memory_bytes: int) -> str | None:
+    """Why a task's memory limit is refused (set, and below MIN_TASK_MEMORY_BYTES)."""
+    if 0 < memory_bytes < MIN_TASK_MEMORY_BYTES:
+        return (
+            f"{memory_bytes} bytes is below the 6Mi a container needs to start (a bare number"
+            " is bytes): write a unit, e.g. 512Mi or 8Gi"
+        )
+    return None
+
 
 MAX_TASK_INPUT_BYTES = 128 * 1024
 """The most a task's command (its arguments) and environment may hold together, in UTF-8 bytes

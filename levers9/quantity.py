@@ -25,6 +25,8 @@ _DECIMAL = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
+MAX_EXPONENT = 30
+"""The largest decimal exponent taken (`1e30`); Kubernetes' own largest suffix is E (1e18)."""
 _QUANTITY = re.compile(
     r"^(?P<number>[+-]?(?:\d+\.?\d*|\.\d+))"
     r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<exponent>[eE][+-]?\d+)|(?P<decimal>[numkMGTPE]?))$"
@@ -34,6 +36,8 @@ _QUANTITY = re.compile(
 def parse_quantity(text: str | int | float) -> Fraction:
     """The exact value of a quantity; raises ValueError naming the text when it is not one."""
     if isinstance(text, int | float):
+        if not math.isfinite(text):
+            raise ValueError(f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 1Gi)")
         return Fraction(text)
     match = _QUANTITY.match(text.strip())
     if not match:
@@ -42,7 +46,14 @@ def parse_quantity(text: str | int | float) -> Fraction:
     if match["binary"]:
         return number * _BINARY[match["binary"]]
     if match["exponent"]:
-        return number * Fraction(10) ** int(match["exponent"][1:])
+        exponent = int(match["exponent"][1:])
+        if abs(exponent) > MAX_EXPONENT:
+            # 10**1e9 is computed digit by digit: refused before, never waited for.
+            raise ValueError(
+                f"{text!r}: an exponent past e{MAX_EXPONENT} is no resource any node has"
+                " (e.g. 500m, 2, 1Gi)"
+            )
+        return number * Fraction(10) ** exponent
     return number * _DECIMAL[match["decimal"] or ""]
 
 
@@ -54,3 +65,13 @@ def millicores(text: str | int | float) -> int:
 def whole(text: str | int | float) -> int:
     """Memory bytes or device counts, rounded up to a whole unit."""
     return math.ceil(parse_quantity(text))
+
+
+def binary_text(value: int) -> str:
+    """Bytes as a person reads them: `8Gi`, `1Ti`, `172.3Gi`, `512`."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        size = _BINARY[suffix]
+        if value >= size:
+            exact = value % size == 0
+            return f"{value // size}{suffix}" if exact else f"{value / size:.1f}{suffix}"
+    return str(value)

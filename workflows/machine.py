@@ -257,6 +257,7 @@ class MachineWorkflow:
             free_memory_bytes=capacity.free.memory_bytes,
             workers=self._workers(),
             observed_at=workflow.now(),
+            total_memory_bytes=capacity.total_memory_bytes,
         )
 
     def _workers(self) -> tuple[str, ...]:

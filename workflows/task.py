@@ -230,6 +230,7 @@ class TaskWorkflow:
             gpus=input.gpus,
             created_at=self._record.created_at,
             ports=input.ports,
+            memory_bytes=input.memory_bytes,
         )
         self._offered = None
         self._queued = True

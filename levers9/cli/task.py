@@ -38,6 +38,7 @@ from levers9.models import (
     TERMINAL,
     TaskInput,
     TaskRecord,
+    memory_floor_problem,
     new_task_id,
     task_input_problem,
 )
@@ -436,6 +437,9 @@ def _quantity(option: str, text: str, bytes_: bool) -> int:
         raise typer.BadParameter(str(exc), param_hint=option) from None
     if value <= 0:
         raise typer.BadParameter(f"{text!r} is not more than 0", param_hint=option)
+    below = memory_floor_problem(value) if bytes_ else None
+    if below is not None:
+        raise typer.BadParameter(f"{text!r}: {below}", param_hint=option)
     return value
 
 

@@ -23,6 +23,7 @@ from levers9.models import (
     TaskInput,
     WorkerHeartbeat,
     WorkerRegistration,
+    memory_floor_problem,
     task_input_problem,
 )
 from levers9.proto import gateway_pb2, worker_pb2
@@ -85,6 +86,9 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
     if not 0 <= request.memory_bytes <= MAX_MEMORY_BYTES:
         raise InvalidRequest("memory_bytes", f"{request.memory_bytes} is not 0 to 64 TiB")
+    below = memory_floor_problem(request.memory_bytes)
+    if below is not None:
+        raise InvalidRequest("memory_bytes", below)
     if not 0 <= request.cpu_millis <= MAX_CPU_MILLIS:
         raise InvalidRequest("cpu_millis", f"{request.cpu_millis} is not 0 to 4096 cores")
     if request.image:

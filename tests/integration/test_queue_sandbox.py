@@ -1,7 +1,8 @@
 """The queue on the dev pool (its two two-card workers, a one-card one): 40 two-card tasks
 submitted at once all succeed, placed in the order their records were created (Temporal allows
 10 in-flight Updates per workflow: the queue holds none); a task more cards than the largest
-machine has fails at once, saying what the largest has; a task cancelled while it waits leaves
+machine has fails at once, saying what the largest has, and so does a memory limit larger than
+any machine's allocatable; a task cancelled while it waits leaves
 the queue at once, `cancelled`.
 """
 
@@ -105,6 +106,19 @@ async def test_a_task_no_machine_can_hold_fails_at_once(
     ]
     assert activities == ["request_placement"], activities
     assert not [e for e in history.events if e.HasField("timer_started_event_attributes")]
+
+
+async def test_a_memory_limit_no_machine_has_fails_at_once(cp: Controlplane) -> None:
+    """As a card count no machine has: `--memory 1Ti` on nodes of far less allocatable fails at
+    once, naming what the largest has, instead of waiting for a place or failing late."""
+    done = await cp.cli("run", "--pool", POOL, "--memory", "1Ti", "--", "true")
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = f"no machine of pool {POOL} can hold a memory limit of 1Ti: the largest has "
+    assert said in done.stdout, done.stdout
+    assert done.stdout.split(said)[1].split()[1] == "allocatable", done.stdout
+    assert " failed (never ran) " in done.stdout
+    fits = await cp.cli("run", "--pool", POOL, "--memory", "64Mi", "--", "true")
+    assert fits.returncode == 0, fits.stdout + fits.stderr
 
 
 async def test_a_task_cancelled_while_queued_leaves_the_queue(cp: Controlplane) -> None:

@@ -4,9 +4,10 @@
   token), naming the pools there are, and nothing is started; `pool remove` of such a pool
   removes nothing and says so;
 - with nothing to reach: an argument that is not UTF-8, a --gpus past the gateway's bound, a
-  bad --log-level, a command and environment over the one 128 KiB limit, an environment
-  variable that is no variable name: each a message and exit status 2, never a traceback, and
-  refused before anything is dialled.
+  --memory below the 6 MiB floor or with an exponent no node has, a bad --log-level, a command
+  and environment over the one 128 KiB limit, an environment variable that is no variable
+  name: each a message and exit status 2, never a traceback, and refused before anything is
+  dialled.
 
 The controlplane here is its gateway and one reconcile schedule (paused: nothing polls its task
 queue), which is all the refusals read.
@@ -22,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -180,6 +182,16 @@ def _levers9(*args: str | bytes) -> subprocess.CompletedProcess[str]:
         ),
         (("task", "get", b"\xff"), "error: argument 3 (b'\\xff') is not UTF-8 text"),
         (
+            ("run", "--pool", "p", "--memory", "1", "--", "true"),
+            "Invalid value for --memory: '1': 1 bytes is below the 6Mi a container needs to"
+            " start (a bare number is bytes): write a unit, e.g. 512Mi or 8Gi",
+        ),
+        (
+            ("run", "--pool", "p", "--memory", "1e999999999", "--", "true"),
+            "Invalid value for --memory: '1e999999999': an exponent past e30 is no resource any"
+            " node has",
+        ),
+        (
             ("--log-level", "BOGUS", "pool", "list"),
             "Invalid value for --log-level: 'BOGUS' is not one of debug, info, warning, error,"
             " critical",
@@ -257,3 +269,31 @@ def test_the_limit_counts_each_argument_and_variable_with_its_terminator() -> No
     assert task_input_problem(["true"], {"a.b": ""}) == (
         "'a.b' is not a variable name: letters, digits and _, not starting with a digit"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"memory_bytes": 1},
+            "memory_bytes: 1 bytes is below the 6Mi a container needs to start (a bare number"
+            " is bytes): write a unit, e.g. 512Mi or 8Gi",
+        ),
+        (
+            {"command": ["echo", "x" * 70_000, "y" * 70_000]},
+            "command: the command and environment hold 140007 bytes, more than 131072",
+        ),
+    ],
+)
+def test_the_gateway_refuses_the_same_at_submit(fields: dict[str, Any], message: str) -> None:
+    """For a client other than the CLI: SubmitTask holds the same floor and limit."""
+    from levers9.gateway.convert import submitted_task
+    from levers9.gateway.errors import InvalidRequest
+    from levers9.proto import gateway_pb2
+
+    request = gateway_pb2.SubmitTaskRequest(
+        **{"task_id": "t1", "pool_name": POOL, "command": ["true"], **fields}
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        submitted_task(request)
+    assert str(refused.value.message).startswith(message), refused.value.message

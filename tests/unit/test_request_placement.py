@@ -1,5 +1,6 @@
 """`request_placement` under a burst: it reads the pool's machine records once per burst, and
-afresh before it refuses a task (never refused on a stale answer), and the requests of the
+afresh before it refuses a task, for its cards or its memory limit (never refused on a stale
+answer; records that keep no memory refuse none), and the requests of the
 burst reach the pool in a few signals, each request in exactly one."""
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ from typing import Any
 import pytest
 
 from activities import dispatch
-from activities.dispatch import REQUEST_BATCH_MAX, RequestBatches, TaskActivities
+from activities.dispatch import REQUEST_BATCH_MAX, Largest, RequestBatches, TaskActivities
 from levers9.config import ControlplaneSettings
 from levers9.models import PlaceRequest
+
+GI = 2**30
+
+
+def _asking(pool_name: str, gpus: int, memory_bytes: int = 0) -> PlaceRequest:
+    return PlaceRequest(pool_name=pool_name, task_id="t1", gpus=gpus, memory_bytes=memory_bytes)
 
 
 async def test_the_largest_machine_is_read_once_a_burst_and_afresh_before_a_refusal(
@@ -23,21 +30,45 @@ async def test_the_largest_machine_is_read_once_a_burst_and_afresh_before_a_refu
 
     async def records(client: Any, task_queue: str, pool_name: str) -> list[SimpleNamespace]:
         reads.append(pool_name)
-        return [SimpleNamespace(total_gpus=4), SimpleNamespace(total_gpus=2)]
+        return [
+            SimpleNamespace(total_gpus=4, total_memory_bytes=GI * 172),
+            SimpleNamespace(total_gpus=2, total_memory_bytes=GI * 64),
+        ]
 
     monkeypatch.setattr(dispatch, "machine_records", records)
     settings = ControlplaneSettings.model_validate({"taskQueue": "q"})
     activities = TaskActivities(client=None, settings=settings)  # type: ignore[arg-type]
-    assert [await activities._largest_machine("p", 2) for _ in range(50)] == [4] * 50
+    largest = Largest(gpus=4, memory_bytes=GI * 172)
+    assert [await activities._largest_machine(_asking("p", 2)) for _ in range(50)] == [largest] * 50
     assert reads == ["p"], "one read for the burst"
-    assert await activities._largest_machine("p", 8) == 4
+    assert await activities._largest_machine(_asking("p", 8)) == largest
     assert reads == ["p", "p"], "a refusal reads the records afresh"
-    assert await activities._largest_machine("other", 1) == 4
-    assert reads == ["p", "p", "other"], "each pool its own"
+    assert await activities._largest_machine(_asking("p", 1, GI * 1024)) == largest
+    assert reads == ["p", "p", "p"], "a refusal for memory too"
+    assert await activities._largest_machine(_asking("p", 1, GI * 100)) == largest
+    assert reads == ["p", "p", "p"], "what fits is answered from the read"
+    assert await activities._largest_machine(_asking("other", 1)) == largest
+    assert reads == ["p", "p", "p", "other"], "each pool its own"
     monkeypatch.setattr(dispatch, "LARGEST_TTL_S", 0.0)
-    await activities._largest_machine("p", 1)
+    await activities._largest_machine(_asking("p", 1))
     assert reads[-1] == "p", "past the TTL, read again"
-    assert len(reads) == 4
+    assert len(reads) == 5
+
+
+async def test_records_that_keep_no_memory_refuse_no_memory_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Machine records made before they kept the node's memory (0) say nothing of it."""
+
+    async def records(client: Any, task_queue: str, pool_name: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(total_gpus=4, total_memory_bytes=0)]
+
+    monkeypatch.setattr(dispatch, "machine_records", records)
+    settings = ControlplaneSettings.model_validate({"taskQueue": "q"})
+    activities = TaskActivities(client=None, settings=settings)  # type: ignore[arg-type]
+    largest = await activities._largest_machine(_asking("p", 1, GI * 1024))
+    assert largest == Largest(gpus=4, memory_bytes=None)
+    assert largest.holds(_asking("p", 1, GI * 1024))
 
 
 async def test_a_burst_of_requests_is_a_few_signals_and_each_request_is_in_one() -> None:

@@ -2,7 +2,8 @@
 a key written twice in one map, a key above the pools that nothing reads (`config.wrker`), a
 node selector Kubernetes would refuse (in values and in `cluster join --node-selector`), a pool
 block with no provider, a document nested thousands deep; a quantity written as a number
-(`memory: 8`) is read as Kubernetes reads it.
+(`memory: 8`) is read as Kubernetes reads it, but a task's memory below the 6 MiB floor, or an
+exponent no node has (`1e999999999`, which took forever to compute), is refused.
 """
 
 from __future__ import annotations
@@ -192,3 +193,24 @@ def test_quantities_written_as_numbers_read_as_kubernetes_reads_them(tmp_path: P
     block["workerResources"] = {"memory": True}
     [error] = _problems(block)
     assert error.startswith(f"{POOL}.workerResources.memory:"), error
+
+
+def test_a_task_memory_below_the_floor_is_refused_naming_the_fix() -> None:
+    block = spec_pool(credentials=key_json())
+    block["taskDefaults"] = {"memory": 8}
+    assert _problems(block) == [
+        f"{POOL}.taskDefaults.memory: 8 bytes is below the 6Mi a container needs to start (a"
+        " bare number is bytes): write a unit, e.g. 512Mi or 8Gi"
+    ]
+    block["taskDefaults"] = {"memory": "6Mi"}
+    assert _problems(block) == []
+
+
+def test_a_quantity_with_an_exponent_no_node_has_is_refused_at_once() -> None:
+    block = spec_pool(credentials=key_json())
+    block["imageCacheSize"] = "1e999999999"
+    [error] = _problems(block)
+    assert error == (
+        f"{POOL}.imageCacheSize: '1e999999999': an exponent past e30 is no resource any node has"
+        " (e.g. 500m, 2, 1Gi)"
+    )
