@@ -210,7 +210,8 @@ class WorkerWorkflow:
                     lambda: self._registration is not None or self._stop or self._job_finished,
                     timeout=timedelta(seconds=timings.pod_check_seconds),
                 )
-            self._job_finished = False  # the next pass of this loop reads the Job
+            if self._registration is None:  # else serving reads the Job at once
+                self._job_finished = False  # the next pass of this loop reads it
         return None
 
     def _pending_condition(self, input: WorkerInput, pod: PodState) -> None:

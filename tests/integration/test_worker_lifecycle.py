@@ -398,3 +398,18 @@ async def test_job_finished_with_its_pod_still_running_keeps_it(
     assert await _slots(pool) == {_worker_id(handle): False}
     await handle.signal(WorkerWorkflow.stop)
     await handle.result()
+
+
+async def test_job_finished_while_pending_ends_it_before_the_next_pod_check(
+    time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
+) -> None:
+    handle = await _start(time_env, task_queue)
+    await time_env.sleep(3)  # pending, its next pod check 10 s after the first
+    cluster.pod = PodState(exists=True, phase="Failed", job_failed=True, message="exit code 2")
+    told = await time_env.get_current_time()
+    await handle.signal(WorkerWorkflow.job_finished)
+    final = await handle.result()
+    assert (final.state, final.reason) == ("failed", "exit code 2")
+    ended = (await handle.describe()).close_time
+    assert ended is not None
+    assert ended - told < timedelta(seconds=5), "the signal, not the 10 s pod check"
