@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, TypeVar
 
 import typer
 
@@ -268,12 +268,19 @@ class _LogFollower:
 
 
 async def submit_and_follow(
-    settings: ControlplaneSettings, task: TaskInput, wait_s: float, show_logs: bool
+    settings: ControlplaneSettings,
+    task: TaskInput,
+    wait_s: float,
+    show_logs: bool,
+    submitted: list[str] | None = None,
 ) -> TaskRecord | None:
     """Starts the task, streams its output (the record's tail when no stream can be had) and
-    waits for its end, at most `wait_s`; None when it is still running then."""
+    waits for its end, at most `wait_s`; None when it is still running then. The task's id is
+    appended to `submitted` once it is."""
     tasks = tasks_for(settings)
     await tasks.submit(task)
+    if submitted is not None:
+        submitted.append(task.task_id)
     image = task.image or "the pool's default (taskDefaults.image)"
     console.print(
         f"task {task.task_id} submitted to pool {task.pool_name}, image {image}", highlight=False
@@ -392,9 +399,12 @@ def run(
         _answered(tasks_for(settings).submit(task))
         console.print(task.task_id, highlight=False)
         return
+    submitted: list[str] = []
     try:
-        record = _answered(submit_and_follow(settings, task, wait, show_logs=True))
+        record = _answered(submit_and_follow(settings, task, wait, True, submitted))
         last = _answered(_record(settings, task.task_id)) if record is None else None
+    except KeyboardInterrupt:
+        _interrupted(task.task_id, bool(submitted))
     except ControlplaneUnreachable as problem:
         console.print(
             f"task {task.task_id} is recorded and waits in Temporal: it is placed once the"
@@ -417,6 +427,23 @@ def run(
         raise typer.Exit(DEADLINE_EXIT)
     print_result(record)
     raise typer.Exit(0 if record.state == "succeeded" else 1)
+
+
+def _interrupted(task_id: str, submitted: bool) -> NoReturn:
+    """Ctrl-C stops this command, not the task (its record lives in Temporal): says so, and
+    how to stop it; exit status 130, as a shell's for SIGINT."""
+    if submitted:
+        said = (
+            f"interrupted: only this command stopped; task {task_id} goes on: levers9 task"
+            f" cancel {task_id} stops it, levers9 task logs -f {task_id} follows it again"
+        )
+    else:
+        said = (
+            f"interrupted while submitting task {task_id}: levers9 task get {task_id} says"
+            f" whether it was; levers9 task cancel {task_id} stops it if so"
+        )
+    errors.print(said, highlight=False)
+    raise typer.Exit(130)
 
 
 def _ports(ports: list[int]) -> tuple[int, ...]:

@@ -2,12 +2,14 @@
 - against the Temporal dev server and a real gateway: a pool this controlplane does not
   reconcile is refused at submit (through the gateway, and straight through Temporal without a
   token), naming the pools there are, and nothing is started; `pool remove` of such a pool
-  removes nothing and says so;
+  removes nothing and says so; Ctrl-C on a foreground `run` says the task goes on and how to
+  cancel it, and leaves it as it was;
 - with nothing to reach: an argument that is not UTF-8, a --gpus past the gateway's bound, a
   --memory below the 6 MiB floor or with an exponent no node has, a bad --log-level, a command
   and environment over the one 128 KiB limit, an environment variable that is no variable
   name: each a message and exit status 2, never a traceback, and refused before anything is
-  dialled.
+  dialled;
+- `task get` of a task not ended never reads `(never ran)`.
 
 The controlplane here is its gateway and one reconcile schedule (paused: nothing polls its task
 queue), which is all the refusals read.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -27,6 +30,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.config import ControlplaneSettings
@@ -297,3 +301,62 @@ def test_the_gateway_refuses_the_same_at_submit(fields: dict[str, Any], message:
     with pytest.raises(InvalidRequest) as refused:
         submitted_task(request)
     assert str(refused.value.message).startswith(message), refused.value.message
+
+
+async def test_ctrl_c_on_a_foreground_run_says_the_task_goes_on_and_how_to_cancel_it(
+    plane: Plane, dev_env: WorkflowEnvironment
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(LEVERS9),
+        *("run", "--pool", POOL, "--wait", "600", "--", "sleep", "600"),
+        env={**plane.env, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    async with asyncio.timeout(60):
+        line = (await process.stdout.readline()).decode()
+    assert " submitted to pool " in line, line
+    task_id = line.split()[1]
+    process.send_signal(signal.SIGINT)
+    async with asyncio.timeout(60):
+        out, err = await process.communicate()
+    said = line + out.decode() + err.decode()
+    assert process.returncode == 130, said
+    assert (
+        f"interrupted: only this command stopped; task {task_id} goes on: levers9 task cancel"
+        f" {task_id} stops it, levers9 task logs -f {task_id} follows it again"
+    ) in said
+    assert "Traceback" not in said
+    assert "Aborted" not in said
+    described = await dev_env.client.get_workflow_handle(f"task:{task_id}").describe()
+    assert described.status == WorkflowExecutionStatus.RUNNING  # the task was left as it was
+    await dev_env.client.get_workflow_handle(f"task:{task_id}").terminate("test done")
+
+
+@pytest.mark.parametrize(
+    ("update", "line"),
+    [
+        ({"state": "running", "worker_id": "w-1"}, "task t1 running worker=w-1 node=n-1"),
+        ({"state": "queued"}, "task t1 queued worker=None node=n-1"),
+        ({"state": "succeeded", "exit_code": 0}, "task t1 succeeded exit_code=0 worker=None"),
+        ({"state": "failed"}, "task t1 failed (never ran) worker=None"),
+    ],
+)
+def test_a_task_not_ended_never_reads_never_ran(
+    update: dict[str, Any], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`(never ran)` is said of an ended task without an exit code, never of one running."""
+    from datetime import UTC, datetime
+
+    from levers9.cli.task import print_result
+    from levers9.models import TaskInput, TaskRecord
+
+    task = TaskInput(task_id="t1", pool_name=POOL, command=("true",))
+    record = TaskRecord.queued(task, datetime.now(UTC)).model_copy(
+        update={"node_name": "n-1", **update}
+    )
+    print_result(record)
+    printed = capsys.readouterr().out
+    assert printed.startswith(line), printed
+    assert ("(never ran)" in printed) == (line.endswith("(never ran) worker=None"))
