@@ -3,10 +3,12 @@ per workflow type, as `temporal workflow show -o json` printed them) replay with
 workflow code. `<Type>.json` are from before issue 17; `<Type>-<path>.json` record its paths: a
 task placed by signal, the pool's batched `requests` and `placed` signals (the first 300 events
 of a run of `benchmarks/placement.py --sandbox`), a machine told new settings and its worker
-passing them on, a worker that tells the pool its cards on change only. A change to a workflow
-that running workflows of the old code could not follow (another activity, another order, a
-timer removed) fails here: guard it with `workflow.patched(...)` (docs/operations.md), then
-record the histories again.
+passing them on, a worker that tells the pool its cards on change only; and from
+tests/reliability/test_dead_worker.py's run: a worker ended by its machine's `job_finished`
+(its agent killed), a worker whose deleted Job its liveness window found, and the machine that
+told one and started the next. A change to a workflow that running workflows of the old code
+could not follow (another activity, another order, a timer removed) fails here: guard it with
+`workflow.patched(...)` (docs/operations.md), then record the histories again.
 
 Re-record after a deliberate, patched change: run `levers9 dev demo`, then for each type
 `temporal workflow show -w <id> -o json`, saved as {"workflowId": ..., "history": ...}.
