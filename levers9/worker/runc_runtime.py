@@ -22,6 +22,14 @@ then narrowed here:
   files (its Secret, its /proc) inside the container.
 
 The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`.
+
+Each container runs under a shim of its own session (SHIM: `runc run` in the foreground, the
+container's output appended to `container.log` in the task's folder, its exit status written
+beside it), with a record beside the runc root (`ContainerRecord`): an agent that is SIGKILLed
+leaves its containers running, and one started after it on the same work dir adopts them
+(`adopt`: output from where it was, the exit status once it comes) or kills them (`sweep`).
+Stopping signals every process of the container (`runc kill --all`), SIGTERM then SIGKILL after
+the grace, and returns once its cgroup is gone.
 """
 
 from __future__ import annotations
