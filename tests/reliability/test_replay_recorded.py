@@ -16,6 +16,7 @@ Re-record after a deliberate, patched change: run `levers9 dev demo`, then for e
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from temporalio.worker import Replayer, WorkflowReplayResults
 
 from workflows import WORKFLOWS
 from workflows.attach import AttachClusterWorkflow
+from workflows.cluster import RECORD_MEMO
 
 HISTORIES = Path(__file__).parent / "histories"
 ALL_WORKFLOWS = [*WORKFLOWS, AttachClusterWorkflow]
@@ -49,7 +51,9 @@ async def _replay(histories: list[WorkflowHistory]) -> WorkflowReplayResults:
 def test_a_history_for_each_long_lived_workflow() -> None:
     assert set(_recorded()) >= {
         "AttachClusterWorkflow",
+        "ClusterWorkflow",
         "EgressAllowlistWorkflow",
+        "EndpointWorkflow",
         "MachineWorkflow",
         "PoolWorkflow",
         "ReconcilePoolWorkflow",
@@ -66,7 +70,9 @@ async def test_recorded_histories_replay_with_the_current_code() -> None:
     assert {k: str(v) for k, v in results.replay_failures.items()} == {}
 
 
-@pytest.mark.parametrize("workflow_type", ["MachineWorkflow", "TaskWorkflow", "WorkerWorkflow"])
+@pytest.mark.parametrize(
+    "workflow_type", ["EndpointWorkflow", "MachineWorkflow", "TaskWorkflow", "WorkerWorkflow"]
+)
 async def test_a_diverging_history_fails_the_replay(workflow_type: str) -> None:
     """The check can fail: the same history with its first activity or child workflow renamed
     (what code calling another one would meet) is a nondeterminism error."""
@@ -90,3 +96,15 @@ async def test_a_diverging_history_fails_the_replay(workflow_type: str) -> None:
     [failure] = results.replay_failures.values()
     assert "Nondeterminism error" in str(failure)
     assert "a_type_the_code_never_calls" in str(failure)
+
+
+def test_the_cluster_history_is_of_the_code_that_keeps_its_record_in_its_memo() -> None:
+    """Recorded with the `cluster-record-memo` patch taken: its replay follows that branch."""
+    events = _recorded()["ClusterWorkflow"]["history"]["events"]
+    patches = [
+        json.loads(base64.b64decode(payload["data"]))["id"]
+        for event in events
+        if event["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
+        for payload in event["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"]
+    ]
+    assert patches == [RECORD_MEMO]
