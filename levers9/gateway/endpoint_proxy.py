@@ -54,6 +54,7 @@ from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 from pydantic import SecretStr
 from temporalio.client import Client
+from temporalio.exceptions import TemporalError
 
 from levers9.config import ControlplaneSettings
 from levers9.endpoint_records import query_endpoint, report_load
@@ -78,6 +79,9 @@ log = get_logger(__name__)
 
 VIEW_TTL_S = 1.0
 WAIT_POLL_S = 0.2
+RECORD_READS = 5
+"""Reads of a replica's record Temporal did not answer, WAIT_POLL_S apart and doubling (3 s
+in all), before its request is refused 503."""
 REPORT_SPACING_S = 1.0
 REPORT_REPEAT_S = 10.0
 """While this gateway holds requests of an endpoint it repeats its report (the autoscaler drops
@@ -435,7 +439,7 @@ class EndpointProxy:
         replica = endpoint.replicas.get(task_id)
         if replica is not None:
             return replica
-        record = await self._book.task(task_id)
+        record = await self._record(endpoint, task_id)
         if record is None or record.state != "running" or record.worker_id is None:
             state = record.state if record is not None else "unknown"
             raise _NotReached(f"replica {task_id} is not running ({state})")
@@ -444,6 +448,22 @@ class EndpointProxy:
             task_id, Replica(self._tasks, record, endpoint.view.spec.port)
         )
         return replica
+
+    async def _record(self, endpoint: _Endpoint, task_id: str) -> TaskRecord | None:
+        """The replica's record; Temporal not answering for it (a controlplane or server just
+        restarted) is tried again for a moment, then refused 503 saying so."""
+        for attempt in range(RECORD_READS):
+            try:
+                return await self._book.task(task_id)
+            except TemporalError as exc:
+                if attempt + 1 == RECORD_READS:
+                    raise _Refused(
+                        503,
+                        f"endpoint {endpoint.name}: the record of replica {task_id} cannot be"
+                        f" read now (Temporal: {exc}); try again",
+                    ) from None
+                await asyncio.sleep(WAIT_POLL_S * 2**attempt)
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _request_head(endpoint: _Endpoint, request: web.BaseRequest, port: int) -> bytes:
