@@ -299,15 +299,14 @@ class WorkerWorkflow:
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
-            quiet = self._beat_at is not None and now - self._beat_at >= window
-            falling_silent = liveness and quiet and not self._silent
+            falling_silent = liveness and self._quiet(window) and not self._silent
             if self._job_finished or falling_silent:
                 ended = await self._look_at_job(input, job)
                 if ended is not None:
                     return ended
-            if falling_silent:
+            if falling_silent and self._quiet(window):  # no heartbeat came while it looked
                 await self._fall_silent(input, window)
-            elif self._silent and not quiet:
+            elif self._silent and not self._quiet(window):
                 await self._heard_again(input)
             # Idle is the agent's own word: its latest heartbeat says it has run nothing for the
             # idle minutes. A timer on an older heartbeat would wind down a worker that took
@@ -340,6 +339,10 @@ class WorkerWorkflow:
                             }
                         )
                     )
+
+    def _quiet(self, window: timedelta) -> bool:
+        """Not heard for the liveness window."""
+        return self._beat_at is not None and workflow.now() - self._beat_at >= window
 
     def _next_look(self, ttl: timedelta, window: timedelta) -> timedelta:
         """Until the heartbeats are a liveness window late (the record TTL, once silent)."""
