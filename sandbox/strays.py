@@ -156,7 +156,7 @@ def _processes(work: Path) -> list[tuple[str, int]]:
             kept = json.loads(record.read_text())
             pid, start = int(kept["pid"]), int(kept["start"])
             if _start_ticks(pid) == start:
-                found.append((record.stem, pid))
+                found.append((str(kept.get("task_id", record.stem)), pid))
     return found
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -141,9 +142,11 @@ class ProcessRuntime:
         pump = pump_output(process.stdout, output)
         record = None
         if self._state is not None:
-            record = self._state / f"{spec.task_id}.json"
-            started = start_ticks(process.pid)
-            record.write_text(json.dumps({"pid": process.pid, "start": started}))
+            # Named by a digest: a task id is the controlplane's, whatever it holds.
+            name = hashlib.sha256(spec.task_id.encode()).hexdigest()[:16]
+            record = self._state / f"{name}.json"
+            kept = {"task_id": spec.task_id, "pid": process.pid, "start": start_ticks(process.pid)}
+            record.write_text(json.dumps(kept))
         return ProcessContainer(process, pump, env, spec.work_dir, record)
 
     async def exec(
@@ -174,15 +177,18 @@ class ProcessRuntime:
         """Kills the process group of every task an agent before this one left running."""
         swept: list[str] = []
         for record in sorted(self._state.glob("*.json")) if self._state is not None else ():
-            if record.stem in keep:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            try:
                 kept = json.loads(record.read_text())
-                pid, start = int(kept["pid"]), int(kept["start"])
-                if start_ticks(pid) == start:
-                    _kill_group(pid, signal.SIGKILL)
+                task_id, pid, start = str(kept["task_id"]), int(kept["pid"]), int(kept["start"])
+            except (OSError, ValueError, KeyError, TypeError):
+                record.unlink(missing_ok=True)
+                continue
+            if task_id in keep:
+                continue
+            if start_ticks(pid) == start:
+                _kill_group(pid, signal.SIGKILL)
             record.unlink(missing_ok=True)
-            swept.append(record.stem)
+            swept.append(task_id)
         return swept
 
 

@@ -33,8 +33,8 @@ def _work_dir(state: Path, worker: str) -> Path:
 
 
 def _record(work: Path, name: str, pid: int) -> None:
-    started = start_ticks(pid)
-    (work / name).write_text(json.dumps({"pid": pid, "start": started}))
+    kept = {"task_id": Path(name).stem, "pid": pid, "start": start_ticks(pid)}
+    (work / name).write_text(json.dumps(kept))
 
 
 def test_a_killed_agents_process_is_a_stray_and_removed(

@@ -92,7 +92,9 @@ async def test_a_restarted_agent_adopts_its_containers_and_kills_the_unrecorded(
             await stub.RunTask(_task("stray", image[1], ["sleep", "1000"], card=1), metadata=AUTH)
             await stub.RunTask(_task("process", "", ["sleep", "1000"], card=()), metadata=AUTH)
             await gateway.wait_for(_started("kept", "stray", "process"))
-            process = json.loads((work / "processes" / "process.json").read_text())["pid"]
+            [kept] = [json.loads(p.read_text()) for p in (work / "processes").glob("*.json")]
+            assert kept["task_id"] == "process"
+            process = kept["pid"]
             await _eventually(lambda: "before" in _output(work, "kept"))
     finally:
         first.send_signal(signal.SIGKILL)
