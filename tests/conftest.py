@@ -6,16 +6,20 @@ beside this interpreter; nothing is downloaded.
 
 from __future__ import annotations
 
+import io
+import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import structlog
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from levers9 import logs
 from levers9.temporal import ensure_search_attributes
 
 BIN = Path(sys.executable).parent
@@ -53,3 +57,21 @@ async def time_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture
 def task_queue() -> str:
     return f"tq-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def log_lines() -> Iterator[io.StringIO]:
+    """What this process logs while the test runs (the in-process controlplane: its
+    structlog and stdlib lines, rendered as the controlplane renders them); the logging set up
+    before is restored afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    config = structlog.get_config()
+    stream = io.StringIO()
+    logs.setup("INFO", stream)
+    try:
+        yield stream
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        structlog.configure(**config)

@@ -9,6 +9,7 @@ The tests of this module share one sandbox and one controlplane and run in order
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 
 import pytest
@@ -68,7 +69,9 @@ async def _all_available_excluding(cp: Controlplane, old: set[str]) -> list[Work
     return [r for r in await _running(cp) if r.worker_id not in old]
 
 
-async def test_missing_image_shows_image_pull_backoff_with_the_fix(cp: Controlplane) -> None:
+async def test_missing_image_shows_image_pull_backoff_with_the_fix(
+    cp: Controlplane, log_lines: io.StringIO
+) -> None:
     before = {r.worker_id for r in await _all_available(cp)}
     cp.sandbox.cluster.remove_image(WORKER_IMAGE)
     await cp.kubectl("-n", "levers9", "delete", "jobs", "--all")
@@ -93,5 +96,12 @@ async def test_missing_image_shows_image_pull_backoff_with_the_fix(cp: Controlpl
     ]
     pods = await cp.kubectl("-n", "levers9", "get", "pods")
     assert "ImagePullBackOff" in pods or "ErrImagePull" in pods
+    # The controlplane's log says it too, with the fix (docs/troubleshooting.md).
+    reason = record.condition.split(": ", 1)[0]
+    assert (
+        f" WARNING worker image cannot be pulled worker_id={record.worker_id}"
+        f" pool_name={POOL} reason={reason} fix=\"image not in the project's registry: rerun"
+        ' deploy/gke/attach-gke-pool.sh (it copies latest)"\n'
+    ) in log_lines.getvalue()
     cp.sandbox.cluster.add_image(WORKER_IMAGE)  # rerun attach-gke-pool.sh: the image is copied
     await _all_available_excluding(cp, before)
