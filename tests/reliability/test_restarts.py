@@ -32,7 +32,7 @@ from levers9.temporal import list_worker_records
 from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
-from tests.reliability.world import World, agent_pid, live, settled, world
+from tests.reliability.world import World, agent_pid, live, passes_after, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -82,6 +82,9 @@ async def test_kubernetes_faults_are_retried_without_duplicates(plane: World) ->
     name = "gke-demo-gpu-faulty-1"
     await add_gpu_node(plane.sandbox.cluster, name, 2, "127.0.12.1", "127.0.22.1")
     await settled(plane)
+    # A create retried after the first moment of one Job per node would make a second one:
+    # the passes after it had their chance.
+    await passes_after(plane)
     jobs = [j for j in await plane.worker_jobs() if j["metadata"]["labels"][NODE_LABEL] == name]
     assert len(jobs) == 1, [j["metadata"]["name"] for j in jobs]
     # Removing the node deletes its worker's Job through the delete faults.
@@ -112,6 +115,7 @@ async def test_gateway_restart_keeps_the_records(plane: World) -> None:
         )
 
     await eventually(heard_again, within=90)
+    await passes_after(plane)  # the restarted process's own passes, before comparing
     assert await _workers(plane) == before
     assert {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)} == jobs_before
 

@@ -36,7 +36,7 @@ from temporalio.service import RPCError
 
 from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
-from levers9.temporal import connect, list_worker_records
+from levers9.temporal import connect, list_reconcile_schedules, list_worker_records
 from levers9.tokens import operator_token
 from sandbox import devvalues
 from sandbox.serve import RunningSandbox, start
@@ -391,3 +391,21 @@ async def settled(w: World) -> None:
         await eventually(agree, within=SETTLE_S)
     except TimeoutError:
         raise AssertionError(f"did not settle: {seen}") from None
+
+
+async def _passes(w: World) -> int:
+    rows = [row for row in await list_reconcile_schedules(w.settings) if row.pool == POOL]
+    return rows[0].passes if rows else 0
+
+
+async def passes_after(w: World, count: int = 2, within: float = 60) -> None:
+    """Waits until `count` reconcile passes that started after this call have ended: the
+    schedule (overlap SKIP) starts pass n+1 only once pass n is over, so `count` + 1 new
+    actions prove it. What a test asserts did not happen afterwards had those passes to happen.
+    """
+    before = await _passes(w)
+
+    async def enough() -> bool:
+        return await _passes(w) >= before + count + 1
+
+    await eventually(enough, within=within, what=f"{count} reconcile passes after {before}")
