@@ -245,32 +245,26 @@ class Soak:
 
     async def kill_an_agent(self) -> str:
         """SIGKILLs the agent holding the endpoint's replica on every other call, else one
-        running a task (else any): what it was running is named in the target."""
-        assert self.w.client is not None
+        running a task, found newest first so that it still runs at the kill (else any); the
+        target names what its record said it ran."""
         records = await list_worker_records(self.w.settings, POOL, include_ended=False)
         available = sorted(r.worker_id for r in records if r.state == "available")
-        by_worker: dict[str, list[str]] = {}
-        running = [t for t in self.tasks if t.ended_s is None][-8:]
-        for task in running:
+        victim, held = "", ""
+        if sum(1 for f in self.faults if f.kind == "agent") % 2 == 1 and self.replica:
+            replica = await self.record(self.replica)
+            if replica is not None and replica.worker_id in available:
+                victim, held = replica.worker_id, f"replica {self.replica}"
+        for task in [t for t in self.tasks if t.ended_s is None][::-1][:8]:
+            if victim:
+                break
             record = await self.record(task.task_id)
             if record is not None and record.state == "running" and record.worker_id:
-                by_worker.setdefault(record.worker_id, []).append(task.task_id)
-        replica = await self.record(self.replica) if self.replica else None
-        replica_worker = (replica.worker_id or "") if replica is not None else ""
-        agents = sum(1 for f in self.faults if f.kind == "agent")
-        if agents % 2 == 1 and replica_worker in available:
-            victim = replica_worker
-        elif by_worker:
-            victim = self.rng.choice(sorted(by_worker))
-        else:
-            victim = self.rng.choice(available)
+                victim, held = record.worker_id, task.task_id
+        victim = victim or self.rng.choice(available)
         pid = await asyncio.to_thread(agent_pid, victim)
         os.kill(pid, signal.SIGKILL)
         self.faults[-1].at_s = self.now()  # the kill, after the look-ups above
-        held = by_worker.get(victim, [])
-        if victim == replica_worker:
-            held = [*held, f"replica {self.replica}"]
-        return f"{victim} ({', '.join(held) or 'idle'})"
+        return f"{victim} ({held or 'idle'})"
 
     async def fault_loop(self, every_s: float, until_s: float, down_s: float) -> None:
         order: list[str] = []

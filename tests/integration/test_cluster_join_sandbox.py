@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -297,3 +299,34 @@ async def test_relay_kube_serves_another_replica_with_the_operator_token(plane: 
         ):
             refused = await relay(token, cluster)
             assert await refused.code() == code, await refused.details()
+
+
+async def test_an_agent_dropped_is_logged_and_reconnects(
+    plane: Plane, log_lines: io.StringIO
+) -> None:
+    """The troubleshooting row `cluster agent disconnected cluster=N`: the agent's pod deleted
+    (its process killed, its stream broken) is logged so, then its successor connects."""
+    hub = plane.served.gateway.clusters
+    assert hub is not None
+    assert hub.connected(NAME)
+    pods = json.loads(await plane.kubectl("-n", "levers9", "get", "pods", "-o", "json"))
+    [agent] = [p for p in pods["items"] if p["metadata"]["name"].startswith("levers9-agent")]
+    await plane.kubectl("-n", "levers9", "delete", "pod", agent["metadata"]["name"])
+    line = re.compile(
+        rf"^\S+ INFO  cluster agent (dis)?connected cluster={NAME} session_id=(\S+)$", re.M
+    )
+
+    def sessions() -> tuple[list[str], list[str]]:
+        """The session ids logged disconnected, and those logged connected."""
+        events = [match.groups() for match in line.finditer(log_lines.getvalue())]
+        return [s for dis, s in events if dis], [s for dis, s in events if not dis]
+
+    async def reconnected() -> bool:
+        dropped, connected = sessions()
+        # The successor may connect before the dropped session's end is logged.
+        return bool(dropped) and bool(set(connected) - set(dropped)) and hub.connected(NAME)
+
+    await eventually(reconnected, within=WITHIN)
+    dropped, connected = sessions()
+    assert len(dropped) == 1, dropped
+    assert len(connected) == 1, connected
