@@ -25,10 +25,13 @@ order, each kind once before any twice:
   again on the same port after `--down` s.
 
 The tasks (one card each, `sh -c`: a line with the time into a file of their own, then
-`--task-seconds` of sleep) are
-submitted evenly over `--duration` s; the endpoint (one card, `--min-replicas 1`, Python's
-http.server) gets `--rate` GETs a second through the endpoints front with the operator token.
-The directory (`--dir`, else a new one under /tmp) is kept: every process's log is there.
+`--task-seconds` of sleep) are submitted evenly over `--duration` s; the endpoint (one card,
+`--min-replicas 1`, `--request-timeout` of `--endpoint-timeout`, Python's http.server) gets
+`--rate` GETs a second through the endpoints front with the operator token. Then up to 180 s
+for the last tasks to end. The directory (`--dir`, else a new one under /tmp) is kept: the
+dev server's and worker_main's logs, every pod's output (`pods/`: the agents'), each task's
+starts (`task-runs/`). `left_running_by_killed_agents` is what the killed agents' work dirs
+still ran at the end (the sandbox removes it as it stops).
 Not part of `make test`; exit status 1 when a task was lost or ran twice, or a request hung.
 """
 
@@ -475,11 +478,7 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             "cpu": cpu_model(),
             "python": platform.python_version(),
         }
-    # What the killed agents left (their tasks run in sessions of their own), once the
-    # stack is down: by this run's work dirs only.
-    sandbox_dir = directory / "sandbox"
-    strays.remove(sandbox_dir, strays.find(sandbox_dir, stack_running=False), lambda _: None)
-    return figures
+    return figures  # what the killed agents left, the sandbox removed as it stopped
 
 
 def main() -> int:
