@@ -19,6 +19,7 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 from temporalio import activity, workflow
@@ -31,7 +32,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from levers9.capacity import MachineStatus, NodeCapacity, Resources
+from levers9.clusters import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import (
+    ClusterInput,
     MachineInput,
     PlaceRequest,
     PodState,
@@ -49,6 +52,7 @@ from levers9.models import (
 )
 from levers9.placement import Placement
 from tests.waiting import eventually, signals_handled
+from workflows.cluster import RECORD_MEMO, ClusterWorkflow
 from workflows.machine import STOP_WORKERS_WHEN_GONE, MachineWorkflow
 from workflows.pool import TELL_AFTER_CONTINUING, PoolWorkflow
 from workflows.task import ASK_AGAIN, PLACE_AGAIN, PLACE_BY_SIGNAL, PLACEMENTS, TaskWorkflow
@@ -356,6 +360,31 @@ def _requests(history: WorkflowHistory) -> int:
     )
 
 
+async def _cluster_left(client: Client, task_queue: str) -> str:
+    """A joined cluster's record started without a memo (as `cluster join` did before the
+    record was kept there), then left."""
+    spec = JoinedCluster(name=f"c{uuid.uuid4().hex[:8]}", gpu_type="L4", worker_image="w:1")
+    state = ClusterState(spec=spec, join_digest="0" * 64, expires_at=datetime.now(UTC))
+    handle = await client.start_workflow(
+        ClusterWorkflow.run,
+        ClusterInput(state=state),
+        id=cluster_workflow_id(spec.name),
+        task_queue=task_queue,
+    )
+    await signals_handled(client, handle.id)
+    await handle.signal(ClusterWorkflow.leave)
+    assert (await handle.result()).leaving
+    return handle.id
+
+
+def _memo_upserts(history: WorkflowHistory) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED
+    )
+
+
 @dataclass(frozen=True)
 class Patch:
     patch_id: str
@@ -382,8 +411,9 @@ PATCHES = {
     TELL_AFTER_CONTINUING: Patch(TELL_AFTER_CONTINUING, _pool_past_its_cap, _quiet_past_the_cap),
     ASK_AGAIN: Patch(ASK_AGAIN, _task_whose_request_was_lost, _requests),
     LIVENESS_WINDOW: Patch(LIVENESS_WINDOW, _worker_gone_silent, _silences),
+    RECORD_MEMO: Patch(RECORD_MEMO, _cluster_left, _memo_upserts),
 }
-WORKFLOWS = [MachineWorkflow, PoolWorkflow, TaskWorkflow, WorkerWorkflow]
+WORKFLOWS = [ClusterWorkflow, MachineWorkflow, PoolWorkflow, TaskWorkflow, WorkerWorkflow]
 
 
 def test_every_patch_in_the_workflows_is_covered() -> None:
