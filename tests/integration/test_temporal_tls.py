@@ -33,6 +33,7 @@ from levers9 import certificates
 from levers9.config import ControlplaneSettings
 from levers9.errors import Unreachable
 from levers9.temporal import connect
+from tests.factories import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -331,3 +332,16 @@ async def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+async def test_nothing_at_the_address_says_connection_refused_and_what_to_set() -> None:
+    """The troubleshooting row `error: cannot reach Temporal at ... (connection refused)`: the
+    CLI pointed where nothing listens."""
+    address = f"127.0.0.1:{free_port()}"
+    done = await _cli("pool", "list", TEMPORAL_ADDRESS=address)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr == (
+        f"error: cannot reach Temporal at {address} (connection refused): set TEMPORAL_ADDRESS"
+        " (temporalAddress), or start the dev stack with levers9 dev up\n"
+    )
+    assert done.stdout == ""
