@@ -437,6 +437,7 @@ def fault_figures(soak: Soak) -> list[dict[str, object]]:
 
 async def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
     logs.setup("WARNING", sys.stderr)
+    load_at_start = os.getloadavg()[0]  # the machine is shared: how busy it was
     async with world(directory) as w:
         keep_pod_logs(w, directory)
         await settled(w)
@@ -474,6 +475,8 @@ async def run(args: argparse.Namespace, directory: Path) -> dict[str, object]:
             "load_s": round(end - soak.load_began, 1),
             "drained_at_s": round(drained_s, 1),
             "directory": str(directory),
+            "loadavg_at_start": round(load_at_start, 2),
+            "loadavg_at_end": round(os.getloadavg()[0], 2),
             "nproc": os.cpu_count(),
             "cpu": cpu_model(),
             "python": platform.python_version(),
