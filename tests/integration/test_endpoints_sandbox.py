@@ -640,6 +640,30 @@ async def test_the_time_held_through_a_cold_start_counts_toward_the_request_time
     assert [e.kind for e in view.events][:1] == ["cold start"], view.events
 
 
+async def test_no_replica_ready_within_the_cold_start_timeout_is_a_503_saying_so(
+    cp: Controlplane,
+) -> None:
+    """The troubleshooting row `503 endpoint E: no replica ready after N s`: a replica that
+    never gets ready, a cold start timeout shorter than the request timeout."""
+    done = await cp.cli(
+        "endpoint", "create", "never", "--pool", POOL, "--gpus", "0", "--port", "8109",
+        "--cold-start-timeout", "2", "--", "python", "-c", "import time; time.sleep(3600)",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "never"), wait_s=60)
+    assert status == 503, body
+    assert replica == ""
+    assert body == (
+        "endpoint never: no replica ready after 2 s (`levers9 endpoint get never` shows its"
+        " replicas)\n"
+    )
+    view = await _view(cp, "never")
+    assert view.spec.cold_start_timeout_seconds == 2
+    assert [e.kind for e in view.events][:1] == ["cold start"], view.events
+    assert [r.state for r in view.replicas if r.state == "ready"] == [], view.replicas
+
+
 async def test_a_client_that_sends_its_head_slowly_gets_408(cp: Controlplane, limits: str) -> None:
     async with _front(cp, header_timeout_s=1) as (host, port):
         reader, writer = await asyncio.open_connection(host, port)
