@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -157,6 +158,34 @@ async def test_a_worker_refuses_targets_that_are_not_itself(cp: Controlplane) ->
             await hub.open(POOL, records[0].worker_id, target)
     stream = await hub.open(POOL, records[0].worker_id, "worker")
     await stream.reset("done")
+
+
+async def test_a_refused_target_is_in_the_worker_pod_log(cp: Controlplane) -> None:
+    """The troubleshooting row `tunnel target refused target=...`, in the pod log of the
+    worker asked, and no other's."""
+    assert cp.gateway is not None
+    hub = cp.gateway.tunnels
+    assert hub is not None
+    record = (await _workers(cp))[0]
+    target = "198.51.100.7:5432"
+    with pytest.raises(StreamRefused, match="is not this worker"):
+        await hub.open(POOL, record.worker_id, target)
+    pods = json.loads(await cp.kubectl("get", "pods", "-n", "levers9", "-o", "json"))["items"]
+    line = re.compile(rf"^\S+ WARNING tunnel target refused target={re.escape(target)}$", re.M)
+
+    async def logs() -> dict[str, int]:
+        return {
+            pod["spec"]["nodeName"]: len(
+                line.findall(await cp.kubectl("logs", "-n", "levers9", pod["metadata"]["name"]))
+            )
+            for pod in pods
+        }
+
+    async def logged() -> bool:
+        return sum((await logs()).values()) > 0
+
+    await eventually(logged, within=WITHIN)
+    assert {node: n for node, n in (await logs()).items() if n} == {record.node_name: 1}
 
 
 async def test_endpoint_traffic_reaches_a_port_of_the_workers_own_containers(
