@@ -12,6 +12,7 @@ import asyncio
 import datetime as dt
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -32,8 +33,10 @@ from temporalio.testing import WorkflowEnvironment
 from levers9 import certificates
 from levers9.config import ControlplaneSettings
 from levers9.errors import Unreachable
+from levers9.operations import start_pool_removal
 from levers9.temporal import connect
-from tests.factories import free_port
+from tests.factories import MARKER, free_port, values_doc, write_yaml
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -345,3 +348,59 @@ async def test_nothing_at_the_address_says_connection_refused_and_what_to_set() 
         " (temporalAddress), or start the dev stack with levers9 dev up\n"
     )
     assert done.stdout == ""
+
+
+async def test_the_controlplane_serves_through_tls_and_the_api_key_never_logging_it(
+    dev_env: WorkflowEnvironment, fronts: Fronts, tmp_path: Path, task_queue: str
+) -> None:
+    """worker_main over TLS with the API key, as on Temporal Cloud: its Temporal worker polls
+    through the front and runs a workflow (a pool's removal); its log never holds the key."""
+    values = write_yaml(tmp_path / "values.yaml", values_doc({}))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "LEVERS9_"))},
+        "TEMPORAL_ADDRESS": fronts.tls,
+        "TEMPORAL_API_KEY": API_KEY,
+        "LEVERS9_TEMPORAL_TLS_SERVER_CA_FILE": str(fronts.files["ca"]),
+        "LEVERS9_TASK_QUEUE": task_queue,
+        "LEVERS9_WORKER_TOKEN_SECRET": MARKER,
+        "LEVERS9_GATEWAY_LISTEN": f"127.0.0.1:{free_port()}",
+        "LEVERS9_ENDPOINTS_LISTEN": f"127.0.0.1:{free_port()}",
+    }
+    before = len(fronts.tls_front.authorizations)
+    log = tmp_path / "worker_main.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "worker_main",
+            "--values",
+            str(values),
+            "--log-level",
+            "DEBUG",
+            env=env,
+            stderr=out,
+        )
+    try:
+        await eventually(lambda: _logged(log, "temporal worker started"), within=60)
+        settings = ControlplaneSettings.model_validate(
+            {
+                "temporalAddress": dev_env.client.service_client.config.target_host,
+                "taskQueue": task_queue,
+            }
+        )
+        handle = await start_pool_removal(dev_env.client, settings, "over-tls")
+        result = await asyncio.wait_for(handle.result(), 60)
+        assert result.schedule_deleted is False
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    calls = fronts.tls_front.authorizations[before:]
+    assert len(calls) > 3, "it connected and polled through the front"
+    assert set(calls) == {f"Bearer {API_KEY}"}
+    output = log.read_text()
+    assert "temporal worker started" in output
+    assert API_KEY not in output
+
+
+async def _logged(log: Path, line: str) -> bool:
+    return line in await asyncio.to_thread(log.read_text)
