@@ -270,6 +270,15 @@ REFUSALS: dict[str, tuple[Callable[[Fronts], ControlplaneSettings], str, str]] =
         "set temporalTlsServerCaFile (LEVERS9_TEMPORAL_TLS_SERVER_CA_FILE) to the CA that signed"
         " the server's certificate",
     ),
+    "a name the server's certificate does not hold": (
+        lambda f: _settings(
+            f.tls.replace("127.0.0.1", "localhost"),
+            temporalTlsServerCaFile=f.files["ca"],
+            temporalApiKey=API_KEY,
+        ),
+        "its TLS certificate does not name that host",
+        "set TEMPORAL_ADDRESS (temporalAddress) to a name its certificate holds",
+    ),
     "no API key where one is needed": (
         lambda f: _settings(f.tls, temporalTlsServerCaFile=f.files["ca"]),
         "it wants an API key",
