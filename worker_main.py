@@ -129,7 +129,9 @@ def serving(
             )
         tunnelled[name] = True
         caches.add(name)
-        await ensure_reconcile_schedule(client, name, settings)
+        await ensure_reconcile_schedule(
+            client, name, settings, simulated_gpus=state.spec.simulated_gpus
+        )
 
     relaying = replicas(settings)
     clusters = ClusterHub(
@@ -217,7 +219,10 @@ async def run(values: Values, stop: asyncio.Event) -> None:
         settings,
         keep=[p.pool_name for p in values.problems],
         joined=[s.spec.name for s in joined],
-        simulated_gpus=[name for name, pool in values.pools.items() if pool.simulated_gpus],
+        simulated_gpus=[
+            *(name for name, pool in values.pools.items() if pool.simulated_gpus),
+            *(s.spec.name for s in joined if s.spec.simulated_gpus),
+        ],
     )
     log.info(
         "reconcile schedules in place",

@@ -55,6 +55,9 @@ class JoinedCluster(BaseModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     namespace: str = "levers9"
     worker_image: str
+    simulated_gpus: bool = False
+    """`--simulated-gpus`: its cards are simulated (the sandbox), as a values pool's
+    `simulatedGpus`: the GPU check expects its container to see none."""
 
 
 class ClusterState(BaseModel):
@@ -108,6 +111,7 @@ def pool_block(spec: JoinedCluster) -> dict[str, Any]:
             "workerImage": spec.worker_image,
             "tunnel": True,
         },
+        "simulatedGpus": spec.simulated_gpus,
     }
 
 

@@ -68,6 +68,13 @@ def join(
     apply: Annotated[
         bool, typer.Option("--apply", help="apply it with kubectl (the current context)")
     ] = False,
+    simulated_gpus: Annotated[
+        bool,
+        typer.Option(
+            "--simulated-gpus",
+            help="its cards are simulated (the sandbox): the GPU check expects to see none",
+        ),
+    ] = False,
 ) -> None:
     """Join a cluster: print what to install there (| kubectl apply -f -), or --apply it."""
     if not DNS_LABEL.fullmatch(name) or len(name) > 40:
@@ -90,6 +97,7 @@ def join(
         node_selector=labels(node_selector or [], "--node-selector"),
         namespace=namespace,
         worker_image=image,
+        simulated_gpus=simulated_gpus,
     )
     token = JOIN_PREFIX + secrets.token_urlsafe(32)
     try:
