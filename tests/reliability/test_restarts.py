@@ -22,15 +22,17 @@ import signal
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
-from levers9.capacity import NODE_LABEL
+from levers9.capacity import NODE_LABEL, WORKER_ID_LABEL
 from levers9.models import TERMINAL, TaskInput, reconcile_schedule_id, worker_workflow_id
 from levers9.task_records import start_task, task_record
 from levers9.temporal import list_worker_records
 from sandbox.admin_client import SandboxAdmin
-from tests.controlplane import POOL
+from tests.controlplane import POOL, admin_api
 from tests.factories import add_gpu_node
 from tests.reliability.world import World, agent_pid, live, passes_after, settled, world
 from tests.waiting import eventually
@@ -103,8 +105,14 @@ async def test_gateway_restart_keeps_the_records(plane: World) -> None:
     before = await _workers(plane)
     jobs_before = {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)}
     restarted = datetime.now(UTC)
+    failed = await asyncio.to_thread(_heartbeats_failed, plane)
     plane.controlplane.stop()
-    await asyncio.sleep(2)
+
+    async def felt() -> bool:  # every worker's heartbeat met the stopped gateway
+        now = await asyncio.to_thread(_heartbeats_failed, plane)
+        return all(now.get(worker, 0) > failed.get(worker, 0) for worker in before)
+
+    await eventually(felt, within=60)
     plane.controlplane.start()
     await plane.controlplane_ready()
 
@@ -118,6 +126,18 @@ async def test_gateway_restart_keeps_the_records(plane: World) -> None:
     await passes_after(plane)  # the restarted process's own passes, before comparing
     assert await _workers(plane) == before
     assert {j["metadata"]["name"] for j in await plane.worker_jobs() if live(j)} == jobs_before
+
+
+def _heartbeats_failed(w: World) -> dict[str, int]:
+    """'heartbeat failed' lines in each worker agent's log (its pod's), by worker id."""
+    core: Any = k8s.CoreV1Api(admin_api(w.sandbox))
+    pods = core.list_namespaced_pod("levers9", label_selector=WORKER_ID_LABEL).items
+    return {
+        pod.metadata.labels[WORKER_ID_LABEL]: core.read_namespaced_pod_log(
+            pod.metadata.name, "levers9"
+        ).count("heartbeat failed")
+        for pod in pods
+    }
 
 
 async def test_a_silent_worker_expires_and_is_replaced(plane: World) -> None:
@@ -166,8 +186,7 @@ async def test_temporal_server_restart_mid_flow(plane: World) -> None:
     await eventually(running, within=60)
     schedule = plane.client.get_schedule_handle(reconcile_schedule_id(POOL))
     actions_before = (await schedule.describe()).info.num_actions
-    plane.temporal.kill9()
-    await asyncio.sleep(2)
+    plane.temporal.kill9()  # gone (waited for) until it serves again: its absence
     plane.temporal.start()
     client = await plane.temporal_ready()
 
@@ -214,8 +233,7 @@ async def test_tunnel_workers_open_their_tunnels_again_after_a_gateway_restart(
         await settled(w)
         before = await _workers(w)
         registrations = await _registrations(w, before)
-        w.controlplane.stop()
-        await asyncio.sleep(1)
+        w.controlplane.stop()  # every tunnel cut with it (it has exited)
         w.controlplane.start()
         await w.controlplane_ready()
 
