@@ -42,9 +42,12 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
         yield env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def time_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server, for workflows whose timers matter."""
+    """The time-skipping test server, for workflows whose timers matter: one per module. The
+    server skips time only while no activity runs, so a workflow a module leaves running with
+    an activity in flight would hold its clock for every later module (their `env.sleep` then
+    waits in real time and times out); a server of its own costs a second."""
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(BIN / "temporal-test-server"),
         data_converter=pydantic_data_converter,
