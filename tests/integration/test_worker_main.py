@@ -214,8 +214,15 @@ async def test_serves_temporal_metrics_that_grow_as_workflows_run(
                 await eventually(counted, within=30)
                 return text
 
-            before = await scrape()
-            assert _metric(before, "temporal_num_pollers", task_queue) > 0
+            before = ""
+
+            async def polling() -> bool:
+                # The pollers' gauge is set once the first poll goes out, a moment after start.
+                nonlocal before
+                before = await scrape()
+                return _metric(before, "temporal_num_pollers", task_queue) > 0
+
+            await eventually(polling, within=30)
             assert _metric(before, "temporal_workflow_completed", task_queue) == 0
             for times in (1, 2):
                 handle = await start_pool_removal(dev_env.client, settings, f"gone-{times}")
