@@ -16,6 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.clusters import JOIN_TTL, ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import CLUSTER_WORKFLOW, ClusterInput, reconcile_schedule_id
+from levers9.temporal import schedule_memo
 from levers9.tokens import join_digest
 
 
@@ -55,12 +56,8 @@ async def start_join(
 
 async def _values_pool(client: Client, name: str) -> bool:
     """A pool of this name is reconciled, and no join made it: the values define it."""
-    try:
-        await client.get_schedule_handle(reconcile_schedule_id(name)).describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
+    if await schedule_memo(client, name) is None:
+        return False
     return await cluster_state(client, name) is None
 
 

@@ -273,14 +273,8 @@ async def pool_names(client: Client, task_queue: str) -> list[str]:
 async def has_pool(client: Client, task_queue: str, pool_name: str) -> bool:
     """Whether this controlplane reconciles the pool: its schedule, described (read at once,
     unlike a listing, which the visibility store may give a moment late)."""
-    handle = client.get_schedule_handle(reconcile_schedule_id(pool_name))
-    try:
-        described = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return (await described.memo()).get(MEMO_TASK_QUEUE) == task_queue
+    memo = await schedule_memo(client, pool_name)
+    return memo is not None and memo.get(MEMO_TASK_QUEUE) == task_queue
 
 
 async def unknown_pool(client: Client, task_queue: str, pool_name: str) -> str | None:
@@ -347,22 +341,24 @@ async def ensure_reconcile_schedule(
 async def schedule_source(client: Client, pool_name: str) -> str | None:
     """Who made pool `pool_name`'s schedule (values or joined); None when it has none, or was
     made before the memo said."""
-    source = (await _schedule_memo(client, pool_name)).get(MEMO_SOURCE)
+    source = (await schedule_memo(client, pool_name) or {}).get(MEMO_SOURCE)
     return source if isinstance(source, str) else None
 
 
 async def gpus_simulated(client: Client, pool_name: str) -> bool:
     """Whether pool `pool_name`'s values say `simulatedGpus: true` (its schedule's memo); False
     for a pool without a schedule, a joined one, or one scheduled before the memo said."""
-    return (await _schedule_memo(client, pool_name)).get(MEMO_SIMULATED_GPUS) is True
+    return (await schedule_memo(client, pool_name) or {}).get(MEMO_SIMULATED_GPUS) is True
 
 
-async def _schedule_memo(client: Client, pool_name: str) -> Mapping[str, Any]:
+async def schedule_memo(client: Client, pool_name: str) -> Mapping[str, Any] | None:
+    """The memo of pool `pool_name`'s `reconcile:<pool>` schedule, described (read at once,
+    unlike a listing); None when the pool has no schedule."""
     try:
         described = await client.get_schedule_handle(reconcile_schedule_id(pool_name)).describe()
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            return {}
+            return None
         raise
     return await described.memo()
 
