@@ -5,7 +5,9 @@ tail), RunTask's idempotency by task id, StreamLogs (follow to the end, resume f
 CancelTask killing the task's whole process group, a task asking for a card the worker does not
 have (FAILED with the spec's `not enough GPUs available` wording), the task's environment (its
 cards, the driver on PATH, the result path, and no worker token), Exec with stdin, stdout,
-stderr and exit code, and the token check (UNAUTHENTICATED without it, health stays open).
+stderr and exit code, the token check (UNAUTHENTICATED without it, health stays open), and the
+ports guard (a port another running task of the worker published fails the second task with
+`port N is already published by task T on this worker`; it is free again once that task ends).
 """
 
 from __future__ import annotations
@@ -413,3 +415,32 @@ async def test_a_worker_given_a_command_digest_takes_only_the_controlplane_s_tok
         await tasks.shutdown(grace_s=1)
         await server.stop(0)
     assert command_token(secret, worker_id) != own
+
+
+async def test_a_port_published_by_a_running_task_is_refused_to_a_second_one(
+    served: ServedWorker,
+) -> None:
+    holds = python_task("t-port-holds", "import time; print('up', flush=True); time.sleep(60)")
+    holds.task.ports.extend([8090, 8091])
+    await served.stub.RunTask(holds, metadata=AUTH)
+    await started(served, "t-port-holds", b"up")
+    wants = python_task("t-port-wants", "print('never', flush=True)")
+    wants.task.ports.extend([8085, 8091])
+
+    status = await run_to_end(served, wants)
+
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert status.reason == "port 8091 is already published by task t-port-holds on this worker"
+    assert [(p.name, p.error) for p in status.phases] == [
+        ("worker.gpu_assignment", ""),
+        ("worker.ports", "ports [8091] are in use by task t-port-holds"),
+    ]
+    assert b"never" not in served.tasks.output("t-port-wants").read(0)
+    # The guard holds only while the holder runs: once it ends, the port is free again.
+    await served.stub.CancelTask(
+        worker_pb2.CancelTaskRequest(task_id="t-port-holds"), metadata=AUTH
+    )
+    await finished(served, "t-port-holds")
+    after = python_task("t-port-after", "print('ran', flush=True)")
+    after.task.ports.append(8091)
+    assert (await run_to_end(served, after)).log_tail == "ran\n"
