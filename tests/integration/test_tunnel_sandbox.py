@@ -221,20 +221,29 @@ async def test_endpoint_traffic_reaches_a_port_of_the_workers_own_containers(
 
 async def _open_tunnel(cp: Controlplane, token: str, worker_id: str) -> grpc.StatusCode | None:
     """Opens a tunnel as `worker_id` with `token`; the status it ends with (None: ready)."""
+    answered = asyncio.Event()
     async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         async def frames() -> AsyncIterator[gateway_pb2.TunnelFrame]:
             hello = gateway_pb2.TunnelHello(pool_name=POOL, worker_id=worker_id)
             yield gateway_pb2.TunnelFrame(hello=hello)
-            await asyncio.sleep(5)
+            # The hello's side stays open until the gateway has answered it: a closed side
+            # would end the session before the gateway could say ready or refuse.
+            await answered.wait()
 
         call = stub.Tunnel(frames(), metadata=(("authorization", f"Bearer {token}"),))
         try:
-            first = await call.read()
+            async with asyncio.timeout(WITHIN):
+                first = await call.read()
         except aio.AioRpcError as error:
             return error.code()
+        except TimeoutError:
+            raise AssertionError(
+                f"the gateway neither answered nor refused the tunnel hello within {WITHIN} s"
+            ) from None
         finally:
+            answered.set()
             call.cancel()
         assert isinstance(first, gateway_pb2.TunnelFrame)
         return None if first.WhichOneof("kind") == "ready" else grpc.StatusCode.UNKNOWN
