@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9 import logs
 from levers9.temporal import ensure_search_attributes
+from tests import suite_report
 
 BIN = Path(sys.executable).parent
 # How long a server may take to answer after it is spawned. The SDK's default is 5 s; on a busy
@@ -78,3 +79,25 @@ def log_lines() -> Iterator[io.StringIO]:
         root.handlers[:] = handlers
         root.setLevel(level)
         structlog.configure(**config)
+
+
+# -- the suite's report (tests/suite_report.py) --------------------------------------------------
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Under xdist the controller receives every worker's reports, so the tally is the whole run.
+    suite_report.TALLY.record(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    for line in suite_report.summary_lines(suite_report.TALLY, suite_report.in_ci()):
+        terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    if suite_report.in_ci() and suite_report.TALLY.disallowed() and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
