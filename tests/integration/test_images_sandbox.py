@@ -2,8 +2,10 @@
 (`us-central1-docker.pkg.dev/...`) is pulled by the worker through the pool's registry mirror
 into its node's cache and the task runs in it under runc: its own PID namespace, exactly its
 cards as `/dev/nvidiaN` (the sandbox's kubelet made real device nodes for the node's cards),
-none of the agent's `LEVERS9_WORKER*` values; the record says `host: runc`. A missing image
-ends the task at once, naming the image. Root only (runc), as CI and the worker Job are.
+none of the agent's `LEVERS9_WORKER*` values; the record says `host: runc`. Its container reads
+its own limits in its cgroup (v1 or v2): `--cpus` as the CPU quota, the runtime's pids limit. A
+missing image ends the task at once, naming the image. Root only (runc), as CI and the worker
+Job are.
 """
 
 from __future__ import annotations
@@ -105,6 +107,38 @@ async def test_memory_and_cpu_limits_from_the_command_line(cp: Controlplane) -> 
     assert bad.returncode == 2
     assert "--memory" in bad.stderr
     assert "is not a Kubernetes quantity" in bad.stderr
+
+
+CGROUP_LIMITS = (
+    # cgroup v2 (`max` or `QUOTA PERIOD`), else v1's two files on one line the same way.
+    "echo cgroup-limits; cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo"
+    " $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us);"
+    " cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max"
+)
+"""The container's own CPU quota and pids limit, as it reads them."""
+
+
+async def _cgroup_limits(cp: Controlplane, *options: str) -> tuple[str, str]:
+    done = await cp.cli(
+        "run", "--pool", POOL, "--image", IMAGE, *options, "--", "sh", "-c", CGROUP_LIMITS
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "cgroup-limits" in lines, done.stdout
+    start = lines.index("cgroup-limits")
+    cpu, pids = lines[start + 1 : start + 3]
+    return cpu, pids
+
+
+async def test_cpus_from_the_command_line_is_the_containers_cpu_quota(cp: Controlplane) -> None:
+    cpu, _pids = await _cgroup_limits(cp, "--cpus", "1500m")
+    assert cpu == "150000 100000", "1.5 CPUs: 150 ms in each 100 ms period"
+
+
+async def test_the_container_has_the_runtimes_pids_limit(cp: Controlplane) -> None:
+    cpu, pids = await _cgroup_limits(cp)
+    assert pids == "32768"
+    assert cpu in ("max 100000", "-1 100000"), "no --cpus (and no taskDefaults.cpus): no quota"
 
 
 async def test_without_an_image_the_task_runs_as_before(cp: Controlplane) -> None:
