@@ -17,10 +17,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -38,13 +39,15 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.placement import PoolState
-from tests.waiting import signals_handled
+from tests.waiting import eventually, signals_handled
 from workflows.pool import PoolWorkflow
 from workflows.worker import SILENT, WorkerWorkflow
 
 pytestmark = pytest.mark.integration
 
 TIMINGS = WorkerTimings(idle_seconds=300, record_ttl_seconds=600, pod_check_seconds=10)
+"""Every `time_env.sleep` below moves the server's clock across one of these windows (or the
+30 s liveness window); where a test only needs the workflow to have acted, it waits for that."""
 REGISTRATION = WorkerRegistration(
     worker_id="w", pod_uid="uid", address="127.0.20.2:40000", gpus=2, visible_devices=(0, 1)
 )
@@ -52,11 +55,13 @@ REGISTRATION = WorkerRegistration(
 
 @dataclass
 class Cluster:
-    """The Kubernetes activities, mocked by name: what the pod says, what was deleted."""
+    """The Kubernetes activities, mocked by name: what the pod says, how often it was read,
+    what was deleted."""
 
     pod: PodState = field(default_factory=lambda: PodState(exists=True, phase="Pending"))
     created: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    described: int = 0
 
     @activity.defn(name="create_worker_job")
     async def create_worker_job(self, input: WorkerJobInput) -> str:
@@ -65,7 +70,16 @@ class Cluster:
 
     @activity.defn(name="describe_worker_pod")
     async def describe_worker_pod(self, input: WorkerJobInput) -> PodState:
+        self.described += 1
         return self.pod
+
+    async def read(self, times: int = 1) -> None:
+        """Until the record has read the pod `times` times (a pending one's pod check)."""
+
+        async def read_enough() -> bool:
+            return self.described >= times
+
+        await eventually(read_enough, within=10, what=f"{times} pod checks")
 
     @activity.defn(name="delete_worker_job")
     async def delete_worker_job(self, input: WorkerJobInput) -> bool:
@@ -131,8 +145,12 @@ async def _available_in(
     """An available worker of the pool."""
     handle = await _start(env, task_queue, pool.id.removeprefix("pool:"))
     await handle.signal(WorkerWorkflow.register, REGISTRATION)
-    await env.sleep(1)
-    assert (await _slots(pool)) == {_worker_id(handle): False}
+    announced = {_worker_id(handle): False}
+
+    async def in_placement() -> bool:
+        return await _slots(pool) == announced
+
+    await eventually(in_placement, within=10, what="the worker announced to its pool")
     return handle
 
 
@@ -159,14 +177,39 @@ async def _record(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord]) -> Worke
     return record
 
 
+async def _until_state(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord], state: str) -> None:
+    async def reached() -> bool:
+        record = await handle.query(WorkerWorkflow.record)
+        return record is not None and record.state == state
+
+    await eventually(reached, within=10, what=f"record {handle.id} {state}")
+
+
+async def _job_read_after_signal(handle: WorkflowHandle[WorkerWorkflow, WorkerRecord]) -> None:
+    """Until the record has read its Job after its last signal and acted on what it read (a
+    workflow task completed after the read's result)."""
+
+    async def acted() -> bool:
+        events = [e.event_type for e in (await handle.fetch_history()).events]
+        signalled = max(
+            i for i, t in enumerate(events) if t == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+        )
+        after = events[signalled:]
+        if EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED not in after:
+            return False
+        read = after.index(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)
+        return EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in after[read:]
+
+    await eventually(acted, within=10, what=f"record {handle.id} read its Job after the signal")
+
+
 async def test_available_then_idle_wind_down(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
     handle = await _start(time_env, task_queue)
-    await time_env.sleep(5)
-    assert (await _record(handle)).state == "pending"
+    await _until_state(handle, "pending")
     await handle.signal(WorkerWorkflow.register, REGISTRATION)
-    await time_env.sleep(1)
+    await _until_state(handle, "available")
     record = await _record(handle)
     assert (record.state, record.address, record.visible_devices) == (
         "available",
@@ -175,11 +218,11 @@ async def test_available_then_idle_wind_down(
     )
     idle = WorkerHeartbeat(worker_id="w", running_tasks=0)
     for _ in range(4):  # idle heartbeats for 4 minutes: not yet the 5 idle minutes
-        await time_env.sleep(60)
+        await time_env.sleep(60)  # a minute of the idle window, by the server's clock
         await handle.signal(WorkerWorkflow.heartbeat, idle)
-    await time_env.sleep(1)
+    await signals_handled(time_env.client, handle.id)  # the fourth idle minute's beat taken
     assert (await _record(handle)).state == "available"
-    await time_env.sleep(60)
+    await time_env.sleep(60)  # the fifth idle minute: the pool's idle window elapsed
     await handle.signal(WorkerWorkflow.heartbeat, idle)
     final = await handle.result()  # its heartbeats say idle for 5 minutes: wound down
     assert (final.state, final.reason) == ("stopped", "idle wind-down")
@@ -193,9 +236,9 @@ async def test_heartbeats_with_tasks_keep_it_then_silence_expires_it(
     await handle.signal(WorkerWorkflow.register, REGISTRATION)
     busy = WorkerHeartbeat(worker_id="w", running_tasks=1)
     for _ in range(4):  # 4 x 4 minutes busy: past the idle minutes, never idle
-        await time_env.sleep(240)
+        await time_env.sleep(240)  # four of the idle window's five minutes
         await handle.signal(WorkerWorkflow.heartbeat, busy)
-    await time_env.sleep(1)
+    await signals_handled(time_env.client, handle.id)  # the last busy heartbeat taken
     assert (await _record(handle)).state == "available"
     final = await handle.result()  # heartbeats stop: the record expires after the TTL
     assert (final.state, final.reason) == ("expired", "no heartbeat within the record TTL")
@@ -209,11 +252,11 @@ async def test_idle_since_counts_from_the_agent(
     await handle.signal(WorkerWorkflow.register, REGISTRATION)
     started = await time_env.get_current_time()
     idle = WorkerHeartbeat(worker_id="w", running_tasks=0, idle_since=started)
-    await time_env.sleep(200)
+    await time_env.sleep(200)  # inside the 300 s idle window
     await handle.signal(WorkerWorkflow.heartbeat, idle)
-    await time_env.sleep(1)
+    await signals_handled(time_env.client, handle.id)
     assert (await _record(handle)).state == "available", "200 s idle is not 5 minutes"
-    await time_env.sleep(110)
+    await time_env.sleep(110)  # 310 s since the agent's idle-since: past the idle window
     await handle.signal(WorkerWorkflow.heartbeat, idle)
     final = await handle.result()
     assert final.state == "stopped"
@@ -229,7 +272,7 @@ async def test_a_stale_idle_heartbeat_does_not_wind_down_a_busy_worker(
     await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=0))
     busy = WorkerHeartbeat(worker_id="w", running_tasks=2)
     for _ in range(8):  # tasks keep it busy for 8 minutes, past the 5 idle ones
-        await time_env.sleep(60)
+        await time_env.sleep(60)  # a minute of the idle window, by the server's clock
         await handle.signal(WorkerWorkflow.heartbeat, busy)
     await signals_handled(time_env.client, handle.id)  # the last busy heartbeat taken
     assert (await _record(handle)).state == "available"
@@ -243,13 +286,18 @@ async def test_image_pull_backoff_then_job_failed(
 ) -> None:
     cluster.pod = PodState(exists=True, phase="Pending", waiting_reason="ImagePullBackOff")
     handle = await _start(time_env, task_queue)
-    await time_env.sleep(15)
-    record = await _record(handle)
-    assert record.state == "pending"
-    assert record.condition == (
+    await cluster.read()
+    condition = (
         "ImagePullBackOff: image not in the project's registry:"
         " rerun deploy/gke/attach-gke-pool.sh (it copies latest)"
     )
+
+    async def shown() -> bool:
+        record = await handle.query(WorkerWorkflow.record)
+        return record is not None and record.condition == condition
+
+    await eventually(shown, within=10, what="the pull failure on the record")
+    assert (await _record(handle)).state == "pending"
     cluster.pod = PodState(exists=True, phase="Failed", job_failed=True, message="exit code 1")
     final = await handle.result()
     assert (final.state, final.reason) == ("failed", "exit code 1")
@@ -259,7 +307,7 @@ async def test_node_gone_while_pending_stops_the_record_as_the_machine_would(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
     handle = await _start(time_env, task_queue)
-    await time_env.sleep(5)
+    await cluster.read()  # pending: its first pod check saw the pod Pending
     cluster.pod = PodState(
         exists=False, job_failed=True, message="BackoffLimitExceeded", node_gone=True
     )
@@ -272,7 +320,7 @@ async def test_job_deleted_while_pending_expires_the_record(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
     handle = await _start(time_env, task_queue)
-    await time_env.sleep(5)
+    await cluster.read()  # pending: its first pod check saw the pod Pending
     cluster.pod = PodState(exists=False, job_exists=False)
     final = await handle.result()
     assert (final.state, final.reason) == ("expired", "its Job was deleted")
@@ -283,11 +331,10 @@ async def test_never_registered_expires(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
     handle = await _start(time_env, task_queue)
-    before = datetime.now(UTC)
-    final = await handle.result()
+    final = await handle.result()  # the server skips the record TTL's ten minutes
     assert (final.state, final.reason) == ("expired", "never registered within the record TTL")
     assert cluster.deleted == [final.worker_id]
-    assert datetime.now(UTC) - before < timedelta(minutes=1), "ten minutes skipped"
+    assert await _lived(handle) >= timedelta(seconds=TIMINGS.record_ttl_seconds)
 
 
 async def test_silence_takes_it_out_of_placement_until_it_is_heard_again(
@@ -302,8 +349,9 @@ async def test_silence_takes_it_out_of_placement_until_it_is_heard_again(
     t1 = await pool.execute_update(
         PoolWorkflow.place, PlaceRequest(pool_name="", task_id="t1", gpus=1)
     )
-    await time_env.sleep(20)
+    await time_env.sleep(20)  # inside the 30 s liveness window
     await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=1))
+    await signals_handled(time_env.client, handle.id)  # heard: the window counts from here
     await time_env.sleep(25)  # 25 s since it was heard: inside the window
     assert await _slots(pool) == {worker_id: False}
     assert (await _record(handle)).condition is None
@@ -318,9 +366,14 @@ async def test_silence_takes_it_out_of_placement_until_it_is_heard_again(
         PlaceRequest(pool_name="", task_id="t2", gpus=1),
         wait_for_stage=WorkflowUpdateStage.ACCEPTED,
     )
-    await time_env.sleep(1)
+
+    async def t2_waits() -> bool:  # its request was taken and placement found no worker
+        state: PoolState = await pool.query(PoolWorkflow.state)
+        return [w.task_id for w in state.waiting] == ["t2"]
+
+    await eventually(t2_waits, within=10, what="t2 waiting in the pool's queue")
     state: PoolState = await pool.query(PoolWorkflow.state)
-    assert (list(state.placed), [w.task_id for w in state.waiting]) == (["t1"], ["t2"])
+    assert list(state.placed) == ["t1"]
     await handle.signal(WorkerWorkflow.heartbeat, WorkerHeartbeat(worker_id="w", running_tasks=1))
     t2 = await asking.result()
     assert await _slots(pool) == {worker_id: False}
@@ -393,7 +446,7 @@ async def test_job_finished_with_its_pod_still_running_keeps_it(
     cluster.pod = PodState(exists=True, phase="Running")
     handle = await _available_in(time_env, task_queue, pool)
     await handle.signal(WorkerWorkflow.job_finished)
-    await time_env.sleep(2)
+    await _job_read_after_signal(handle)
     assert (await _record(handle)).state == "available"
     assert await _slots(pool) == {_worker_id(handle): False}
     await handle.signal(WorkerWorkflow.stop)
@@ -404,7 +457,7 @@ async def test_job_finished_while_pending_ends_it_before_the_next_pod_check(
     time_env: WorkflowEnvironment, task_queue: str, cluster: Cluster
 ) -> None:
     handle = await _start(time_env, task_queue)
-    await time_env.sleep(3)  # pending, its next pod check 10 s after the first
+    await cluster.read()  # pending, its next pod check pod_check_seconds (10 s) after the first
     cluster.pod = PodState(exists=True, phase="Failed", job_failed=True, message="exit code 2")
     told = await time_env.get_current_time()
     await handle.signal(WorkerWorkflow.job_finished)
