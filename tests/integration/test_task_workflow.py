@@ -30,6 +30,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.placement import Placement
+from tests.waiting import signals_handled
 from workflows.task import PLACEMENTS, TaskWorkflow
 
 pytestmark = pytest.mark.integration
@@ -314,7 +315,7 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
         for n in range(120):
             await handle.signal(TaskWorkflow.report, progress)
             if n % 20 == 19:  # bursts, as progress comes: the record's task completes between
-                await asyncio.sleep(0.5)
+                await signals_handled(time_env.client, handle.id)
         end = TaskReport(
             pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded", exit_code=0
         )
