@@ -5,6 +5,7 @@ both sides read these from here."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 
 GPU = "nvidia.com/gpu"
 """The extended resource of NVIDIA cards (the device plugin's)."""
@@ -92,3 +93,59 @@ AGENT_TOKEN_KEY = "agent-token"
 """The agent's Secret's key of the agent's own token, written once the join token is spent."""
 KUBE_TARGET = "kube"
 """The tunnel target of a joined cluster's agent: its proxy to the cluster's API."""
+
+MAX_TASK_INPUT_BYTES = 128 * 1024
+"""The most a task's command (its arguments) and environment may hold together, in UTF-8 bytes
+(each argument and `KEY=VALUE` counted with a terminating NUL, as exec counts them): one limit
+for `levers9 run` and `endpoint create`'s replicas, refused at submit. It keeps every record's
+input far below Temporal's 2 MB payload limit (past 256 KiB Temporal warns, and a record that
+large would fail at each continue-as-new)."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A variable name a shell can use (POSIX's portable names)."""
+
+
+def task_input_bytes(command: Sequence[str], env: Mapping[str, str]) -> int:
+    """What a task's command and environment hold, as MAX_TASK_INPUT_BYTES counts it."""
+    args = sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in command)
+    variables = sum(
+        len(key.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass")) + 2
+        for key, value in env.items()
+    )
+    return args + variables
+
+
+def task_input_problem(command: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why a task's command and environment cannot be taken (too large together, a variable
+    name no shell can use, a NUL byte, which no exec can pass), naming the fix; None when they
+    can. The controlplane refuses at submit; the agent refuses again what reaches it."""
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(key):
+            return (
+                f"{key!r} is not a variable name: letters, digits and _, not starting with a digit"
+            )
+        if "\0" in value:
+            return f"the value of {key} holds a NUL byte, which no process environment can"
+    for index, arg in enumerate(command):
+        if "\0" in arg:
+            return f"argument {index} of the command holds a NUL byte, which no exec can pass"
+    size = task_input_bytes(command, env)
+    if size > MAX_TASK_INPUT_BYTES:
+        return (
+            f"the command and environment hold {size} bytes, more than {MAX_TASK_INPUT_BYTES}"
+            " (128 KiB): pass large data in a file, a volume or the image"
+        )
+    return None
+
+
+READY_PATH = re.compile(r"/[\x21-\x7e]*")
+"""A ready path as a request line carries it: `/`, then printable ASCII without spaces."""
+
+
+def ready_path_problem(path: str) -> str | None:
+    """Why a replica's ready path cannot be probed (the agent writes it into `GET <path>`),
+    naming the fix; None for "" (no path: the port accepting is ready) or a good path."""
+    if not path or READY_PATH.fullmatch(path):
+        return None
+    if not path.startswith("/"):
+        return f"{path!r} must start with /"
+    return f"{path!r} must be printable ASCII without spaces (percent-encode the rest)"

@@ -6,9 +6,7 @@ without breaking running workflows. Inputs carry pool *names*, never credentials
 
 from __future__ import annotations
 
-import re
 import uuid
-from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -304,43 +302,6 @@ def memory_floor_problem(memory_bytes: int) -> str | None:
         return (
             f"{memory_bytes} bytes is below the 6Mi a container needs to start (a bare number"
             " is bytes): write a unit, e.g. 512Mi or 8Gi"
-        )
-    return None
-
-
-MAX_TASK_INPUT_BYTES = 128 * 1024
-"""The most a task's command (its arguments) and environment may hold together, in UTF-8 bytes
-(each argument and `KEY=VALUE` counted with a terminating NUL, as exec counts them): one limit
-for `levers9 run` and `endpoint create`'s replicas, refused at submit. It keeps every record's
-input far below Temporal's 2 MB payload limit (past 256 KiB Temporal warns, and a record that
-large would fail at each continue-as-new)."""
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""A variable name a shell can use (POSIX's portable names)."""
-
-
-def task_input_bytes(command: Sequence[str], env: Mapping[str, str]) -> int:
-    """What a task's command and environment hold, as MAX_TASK_INPUT_BYTES counts it."""
-    args = sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in command)
-    variables = sum(
-        len(key.encode("utf-8", "surrogatepass")) + len(value.encode("utf-8", "surrogatepass")) + 2
-        for key, value in env.items()
-    )
-    return args + variables
-
-
-def task_input_problem(command: Sequence[str], env: Mapping[str, str]) -> str | None:
-    """Why a task's command and environment cannot be taken (too large together, a variable
-    name no shell can use), naming the fix; None when they can."""
-    for key in env:
-        if not ENV_NAME.fullmatch(key):
-            return (
-                f"{key!r} is not a variable name: letters, digits and _, not starting with a digit"
-            )
-    size = task_input_bytes(command, env)
-    if size > MAX_TASK_INPUT_BYTES:
-        return (
-            f"the command and environment hold {size} bytes, more than {MAX_TASK_INPUT_BYTES}"
-            " (128 KiB): pass large data in a file, a volume or the image"
         )
     return None
 

@@ -23,7 +23,7 @@ from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.runtime import duration, environment, settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
-from levers9.contract import DNS_LABEL
+from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
 from levers9.endpoint_records import (
     EndpointExists,
     RecordedEndpoint,
@@ -37,7 +37,6 @@ from levers9.endpoints import EndpointSpec, EndpointView
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.image_reference import ImageReference, ImageReferenceError
-from levers9.models import task_input_problem
 from levers9.temporal import (
     QUERY_WITHIN_S,
     NoQueryAnswer,
@@ -135,8 +134,9 @@ def create(
             f"--min-replicas {min_replicas} is above --max-replicas {max_replicas}",
             param_hint="--min-replicas",
         )
-    if ready_path and not ready_path.startswith("/"):
-        raise typer.BadParameter(f"{ready_path!r} must start with /", param_hint="--ready-path")
+    ready_problem = ready_path_problem(ready_path)
+    if ready_problem is not None:
+        raise typer.BadParameter(ready_problem, param_hint="--ready-path")
     variables = environment(env or [], "--env")
     problem = task_input_problem(command, variables)
     if problem is not None:

@@ -67,7 +67,7 @@ def environment(pairs: list[str], option: str) -> dict[str, str]:
     """`KEY=VALUE` environment options (`--env`): each KEY a variable name a shell can use."""
     import typer
 
-    from levers9.models import ENV_NAME
+    from levers9.contract import ENV_NAME
 
     values = key_values(pairs, option)
     for key in values:

@@ -31,6 +31,7 @@ from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
+from levers9.contract import task_input_problem
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
@@ -40,7 +41,6 @@ from levers9.models import (
     TaskRecord,
     memory_floor_problem,
     new_task_id,
-    task_input_problem,
 )
 
 if TYPE_CHECKING:

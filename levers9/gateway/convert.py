@@ -13,18 +13,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from levers9.contract import DNS_LABEL
+from levers9.contract import DNS_LABEL, MAX_TASK_INPUT_BYTES, task_input_problem
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
 from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
 from levers9.models import (
     MAX_STOP_GRACE_S,
-    MAX_TASK_INPUT_BYTES,
     TaskInput,
     WorkerHeartbeat,
     WorkerRegistration,
     memory_floor_problem,
-    task_input_problem,
 )
 from levers9.proto import gateway_pb2, worker_pb2
 

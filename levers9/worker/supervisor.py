@@ -34,6 +34,7 @@ from typing import Any, TypeAlias
 
 from google.protobuf import json_format
 
+from levers9.contract import ready_path_problem, task_input_problem
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
 from levers9.worker.output import TaskOutput
@@ -216,6 +217,9 @@ class TaskManager:
             return True
         if not spec.command:
             raise InvalidTask("command is required")
+        refused = task_input_problem(spec.command, spec.env)
+        if refused is not None:  # the controlplane refused it at submit; a caller that is not
+            raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
         if self._closed:
             raise ShuttingDown("the worker is shutting down")
         _check_ports(spec)
@@ -640,8 +644,9 @@ def _check_ports(spec: worker_pb2.TaskSpec) -> None:
         raise InvalidTask(f"ports: {bad[0]} is not a TCP port (1-65535)")
     if len(set(ports)) != len(ports):
         raise InvalidTask(f"ports: {ports} names a port twice")
-    if spec.ready_path and not spec.ready_path.startswith("/"):
-        raise InvalidTask(f"ready_path: {spec.ready_path!r} must start with /")
+    problem = ready_path_problem(spec.ready_path)
+    if problem is not None:
+        raise InvalidTask(f"ready_path: {problem}")
     if spec.ready_path and not spec.ports:
         raise InvalidTask("ready_path: needs a port to probe (ports is empty)")
 

@@ -196,6 +196,14 @@ def _levers9(*args: str | bytes) -> subprocess.CompletedProcess[str]:
             " node has",
         ),
         (
+            (
+                *("endpoint", "create", "e1", "--pool", "p", "--port", "80"),
+                *("--ready-path", "/health check", "--", "true"),
+            ),
+            "Invalid value for --ready-path: '/health check' must be printable ASCII without"
+            " spaces (percent-encode the rest)",
+        ),
+        (
             ("--log-level", "BOGUS", "pool", "list"),
             "Invalid value for --log-level: 'BOGUS' is not one of debug, info, warning, error,"
             " critical",
@@ -262,7 +270,7 @@ def test_one_limit_for_a_tasks_command_and_environment(args: tuple[str, ...], sa
 
 
 def test_the_limit_counts_each_argument_and_variable_with_its_terminator() -> None:
-    from levers9.models import MAX_TASK_INPUT_BYTES, task_input_problem
+    from levers9.contract import MAX_TASK_INPUT_BYTES, task_input_problem
 
     exactly = ["x" * (MAX_TASK_INPUT_BYTES - 1)]
     assert task_input_problem(exactly, {}) is None
