@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from sandbox.registry import Registry
 from sandbox.server import Sandbox, SandboxOptions, start_sandbox
 
 T = TypeVar("T")
@@ -64,11 +65,15 @@ class LoopThread:
 
 
 class SandboxThread(LoopThread):
-    """Runs `start_sandbox(options)` on a LoopThread; `sandbox` once started."""
+    """Runs `start_sandbox(options)` on a LoopThread; `sandbox` once started. A `registry`
+    given is served instead of a fresh one (a store on a clock a test moves, say)."""
 
-    def __init__(self, options: SandboxOptions | None = None) -> None:
+    def __init__(
+        self, options: SandboxOptions | None = None, *, registry: Registry | None = None
+    ) -> None:
         super().__init__("levers9-sandbox")
         self._options = options
+        self._registry = registry
         self._sandbox: Sandbox | None = None
 
     @property
@@ -79,7 +84,7 @@ class SandboxThread(LoopThread):
 
     def start(self) -> None:
         super().start()
-        self._sandbox = self.run(start_sandbox(self._options))
+        self._sandbox = self.run(start_sandbox(self._options, registry=self._registry))
 
     def compact(self) -> int:
         """`Sandbox.compact` on the emulator's thread: watches from older versions and

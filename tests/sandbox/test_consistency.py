@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,27 +18,46 @@ import urllib3
 from kubernetes import client, watch
 
 from sandbox.admin_client import SandboxAdmin
+from sandbox.registry import Registry
 from sandbox.resources import NAMESPACES
-from sandbox.server import Sandbox, SandboxOptions
-from sandbox.store import CONTINUE_EXPIRED
+from sandbox.server import Sandbox
+from sandbox.store import (
+    CONTINUE_EXPIRED,
+    DEFAULT_CONTINUE_TTL_SECONDS,
+    DEFAULT_HISTORY_SECONDS,
+    Store,
+)
 from sandbox.threaded import SandboxThread
 from tests.sandbox.factories import Api, api_client, pod_manifest, status_of, unique
 
 Http = Callable[..., urllib3.BaseHTTPResponse]
 Call = Callable[..., Any]
-WINDOW_S = 0.5  # the short sandbox's watch-history age and continue-token lifetime
+
+
+class Clock:
+    """The seconds the store ages its watch history and list snapshots by, moved by the test:
+    a window has elapsed when the store's own clock says so, with no wait."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @pytest.fixture(scope="module")
-def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SandboxThread, Api]]:
-    """A second emulator whose watch history and continue tokens last half a second, and an
-    admin CoreV1Api on it."""
-    thread = SandboxThread(SandboxOptions(history_seconds=WINDOW_S, continue_ttl_seconds=WINDOW_S))
+def aged(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[SandboxThread, Api, Clock]]:
+    """A second emulator whose store ages by a clock the test moves (the default windows: 75 s
+    of watch history, 300 s continue tokens), an admin CoreV1Api on it, and the clock."""
+    clock = Clock()
+    thread = SandboxThread(registry=Registry(Store(clock=clock)))
     thread.start()
-    ca = tmp_path_factory.mktemp("short") / "ca.crt"
+    ca = tmp_path_factory.mktemp("aged") / "ca.crt"
     ca.write_bytes(thread.sandbox.ca.ca_pem)
     core = client.CoreV1Api(api_client(thread.sandbox.url, ca, thread.sandbox.admin_token))
-    yield thread, core
+    yield thread, core, clock
     thread.stop()
 
 
@@ -131,13 +149,14 @@ def test_timeout_seconds_ends_the_stream(core: Api, namespace: str) -> None:
 
 
 def test_a_watch_from_a_version_older_than_the_cache_window_is_gone(
-    short: tuple[SandboxThread, Api],
+    aged: tuple[SandboxThread, Api, Clock],
 ) -> None:
-    _, core = short
+    _, core, clock = aged
     namespace = unique("t")
     core.create_namespace({"metadata": {"name": namespace}})
     start = core.list_namespaced_pod(namespace).metadata.resource_version
     core.create_namespaced_pod(namespace, pod_manifest("p"))
+    clock.now += DEFAULT_HISTORY_SECONDS - 1
     stream: Api = watch.Watch()  # type: ignore[no-untyped-call]
     replayed = [
         e["type"]
@@ -146,7 +165,7 @@ def test_a_watch_from_a_version_older_than_the_cache_window_is_gone(
         )
     ]
     assert replayed == ["ADDED"]  # within the window the same request replays
-    time.sleep(WINDOW_S + 0.3)
+    clock.now += 2  # the event is older than the window now
     raw = core.list_namespaced_pod(
         namespace, watch=True, resource_version=start, timeout_seconds=1, _preload_content=False
     )
@@ -303,17 +322,18 @@ def test_a_compaction_expires_continue_tokens(
     assert [p.metadata.name for p in rest.items] == ["p2", "p3"]
 
 
-def test_a_continue_token_expires_with_time(short: tuple[SandboxThread, Api]) -> None:
-    thread, core = short
+def test_a_continue_token_expires_with_time(aged: tuple[SandboxThread, Api, Clock]) -> None:
+    thread, core, clock = aged
     namespace = unique("t")
     thread.call(thread.sandbox.registry.create, NAMESPACES, {"metadata": {"name": namespace}})
     for i in range(4):
         core.create_namespaced_pod(namespace, pod_manifest(f"p{i}"))
     prompt = core.list_namespaced_pod(namespace, limit=2)
+    clock.now += DEFAULT_CONTINUE_TTL_SECONDS - 1
     again = core.list_namespaced_pod(namespace, limit=2, _continue=prompt.metadata._continue)
     assert [p.metadata.name for p in again.items] == ["p2", "p3"]  # in time, the token works
     late = core.list_namespaced_pod(namespace, limit=2)
-    time.sleep(WINDOW_S + 0.3)
+    clock.now += DEFAULT_CONTINUE_TTL_SECONDS + 1
     with pytest.raises(client.ApiException) as caught:
         core.list_namespaced_pod(namespace, limit=2, _continue=late.metadata._continue)
     assert caught.value.status == 410
