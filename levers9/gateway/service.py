@@ -9,6 +9,7 @@ what a valid request looks like. What the agent gets back tells it what to do:
 | INVALID_ARGUMENT | the field the message starts with | has a bug |
 | NOT_FOUND | its record expired or ended | stops (the controlplane starts a new worker) |
 | PERMISSION_DENIED | a report for a task not placed on this worker | drops the report |
+| FAILED_PRECONDITION | a tunnel registration before its tunnel is open here | opens it first |
 | UNAVAILABLE | Temporal cannot be reached now | retries |
 """
 
