@@ -4,7 +4,8 @@ Each controlplane replica serves it beside its gateway (`endpointsListen`, TLS w
 gateway's certificate when it has one). A request:
 
 1. is authorized: `Authorization: Bearer <operator token>` unless the endpoint is `public`
-   (the header never reaches the replica);
+   (the header never reaches the replica); a WebSocket handshake is then refused 501 (not
+   proxied), before any replica is woken;
 2. finds a ready replica of the endpoint (its view, `EndpointWorkflow`'s query `view`, read
    again beside the request once older than `VIEW_TTL_S`: a warm request never waits on
    Temporal); with none, it **waits**: counted as waiting in this gateway's report
@@ -263,6 +264,7 @@ class EndpointProxy:
             assert view is not None
             if not view.spec.public:
                 self._authorize(request)
+            _refuse_websocket(name, request)
             self._check_length(name, request)
             await _continue(request)
             limit = view.spec.request_timeout_seconds
@@ -280,8 +282,8 @@ class EndpointProxy:
                 text=f"{refused}\n",
                 headers={"WWW-Authenticate": "Bearer"} if refused.status == 401 else None,
             )
-            if refused.status in (413, 417):
-                response.force_close()  # the rest of its body is not read
+            if refused.status in (413, 417, 501):
+                response.force_close()  # the rest of its body (or upgraded stream) is not read
             return response
         except BodyRefused as exc:
             if progress.begun():
@@ -658,6 +660,20 @@ def _too_large(what: str, limit: int) -> str:
         f"{what} is over the endpoints' limit of {size}: the controlplane's"
         " endpointsMaxBodyBytes (LEVERS9_ENDPOINTS_MAX_BODY_BYTES) sets it"
     )
+
+
+def _refuse_websocket(name: str, request: web.BaseRequest) -> None:
+    """A WebSocket handshake is refused at the door (501), before it wakes a replica: the front
+    does not carry upgraded connections, and the replica would only see a plain GET. Another
+    Upgrade (h2c), which a server may ignore, is served as HTTP/1.1 without it."""
+    upgrade = request.headers.get("Upgrade", "")
+    if "websocket" in upgrade.lower():
+        raise _Refused(
+            501,
+            f"endpoint {name}: WebSockets are not proxied (the request asked for Upgrade:"
+            f" {upgrade}); the endpoints carry HTTP requests and streamed responses"
+            " (server-sent events)",
+        )
 
 
 async def _continue(request: web.BaseRequest) -> None:

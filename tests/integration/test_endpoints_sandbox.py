@@ -8,7 +8,11 @@ of different endpoints may share a worker, whose network their containers share)
   waits, the one replica is never stopped and its pull never cancelled (the page's failure);
 - concurrent requests scale the replicas up; idle ones stop, down to zero;
 - a replica dying before it answers is a 502 naming it, mid-body a cut transfer, never a hang;
-- without the token 401, an unknown endpoint 404; the page's vLLM row on this RTX PRO 6000 pool;
+- without the token 401 (a `--public` endpoint needs none), an unknown endpoint 404, a
+  WebSocket handshake 501; the page's vLLM row on this RTX PRO 6000 pool;
+- `--ready-path`: no request before it answers 2xx, a replica whose path fails stays starting;
+- a request that never reached a replica goes to another, a POST that reached one never twice;
+  a failing endpoint's waiting request is 503 with the reason;
 - nothing waits forever: a replica that never answers is 504 after the endpoint's request
   timeout (a cold start counts toward it), a client that sends its head slowly gets 408, a body
   over the limit 413 (by its length, nothing forwarded; chunked, cut), a kept-alive connection
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -27,11 +32,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog.testing
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.endpoint_records import delete_endpoint, endpoint_view, list_endpoints
 from levers9.endpoints import EndpointView
+from levers9.gateway.endpoint_proxy import REPLICA_HEADER as REPLICA
 from levers9.gateway.endpoint_proxy import EndpointProxy, FrontLimits, TemporalEndpointBook
 from levers9.task_records import task_record
 from levers9.temporal import connect
@@ -664,6 +671,9 @@ async def test_no_replica_ready_within_the_cold_start_timeout_is_a_503_saying_so
     assert [r.state for r in view.replicas if r.state == "ready"] == [], view.replicas
 
 
+DRIBBLE_S = 0.3
+
+
 async def test_a_client_that_sends_its_head_slowly_gets_408(cp: Controlplane, limits: str) -> None:
     async with _front(cp, header_timeout_s=1) as (host, port):
         reader, writer = await asyncio.open_connection(host, port)
@@ -672,13 +682,19 @@ async def test_a_client_that_sends_its_head_slowly_gets_408(cp: Controlplane, li
         head, _ = await _response(reader)
         assert head.startswith(b"HTTP/1.1 200 "), head  # a head sent at once is served
         writer.write(f"GET /{limits}/count HTTP/1.1\r\nHost: front\r\n".encode())
-        for _ in range(2):  # then dribbled, and never finished
-            await asyncio.sleep(0.3)
-            writer.write(f"{_auth_line()}".encode())
-            await writer.drain()
+        answer, dribbled = b"", 0
         async with asyncio.timeout(30):
-            answer = await reader.read()  # to the end of the connection
+            while not answer:  # then dribbled, a header line each DRIBBLE_S, never finished
+                with contextlib.suppress(ConnectionError):
+                    writer.write(f"X-Dribble-{dribbled}: 1\r\n".encode())
+                    await writer.drain()
+                    dribbled += 1
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(DRIBBLE_S):  # or until the front answers
+                        answer = await reader.read(65536)
+            answer += await reader.read()  # to the end of the connection
         writer.close()
+    assert dribbled >= 2, "the head was still coming when the front answered"
     head, _, text = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
     assert b"Connection: close" in head
@@ -804,3 +820,284 @@ async def test_create_refuses_a_request_timeout_that_is_not_a_duration_above_zer
 
 def _auth_line() -> str:
     return "".join(f"{key}: {value}\r\n" for key, value in _auth().items())
+
+
+async def _raw(cp: Controlplane, head: str) -> bytes:
+    """One request written as `head` on a new connection to the front; its whole answer, to
+    the end of the connection or of its body."""
+    host, _, port = cp.settings.endpoints_base_url().removeprefix("http://").partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head.encode())
+        async with asyncio.timeout(60):
+            answer, body = await _response(reader)
+        return answer + body
+    finally:
+        writer.close()
+
+
+async def test_a_websocket_handshake_is_refused_501_and_never_wakes_a_replica(
+    cp: Controlplane,
+) -> None:
+    """docs/endpoints.md: WebSockets are not proxied. A client's handshake (RFC 6455, as
+    `websockets` or a browser writes it) is refused at the door with a 501 saying so, at zero
+    replicas (no cold start for it) and with a replica ready (it never reaches it); an Upgrade
+    a server may ignore (h2c) is served as HTTP/1.1, Upgrade not passed on."""
+    await _create(cp, "ws", 8110, serve=VARIETY)
+    handshake = (
+        "GET /ws/chat HTTP/1.1\r\nHost: front\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"{_auth_line()}\r\n"
+    )
+    refused = (
+        b"endpoint ws: WebSockets are not proxied (the request asked for Upgrade: websocket);"
+        b" the endpoints carry HTTP requests and streamed responses (server-sent events)\n"
+    )
+    cold = await _raw(cp, handshake)
+    assert cold.startswith(b"HTTP/1.1 501 Not Implemented\r\n"), cold
+    assert cold.endswith(refused), cold
+    assert b"x-levers9-replica" not in cold.lower()
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "ws", "plain"))
+    assert status == 200, body
+    view = await _view(cp, "ws")
+    assert view.cold_starts == 1, "the handshake started no replica; the plain GET did"
+    assert view.events[0].message == "1 request(s) waiting and no replica: starting 1"
+    warm = await _raw(cp, handshake)
+    assert warm.startswith(b"HTTP/1.1 501 Not Implemented\r\n"), warm
+    assert warm.endswith(refused), warm
+    h2c = await _raw(
+        cp,
+        "GET /ws/h2c HTTP/1.1\r\nHost: front\r\nUpgrade: h2c\r\nConnection: Upgrade,"
+        f" HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n{_auth_line()}\r\n",
+    )
+    assert h2c.startswith(b"HTTP/1.1 200 OK\r\n"), h2c
+    assert f"x-levers9-replica: {replica}".encode() in h2c
+    seen = json.loads(h2c.partition(b"\r\n\r\n")[2])
+    assert seen["path"] == "/h2c"
+    assert "Upgrade" not in seen["headers"], seen
+
+
+async def test_a_public_endpoint_serves_without_the_token_and_never_passes_one_on(
+    cp: Controlplane,
+) -> None:
+    """`--public`: requests need no operator token (create's curl line has none), and an
+    Authorization header a caller sends still never reaches the replica; the same server
+    created without it is refused 401."""
+    for name, port, public in (("open", 8111, ("--public",)), ("closed", 8112, ())):
+        done = await cp.cli(
+            "endpoint", "create", name, "--pool", POOL, "--gpus", "0", "--port", str(port),
+            *public, "--", "python", "-c", VARIETY,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert ("Authorization" in done.stdout) is not bool(public), done.stdout
+    async with aiohttp.ClientSession() as session:
+        async with session.get(_url(cp, "open", "anyone")) as response:
+            assert response.status == 200, await response.text()
+            seen = await response.json(content_type=None)
+        assert seen["path"] == "/anyone"
+        caller = {"Authorization": "Bearer the-callers-own-token"}
+        async with session.get(_url(cp, "open", "theirs"), headers=caller) as response:
+            assert response.status == 200, await response.text()
+            seen = await response.json(content_type=None)
+        assert "Authorization" not in seen["headers"], seen
+        async with session.get(_url(cp, "closed", "anyone")) as response:
+            assert response.status == 401
+            assert "or create it --public" in await response.text()
+    assert (await _view(cp, "closed")).cold_starts == 0
+
+
+READY_PATH = (
+    "import http.server, os\n"
+    "health = []\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def do_GET(self):\n"
+    "        if self.path == '/health':\n"
+    "            status = 200 if len(health) >= int(os.environ['FAIL_FIRST']) else 503\n"
+    "            health.append(status)\n"
+    "            print('health', status, flush=True)\n"
+    "        else:\n"
+    "            status = 200\n"
+    "        body = ' '.join(map(str, health)).encode()\n"
+    "        self.send_response(status)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
+    " H).serve_forever()\n"
+)
+"""A replica that listens at once and answers `/health` 503 to its first FAIL_FIRST probes,
+then 200 (printing each); any other path answers the statuses `/health` gave so far."""
+
+
+async def test_a_replica_gets_requests_only_once_its_ready_path_answers_2xx(
+    cp: Controlplane,
+) -> None:
+    """`--ready-path /health`: the replica's port accepts at once, but the request held through
+    the cold start reaches it only after /health answered 200, after the 503s before it."""
+    await _create(
+        cp, "readypath", 8113, "--ready-path", "/health", "-e", "FAIL_FIRST=3", serve=READY_PATH
+    )
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "readypath", "work"))
+    assert status == 200, body + await _why(cp, "readypath")
+    assert body.split() == ["503", "503", "503", "200"], "its probes' answers before it came"
+    record = await task_record(await connect(cp.settings), replica)
+    assert record is not None
+    [ready] = [p for p in record.phases if p.name == "container.ready"]
+    assert ready.detail == "GET /health on port 8113: 200", ready
+
+
+async def test_a_replica_whose_ready_path_fails_stays_not_ready(cp: Controlplane) -> None:
+    """/health answers 503 to every probe: once the worker has probed it (and been refused)
+    more than once, the replica is still starting, its record not ready, and a held request
+    gets the cold start timeout's 503, never the replica."""
+    await _create(
+        cp, "neverready", 8114, "--ready-path", "/health", "--cold-start-timeout", "3",
+        "-e", "FAIL_FIRST=1000000", serve=READY_PATH,
+    )  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "neverready", "work"), wait_s=60)
+    assert status == 503, body
+    assert replica == ""
+    assert body.startswith("endpoint neverready: no replica ready after 3 s"), body
+    [starting] = (await _view(cp, "neverready")).replicas
+    client = await connect(cp.settings)
+
+    async def probed_and_refused_twice() -> bool:
+        logs = await cp.cli("task", "logs", starting.task_id)
+        return logs.stdout.splitlines().count("health 503") >= 2
+
+    await eventually(probed_and_refused_twice, within=WITHIN)
+    [still] = (await _view(cp, "neverready")).replicas
+    assert (still.task_id, still.state) == (starting.task_id, "starting"), still
+    record = await task_record(client, starting.task_id)
+    assert record is not None
+    assert (record.state, record.ready) == ("running", False), record
+
+
+RESEND = (
+    "import http.server, os, threading, time\n"
+    "def say(line):\n"
+    "    print(line, flush=True)\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    protocol_version = 'HTTP/1.1'\n"
+    "    def _send(self, body):\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        if self.close_connection:\n"
+    "            self.send_header('Connection', 'close')\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "    def do_GET(self):\n"
+    "        say(f'GET {self.path}')\n"
+    "        if self.path == '/unlisten':\n"
+    "            self.close_connection = True\n"
+    "            threading.Thread(target=server.shutdown).start()\n"
+    "        self._send(os.environ['LEVERS9_TASK_ID'].encode())\n"
+    "    def do_POST(self):\n"
+    "        body = self.rfile.read(int(self.headers['Content-Length']))\n"
+    "        say(f'POST {self.path}')\n"
+    "        if self.path == '/die':\n"
+    "            os._exit(3)\n"
+    "        self._send(body)\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "server = http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'],"
+    " int(os.environ['PORT'])), H)\n"
+    "server.serve_forever()\n"
+    "server.socket.close()\n"
+    "say('stopped listening')\n"
+    "time.sleep(3600)\n"
+)
+"""A replica that prints each request it receives (`GET /path`, `POST /path`) before it acts on
+it: POST /die exits before answering; GET /unlisten answers, closes that connection and
+the listening socket (the task runs on, its port refusing connections)."""
+
+
+async def _received(cp: Controlplane, task_id: str) -> list[str]:
+    """The lines the replica printed: the requests it received, each time it received one."""
+    logs = await cp.cli("task", "logs", task_id)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    return logs.stdout.splitlines()
+
+
+async def test_a_request_that_never_reached_a_replica_goes_to_another_but_a_post_never_twice(
+    cp: Controlplane,
+) -> None:
+    """Two ready replicas. A POST that reached one, which died of it before answering, is 502
+    naming it and was received once, by it alone (the other was ready all along). A GET whose
+    replica's port refuses (its worker never connected) goes to the other, received there once."""
+    await _create(cp, "resend", 8115, "--min-replicas", "2", "--max-replicas", "2", serve=RESEND)
+
+    async def ready() -> list[str]:
+        return (await _view(cp, "resend")).replicas_ready()
+
+    async def two_ready() -> bool:
+        return len(await ready()) == 2
+
+    await eventually(two_ready, within=WITHIN)
+    both = await ready()
+    client = await connect(cp.settings)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(_url(cp, "resend", "die"), data=b"once", headers=_auth()) as r,
+    ):
+        status, text, died = r.status, await r.text(), r.headers.get(REPLICA, "")
+    received = {task_id: await _received(cp, task_id) for task_id in both}
+    posts = {task_id: lines.count("POST /die") for task_id, lines in received.items()}
+    assert sorted(posts.values()) == [0, 1], f"a POST is never sent twice: {posts}"
+    assert status == 502, text
+    assert posts[died] == 1, (died, posts)
+    assert text.startswith(f"replica {died} of endpoint resend failed before it answered"), text
+    [other] = [t for t in both if t != died]
+    record = await task_record(client, other)
+    assert record is not None
+    assert (record.state, record.ready) == ("running", True), "the other could have taken it"
+
+    async def replaced() -> bool:
+        now = await ready()
+        return len(now) == 2 and died not in now
+
+    await eventually(replaced, within=WITHIN, what="the replica that died replaced")
+    async with _front(cp) as (host, port), aiohttp.ClientSession() as session:
+        base = f"http://{host}:{port}/resend"
+        status, deaf, _ = await _get(session, f"{base}/unlisten")
+        assert status == 200, deaf
+
+        async def stopped_listening() -> bool:
+            return "stopped listening" in await _received(cp, deaf)
+
+        await eventually(stopped_listening, within=WITHIN)
+        [listening] = [t for t in await ready() if t != deaf]
+        assert deaf == min(deaf, listening), "this front tries the lowest id first, at no load"
+        with structlog.testing.capture_logs() as logs:
+            status, body, answered = await _get(session, f"{base}/hello")
+    assert (status, answered, body) == (200, listening, listening), body
+    sent_on = [e for e in logs if e["event"] == "replica not reached, request sent on"]
+    assert [e["task_id"] for e in sent_on] == [deaf], logs
+    assert (await _received(cp, listening)).count("GET /hello") == 1
+    assert (await _received(cp, deaf)).count("GET /hello") == 0
+
+
+async def test_a_failing_endpoint_answers_its_waiting_request_503_with_the_reason(
+    cp: Controlplane,
+) -> None:
+    """Replicas that exit before they are ready: after three in a row the endpoint is failing,
+    and the request held for it is answered 503 with the reason (not at its timeouts)."""
+    await _create(cp, "broken", 8116, serve="import sys; print('no model'); sys.exit(1)")
+    async with aiohttp.ClientSession() as session:
+        status, body, replica = await _get(session, _url(cp, "broken"), wait_s=60)
+    assert status == 503, body
+    assert replica == ""
+    assert body == (
+        "endpoint broken: 3 replicas in a row ended before they were ready; the last ended"
+        " failed: exited with code 1\n"
+    ), body + await _why(cp, "broken")
+    view = await _view(cp, "broken")
+    assert view.failing in body
+    ended = [e.message for e in view.events if e.kind == "replica ended"]
+    assert len(ended) == 3, view.events
