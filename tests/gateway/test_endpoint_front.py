@@ -69,3 +69,33 @@ async def test_a_replica_record_temporal_does_not_answer_for_is_a_503_that_says_
     assert "the record of replica ep-r1 cannot be read now" in text
     assert "context canceled" in text
     assert book.reads == RECORD_READS
+
+
+async def test_a_websocket_handshake_is_refused_501_before_any_replica_is_read() -> None:
+    """docs/endpoints.md: WebSockets are not proxied; the handshake is answered at the door,
+    after the token is checked, its replica's record never read (the sandbox test shows no
+    cold start for it)."""
+    book = _Unanswered()
+    proxy = EndpointProxy(book, cast(TasksService, None), SecretStr(SECRET), "front-test")
+    port = await proxy.start("127.0.0.1:0")
+    handshake = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
+    answers = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            for token in (operator_token(SECRET), "not-the-token"):
+                headers = {**handshake, "Authorization": f"Bearer {token}"}
+                url = f"http://127.0.0.1:{port}/ep/chat"
+                async with session.get(url, headers=headers) as response:
+                    answers.append((response.status, await response.text()))
+    finally:
+        await proxy.stop()
+    (status, text), (unauthorized, _) = answers
+    assert status == 501, text
+    assert text.startswith("endpoint ep: WebSockets are not proxied"), text
+    assert unauthorized == 401
+    assert book.reads == 0
