@@ -7,7 +7,10 @@ workers (tunnel mode) and runs the GPU check; no key is minted; the networks are
 
 Then: the spent join token is refused; the agent restarted (its pod deleted) comes back with
 the token it kept; a dropped tunnel reconnects; the agent's RBAC denies what the join did not
-grant. The tests of this module share one sandbox and one controlplane and run in order.
+grant. Last, `cluster leave` without `--apply` removes the pool and prints the deletes, leaving
+everything in the cluster; a second join applied over it rolls the agent, whose new token
+works while the old one is refused; `cluster leave --apply` deletes what join installed. The
+tests of this module share one sandbox and one controlplane and run in order.
 """
 
 from __future__ import annotations
@@ -336,3 +339,162 @@ async def test_an_agent_dropped_is_logged_and_reconnects(
     dropped, connected = sessions()
     assert len(dropped) == 1, dropped
     assert len(connected) == 1, connected
+
+
+INSTALLED = [
+    *(
+        f"{kind}/levers9-agent"
+        for kind in (
+            "deployment.apps",
+            "secret",
+            "rolebinding.rbac.authorization.k8s.io",
+            "role.rbac.authorization.k8s.io",
+            "serviceaccount",
+        )
+    ),
+    f"clusterrolebinding.rbac.authorization.k8s.io/levers9-agent-{NAME}",
+    f"clusterrole.rbac.authorization.k8s.io/levers9-agent-{NAME}",
+]
+"""What join installed besides the namespace, as `kubectl get -o name` names it."""
+
+
+async def _installed(plane: Plane) -> list[str]:
+    """Those of INSTALLED the API server has now, in INSTALLED's order."""
+    found: list[str] = []
+    for name in INSTALLED:
+        namespace = [] if name.startswith("cluster") else ["-n", "levers9"]
+        found += (
+            await plane.kubectl(*namespace, "get", name, "-o", "name", "--ignore-not-found")
+        ).split()
+    return found
+
+
+async def _agent(plane: Plane) -> tuple[dict[str, Any], dict[str, str]]:
+    """The agent's Deployment and its Secret's data (decoded)."""
+    deployment = json.loads(
+        await plane.kubectl("-n", "levers9", "get", "deployment", "levers9-agent", "-o", "json")
+    )
+    secret = json.loads(
+        await plane.kubectl("-n", "levers9", "get", "secret", "levers9-agent", "-o", "json")
+    )
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    return deployment, data
+
+
+async def _agent_pods(plane: Plane) -> dict[str, str]:
+    """The agent's pods: name -> phase."""
+    pods = json.loads(await plane.kubectl("-n", "levers9", "get", "pods", "-o", "json"))
+    return {
+        p["metadata"]["name"]: p["status"].get("phase", "")
+        for p in pods["items"]
+        if p["metadata"]["name"].startswith("levers9-agent")
+    }
+
+
+async def _cluster_tunnel(plane: Plane, token: str) -> tuple[grpc.StatusCode, str]:
+    """Opens the cluster's tunnel with `token`, as the agent does: how the gateway ends it."""
+    answered = asyncio.Event()
+    async with aio.insecure_channel(plane.settings.gateway_advertised_address) as channel:
+
+        async def frames() -> AsyncIterator[gateway_pb2.TunnelFrame]:
+            yield gateway_pb2.TunnelFrame(hello=gateway_pb2.TunnelHello(pool_name=NAME))
+            await answered.wait()  # the hello's side open until the gateway has answered
+
+        call = gateway_pb2_grpc.ClustersStub(channel).ClusterTunnel(
+            frames(), metadata=(("authorization", f"Bearer {token}"),)
+        )
+        try:
+            async with asyncio.timeout(WITHIN):
+                await call.read()
+        except aio.AioRpcError as error:
+            return error.code(), error.details() or ""
+        except TimeoutError:
+            raise AssertionError(
+                f"the gateway did not answer a cluster tunnel in {WITHIN} s"
+            ) from None
+        finally:
+            answered.set()
+            call.cancel()
+    return grpc.StatusCode.OK, "a session was opened"
+
+
+async def test_leave_without_apply_ends_the_pool_and_removes_nothing_in_the_cluster(
+    plane: Plane,
+) -> None:
+    assert await _installed(plane) == INSTALLED
+    left = await plane.cli("cluster", "leave", NAME)
+    assert left.returncode == 0, left.stdout + left.stderr
+    assert f"cluster {NAME}: removing pool {NAME} (its workers stop)" in left.stdout
+    assert f"cluster {NAME} left; remove what join installed there:" in left.stdout
+    for kind in ("deployment", "secret", "rolebinding", "role", "serviceaccount"):
+        assert f"kubectl delete -n levers9 {kind} levers9-agent --ignore-not-found" in left.stdout
+    for kind in ("clusterrolebinding", "clusterrole"):
+        assert f"kubectl delete {kind} levers9-agent-{NAME} --ignore-not-found" in left.stdout
+    assert "kubectl delete namespace levers9   # only if nothing else runs there" in left.stdout
+    # The command has returned: whatever it deleted, it deleted before it exited.
+    assert await _installed(plane) == INSTALLED
+    assert json.loads((await plane.cli("cluster", "list", "-o", "json")).stdout) == []
+    assert json.loads((await plane.cli("pool", "list", "-o", "json")).stdout) == []
+
+
+async def test_a_second_join_rolls_the_agent_and_revokes_the_old_agent_token(
+    plane: Plane,
+) -> None:
+    before, kept = await _agent(plane)
+    old_token = kept["agent-token"]
+    old_pods = set(await _agent_pods(plane))
+    assert old_pods
+    done = await plane.cli(
+        "cluster", "join", "--name", NAME, "--gpu-type", "RTXPro6000",
+        "--node-selector", SELECTOR, "--worker-image", IMAGE, "--simulated-gpus",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    applied = await plane.kubectl("apply", "-f", "-", stdin=done.stdout)
+    assert "deployment.apps/levers9-agent configured" in applied
+    # The old agent's token belongs to the join that was left: refused from now on.
+    code, details = await _cluster_tunnel(plane, old_token)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, details
+    assert f"this agent token is not cluster {NAME}'s (from an older join?)" in details
+
+    async def rolled() -> bool:
+        pods = await _agent_pods(plane)
+        _, data = await _agent(plane)
+        return (
+            not old_pods & set(pods)
+            and list(pods.values()) == ["Running"]
+            and sorted(data) == ["agent-token"]
+            and data["agent-token"] != old_token
+        )
+
+    await eventually(rolled, within=WITHIN, what="a new agent pod that spent the new join token")
+    after, data = await _agent(plane)
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    new_token = data["agent-token"]
+    # The new agent's token works: its tunnel carries the rejoined pool's workers and a task.
+
+    async def three() -> bool:
+        return len(await _workers(plane)) == 3
+
+    await eventually(three, within=WITHIN)
+    ran = await plane.cli("run", "--pool", NAME, "--gpus", "1", "--", "echo", "after-rejoin")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "after-rejoin" in ran.stdout
+    code, details = await _cluster_tunnel(plane, old_token)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, details
+    assert new_token != old_token
+
+
+async def test_leave_with_apply_deletes_what_join_installed(plane: Plane) -> None:
+    assert await _installed(plane) == INSTALLED
+    left = await plane.cli("cluster", "leave", NAME, "--apply")
+    assert left.returncode == 0, left.stdout + left.stderr
+    # The pool's removal took its workers' Jobs, pods and Secrets: nothing else was left in the
+    # namespace, so it went too (else the line says `namespace levers9 kept: ...`).
+    assert left.stdout.splitlines()[-1] == f"cluster {NAME} left, and what join installed deleted"
+    assert await _installed(plane) == []
+
+    async def namespace_gone() -> bool:
+        return not (await plane.kubectl("get", "namespace", "levers9", "--ignore-not-found"))
+
+    await eventually(namespace_gone, within=WITHIN)
+    assert json.loads((await plane.cli("cluster", "list", "-o", "json")).stdout) == []
