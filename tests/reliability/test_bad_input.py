@@ -24,7 +24,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 from temporalio.client import Client
@@ -45,6 +45,7 @@ from levers9.worker.supervisor import TaskManager
 from sandbox import devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from sandbox.threaded import LoopThread
+from tests.properties import examples
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
 KEY = json.dumps(
@@ -66,12 +67,7 @@ CLEAR = {
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.ABORTED,
 }
-EXAMPLES = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+EXAMPLES = examples(60, deadline=None)
 
 # --- values ---------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -36,15 +36,10 @@ from levers9.contract import task_input_problem
 from levers9.errors import Unreachable
 from levers9.quantity import millicores, whole
 from tests.factories import key_json, spec_pool, values_doc
+from tests.properties import examples
 
-EXAMPLES = settings(
-    max_examples=60,
-    derandomize=True,
-    database=None,
-    deadline=timedelta(seconds=10),  # generous on a loaded machine; a hang still fails
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-CLI_EXAMPLES = settings(EXAMPLES, max_examples=30)
+EXAMPLES = examples(60, deadline=timedelta(seconds=10))
+CLI_EXAMPLES = examples(30, deadline=timedelta(seconds=10))
 
 YAML_TEXT = st.text(alphabet=string.printable + "&*!|>%@`{}[],:#-?'\"\u00e9\u2603", max_size=200)
 QUANTITY_STR = st.one_of(
@@ -91,7 +86,7 @@ def test_any_text_in_a_values_file_loads_or_is_refused(
     _loads_or_refuses(path)
 
 
-@settings(EXAMPLES, max_examples=20)
+@examples(20, deadline=timedelta(seconds=10))
 @given(
     depth=st.one_of(st.integers(0, 130), st.sampled_from([1000, 5000])),
     opening=st.sampled_from(["[", "{a: ", "- "]),

@@ -4,33 +4,26 @@
 UNKNOWN or INTERNAL, which is what an exception escaping a handler becomes.
 
 Drawn: every field of a TaskSpec but the command (a task that is accepted really runs, so its
-command stays `python -c pass`), task ids of any text for GetTask, CancelTask and StreamLogs,
-and bytes that are no message at all for each method. Against a real WorkerService on
+command stays `python -c pass`), and task ids of any text for GetTask, CancelTask and StreamLogs
+(bytes that are no message: tests/reliability/test_bad_input.py). Against a real WorkerService on
 127.0.0.1 with the process runtime (tests/worker/conftest.py)."""
 
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
-from typing import Any
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from levers9.proto import worker_pb2
+from tests.properties import examples
 from tests.waiting import eventually
 from tests.worker.conftest import ServedWorker
 from tests.worker.kit import AUTH
 
-EXAMPLES = settings(
-    max_examples=40,
-    derandomize=True,
-    database=None,
-    deadline=timedelta(seconds=20),  # generous on a loaded machine; a hang still fails
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+EXAMPLES = examples(40)
 CHOSEN = {
     grpc.StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND,
@@ -112,31 +105,6 @@ async def test_any_task_id_is_found_or_refused(served: ServedWorker, task_id: st
     try:
         async for _ in logs:
             pass
-    except grpc.aio.AioRpcError as error:
-        refused_with_reason(error)
-
-
-METHODS = ("RunTask", "GetTask", "CancelTask", "StreamLogs")
-
-
-@EXAMPLES
-@given(method=st.sampled_from(METHODS), body=st.binary(min_size=1, max_size=64))
-async def test_bytes_that_are_no_message_are_refused_naming_it(
-    served: ServedWorker, method: str, body: bytes
-) -> None:
-    path = f"/levers9.v1.WorkerService/{method}"
-    if method == "StreamLogs":
-        streaming: Any = served.channel.unary_stream(path)  # raw bytes: no serializer
-        stream = streaming(body, metadata=AUTH)
-        try:
-            async for _ in stream:
-                pass
-        except grpc.aio.AioRpcError as error:
-            refused_with_reason(error)
-        return
-    try:
-        unary: Any = served.channel.unary_unary(path)
-        await unary(body, metadata=AUTH)
     except grpc.aio.AioRpcError as error:
         refused_with_reason(error)
 
