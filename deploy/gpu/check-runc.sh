@@ -2,7 +2,7 @@
 # The GPU check on this host, in a runc container with the host's NVIDIA driver and devices,
 # without a cluster (deploy/gpu/check_runc.py says how):
 #
-#   sudo deploy/gpu/check-runc.sh [--gpus 1] [--layout DIR:TAG]
+#   sudo deploy/gpu/check-runc.sh [--gpus 1] [--layout DIR:TAG] [--simulated-gpus]
 #
 # Runs from a checkout with `make` done once (its .venv), or any Python with levers9-pools[dev].
 set -euo pipefail

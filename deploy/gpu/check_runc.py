@@ -3,7 +3,7 @@ runc runtime starts `levers9-probe` in a container with the host's real driver a
 (through the CDI spec the worker generates) and prints what the container saw, as `levers9
 pool check` does.
 
-    sudo deploy/gpu/check-runc.sh [--gpus 1] [--layout DIR:TAG]
+    sudo deploy/gpu/check-runc.sh [--gpus 1] [--layout DIR:TAG] [--simulated-gpus]
 
 - The image: the Python task image (sandbox/task_images.py, mmdebstrap; built once and cached)
   or any OCI layout given with `--layout` (a PyTorch image with `levers9-probe` on its PATH for
@@ -15,6 +15,11 @@ pool check` does.
 - The cards: `/dev/nvidia0..N-1` for `--gpus N`, plus the control devices the host has.
 
 Prints `COMPLETE {json}` (exit 0) or `FAILED {json}` (exit 1), then the container's output.
+As `levers9 pool check`, a container that saw no card (`nvidia_smi` and `device` null, `cuda`
+false) fails the check, with a `reason` that says what to look at, unless `--simulated-gpus`
+says the host's cards are simulated (a machine without one, as the sandbox's): then it prints
+`simulated cards: no GPU was visible, as expected` before `COMPLETE`. A matmul on the card
+that disagreed with the CPU's fails it too.
 Needs root (runc), runc, umoci, skopeo and docker-registry (deploy/dev/install-tools.sh).
 """
 
@@ -31,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from levers9.task_records import CHECK_KEYS
+from levers9.task_records import CHECK_KEYS, SIMULATED_NO_CARD, saw_no_card
 from levers9.worker.cdi import CdiError, node_cards
 from levers9.worker.images import ImageCache
 from levers9.worker.runc_runtime import RuncRuntime
@@ -41,6 +46,15 @@ from sandbox.task_images import python_image
 
 LIBRARIES = re.compile(r"^(libcuda|libnvidia-[a-z0-9-]+|libnvcuvid|libnvoptix)\.so(\.\d+)*$")
 WAIT_S = 300
+NONE_GIVEN = (
+    "the container saw no GPU: it was given none (--gpus 0): give it a card (--gpus 1), or say"
+    " --simulated-gpus where the host's cards are simulated"
+)
+NONE_SEEN = (
+    "the container saw no GPU: check the host's driver (nvidia-smi on the host, its libraries"
+    " under /usr/local/nvidia/lib64 or in the loader's cache) and its /dev/nvidiaN nodes"
+)
+BAD_MATMUL = "the matmul on the GPU disagreed with the CPU's"
 
 
 def driver_root(scratch: Path) -> Path:
@@ -71,7 +85,7 @@ def driver_root(scratch: Path) -> Path:
     return root
 
 
-async def check(gpus: int, layout: Path | None, tag: str) -> int:
+async def check(gpus: int, layout: Path | None, tag: str, *, simulated: bool = False) -> int:
     if os.geteuid() != 0:
         print("error: runc needs root: sudo deploy/gpu/check-runc.sh", file=sys.stderr)
         return 2
@@ -115,20 +129,49 @@ async def check(gpus: int, layout: Path | None, tag: str) -> int:
                 return 1
             code = await asyncio.wait_for(container.wait(), WAIT_S)
             seen = json.loads(spec.result_path.read_text()) if spec.result_path.exists() else {}
-    result = {"host": "runc", **seen}
-    report = {key: result.get(key) for key in CHECK_KEYS}
-    if code != 0:
-        report["reason"] = f"exited with code {code}"
-    print(("COMPLETE " if code == 0 else "FAILED ") + json.dumps(report, indent=2))
+    passed = report_check(seen, code, gpus=gpus, simulated=simulated)
     print("--- what the container printed:")
     print(output.decode(errors="replace"), end="")
-    return 0 if code == 0 else 1
+    return 0 if passed else 1
+
+
+def failure(report: dict[str, object], code: int, *, gpus: int, simulated: bool) -> str | None:
+    """Why the check failed, or None: the probe's exit, no card seen (unless the cards are
+    simulated), or a matmul that disagreed with the CPU's; the rule of `levers9 pool check`."""
+    if code != 0:
+        return f"exited with code {code}"
+    if saw_no_card(report):
+        if simulated:
+            return None
+        return NONE_GIVEN if gpus == 0 else NONE_SEEN
+    if report.get("matmul_ok") is False:
+        return BAD_MATMUL
+    return None
+
+
+def report_check(seen: dict[str, object], code: int, *, gpus: int, simulated: bool) -> bool:
+    """Prints `COMPLETE {json}` (True) or `FAILED {json}` with its reason (False); where the
+    cards are simulated and none was seen, says so on the line before."""
+    result = {"host": "runc", **seen}
+    report = {key: result.get(key) for key in CHECK_KEYS}
+    reason = failure(report, code, gpus=gpus, simulated=simulated)
+    if reason:
+        report["reason"] = reason
+    elif simulated and saw_no_card(report):
+        print(SIMULATED_NO_CARD)
+    print(("FAILED " if reason else "COMPLETE ") + json.dumps(report, indent=2))
+    return reason is None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=1, help="cards to give the container")
     parser.add_argument("--layout", default="", help="an OCI layout DIR:TAG to run instead")
+    parser.add_argument(
+        "--simulated-gpus",
+        action="store_true",
+        help="the host's cards are simulated (it has none): a container that saw no card passes",
+    )
     arguments = parser.parse_args()
     layout, tag = None, ""
     if arguments.layout:
@@ -136,7 +179,7 @@ def main() -> None:
         if not directory or not (Path(directory) / "index.json").exists():
             parser.error(f"--layout {arguments.layout!r}: not an OCI layout DIR:TAG")
         layout = Path(directory)
-    sys.exit(asyncio.run(check(arguments.gpus, layout, tag)))
+    sys.exit(asyncio.run(check(arguments.gpus, layout, tag, simulated=arguments.simulated_gpus)))
 
 
 if __name__ == "__main__":
