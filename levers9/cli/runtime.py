@@ -10,13 +10,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from levers9.home import state_home
+
 if TYPE_CHECKING:
     from levers9.config import ControlplaneSettings
-
-
-def state_home() -> Path:
-    """`$LEVERS9_HOME`, else `.levers9` in the current directory (the dev stack's state)."""
-    return Path(os.environ.get("LEVERS9_HOME") or ".levers9").absolute()
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, console, fail, render
-from levers9.cli.runtime import state_home
+from levers9.home import state_home
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.devstack import DevStack, is_running
 from sandbox.scenario import Scenario
