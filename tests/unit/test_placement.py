@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from levers9.placement import PoolState, Slot
+from levers9.placement import PoolState, QueueSpot, Slot
 
 T0 = datetime(2026, 9, 18, 10, 0, tzinfo=UTC)
 RESERVE = timedelta(seconds=30)
@@ -170,3 +170,120 @@ def test_a_silent_worker_gives_up_its_reservation() -> None:
     state.silence("b")
     state.assign(T0 + RESERVE, RESERVE)
     assert state.reservations == {"a": "big"}
+
+
+# The edges below were found by the mutation check (benchmarks/mutation.py).
+
+
+def test_spot_says_where_a_task_waits() -> None:
+    empty = PoolState()
+    empty.request("alone", 1, T0)
+    assert empty.spot("alone") == QueueSpot(position=1, waiting=1, gpus=1, most_free=0, workers=0)
+    state = _pool(a=(0, 1), b=(0,))
+    for task_id, gpus in (("first", 2), ("second", 2), ("third", 2)):
+        state.request(task_id, gpus, T0)
+    [placed] = state.assign(T0, RESERVE)
+    assert placed.task_id == "first"
+    assert state.spot("third") == QueueSpot(position=2, waiting=2, gpus=2, most_free=1, workers=2)
+    assert state.spot("first") is None, "placed: it waits no more"
+    assert state.spot("unknown") is None
+
+
+def test_a_request_is_queued_once_in_the_order_of_its_creation() -> None:
+    state = _pool(a=(0,))
+    state.request("later", 1, T0 + timedelta(seconds=2))
+    state.request("earlier", 1, T0, notify=True)
+    state.request("between", 1, T0 + timedelta(seconds=1))
+    state.request("same-time", 1, T0 + timedelta(seconds=2))
+    state.request("earlier", 1, T0 + timedelta(seconds=5), notify=True)
+    assert [w.task_id for w in state.waiting] == ["earlier", "between", "later", "same-time"]
+    assert state.notify == ["earlier"], "told by signal only when it asked so, and once"
+    [placed] = state.assign(T0, RESERVE)
+    state.request("earlier", 1, T0)
+    assert placed.task_id == "earlier"
+    assert [w.task_id for w in state.waiting] == ["between", "later", "same-time"]
+
+
+def test_release_withdraws_a_waiting_task_and_its_reservation() -> None:
+    state = _pool(a=(0,))
+    state.request("holder", 1, T0)
+    state.assign(T0, RESERVE)
+    state.request("quiet", 1, T0)
+    state.request("told", 1, T0, notify=True)
+    state.request("other", 1, T0, notify=True)
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"a": "quiet"}
+    state.release("quiet")
+    assert state.reservations == {}
+    state.release("told")
+    state.release("never-asked")
+    assert ([w.task_id for w in state.waiting], state.notify) == (["other"], ["other"])
+    state.request("quiet", 1, T0 + RESERVE)
+    assert [w.task_id for w in state.waiting] == ["other", "quiet"], "asked again: it waits"
+
+
+def test_a_removed_worker_takes_its_reservation_and_an_unknown_one_is_no_error() -> None:
+    state = _pool(a=(0,), b=(0, 1))
+    state.request("held", 2, T0)
+    state.assign(T0, RESERVE)
+    state.request("big", 2, T0)
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"b": "big"}
+    assert state.remove_worker("b") == ["held"]
+    assert state.reservations == {}
+    assert state.remove_worker("never-there") == []
+    state.request("held", 2, T0 + RESERVE)
+    assert [w.task_id for w in state.waiting] == ["big", "held"], "lost, asked again: it waits"
+
+
+def test_a_placement_carries_the_workers_queue_and_tls() -> None:
+    state = PoolState()
+    state.add_worker(
+        Slot(worker_id="w", node_name="n", address="a:1", devices=(0,), task_queue="q", tls=True)
+    )
+    state.request("t", 1, T0)
+    [placed] = state.assign(T0, RESERVE)
+    assert (placed.task_queue, placed.tls) == ("q", True)
+
+
+def test_a_reserving_task_takes_its_worker_once_a_card_is_free() -> None:
+    """Every worker reserved and one card free: the task that reserved it is placed there (and
+    its reservation ends), which the shortcut for "no card free" must not skip."""
+    state = _pool(w=(0, 1))
+    for task_id in ("x", "y", "r"):
+        state.request(task_id, 1, T0)
+    assert [p.task_id for p in state.assign(T0, RESERVE)] == ["x", "y"]
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"w": "r"}
+    state.release("y")
+    [placed] = state.assign(T0 + RESERVE, RESERVE)
+    assert (placed.task_id, placed.gpu_indices) == ("r", (1,))
+    assert state.reservations == {}
+
+
+def test_with_every_worker_reserved_and_no_card_free_later_tasks_are_still_looked_at() -> None:
+    """A CPU task that reserved a worker (a port there was taken) is placed once the port is
+    free, though a GPU task before it in the queue waits for a card."""
+    state = _pool(w1=(0,), w2=(0,))
+    state.request("a", 1, T0)
+    state.request("b", 1, T0)
+    state.request("p1", 0, T0, ports=(80,))
+    state.request("p2", 0, T0, ports=(80,))
+    placed = {p.task_id: p.worker_id for p in state.assign(T0, RESERVE)}
+    assert placed == {"a": "w1", "b": "w2", "p1": "w1", "p2": "w2"}
+    state.request("gpu", 1, T0 + timedelta(seconds=1))
+    state.request("cpu", 0, T0 + timedelta(seconds=2), ports=(80,))
+    later = T0 + timedelta(seconds=2) + RESERVE
+    assert state.assign(later, RESERVE) == []
+    assert state.reservations == {"w2": "gpu", "w1": "cpu"}
+    state.release("p1")
+    [placed_cpu] = state.assign(later, RESERVE)
+    assert (placed_cpu.task_id, placed_cpu.worker_id) == ("cpu", "w1")
+    assert [w.task_id for w in state.waiting] == ["gpu"]
+
+
+def test_no_worker_is_reserved_for_a_task_none_could_hold() -> None:
+    state = _pool(small=(0,))
+    state.request("huge", 4, T0)
+    assert state.assign(T0 + RESERVE, RESERVE) == []
+    assert state.reservations == {}
