@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 POLL_S = 0.2
+T = TypeVar("T")
 
 
 async def eventually(
@@ -23,6 +26,20 @@ async def eventually(
     except TimeoutError:
         name = what or getattr(check, "__name__", "the condition")
         raise TimeoutError(f"{name}: not true within {within:g} s") from None
+
+
+def until(check: Callable[[], T | None], within: float, *, what: str, poll: float = POLL_S) -> T:
+    """`eventually` for synchronous tests (a CLI, a process, a file): calls `check` until it
+    returns something truthy and returns that; fails after `within` seconds with a
+    TimeoutError naming what did not happen and what `check` returned last."""
+    deadline = time.monotonic() + within
+    while True:
+        seen = check()
+        if seen:
+            return seen
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what}: not true within {within:g} s (last: {seen!r})")
+        time.sleep(poll)
 
 
 async def signals_handled(client: Client, workflow_id: str, within: float = 30) -> None:

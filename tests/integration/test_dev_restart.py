@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.devstack import Dev
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -47,16 +47,25 @@ def _joined_workers(dev: Dev) -> list[dict[str, str]]:
 def _new_joined_worker(dev: Dev, not_these: set[str]) -> dict[str, str]:
     """An available worker of `joined` on gke-joined that is none of `not_these`: the agent
     ran and made it."""
-    deadline = time.monotonic() + WITHIN
     rows: list[dict[str, str]] = []
-    while time.monotonic() < deadline:
-        rows = _joined_workers(dev)
-        for row in rows:
-            fresh = row["worker_id"] not in not_these and row["node_name"] == "gke-joined"
-            if fresh and row["state"] == "available":
-                return row
-        time.sleep(1)
-    raise AssertionError(f"no new available worker of joined in {WITHIN}s: {rows}")
+
+    def fresh() -> dict[str, str] | None:
+        rows[:] = _joined_workers(dev)
+        return next(
+            (
+                row
+                for row in rows
+                if row["worker_id"] not in not_these
+                and row["node_name"] == "gke-joined"
+                and row["state"] == "available"
+            ),
+            None,
+        )
+
+    try:
+        return until(fresh, within=WITHIN, what="a new available worker of joined", poll=1)
+    except TimeoutError as late:
+        raise AssertionError(f"{late}; workers of joined: {rows}") from None
 
 
 def _agent(dev: Dev) -> tuple[dict[str, str], dict[str, str]]:

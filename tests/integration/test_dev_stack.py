@@ -22,7 +22,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from levers9.worker.runc_runtime import cgroup_dirs
 from sandbox import aws, registries, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -148,10 +148,11 @@ def test_until_attach_reconcile_is_refused_and_attach_fixes_it(dev: Dev) -> None
     """The issue's command, after `. .levers9/dev/env`; the worker log had the spec's 403."""
     log = dev.home / ".levers9" / "dev" / "logs" / "worker.log"
     refused = "unable to reconcile cluster nodes"
-    deadline = time.monotonic() + 60
-    while refused not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    line = next(x for x in log.read_text().splitlines() if refused in x)
+
+    def refused_line() -> str | None:
+        return next((x for x in log.read_text().splitlines() if refused in x), None)
+
+    line = until(refused_line, within=60, what=f"{refused!r} in {log}", poll=0.5)
     assert "403" in line
     done = _attach(dev)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -186,15 +187,19 @@ def _attach(dev: Dev) -> subprocess.CompletedProcess[str]:
 
 def _workers_available(dev: Dev, within: float) -> str | None:
     """None once the three workers are available; what `worker list` said last if not."""
-    deadline = time.monotonic() + within
-    while True:
+    said = [""]
+
+    def available() -> bool:
         listed = dev.run("worker", "list", "-o", "json")
+        said[0] = listed.stdout + listed.stderr
         rows = json.loads(listed.stdout) if listed.returncode == 0 else []
-        if len(rows) == 3 and all(r["state"] == "available" for r in rows):
-            return None
-        if time.monotonic() > deadline:
-            return listed.stdout + listed.stderr
-        time.sleep(1)
+        return len(rows) == 3 and all(r["state"] == "available" for r in rows)
+
+    try:
+        until(available, within=within, what="three workers available", poll=1)
+    except TimeoutError:
+        return said[0]
+    return None
 
 
 def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
@@ -223,10 +228,7 @@ def test_the_egress_allowlist_survives_a_kill9_of_the_controlplane(dev: Dev) -> 
     pid = worker["pid"]
     assert isinstance(pid, int)
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid)
+    until(lambda: not _alive(pid), within=10, what=f"Temporal worker {pid} gone", poll=0.1)
     up = dev.run("dev", "up", *dev.ports, env={"LEVERS9_RECONCILE_INTERVAL_SECONDS": "1"})
     assert up.returncode == 0, up.stdout + up.stderr
     rotated = dev.run("egress", "rotate", "--cluster", "demo", "--ip", "127.0.0.98")
@@ -411,24 +413,23 @@ def test_down_removes_what_a_killed_agent_left_and_status_lists_it(dev: Dev) -> 
     started = dev.run("run", "--pool", "gke-rtx6000", "--detach", "--", "sleep", "1000")
     assert started.returncode == 0, started.stderr
     task_id = started.stdout.strip()
-    record: dict[str, object] = {}
-    deadline = time.monotonic() + 60
-    # Running, and its start reported (the record says where it runs).
-    while not (record.get("state") == "running" and record.get("host")):
-        if time.monotonic() > deadline:
-            break
+
+    def reported() -> dict[str, object] | None:
+        """Running, and its start reported (the record says where it runs)."""
         got = dev.run("task", "get", task_id, "-o", "json")
-        record = json.loads(got.stdout) if got.returncode == 0 else {}
-        time.sleep(0.5)
-    assert record.get("state") == "running", record
+        record: dict[str, object] = json.loads(got.stdout) if got.returncode == 0 else {}
+        return record if record.get("state") == "running" and record.get("host") else None
+
+    record = until(
+        reported, within=60, what=f"task {task_id} running, its start reported", poll=0.5
+    )
     assert record["host"] == "runc", "the dev pool's default image runs tasks in runc"
     sandbox = dev.home / ".levers9" / "dev" / "sandbox"
     [work] = sandbox.glob(f"nodes/*/var/lib/levers9/work/{record['worker_id']}")
     agent = json.loads((work / "agent.json").read_text())["pid"]
     os.kill(agent, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    gone = f"agent {agent} gone after SIGKILL"
+    until(lambda: not Path(f"/proc/{agent}").exists(), within=30, what=gone, poll=0.1)
 
     table = dev.run("dev", "status")
     assert table.returncode == 0, table.stderr
