@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import string
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from levers9 import logs
 from levers9.cli.main import app, not_utf8
 from levers9.cli.runtime import duration, environment, key_values, labels
 from levers9.cli.task import _ports, _quantity
@@ -247,7 +249,13 @@ def runner_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def _invoked_cleanly(args: list[str], env: dict[str, str]) -> None:
-    result = CliRunner().invoke(app, args, env=env)
+    try:
+        result = CliRunner().invoke(app, args, env=env)
+    finally:
+        # The CLI points the process's logging at the stderr it was given, the runner's, which
+        # the runner closes: a later test's server in this process would then fail each call
+        # it logs ("I/O operation on closed file", seen from test_bad_input in a longer run).
+        logs.setup("INFO", sys.stderr)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         assert isinstance(result.exception, Unreachable), (args, repr(result.exception))
         return
