@@ -5,7 +5,6 @@ connections, and per verb/resource call counts that reset."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,6 +14,7 @@ import urllib3
 from kubernetes import client
 
 from tests.sandbox.factories import Api, status_of
+from tests.waiting import until
 
 Http = Callable[..., urllib3.BaseHTTPResponse]
 
@@ -65,10 +65,8 @@ def test_delay_and_drop(http: Http, core: Api, namespace: str) -> None:
     rule = add_fault(http, verb="get", resource="namespaces", delaySeconds=2, times=1)
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(core.read_namespace, namespace)
-        deadline = time.monotonic() + 10
-        while _fired(http, rule) == 0:  # the request reached the server, which holds it
-            assert time.monotonic() < deadline, "the delayed request never reached the server"
-            time.sleep(0.02)
+        # The request reached the server, which holds it.
+        until(lambda: _fired(http, rule), within=10, what="the delayed request held", poll=0.02)
         core.list_namespace()  # answered while the delayed one is held
         assert not held.done(), "the delay holds the request it matched, and only that one"
         assert held.result(timeout=10).metadata.name == namespace  # then answers it
