@@ -165,13 +165,16 @@ CHECK_KEYS = ("host", "nvidia_smi", "cuda", "device", "matmul_ok")
 
 
 def check_report(record: TaskRecord) -> dict[str, object]:
-    """The GPU check's JSON, in the spec's key order: what the probe saw, and the runtime."""
+    """The GPU check's JSON, in the spec's key order: what the probe saw, and the runtime; what
+    it printed, as `unparsed`, when that is not a JSON object."""
     try:
         seen = json.loads(record.result_json) if record.result_json else {}
     except ValueError:
-        seen = {"unparsed": record.result_json}
-    result = {"host": record.host or None, **seen}
+        seen = None
+    result = {"host": record.host or None, **(seen if isinstance(seen, dict) else {})}
     report: dict[str, object] = {key: result.get(key) for key in CHECK_KEYS}
+    if not isinstance(seen, dict):
+        report["unparsed"] = record.result_json
     if record.state != "succeeded":
         report["reason"] = record.reason or f"task {record.state}"
     return report
@@ -179,6 +182,10 @@ def check_report(record: TaskRecord) -> dict[str, object]:
 
 NO_CARD = "the container saw no GPU: check the node's driver and the device plugin"
 SIMULATED_NO_CARD = "simulated cards: no GPU was visible, as expected"
+NOT_AN_OBJECT = (
+    "the probe's result is not a JSON object (under `unparsed`):"
+    " check that the pool's image runs levers9's levers9-probe"
+)
 
 
 def saw_no_card(report: dict[str, object]) -> bool:
@@ -189,7 +196,10 @@ def saw_no_card(report: dict[str, object]) -> bool:
 def check_mismatch(report: dict[str, object], gpu: str, *, simulated: bool = False) -> str | None:
     """Why a check whose task completed still failed: the container saw no card (on a pool not
     marked `simulatedGpus`), the card it saw is not the `--gpu` asked for, or the matmul on it
-    disagreed with the CPU. None when it passed (a simulated pool's container sees none)."""
+    disagreed with the CPU. None when it passed (a simulated pool's container sees none).
+    A probe whose output is not a JSON object fails, simulated or not."""
+    if "unparsed" in report:
+        return NOT_AN_OBJECT
     if saw_no_card(report):
         return None if simulated else NO_CARD
     seen = [str(report[k]) for k in ("device", "nvidia_smi") if report.get(k)]

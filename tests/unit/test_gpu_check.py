@@ -13,7 +13,7 @@ import pytest
 from levers9.cli.output import console
 from levers9.cli.pool import print_check
 from levers9.models import TaskRecord
-from levers9.task_records import check_mismatch, gpu_type_matches
+from levers9.task_records import check_mismatch, check_report, gpu_type_matches, saw_no_card
 
 SPEC_RUN: dict[str, object] = {
     "host": "runc",
@@ -140,3 +140,41 @@ def test_a_task_that_failed_fails_the_check_even_on_a_simulated_pool() -> None:
     assert not passed
     assert "simulated cards" not in text
     assert json.loads(text[text.index("{") :])["reason"] == "exit code 1"
+
+
+# The edges below were found by the mutation check (benchmarks/mutation.py).
+
+
+def test_the_report_keeps_the_spec_keys_and_says_which_runtime() -> None:
+    assert check_report(_record(SPEC_RUN)) == SPEC_RUN
+    empty = _record(NO_CARD).model_copy(update={"result_json": "", "host": ""})
+    assert check_report(empty) == {key: None for key in SPEC_RUN}
+
+
+@pytest.mark.parametrize("printed", ["42", '["NVIDIA H200"]', "not json"])
+def test_a_result_that_is_not_a_json_object_fails_with_what_was_printed(printed: str) -> None:
+    """Before the mutation check a non-object result was a TypeError (a traceback), and text
+    that was not JSON was dropped from the report and passed on a simulated pool."""
+    record = _record(SPEC_RUN).model_copy(update={"result_json": printed})
+    report = check_report(record)
+    assert report == {**{key: None for key in SPEC_RUN}, "host": "runc", "unparsed": printed}
+    for simulated in (False, True):
+        assert check_mismatch(report, "H200", simulated=simulated) == (
+            "the probe's result is not a JSON object (under `unparsed`):"
+            " check that the pool's image runs levers9's levers9-probe"
+        )
+
+
+@pytest.mark.parametrize("key", ["device", "nvidia_smi", "cuda"])
+def test_any_one_sign_of_a_card_is_a_card_seen(key: str) -> None:
+    seen = {**NO_CARD, key: SPEC_RUN[key]}
+    assert not saw_no_card(seen)
+    assert saw_no_card(NO_CARD)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "name", "matches"),
+    [("L4", "NVIDIA 2L4", False), ("L4", "NVIDIA 2xL4", True), ("L4", "L4", True)],
+)
+def test_a_model_number_is_not_read_out_of_a_longer_one(gpu: str, name: str, matches: bool) -> None:
+    assert gpu_type_matches(gpu, name) is matches
