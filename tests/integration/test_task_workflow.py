@@ -5,7 +5,6 @@ that started is never started again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.placement import Placement
-from tests.waiting import signals_handled
+from tests.waiting import eventually, signals_handled
 from workflows.task import PLACEMENTS, TaskWorkflow
 
 pytestmark = pytest.mark.integration
@@ -223,13 +222,15 @@ async def test_a_call_no_replica_picks_up_is_routed_again_from_the_worker_record
 
 async def _started(handle: WorkflowHandle[Any, Any]) -> None:
     """Once the record says `running` (RunTask got through)."""
-    for _ in range(200):
+
+    async def past_placement() -> bool:
         record = await handle.query(TaskWorkflow.record)
-        if record is not None and record.state != "queued" and record.state != "placed":
-            assert record.state == "running", record
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the task never started")
+        return record is not None and record.state not in ("queued", "placed")
+
+    await eventually(past_placement, within=10, what=f"{handle.id} started")
+    record = await handle.query(TaskWorkflow.record)
+    assert record is not None
+    assert record.state == "running", record
 
 
 async def _run_for(
@@ -256,7 +257,7 @@ async def _run_for(
             task_queue=task_queue,
         )
         await _started(handle)
-        await env.sleep(running)
+        await env.sleep(running)  # its running time, by the server's clock
         end = TaskReport(pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded")
         await handle.signal(TaskWorkflow.report, end)
         record = await handle.result()
