@@ -19,7 +19,8 @@ As `levers9 pool check`, a container that saw no card (`nvidia_smi` and `device`
 false) fails the check, with a `reason` that says what to look at, unless `--simulated-gpus`
 says the host's cards are simulated (a machine without one, as the sandbox's): then it prints
 `simulated cards: no GPU was visible, as expected` before `COMPLETE`. A matmul on the card
-that disagreed with the CPU's fails it too.
+that disagreed with the CPU's fails it too, as does a result that is no JSON object (shown
+under `unparsed`).
 Needs root (runc), runc, umoci, skopeo and docker-registry (deploy/dev/install-tools.sh).
 """
 
@@ -55,6 +56,10 @@ NONE_SEEN = (
     " under /usr/local/nvidia/lib64 or in the loader's cache) and its /dev/nvidiaN nodes"
 )
 BAD_MATMUL = "the matmul on the GPU disagreed with the CPU's"
+NOT_AN_OBJECT = (
+    "the probe's result is not a JSON object (under `unparsed`): check that the image (--layout)"
+    " runs levers9's levers9-probe"
+)
 
 
 def driver_root(scratch: Path) -> Path:
@@ -128,18 +133,21 @@ async def check(gpus: int, layout: Path | None, tag: str, *, simulated: bool = F
                 print(f"FAILED {json.dumps({'host': 'runc', 'reason': str(error)})}")
                 return 1
             code = await asyncio.wait_for(container.wait(), WAIT_S)
-            seen = json.loads(spec.result_path.read_text()) if spec.result_path.exists() else {}
-    passed = report_check(seen, code, gpus=gpus, simulated=simulated)
+            printed = spec.result_path.read_text() if spec.result_path.exists() else ""
+    passed = report_check(printed, code, gpus=gpus, simulated=simulated)
     print("--- what the container printed:")
     print(output.decode(errors="replace"), end="")
     return 0 if passed else 1
 
 
 def failure(report: dict[str, object], code: int, *, gpus: int, simulated: bool) -> str | None:
-    """Why the check failed, or None: the probe's exit, no card seen (unless the cards are
-    simulated), or a matmul that disagreed with the CPU's; the rule of `levers9 pool check`."""
+    """Why the check failed, or None: the probe's exit, a result that is no JSON object, no
+    card seen (unless the cards are simulated), or a matmul that disagreed with the CPU's; the
+    rule of `levers9 pool check`."""
     if code != 0:
         return f"exited with code {code}"
+    if "unparsed" in report:
+        return NOT_AN_OBJECT
     if saw_no_card(report):
         if simulated:
             return None
@@ -149,11 +157,18 @@ def failure(report: dict[str, object], code: int, *, gpus: int, simulated: bool)
     return None
 
 
-def report_check(seen: dict[str, object], code: int, *, gpus: int, simulated: bool) -> bool:
-    """Prints `COMPLETE {json}` (True) or `FAILED {json}` with its reason (False); where the
-    cards are simulated and none was seen, says so on the line before."""
-    result = {"host": "runc", **seen}
-    report = {key: result.get(key) for key in CHECK_KEYS}
+def report_check(printed: str, code: int, *, gpus: int, simulated: bool) -> bool:
+    """Prints `COMPLETE {json}` (True) or `FAILED {json}` with its reason (False) for what the
+    probe wrote (`printed`); where the cards are simulated and none was seen, says so on the
+    line before."""
+    try:
+        seen = json.loads(printed) if printed else {}
+    except ValueError:
+        seen = None
+    result = {"host": "runc", **(seen if isinstance(seen, dict) else {})}
+    report: dict[str, object] = {key: result.get(key) for key in CHECK_KEYS}
+    if not isinstance(seen, dict):
+        report["unparsed"] = printed
     reason = failure(report, code, gpus=gpus, simulated=simulated)
     if reason:
         report["reason"] = reason

@@ -4,7 +4,8 @@ container saw, with `"host": "runc"`; as `levers9 pool check`, a container that 
 fails the check (exit 1, `FAILED` with a reason naming what to check) unless `--simulated-gpus`
 says the host's cards are simulated, which passes saying so; more cards than the host has is
 refused by name. Those runs are root only (runc); the verdict itself (each branch: exit code,
-no card given, no card seen, simulated, a card seen, a bad matmul) is checked without runc."""
+a result that is no JSON object, no card given, no card seen, simulated, a card seen, a bad
+matmul) is checked without runc."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def _verdict(
     gpus: int = 1,
     simulated: bool = False,
 ) -> tuple[bool, str]:
-    passed = check_runc.report_check(seen, code, gpus=gpus, simulated=simulated)
+    passed = check_runc.report_check(json.dumps(seen), code, gpus=gpus, simulated=simulated)
     return passed, capsys.readouterr().out
 
 
@@ -117,6 +118,22 @@ def test_a_probe_that_failed_fails_even_where_the_cards_are_simulated(
     assert not passed
     assert SIMULATED_NO_CARD not in out
     assert _report(out, "FAILED")["reason"] == "exited with code 3"
+
+
+@pytest.mark.parametrize("printed", ["42", "[1]", "not json"])
+def test_a_result_that_is_no_json_object_fails_even_where_the_cards_are_simulated(
+    capsys: pytest.CaptureFixture[str], printed: str
+) -> None:
+    passed = check_runc.report_check(printed, 0, gpus=0, simulated=True)
+    out = capsys.readouterr().out
+    assert not passed
+    assert SIMULATED_NO_CARD not in out
+    report = _report(out, "FAILED")
+    assert report["unparsed"] == printed
+    assert report["reason"] == (
+        "the probe's result is not a JSON object (under `unparsed`): check that the image"
+        " (--layout) runs levers9's levers9-probe"
+    )
 
 
 def test_a_matmul_that_disagreed_fails(capsys: pytest.CaptureFixture[str]) -> None:
