@@ -15,7 +15,7 @@
 It listens on 127.0.0.1 only, over HTTPS with a CA minted at start. It signs Kubernetes
 service-account tokens (`serviceaccounts`: TokenRequest, the kubelet's mounted token, every
 namespace's `kube-root-ca.crt`) with `service_account_key` (minted when None) and authorizes
-their callers with RBAC (`rbac`, whose default ClusterRoles it bootstraps).
+their callers with RBAC (`rbac`; the default ClusterRoles it bootstraps are `rbac_defaults`'s).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sandbox import rbac
+from sandbox import rbac_defaults
 from sandbox.access import DEVELOPER, AccessPolicy, NetworkDenial
 from sandbox.admin import AdminApi
 from sandbox.apiserver import MAX_BODY, ApiServer, ApiServerParts
@@ -262,7 +262,7 @@ async def start_sandbox(
     signer = TokenSigner(options.service_account_key, issuer=options.service_account_issuer)
     registry.service_accounts.enable_tokens(signer, ca.ca_pem)
     authenticator.add_token_authenticator(registry.service_accounts.authenticate)
-    rbac.install(registry)
+    rbac_defaults.install(registry)
     parts = ApiServerParts(
         registry=registry,
         authenticator=authenticator,
