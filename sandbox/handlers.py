@@ -18,13 +18,14 @@ from aiohttp import web
 
 from sandbox import errors, protobuf, tables
 from sandbox import options as request_options
+from sandbox.continuation import parse_resource_version
 from sandbox.options import DeleteOptions
 from sandbox.patch import SUPPORTED_PATCH_TYPES, PatchType
 from sandbox.podlogs import LogQuery
 from sandbox.registry import Registry
 from sandbox.resources import PODS, Resource
 from sandbox.routing import RequestInfo
-from sandbox.store import ListPage, dumps, parse_resource_version
+from sandbox.store import ListPage, dumps
 from sandbox.subresources import binding_target, scale_of
 from sandbox.watchstream import WatchRequest, WatchStreamer
 

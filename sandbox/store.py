@@ -46,12 +46,13 @@ snapshot lives `continue_ttl_seconds` (300 s, etcd's compaction interval), at mo
 drops them all; a token whose snapshot is gone is 410 Expired with the apiserver's message, and
 the Status carries a token that resumes inconsistently from the live data (`rv` -1), as the
 apiserver's does.
+
+One resource's entries, indexes and watch history are a `store_table.Table`; the continue
+token and the parsing of a request's resourceVersion are `continuation`'s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import builtins
 import datetime as dt
@@ -59,14 +60,22 @@ import json
 import secrets
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sandbox import errors
+from sandbox.continuation import (
+    CONTINUE_EXPIRED,
+    Continue,
+    decode_continue,
+    encode_continue,
+    parse_resource_version,
+)
 from sandbox.resources import Resource, extract_fields
 from sandbox.selectors import FieldSelector, LabelSelector
+from sandbox.store_table import Entry, Table
 from sandbox.watches import StoredEvent as StoredEvent
 from sandbox.watches import Watch as Watch
 from sandbox.watches import dumps as dumps
@@ -79,28 +88,10 @@ DEFAULT_HISTORY_SECONDS = 75.0  # the watch cache's eventFreshDuration
 DEFAULT_CONTINUE_TTL_SECONDS = 300.0  # etcd's compaction interval on GKE
 DEFAULT_SNAPSHOTS = 64
 DEFAULT_WATCH_QUEUE = 100_000
-CONTINUE_EXPIRED = (
-    "The provided continue parameter is too old to display a consistent list result. You can "
-    "start a new list without the continue parameter, or use the continue token in this "
-    "response to retrieve the remainder of the results. Continuing with the provided token "
-    "results in an inconsistent list - objects that were created, modified, or deleted between "
-    "the time the first chunk was returned and now may show up in the list."
-)
 
 
 def rfc3339(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class _Entry:
-    raw: bytes
-    rv: int
-    uid: str
-    labels: dict[str, str]
-    fields: dict[str, str]
-    owners: tuple[str, ...]
-    created: str
 
 
 @dataclass
@@ -126,111 +117,7 @@ class _Snapshot:
     rv: int
     created: float
     keys: list[str]
-    entries: list[_Entry]
-
-
-@dataclass(frozen=True, slots=True)
-class _Continue:
-    """A decoded continue token: `start` is the last key served plus NUL (the next key)."""
-
-    rv: int
-    start: str
-    snapshot: str | None
-
-
-@dataclass
-class _Table:
-    """Everything stored for one resource."""
-
-    resource: Resource
-    history_limit: int
-    history_seconds: float
-    entries: dict[str, _Entry] = field(default_factory=dict)
-    by_namespace: dict[str, set[str]] = field(default_factory=dict)
-    index: dict[str, dict[str, set[str]]] = field(default_factory=dict)
-    # Sorted key lists are built on the first list call and then kept up to date, so bulk
-    # loading pays nothing and steady-state lists pay no sort.
-    sorted_all: list[str] | None = None
-    sorted_ns: dict[str, list[str]] = field(default_factory=dict)
-    history: deque[StoredEvent] = field(default_factory=deque)
-    recorded: deque[float] = field(default_factory=deque)  # when each history event was
-    floor: int = 0  # the newest resourceVersion no longer in `history`
-    watchers: set[Watch] = field(default_factory=set)
-
-    def add_key(self, key: str, ns: str, entry: _Entry) -> None:
-        self.entries[key] = entry
-        self.by_namespace.setdefault(ns, set()).add(key)
-        if self.sorted_all is not None:
-            bisect.insort(self.sorted_all, key)
-        ns_keys = self.sorted_ns.get(ns)
-        if ns_keys is not None:
-            bisect.insort(ns_keys, key)
-        self._index(key, entry.fields, add=True)
-
-    def remove_key(self, key: str, ns: str) -> _Entry:
-        entry = self.entries.pop(key)
-        members = self.by_namespace.get(ns)
-        if members is not None:
-            members.discard(key)
-            if not members:
-                del self.by_namespace[ns]
-        for keys in (self.sorted_all, self.sorted_ns.get(ns)):
-            if keys is not None:
-                i = bisect.bisect_left(keys, key)
-                if i < len(keys) and keys[i] == key:
-                    del keys[i]
-        if ns not in self.by_namespace:
-            self.sorted_ns.pop(ns, None)
-        self._index(key, entry.fields, add=False)
-        return entry
-
-    def reindex(self, key: str, old: dict[str, str], new: dict[str, str]) -> None:
-        if any(old.get(f) != new.get(f) for f in self.resource.indexed_fields):
-            self._index(key, old, add=False)
-            self._index(key, new, add=True)
-
-    def _index(self, key: str, fields: dict[str, str], *, add: bool) -> None:
-        for name in self.resource.indexed_fields:
-            values = self.index.setdefault(name, {})
-            value = fields.get(name, "")
-            if add:
-                values.setdefault(value, set()).add(key)
-            else:
-                keys = values.get(value)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
-                        del values[value]
-
-    def sorted_keys(self, namespace: str | None) -> list[str]:
-        if namespace is None:
-            if self.sorted_all is None:
-                self.sorted_all = sorted(self.entries)
-            return self.sorted_all
-        keys = self.sorted_ns.get(namespace)
-        if keys is None:
-            keys = sorted(self.by_namespace.get(namespace, ()))
-            if keys:
-                self.sorted_ns[namespace] = keys
-        return keys
-
-    def record(self, event: StoredEvent, now: float) -> None:
-        self.history.append(event)
-        self.recorded.append(now)
-        self.trim(now)
-
-    def trim(self, now: float) -> None:
-        """Drops the events beyond the count limit and those older than the age limit."""
-        history, recorded = self.history, self.recorded
-        oldest = now - self.history_seconds
-        while history and (len(history) > self.history_limit or recorded[0] < oldest):
-            self.floor = history.popleft().rv
-            recorded.popleft()
-
-    def compact(self, rv: int) -> None:
-        self.history.clear()
-        self.recorded.clear()
-        self.floor = rv
+    entries: list[Entry]
 
 
 class Store:
@@ -257,7 +144,7 @@ class Store:
         self._compacted = 0  # the resourceVersion of the last compact()
         self._snapshots: OrderedDict[str, _Snapshot] = OrderedDict()
         self._rv = 1
-        self._tables: dict[Resource, _Table] = {}
+        self._tables: dict[Resource, Table] = {}
         self._uids: dict[str, tuple[Resource, str]] = {}
         self._dependents: dict[str, set[tuple[Resource, str]]] = {}
         self._listeners: list[Listener] = []
@@ -327,7 +214,7 @@ class Store:
         table = self._table(resource)
         ns = namespace if resource.namespaced else None
         prefix = f"{ns}/" if ns is not None else ""
-        token = _decode_continue(continue_token) if continue_token else None
+        token = decode_continue(continue_token) if continue_token else None
         snapshot: _Snapshot | None = None
         snapshot_id: str | None = None
         if token is not None and token.rv != -1:
@@ -359,14 +246,14 @@ class Store:
             return page
         if snapshot_id is None:
             snapshot_id = self._take_snapshot(table, ns, keys[stop:])
-        page.continue_token = _encode_continue(
+        page.continue_token = encode_continue(
             page.resource_version, last_key[len(prefix) :], snapshot_id
         )
         if not selective:
             page.remaining = len(keys) - bisect.bisect_right(keys, last_key)
         return page
 
-    def _take_snapshot(self, table: _Table, namespace: str | None, keys: builtins.list[str]) -> str:
+    def _take_snapshot(self, table: Table, namespace: str | None, keys: builtins.list[str]) -> str:
         """Keeps what a list has left to serve (`keys` and their entries now); its id."""
         now = self._clock()
         self._expire_snapshots(now)
@@ -390,19 +277,19 @@ class Store:
                 break
             self._snapshots.popitem(last=False)
 
-    def _continued(self, token: _Continue, resource: Resource, namespace: str | None) -> _Snapshot:
+    def _continued(self, token: Continue, resource: Resource, namespace: str | None) -> _Snapshot:
         self._expire_snapshots(self._clock())
         snapshot = self._snapshots.get(token.snapshot or "")
         if snapshot is None or snapshot.rv != token.rv:
             error = errors.expired(CONTINUE_EXPIRED)
-            error.metadata = {"continue": _encode_continue(-1, token.start.removesuffix("\x00"))}
+            error.metadata = {"continue": encode_continue(-1, token.start.removesuffix("\x00"))}
             raise error
         if (snapshot.resource, snapshot.namespace) != (resource, namespace):
             raise errors.bad_request("continue key is not valid: it belongs to another list")
         return snapshot
 
     def _candidate_keys(
-        self, table: _Table, namespace: str | None, fields: FieldSelector | None
+        self, table: Table, namespace: str | None, fields: FieldSelector | None
     ) -> builtins.list[str]:
         if fields is not None:
             for name in table.resource.indexed_fields:
@@ -605,7 +492,7 @@ class Store:
         if since in (None, "", "0"):
             watch.preload(self._snapshot_events(table, ns))
         else:
-            start = _parse_rv(str(since))
+            start = parse_resource_version(str(since))
             table.trim(self._clock())
             if start < table.floor:
                 raise errors.gone_too_old(start, table.floor + 1)
@@ -631,7 +518,7 @@ class Store:
                 dropped += 1
         return dropped
 
-    def _snapshot_events(self, table: _Table, namespace: str | None) -> Iterator[StoredEvent]:
+    def _snapshot_events(self, table: Table, namespace: str | None) -> Iterator[StoredEvent]:
         resource = table.resource
         for key in table.sorted_keys(namespace):
             entry = table.entries[key]
@@ -650,17 +537,17 @@ class Store:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _table(self, resource: Resource) -> _Table:
+    def _table(self, resource: Resource) -> Table:
         table = self._tables.get(resource)
         if table is None:
-            table = self._tables[resource] = _Table(
+            table = self._tables[resource] = Table(
                 resource, self._history_limit, self._history_seconds, floor=self._compacted
             )
         return table
 
-    def _entry(self, resource: Resource, obj: dict[str, Any], meta: dict[str, Any]) -> _Entry:
+    def _entry(self, resource: Resource, obj: dict[str, Any], meta: dict[str, Any]) -> Entry:
         owners = tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or ())
-        return _Entry(
+        return Entry(
             raw=dumps(obj),
             rv=self._rv,
             uid=str(meta["uid"]),
@@ -683,7 +570,7 @@ class Store:
         for uid in new_set - old_set:
             self._dependents.setdefault(uid, set()).add((resource, key))
 
-    def _commit(self, table: _Table, event: StoredEvent) -> None:
+    def _commit(self, table: Table, event: StoredEvent) -> None:
         table.record(event, self._clock())
         for watch in list(table.watchers):
             watch.offer(event)
@@ -700,44 +587,3 @@ def _split(resource: Resource, key: str) -> tuple[str, str]:
         return "", key
     ns, _, name = key.partition("/")
     return ns, name
-
-
-def _parse_rv(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise errors.bad_request(f"invalid resource version: {text}") from None
-    if value < 0:
-        raise errors.bad_request(f"invalid resource version: {text}")
-    return value
-
-
-def parse_resource_version(text: str) -> int:
-    """A resourceVersion from a request, as an int; 400 when it is not one."""
-    return _parse_rv(text)
-
-
-def _encode_continue(rv: int, start: str, snapshot: str | None = None) -> str:
-    """The apiserver's token (`{"v", "rv", "start"}`) plus the id of the list's snapshot."""
-    token: dict[str, Any] = {"v": "meta.k8s.io/v1", "rv": rv, "start": start + "\x00"}
-    if snapshot is not None:
-        token["snapshot"] = snapshot
-    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode().rstrip("=")
-
-
-def _decode_continue(token: str) -> _Continue:
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded))
-        rv, start = int(data["rv"]), str(data["start"])
-        snapshot = data.get("snapshot")
-        if data.get("v") != "meta.k8s.io/v1" or not start.endswith("\x00"):
-            raise ValueError
-        if rv < -1 or rv == 0 or not isinstance(snapshot, str | None):
-            raise ValueError
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        raise errors.bad_request(
-            "continue key is not valid: incorrect encoded start resourceVersion "
-            "(version meta.k8s.io/v1)"
-        ) from None
-    return _Continue(rv, start, snapshot)

@@ -18,15 +18,11 @@ import urllib3
 from kubernetes import client, watch
 
 from sandbox.admin_client import SandboxAdmin
+from sandbox.continuation import CONTINUE_EXPIRED
 from sandbox.registry import Registry
 from sandbox.resources import NAMESPACES
 from sandbox.server import Sandbox
-from sandbox.store import (
-    CONTINUE_EXPIRED,
-    DEFAULT_CONTINUE_TTL_SECONDS,
-    DEFAULT_HISTORY_SECONDS,
-    Store,
-)
+from sandbox.store import DEFAULT_CONTINUE_TTL_SECONDS, DEFAULT_HISTORY_SECONDS, Store
 from sandbox.threaded import SandboxThread
 from tests.sandbox.factories import Api, api_client, pod_manifest, status_of, unique
 
