@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox import errors
 from sandbox.errors import Cause
+
+if TYPE_CHECKING:
+    from sandbox.resources import Resource
 
 _PROPAGATION = ("Foreground", "Background", "Orphan")
 DRY_RUN_ALL = "All"
@@ -72,6 +75,28 @@ class DeleteOptions:
             precondition_rv=pre.get("resourceVersion"),
             dry_run=bool(dry),
         )
+
+    def check_preconditions(self, resource: Resource, name: str, meta: Mapping[str, Any]) -> None:
+        """409 Conflict when the object (its `metadata`) is not the one the preconditions name."""
+        if self.precondition_uid and self.precondition_uid != meta["uid"]:
+            raise errors.conflict(
+                resource,
+                name,
+                (
+                    f"Precondition failed: UID in precondition: {self.precondition_uid}, UID in "
+                    f"object meta: {meta['uid']}"
+                ),
+            )
+        if self.precondition_rv and self.precondition_rv != meta["resourceVersion"]:
+            raise errors.conflict(
+                resource,
+                name,
+                (
+                    "Precondition failed: ResourceVersion in precondition: "
+                    f"{self.precondition_rv},"
+                    f" ResourceVersion in object meta: {meta['resourceVersion']}"
+                ),
+            )
 
 
 @dataclass

@@ -419,25 +419,7 @@ class Registry:
         ns = _ns(resource, namespace)
         obj = self.store.get(resource, ns, name)
         meta = obj["metadata"]
-        if options.precondition_uid and options.precondition_uid != meta["uid"]:
-            raise errors.conflict(
-                resource,
-                name,
-                (
-                    f"Precondition failed: UID in precondition: {options.precondition_uid}, UID in "
-                    f"object meta: {meta['uid']}"
-                ),
-            )
-        if options.precondition_rv and options.precondition_rv != meta["resourceVersion"]:
-            raise errors.conflict(
-                resource,
-                name,
-                (
-                    "Precondition failed: ResourceVersion in precondition: "
-                    f"{options.precondition_rv},"
-                    f" ResourceVersion in object meta: {meta['resourceVersion']}"
-                ),
-            )
+        options.check_preconditions(resource, name, meta)
         warnings = []
         policy = options.propagation_policy or resource.default_propagation
         if options.propagation_policy is None and resource.default_propagation == "Orphan":

@@ -1,6 +1,7 @@
 """API semantics in-process: defaults, validation (422), generateName, status vs spec,
 generation, no-op updates, scale, binding and eviction, graceful pod deletion with a kubelet
-attached, garbage collection by propagation policy, and namespace termination."""
+attached, delete preconditions (409), garbage collection by propagation policy, and namespace
+termination."""
 
 from __future__ import annotations
 
@@ -256,6 +257,33 @@ def test_graceful_deletion_waits_for_an_attached_kubelet(registry: Registry) -> 
     detach()
     seed_pod(registry, NS, "q", node="n1", phase="Running")
     assert registry.delete(PODS, NS, "q").finished, "no kubelet: gone at once"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            DeleteOptions(precondition_uid="other"),
+            "Precondition failed: UID in precondition: other, UID in object meta: ",
+        ),
+        (
+            DeleteOptions(precondition_rv="other"),
+            "Precondition failed: ResourceVersion in precondition: other, ResourceVersion",
+        ),
+    ],
+)
+def test_a_delete_whose_precondition_names_another_object_is_409(
+    registry: Registry, options: DeleteOptions, message: str
+) -> None:
+    secret = registry.create(SECRETS, {"metadata": {"name": "s"}}, namespace=NS)
+    with pytest.raises(errors.ApiError) as caught:
+        registry.delete(SECRETS, NS, "s", options)
+    assert caught.value.code == 409
+    assert message in caught.value.message
+    assert registry.store.exists(SECRETS, NS, "s")
+    meta = secret["metadata"]
+    right = DeleteOptions(precondition_uid=meta["uid"], precondition_rv=meta["resourceVersion"])
+    assert registry.delete(SECRETS, NS, "s", right).finished
 
 
 def test_eviction_deletes_the_pod(registry: Registry) -> None:
