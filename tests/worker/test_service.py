@@ -289,7 +289,9 @@ async def test_exec_runs_in_the_task_context(served: ServedWorker) -> None:
 
 TERMINAL_COMMAND = """
 import os, signal, sys
-size = lambda *_: print("resized", tuple(os.get_terminal_size(1)), flush=True)
+# os.write, not print: the signal may land while the first print is still in its buffered
+# write (its line already out), and print inside it is a reentrant call that raises.
+size = lambda *_: os.write(1, f"resized {tuple(os.get_terminal_size(1))}\\n".encode())
 signal.signal(signal.SIGWINCH, size)
 print(os.isatty(0), os.isatty(1), tuple(os.get_terminal_size(1)), flush=True)
 line = sys.stdin.readline()
