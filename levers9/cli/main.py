@@ -52,7 +52,7 @@ COMMANDS: dict[str, _Entry] = {
         attr="run",
     ),
     "exec": _Entry(
-        "levers9.cli.task",
+        "levers9.cli.task_exec",
         "Run CMD in a running task's container: its output, then its exit code as ours.",
         attr="exec_",
     ),

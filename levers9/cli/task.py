@@ -8,6 +8,7 @@ gateway cannot be reached, the record is read from Temporal directly, as before.
 When the controlplane is down (its gateway does not answer, nor does its Temporal worker a
 query within QUERY_WITHIN_S), a command says `controlplane unreachable at ...`, shows the task's
 last recorded state (its workflow's memo, which Temporal holds without a worker) and exits 69.
+That way to the record is `levers9.cli.task_access`'s; `levers9 exec` is `levers9.cli.task_exec`.
 """
 
 from __future__ import annotations
@@ -15,21 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, TypeVar
+from typing import Annotated, NoReturn
 
 import typer
 
-from levers9.cli import gateway_api
-from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, stream_task_logs
+from levers9.cli.gateway_api import GatewayUnavailable, stream_task_logs
 from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
-from levers9.cli.unreachable import down, no_temporal_worker, unreachable
+from levers9.cli.task_access import Answer, answered, last_answer, print_last, tasks_for
+from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
 from levers9.contract import task_input_problem
 from levers9.errors import ControlplaneUnreachable
@@ -43,14 +39,7 @@ from levers9.models import (
     new_task_id,
 )
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
-
-    from levers9.task_records import LastRecorded
-
 app = typer.Typer(help="Tasks: what users run on the workers, and their records.")
-
-T = TypeVar("T")
 
 POLL_S = 0.5
 """How soon a record not yet known is asked for again."""
@@ -67,166 +56,6 @@ COLUMNS = [
     ("age", "AGE"),
     ("command", "COMMAND"),
 ]
-
-
-class Tasks(Protocol):
-    """Where the command submits tasks and reads their records."""
-
-    async def submit(self, task: TaskInput) -> None: ...
-
-    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        """The record now, or once the task ended (at most `wait_s` from now)."""
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        """Tells the task to cancel; False when no such task runs."""
-
-
-class GatewayTasks:
-    """Through the controlplane's gateway, with the operator token."""
-
-    def __init__(self, settings: ControlplaneSettings) -> None:
-        self._settings = settings
-
-    async def submit(self, task: TaskInput) -> None:
-        await gateway_api.submit_task(self._settings, task)
-
-    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        return await gateway_api.task_record(self._settings, task_id, wait_s)
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        return await gateway_api.cancel_task(self._settings, task_id, reason)
-
-
-class TemporalTasks:
-    """Straight from Temporal, with the controlplane's Temporal settings (one client, one loop:
-    the SDK's runtime does not survive clients left on loops `asyncio.run` already closed)."""
-
-    def __init__(self, settings: ControlplaneSettings) -> None:
-        self._settings = settings
-        self._client: Client | None = None
-
-    async def client(self) -> Client:
-        if self._client is None:
-            from levers9.temporal import connect
-
-            self._client = await connect(self._settings)
-        return self._client
-
-    async def submit(self, task: TaskInput) -> None:
-        from levers9.task_records import start_task
-        from levers9.temporal import unknown_pool
-
-        client = await self.client()
-        problem = await unknown_pool(client, self._settings.task_queue, task.pool_name)
-        if problem is not None:  # as the gateway refuses it: it would wait forever
-            raise typer.BadParameter(problem, param_hint="--pool")
-        await start_task(client, self._settings.task_queue, task)
-
-    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said
-        then, not after the wait), then waits for the end."""
-        from levers9.task_records import task_ended, task_record
-        from levers9.temporal import QUERY_WITHIN_S
-
-        client = await self.client()
-        record = await task_record(client, task_id, where_queued=wait_s <= 0, within=QUERY_WITHIN_S)
-        if wait_s <= 0 or record is None or record.state in TERMINAL:
-            return record
-        return await task_ended(client, task_id, wait_s, within=QUERY_WITHIN_S)
-
-    async def last_recorded(self, task_id: str) -> LastRecorded | None:
-        from levers9.task_records import last_recorded
-
-        return await last_recorded(await self.client(), task_id)
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        from levers9.task_records import cancel_task
-
-        return await cancel_task(await self.client(), task_id, reason)
-
-
-class Fallback:
-    """The gateway (`gateway`: the command holds an operator token), and Temporal once the
-    gateway cannot be reached (said once, on stderr). A query there that no Temporal worker
-    answers is ControlplaneUnreachable; `last_recorded` reads what Temporal holds then."""
-
-    def __init__(self, settings: ControlplaneSettings, gateway: bool = True) -> None:
-        self._settings = settings
-        self._gateway: Tasks | None = GatewayTasks(settings) if gateway else None
-        self._temporal = TemporalTasks(settings)
-        self._gateway_failed = False
-
-    async def _ask(self, call: Callable[[Tasks], Awaitable[T]]) -> T:
-        if self._gateway is not None:
-            try:
-                return await call(self._gateway)
-            except GatewayUnavailable as exc:
-                errors.print(f"asking Temporal directly: {exc}", highlight=False)
-                self._gateway = None
-                self._gateway_failed = True
-        from levers9.temporal import NoQueryAnswer
-
-        try:
-            return await call(self._temporal)
-        except NoQueryAnswer as exc:
-            problems = ["its gateway did not answer"] if self._gateway_failed else []
-            problems.append(no_temporal_worker(self._settings, str(exc)))
-            raise unreachable(self._settings, *problems) from None
-
-    async def last_recorded(self, task_id: str) -> LastRecorded | None:
-        return await self._temporal.last_recorded(task_id)
-
-    async def submit(self, task: TaskInput) -> None:
-        await self._ask(lambda tasks: tasks.submit(task))
-
-    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
-        return await self._ask(lambda tasks: tasks.record(task_id, wait_s))
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        return await self._ask(lambda tasks: tasks.cancel(task_id, reason))
-
-
-def _answered(call: Coroutine[Any, Any, T]) -> T:
-    """Runs the command's calls; the gateway's refusal (an invalid field, say) is one line and
-    exit status 1, not a traceback."""
-    try:
-        return asyncio.run(call)
-    except GatewayRefused as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
-
-
-def tasks_for(settings: ControlplaneSettings) -> Fallback:
-    """The gateway when the command holds an operator token, else Temporal."""
-    return Fallback(settings, gateway=settings.operator_token() is not None)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """A task's record, as the controlplane answered; or, when it did not (`down`), as
-    Temporal last recorded it (`last`: None when Temporal knows no such task either)."""
-
-    record: TaskRecord | None
-    down: ControlplaneUnreachable | None = None
-    last: LastRecorded | None = None
-
-
-async def _last(tasks: Fallback, task_id: str, problem: ControlplaneUnreachable) -> _Answer:
-    last = await tasks.last_recorded(task_id)
-    return _Answer(last.record if last is not None else None, problem, last)
-
-
-def _print_last(answer: _Answer) -> None:
-    """The caveat before a last recorded state: which workflow said it, how it stands."""
-    last = answer.last
-    if last is None:
-        return
-    attributes = "".join(f", {key}={value}" for key, value in last.search_attributes.items())
-    console.print(
-        f"last recorded state (the controlplane is down): from the memo of its workflow"
-        f" ({last.status}{attributes})",
-        highlight=False,
-    )
 
 
 class _LogFollower:
@@ -396,13 +225,13 @@ def run(
         stop_grace_seconds=stop_grace,
     )
     if detach:
-        _answered(tasks_for(settings).submit(task))
+        answered(tasks_for(settings).submit(task))
         console.print(task.task_id, highlight=False)
         return
     submitted: list[str] = []
     try:
-        record = _answered(submit_and_follow(settings, task, wait, True, submitted))
-        last = _answered(_record(settings, task.task_id)) if record is None else None
+        record = answered(submit_and_follow(settings, task, wait, True, submitted))
+        last = answered(_record(settings, task.task_id)) if record is None else None
     except KeyboardInterrupt:
         _interrupted(task.task_id, bool(submitted))
     except ControlplaneUnreachable as problem:
@@ -474,17 +303,17 @@ async def _record(settings: ControlplaneSettings, task_id: str) -> TaskRecord | 
     return await tasks_for(settings).record(task_id)
 
 
-async def _record_or_last(settings: ControlplaneSettings, task_id: str) -> _Answer:
+async def _record_or_last(settings: ControlplaneSettings, task_id: str) -> Answer:
     tasks = tasks_for(settings)
     try:
-        return _Answer(await tasks.record(task_id))
+        return Answer(await tasks.record(task_id))
     except ControlplaneUnreachable as problem:
-        return await _last(tasks, task_id, problem)
+        return await last_answer(tasks, task_id, problem)
 
 
 async def _cancel(
     settings: ControlplaneSettings, task_id: str, reason: str, wait_s: float
-) -> tuple[bool, _Answer]:
+) -> tuple[bool, Answer]:
     """Tells the task to cancel (a signal: Temporal keeps it while the controlplane is down),
     then its record: at once, and once it ended (at most `wait_s`)."""
     tasks = tasks_for(settings)
@@ -494,8 +323,8 @@ async def _cancel(
         if told and record is not None and record.state not in TERMINAL and wait_s > 0:
             record = await tasks.record(task_id, wait_s)
     except ControlplaneUnreachable as problem:
-        return told, await _last(tasks, task_id, problem)
-    return told, _Answer(record)
+        return told, await last_answer(tasks, task_id, problem)
+    return told, Answer(record)
 
 
 @app.command()
@@ -507,10 +336,10 @@ def cancel(
     ] = 60,
 ) -> None:
     """Cancel a task: its container gets SIGTERM, a grace, then SIGKILL; it ends cancelled."""
-    told, answer = _answered(_cancel(settings_from_env(), task_id, reason, wait))
+    told, answer = answered(_cancel(settings_from_env(), task_id, reason, wait))
     record = answer.record
     if answer.down is not None:
-        _print_last(answer)
+        print_last(answer)
         if record is not None and not told:
             console.print(f"task {task_id} had already ended: {record.state}", highlight=False)
         elif record is not None:
@@ -544,7 +373,7 @@ def get(
 ) -> None:
     """The task record: state, worker, phases, exit code, result. With the controlplane down:
     its last recorded state, and exit status 69."""
-    answer = _answered(_record_or_last(settings_from_env(), task_id))
+    answer = answered(_record_or_last(settings_from_env(), task_id))
     if answer.record is None:
         if answer.down is not None and answer.last is not None:
             console.print(
@@ -559,7 +388,7 @@ def get(
     if output is Output.json:
         console.print_json(record.model_dump_json())
     else:
-        _print_last(answer)
+        print_last(answer)
         print_result(record)
         for phase in record.phases:
             error = f" error={phase.error}" if phase.error else ""
@@ -600,7 +429,7 @@ def logs(
     ] = False,
 ) -> None:
     """The task's output, streamed from its worker (the record's tail once the worker is gone)."""
-    if not _answered(_print_logs(settings_from_env(), task_id, follow)):
+    if not answered(_print_logs(settings_from_env(), task_id, follow)):
         fail([f"no task {task_id}"])
         raise typer.Exit(1)
 
@@ -634,98 +463,3 @@ def list_(
         for r in records
     ]
     render(rows, COLUMNS, output, title="tasks")
-
-
-async def _stdin_chunks() -> AsyncIterator[bytes]:
-    """The command's stdin, read in a thread, until EOF."""
-    reader = sys.stdin.buffer
-    while chunk := await asyncio.to_thread(os.read, reader.fileno(), 64 * 1024):
-        yield chunk
-
-
-def _write(stream: IO[bytes]) -> Callable[[bytes], None]:
-    def write(data: bytes) -> None:
-        stream.write(data)
-        stream.flush()
-
-    return write
-
-
-def exec_(
-    task_id: Annotated[str, typer.Argument(help="the running task")],
-    command: Annotated[list[str], typer.Argument(help="the command, after --")],
-    interactive: Annotated[
-        bool, typer.Option("--interactive", "-i", help="pass this command's stdin on")
-    ] = False,
-    tty: Annotated[
-        bool, typer.Option("--tty", "-t", help="give it a terminal (-it: an interactive shell)")
-    ] = False,
-) -> None:
-    """Run CMD in a running task's container: its output, then its exit code as ours."""
-    settings = settings_from_env()
-    terminal = _terminal_size() if tty else None
-    raw = interactive and tty and sys.stdin.isatty()
-    try:
-        with _raw_mode(sys.stdin.fileno()) if raw else contextlib.nullcontext():
-            code = _answered(
-                gateway_api.exec_in_task(
-                    settings,
-                    task_id,
-                    list(command),
-                    _inputs(interactive, follow_size=tty) if interactive or tty else None,
-                    _write(sys.stdout.buffer),
-                    _write(sys.stderr.buffer),
-                    terminal,
-                )
-            )
-    except GatewayUnavailable as exc:
-        fail([f"exec needs the gateway: {exc}"])
-        raise typer.Exit(1) from None
-    raise typer.Exit(code)
-
-
-def _terminal_size() -> tuple[int, int]:
-    """(rows, columns) of this terminal; 24x80 when stdout is not one."""
-    try:
-        size = os.get_terminal_size(sys.stdout.fileno())
-    except OSError:
-        return 24, 80
-    return size.lines, size.columns
-
-
-@contextlib.contextmanager
-def _raw_mode(fd: int) -> Iterator[None]:
-    """Keys go to the task's terminal as typed (Ctrl-C included); restored on the way out."""
-    import termios
-    import tty
-
-    saved = termios.tcgetattr(fd)
-    tty.setraw(fd)
-    try:
-        yield
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-
-async def _inputs(stdin: bool, follow_size: bool) -> AsyncIterator[bytes | tuple[int, int]]:
-    """This command's stdin (with -i) and, with -t, the terminal's new size on each SIGWINCH;
-    ends at stdin's EOF (or, without -i, when the command ends)."""
-    queue: asyncio.Queue[bytes | tuple[int, int] | None] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    if follow_size:
-        loop.add_signal_handler(signal.SIGWINCH, lambda: queue.put_nowait(_terminal_size()))
-
-    async def read() -> None:
-        async for chunk in _stdin_chunks():
-            await queue.put(chunk)
-        await queue.put(None)
-
-    reader = asyncio.create_task(read()) if stdin else None
-    try:
-        while (item := await queue.get()) is not None:
-            yield item
-    finally:
-        if follow_size:
-            loop.remove_signal_handler(signal.SIGWINCH)
-        if reader is not None:
-            reader.cancel()

@@ -1,0 +1,190 @@
+"""How the task commands reach a task's record: the controlplane's gateway when the command
+holds an operator token (`GatewayTasks`: no Temporal SDK loaded), else Temporal
+(`TemporalTasks`); `Fallback` turns to Temporal when the gateway cannot be reached and says when
+the controlplane is down, so that a command can show the task's last recorded state (`Answer`,
+`last_answer`, `print_last`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import typer
+
+from levers9.cli import gateway_api
+from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable
+from levers9.cli.output import console, errors, fail
+from levers9.cli.unreachable import no_temporal_worker, unreachable
+from levers9.config import ControlplaneSettings
+from levers9.errors import ControlplaneUnreachable
+from levers9.models import TERMINAL, TaskInput, TaskRecord
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from levers9.task_records import LastRecorded
+
+
+T = TypeVar("T")
+
+
+class Tasks(Protocol):
+    """Where the command submits tasks and reads their records."""
+
+    async def submit(self, task: TaskInput) -> None: ...
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        """The record now, or once the task ended (at most `wait_s` from now)."""
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        """Tells the task to cancel; False when no such task runs."""
+
+
+class GatewayTasks:
+    """Through the controlplane's gateway, with the operator token."""
+
+    def __init__(self, settings: ControlplaneSettings) -> None:
+        self._settings = settings
+
+    async def submit(self, task: TaskInput) -> None:
+        await gateway_api.submit_task(self._settings, task)
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        return await gateway_api.task_record(self._settings, task_id, wait_s)
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        return await gateway_api.cancel_task(self._settings, task_id, reason)
+
+
+class TemporalTasks:
+    """Straight from Temporal, with the controlplane's Temporal settings (one client, one loop:
+    the SDK's runtime does not survive clients left on loops `asyncio.run` already closed)."""
+
+    def __init__(self, settings: ControlplaneSettings) -> None:
+        self._settings = settings
+        self._client: Client | None = None
+
+    async def client(self) -> Client:
+        if self._client is None:
+            from levers9.temporal import connect
+
+            self._client = await connect(self._settings)
+        return self._client
+
+    async def submit(self, task: TaskInput) -> None:
+        from levers9.task_records import start_task
+        from levers9.temporal import unknown_pool
+
+        client = await self.client()
+        problem = await unknown_pool(client, self._settings.task_queue, task.pool_name)
+        if problem is not None:  # as the gateway refuses it: it would wait forever
+            raise typer.BadParameter(problem, param_hint="--pool")
+        await start_task(client, self._settings.task_queue, task)
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said
+        then, not after the wait), then waits for the end."""
+        from levers9.task_records import task_ended, task_record
+        from levers9.temporal import QUERY_WITHIN_S
+
+        client = await self.client()
+        record = await task_record(client, task_id, where_queued=wait_s <= 0, within=QUERY_WITHIN_S)
+        if wait_s <= 0 or record is None or record.state in TERMINAL:
+            return record
+        return await task_ended(client, task_id, wait_s, within=QUERY_WITHIN_S)
+
+    async def last_recorded(self, task_id: str) -> LastRecorded | None:
+        from levers9.task_records import last_recorded
+
+        return await last_recorded(await self.client(), task_id)
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        from levers9.task_records import cancel_task
+
+        return await cancel_task(await self.client(), task_id, reason)
+
+
+class Fallback:
+    """The gateway (`gateway`: the command holds an operator token), and Temporal once the
+    gateway cannot be reached (said once, on stderr). A query there that no Temporal worker
+    answers is ControlplaneUnreachable; `last_recorded` reads what Temporal holds then."""
+
+    def __init__(self, settings: ControlplaneSettings, gateway: bool = True) -> None:
+        self._settings = settings
+        self._gateway: Tasks | None = GatewayTasks(settings) if gateway else None
+        self._temporal = TemporalTasks(settings)
+        self._gateway_failed = False
+
+    async def _ask(self, call: Callable[[Tasks], Awaitable[T]]) -> T:
+        if self._gateway is not None:
+            try:
+                return await call(self._gateway)
+            except GatewayUnavailable as exc:
+                errors.print(f"asking Temporal directly: {exc}", highlight=False)
+                self._gateway = None
+                self._gateway_failed = True
+        from levers9.temporal import NoQueryAnswer
+
+        try:
+            return await call(self._temporal)
+        except NoQueryAnswer as exc:
+            problems = ["its gateway did not answer"] if self._gateway_failed else []
+            problems.append(no_temporal_worker(self._settings, str(exc)))
+            raise unreachable(self._settings, *problems) from None
+
+    async def last_recorded(self, task_id: str) -> LastRecorded | None:
+        return await self._temporal.last_recorded(task_id)
+
+    async def submit(self, task: TaskInput) -> None:
+        await self._ask(lambda tasks: tasks.submit(task))
+
+    async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
+        return await self._ask(lambda tasks: tasks.record(task_id, wait_s))
+
+    async def cancel(self, task_id: str, reason: str) -> bool:
+        return await self._ask(lambda tasks: tasks.cancel(task_id, reason))
+
+
+def answered(call: Coroutine[Any, Any, T]) -> T:
+    """Runs the command's calls; the gateway's refusal (an invalid field, say) is one line and
+    exit status 1, not a traceback."""
+    try:
+        return asyncio.run(call)
+    except GatewayRefused as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+
+
+def tasks_for(settings: ControlplaneSettings) -> Fallback:
+    """The gateway when the command holds an operator token, else Temporal."""
+    return Fallback(settings, gateway=settings.operator_token() is not None)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A task's record, as the controlplane answered; or, when it did not (`down`), as
+    Temporal last recorded it (`last`: None when Temporal knows no such task either)."""
+
+    record: TaskRecord | None
+    down: ControlplaneUnreachable | None = None
+    last: LastRecorded | None = None
+
+
+async def last_answer(tasks: Fallback, task_id: str, problem: ControlplaneUnreachable) -> Answer:
+    last = await tasks.last_recorded(task_id)
+    return Answer(last.record if last is not None else None, problem, last)
+
+
+def print_last(answer: Answer) -> None:
+    """The caveat before a last recorded state: which workflow said it, how it stands."""
+    last = answer.last
+    if last is None:
+        return
+    attributes = "".join(f", {key}={value}" for key, value in last.search_attributes.items())
+    console.print(
+        f"last recorded state (the controlplane is down): from the memo of its workflow"
+        f" ({last.status}{attributes})",
+        highlight=False,
+    )
