@@ -1,27 +1,36 @@
-"""HTTP/1.1 on a byte stream, as a client speaks it (RFC 9112): the request's head and chunked
-body, and the response parsed as its bytes arrive. No I/O here: the endpoints' front writes
-these bytes onto a `PortForward` stream to a replica and feeds back what the stream returns,
-so a warm request costs one message each way and no socket of its own.
+"""HTTP/1.1 on a byte stream, as a client speaks it: the request's head and chunked body
+written here, the response parsed as its bytes arrive by llhttp (Node's parser, through
+`httptools`). No I/O here: the endpoints' front writes these bytes onto a `PortForward` stream
+to a replica and feeds back what the stream returns, so a warm request costs one message each
+way and no socket of its own.
 
-The response's framing is the RFC's (section 6.3), in its order: no body after a HEAD request
-or for a 1xx, 204 or 304 status; `Transfer-Encoding: chunked` (decoded); `Content-Length`;
-else the body runs to the end of the connection. Interim 1xx responses (100 Continue, 103
-Early Hints) are skipped; 101 (an upgrade) is refused, as anything malformed is, with an
-`HttpProtocolError` that says what was wrong.
+llhttp frames the response by RFC 9112 section 6.3 and refuses what is malformed; this module
+adds what it leaves to its caller: a HEAD request's response ends with its head; interim 1xx
+responses (100 Continue, 103 Early Hints) are skipped; 101 (an upgrade) is refused; a body
+without a length runs to the end of the connection; a head over `MAX_HEAD` is refused; and
+whether the connection can carry the next request. What is wrong comes as an
+`HttpProtocolError` that says what.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import httptools
 
 MAX_HEAD = 64 * 1024
-"""A response head (status line and headers) larger than this is refused."""
-MAX_CHUNK_LINE = 4 * 1024
+"""A response head (status line and headers, the interim responses' included) larger than
+this is refused."""
 
 
 class HttpProtocolError(Exception):
     """The bytes are not an HTTP/1.1 response; the message says how."""
+
+
+class ConnectionClosed(HttpProtocolError):
+    """The connection ended before the response did (`ResponseParser.received` says whether the
+    replica had sent anything)."""
 
 
 @dataclass(frozen=True)
@@ -65,23 +74,30 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data) if data else b"0\r\n\r\n"
 
 
-@dataclass
+class _Ahead(Exception):
+    """The replica began another response after this one's end."""
+
+
 class ResponseParser:
     """One response: `feed` it what the connection delivers, in order; it answers the head once
     it is whole, then the body's bytes as they come, and `done` once the response has ended.
     `feed(b"")` is the end of the connection."""
 
-    head_request: bool = False
-    head: ResponseHead | None = None
-    done: bool = False
-    keep_alive: bool = False
-    """Whether the connection can carry the next request once `done`."""
-    received: int = 0
-    """Bytes fed so far (a connection that closed before any: the replica closed it idle)."""
-    _buffer: bytearray = field(default_factory=bytearray)
-    _mode: str = "head"
-    """head, length, chunk-size, chunk-data, chunk-end, trailers, close, end."""
-    _left: int = 0
+    def __init__(self, *, head_request: bool = False) -> None:
+        self.head_request = head_request
+        self.head: ResponseHead | None = None
+        self.done = False
+        self.keep_alive = False
+        """Whether the connection can carry the next request once `done`."""
+        self.received = 0
+        """Bytes fed so far (a connection that closed before any: the replica closed it idle)."""
+        self._parser = httptools.HttpResponseParser(self)
+        self._reason = b""
+        self._headers: list[tuple[str, str]] = []
+        self._interim = False
+        self._body: list[bytes] = []
+        self._tail = b""
+        """A HEAD response: the last bytes fed of a head not yet ended (its end may span feeds)."""
 
     def feed(self, data: bytes) -> bytes:
         """Takes the next bytes; returns the body bytes they complete (possibly none)."""
@@ -92,168 +108,93 @@ class ResponseParser:
         self.received += len(data)
         if not data:
             return self._eof()
-        self._buffer += data
-        out = bytearray()
-        while not self.done:
-            before = (self._mode, len(self._buffer))
-            out += self._step()
-            if (self._mode, len(self._buffer)) == before:
-                break  # needs more bytes
-        return bytes(out)
-
-    # -- states ------------------------------------------------------------------------------
-
-    def _step(self) -> bytes:
-        mode = self._mode
-        if mode == "head":
-            self._parse_head()
-            return b""
-        if mode == "length":
-            return self._take(final="end")
-        if mode == "close":
-            data = bytes(self._buffer)
-            self._buffer.clear()
-            return data
-        if mode == "chunk-size":
-            line = self._line("chunk size")
-            if line is None:
-                return b""
-            size = line.split(b";", 1)[0].strip()
-            try:
-                if not size or size.startswith((b"-", b"+", b"0x", b"0X")):
-                    raise ValueError
-                self._left = int(size, 16)
-            except ValueError:
-                raise HttpProtocolError(f"bad chunk size {line[:40]!r}") from None
-            self._mode = "chunk-data" if self._left else "trailers"
-            return b""
-        if mode == "chunk-data":
-            return self._take(final="chunk-end")
-        if mode == "chunk-end":
-            if len(self._buffer) < 2:
-                return b""
-            if self._buffer[:2] != b"\r\n":
-                raise HttpProtocolError("a chunk did not end with CRLF")
-            del self._buffer[:2]
-            self._mode = "chunk-size"
-            return b""
-        if mode == "trailers":
-            line = self._line("trailer")
-            if line is None:
-                return b""
-            if not line:
-                self._finish()
-            return b""
-        raise AssertionError(mode)
-
-    def _take(self, final: str) -> bytes:
-        data = bytes(self._buffer[: self._left])
-        del self._buffer[: len(data)]
-        self._left -= len(data)
-        if not self._left:
-            if final == "end":
-                self._finish()
+        try:
+            if self.head_request:
+                self._feed_heads(data)
             else:
-                self._mode = final
-        return data
-
-    def _line(self, what: str) -> bytes | None:
-        end = self._buffer.find(b"\r\n")
-        if end < 0:
-            if len(self._buffer) > MAX_CHUNK_LINE:
-                raise HttpProtocolError(f"a {what} line longer than {MAX_CHUNK_LINE} bytes")
-            return None
-        line = bytes(self._buffer[:end])
-        del self._buffer[: end + 2]
-        return line
-
-    def _finish(self) -> None:
-        self._mode = "end"
-        self.done = True
-        if self._buffer:
-            # A server may not send ahead of a request: the connection is not reusable.
+                self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, HttpProtocolError):
+                raise exc.__context__ from None
+            if not self.done:
+                raise HttpProtocolError(str(exc) or type(exc).__name__) from None
+            # Bytes after the response's end (_Ahead, or after `Connection: close`).
             self.keep_alive = False
-            self._buffer.clear()
+        if self.head is None and self.received > MAX_HEAD:
+            raise HttpProtocolError(f"a response head larger than {MAX_HEAD // 1024} KiB")
+        body, self._body = b"".join(self._body), []
+        return body
+
+    def _feed_heads(self, data: bytes) -> None:
+        """A HEAD request's response ends with its head, which llhttp cannot be told: it is fed
+        up to each head's end (an interim response's, then the final one's)."""
+        while data and not self.done:
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            if end < 0:
+                self._parser.feed_data(data)
+                self._tail = seen[-3:]
+                return
+            cut = end + 4 - len(self._tail)
+            self._parser.feed_data(data[:cut])
+            data, self._tail = data[cut:], b""
+        if data:
+            self.keep_alive = False  # a server may not send ahead of a request
 
     def _eof(self) -> bytes:
-        if self._mode == "close":
-            self._finish()
+        if self.head is None:
+            if self.received:
+                raise HttpProtocolError(
+                    "the replica closed the connection inside its response head"
+                )
+            raise ConnectionClosed("the replica closed the connection before it answered")
+        coding = self.head.values("transfer-encoding")
+        if coding[-1] != "chunked" if coding else self.head.get("content-length") is None:
+            self.done = True  # the body ran to the end of the connection: no length, not chunked
             return b""
-        if self._mode == "head":
-            if not self.received:
-                raise ConnectionClosed("the replica closed the connection before it answered")
-            raise HttpProtocolError("the replica closed the connection inside its response head")
         raise ConnectionClosed("the replica closed the connection before its response's end")
 
-    def _parse_head(self) -> None:
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buffer) > MAX_HEAD:
-                raise HttpProtocolError(f"a response head larger than {MAX_HEAD // 1024} KiB")
-            return
-        raw = bytes(self._buffer[:end])
-        del self._buffer[: end + 4]
-        head = _head(raw)
-        if 100 <= head.status < 200:
-            if head.status == 101:
+    # -- llhttp's callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.done:
+            raise _Ahead
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # (a chunked body's trailers come here too, after the head was made: not kept)
+        self._headers.append((name.decode("latin-1"), value.decode("latin-1").strip(" \t")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status, version = parser.get_status_code(), parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise HttpProtocolError(f"not an HTTP/1.1 response: HTTP/{version}")
+        if 100 <= status < 200:
+            if status == 101:
                 raise HttpProtocolError("the replica switched protocols (101): not proxied")
+            self._reason, self._headers, self._interim = b"", [], True
             return  # an interim response: the final one follows
+        head = ResponseHead(
+            status, self._reason.decode("latin-1"), tuple(self._headers), f"HTTP/{version}"
+        )
         self.head = head
-        connection = head.values("connection")
-        if head.version == "HTTP/1.1":
-            self.keep_alive = "close" not in connection
-        else:
-            self.keep_alive = "keep-alive" in connection
-        if self.head_request or head.status in (204, 304):
-            self._finish()
+        if self.head_request:
+            connection = head.values("connection")
+            self.done = True
+            self.keep_alive = (
+                "close" not in connection if version == "1.1" else "keep-alive" in connection
+            )
             return
-        coding = head.values("transfer-encoding")
-        if coding:
-            if coding[-1] != "chunked":
-                self.keep_alive = False
-                self._mode = "close"
-                return
-            self._mode = "chunk-size"
+        self.keep_alive = parser.should_keep_alive()
+
+    def on_body(self, data: bytes) -> None:
+        self._body.append(data)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
             return
-        length = _content_length(head)
-        if length is None:
-            self.keep_alive = False
-            self._mode = "close"
-        elif length == 0:
-            self._finish()
-        else:
-            self._mode, self._left = "length", length
-
-
-class ConnectionClosed(HttpProtocolError):
-    """The connection ended before the response did (`ResponseParser.received` says whether the
-    replica had sent anything)."""
-
-
-def _head(raw: bytes) -> ResponseHead:
-    try:
-        text = raw.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover: latin-1 decodes every byte
-        raise HttpProtocolError("an undecodable response head") from None
-    status_line, *lines = text.split("\r\n")
-    version, _, rest = status_line.partition(" ")
-    code, _, reason = rest.partition(" ")
-    if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
-        raise HttpProtocolError(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
-    headers = []
-    for line in lines:
-        key, colon, value = line.partition(":")
-        if not colon or not key or key != key.strip() or line[0] in " \t":
-            raise HttpProtocolError(f"a malformed response header line: {line[:80]!r}")
-        headers.append((key, value.strip(" \t")))
-    return ResponseHead(int(code), reason, tuple(headers), version)
-
-
-def _content_length(head: ResponseHead) -> int | None:
-    values = {v.strip() for k, v in head.headers if k.lower() == "content-length"}
-    if not values:
-        return None
-    items = {item.strip() for value in values for item in value.split(",")}
-    if len(items) != 1 or not next(iter(items)).isdigit():
-        raise HttpProtocolError(f"a bad Content-Length: {', '.join(sorted(values))[:80]}")
-    return int(next(iter(items)))
+        self.done = True

@@ -1,6 +1,7 @@
-"""The endpoints' HTTP/1.1 client framing (levers9.rpc.http1): responses parsed as their bytes
-arrive, however the stream splits them, by the RFC 9112 rules; malformed ones refused with what
-was wrong."""
+"""The endpoints' HTTP/1.1 client framing (levers9.rpc.http1, llhttp through httptools):
+responses parsed as their bytes arrive, however the stream splits them, by the RFC 9112 rules
+(a HEAD request's response, interim responses, a body to the connection's end, keep-alive);
+malformed ones refused with what was wrong, in llhttp's words."""
 
 from __future__ import annotations
 
@@ -105,6 +106,40 @@ def test_responses_without_a_body_end_with_their_head(response: bytes, head_requ
     assert parser.body == b""  # type: ignore[attr-defined]
 
 
+def test_a_head_requests_response_ends_with_its_head_however_it_is_split() -> None:
+    response = (
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 10\r\nX-A: 1\r\n\r\n"
+    )
+    for split in range(1, len(response) + 1):
+        parsed = _parse(response, split=split, head_request=True)
+        assert parsed.done, split
+        assert parsed.keep_alive, split
+        assert parsed.head is not None
+        assert (parsed.head.status, parsed.head.headers[-1]) == (200, ("X-A", "1")), split
+        assert parsed.body == b"", split  # type: ignore[attr-defined]
+    # A server may not send ahead of the next request: the connection is not kept.
+    parsed = _parse(response + b"HTTP/1.1 200 OK\r\n", head_request=True)
+    assert parsed.done
+    assert not parsed.keep_alive
+    assert parsed.body == b""  # type: ignore[attr-defined]
+
+
+def test_a_body_with_a_coding_other_than_chunked_runs_to_the_close() -> None:
+    parser = ResponseParser()
+    assert parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc") == b"abc"
+    assert not parser.done
+    assert parser.feed(b"") == b""
+    assert parser.done
+    assert not parser.keep_alive
+
+
+def test_trailers_are_not_headers() -> None:
+    parsed = _parse(CHUNKED)
+    assert parsed.head is not None
+    assert parsed.head.headers == (("Transfer-Encoding", "chunked"),)
+    assert parsed.body == b"hello, world"  # type: ignore[attr-defined]
+
+
 def test_interim_responses_are_skipped() -> None:
     parser = _parse(
         b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n" + SIMPLE
@@ -134,19 +169,23 @@ def test_whether_the_connection_carries_the_next_request(response: bytes, keep_a
 @pytest.mark.parametrize(
     ("response", "says"),
     [
-        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1 status line"),
-        (b"HTTP/1.1 2000 OK\r\n\r\n", "not an HTTP/1.1 status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "malformed response header line"),
-        (b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n", "malformed response header line"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "Expected HTTP/"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "Invalid response status"),
+        (b"HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n", "not an HTTP/1.1 response"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "Invalid header token"),
+        (b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n", "Unexpected space"),
         (
             b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-            "bad Content-Length",
+            "Duplicate Content-Length",
         ),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "Invalid character in Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "Invalid character in chunk size",
+        ),
         (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n",
-            "did not end with CRLF",
+            "Expected LF after chunk data",
         ),
         (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", "switched protocols"),
     ],
@@ -171,6 +210,10 @@ def test_the_connection_closing_early_says_where() -> None:
     with pytest.raises(ConnectionClosed, match="before its response's end"):
         parser.feed(b"")
     assert parser.received > 0
+    parser = ResponseParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 10\r\n\r\nhalf")
+    with pytest.raises(ConnectionClosed, match="before its response's end"):
+        parser.feed(b"")  # its length says it was cut, whatever Connection says
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 200")
     with pytest.raises(HttpProtocolError, match="inside its response head"):
