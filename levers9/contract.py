@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 GPU = "nvidia.com/gpu"
 """The extended resource of NVIDIA cards (the device plugin's)."""
@@ -38,6 +39,27 @@ AGENT_FILE = "agent.json"
 """In the work dir: the agent's pid and start time (in clock ticks, /proc/<pid>/stat's 22nd)."""
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
+
+RUNTIMES = ("process", "runc")
+"""The pool's `runtime` setting: how the agent runs its tasks (`levers9.worker.runtimes` holds
+one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`)."""
+DEFAULT_RUNTIME = "runc"
+RESERVED_RUNTIMES: Mapping[str, str] = MappingProxyType({"runsc": "gVisor"})
+"""Names a later version will run: refused until then, with what they will be."""
+
+
+def runtime_problem(name: str) -> str | None:
+    """What is wrong with `name` as a pool's `runtime`, or None when it is one of RUNTIMES."""
+    if name in RUNTIMES:
+        return None
+    known = ", ".join(RUNTIMES)
+    if name in RESERVED_RUNTIMES:
+        return (
+            f"{name} ({RESERVED_RUNTIMES[name]}) is reserved and not yet available in this"
+            f" version: use one of {known}"
+        )
+    return f"unknown runtime {name!r:.40}: use one of {known}"
+
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """An RFC 1123 label, as Kubernetes names are: pool names and worker ids become parts of object

@@ -17,6 +17,7 @@ from levers9.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, 
 from levers9.contract import (
     COMMAND_DIGEST_FILE,
     CREDENTIALS_DIR,
+    DEFAULT_RUNTIME,
     DEVICE_PLUGIN_DIR,
     GPU,
     TLS_CERT_FILE,
@@ -65,6 +66,8 @@ class WorkerJobSpec:
     insecure_registries: str = ""
     image_cache_bytes: int = 0
     """The pool's `imageCacheSize`; 0: the worker's default."""
+    runtime: str = DEFAULT_RUNTIME
+    """The pool's `runtime`: what the agent runs its tasks with (`levers9.worker.runtimes`)."""
     default_image: str = ""
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
@@ -107,6 +110,7 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         ("LEVERS9_GPUS", str(spec.gpus)),
         ("LEVERS9_IMAGES_PATH", spec.images_path),
         ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
+        ("LEVERS9_RUNTIME", spec.runtime),
     ]
     if spec.advertised_host:
         plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))

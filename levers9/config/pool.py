@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from levers9.contract import DNS_LABEL, label_problem
+from levers9.contract import DEFAULT_RUNTIME, DNS_LABEL, RUNTIMES, label_problem, runtime_problem
 
 PROVIDER = "kubernetes"
 
@@ -233,6 +233,10 @@ def _positive_quantity(value: str) -> str:
     return value
 
 
+Runtime = Annotated[str, WithJsonSchema({"enum": list(RUNTIMES)})]
+"""A pool's `runtime`: one of levers9.contract.RUNTIMES (a reserved name is refused saying so)."""
+
+
 class TaskDefaults(_Model):
     """What a task gets when `levers9 run` does not say: its image, memory and CPU limits.
 
@@ -325,6 +329,9 @@ class PoolConfig(_Model):
     """How much of `imagesPath` tasks' images may fill before the least recently used go."""
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
+    runtime: Runtime = DEFAULT_RUNTIME
+    """How the pool's workers run its tasks (`levers9.worker.runtimes`): `runc`, a task in its
+    image (a task of none as a process of the worker); `process`, every task as a process."""
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
     worker_resources: WorkerResources = Field(
         default_factory=WorkerResources, alias="workerResources"
@@ -351,6 +358,23 @@ class PoolConfig(_Model):
         if not PurePosixPath(value).is_absolute():
             raise ValueError("must be an absolute path on the node (COS keeps / read-only)")
         return value
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, value: str) -> str:
+        problem = runtime_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _process_runs_no_image(self) -> PoolConfig:
+        if self.runtime == "process" and self.task_defaults.image:
+            raise ValueError(
+                "runtime: process runs tasks as processes of the worker, never in an image:"
+                " unset taskDefaults.image, or use runtime: runc"
+            )
+        return self
 
     @model_validator(mode="after")
     def _host_network_needs_tunnel(self) -> PoolConfig:

@@ -9,7 +9,8 @@ heartbeat and report tasks. Modules, one responsibility each:
 - `driver`: registers the host driver libraries with the loader;
 - `smi`: the few `nvidia-smi` queries the agent needs;
 - `checkpoint`: the kubelet's device-plugin checkpoint; `devices`: this worker's cards;
-- `output`: a task's captured output; `runtime` (+ `process_runtime`): what runs a task;
+- `output`: a task's captured output; `runtime` (+ `process_runtime`, `runc_runtime`): what
+  runs a task; `runtimes`: the registry the pool's `runtime` setting names one of;
 - `tasks`: task records, card assignment, phases; `auth`, `service`, `server`: WorkerService;
 - `backoff`, `gateway`: the gateway client; `agent`: the wiring; `main`: the command.
 """

@@ -25,15 +25,14 @@ import grpc
 from levers9.contract import AGENT_FILE, WORK_ROOT
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
-from levers9.worker.cdi import DRIVER_ROOT, CdiError
+from levers9.worker import runtimes
+from levers9.worker.cdi import CdiError
 from levers9.worker.devices import DeviceError, resolve_visible_devices
 from levers9.worker.driver import register_driver_libraries
 from levers9.worker.gateway import GatewayClient, Registration
-from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
-from levers9.worker.process_runtime import ProcessRuntime, start_ticks
-from levers9.worker.runc_runtime import RuncRuntime
-from levers9.worker.runtime import ByImage
+from levers9.worker.process_runtime import start_ticks
+from levers9.worker.runtimes import RuntimeContext
 from levers9.worker.server import ServeError, WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.settings import SettingsError, WorkerSettings
@@ -73,6 +72,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serves until `stop` is set; raises a `StartupError` when the worker cannot start."""
         settings = self._settings
+        make_runtime = runtimes.factory(settings)  # an unknown runtime stops it before anything
         host = "" if settings.tunnel else settings.address_to_advertise()
         serving_tls = settings.worker_credentials()
         # ldconfig blocks for a moment; the loop may already serve others (tests, sandbox).
@@ -89,8 +89,10 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            processes = ProcessRuntime(driver, self._env, work_dir / "processes")
-            runtime = ByImage(processes, *self._images(work_dir, visible))
+            runtime = make_runtime(
+                RuntimeContext(settings, self._paths, self._env, driver, work_dir, visible)
+            )
+            log.info("task runtime ready", runtime=settings.runtime)
             tasks = TaskManager(
                 runtime,
                 visible,
@@ -171,42 +173,6 @@ class Agent:
         finally:
             holding.cancel()
             await asyncio.gather(holding, return_exceptions=True)
-
-    def _images(self, work_dir: Path, visible: Sequence[int]) -> tuple[RuncRuntime | None, str]:
-        """The runc runtime over the node's image cache, or None and why there is none.
-        CdiError (a StartupError) when the cards' CDI spec cannot be generated."""
-        settings = self._settings
-        if not settings.images_path:
-            return None, "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"
-        for tool in ("runc", "umoci", "skopeo"):
-            if shutil.which(tool) is None:
-                return None, f"{tool} is not installed in the worker image"
-        if os.geteuid() != 0:
-            return (
-                None,
-                f"runc needs root; the worker runs as uid {os.geteuid()} (its Job is privileged)",
-            )
-        cache = ImageCache(
-            self._paths.map(settings.images_path),
-            max_bytes=settings.image_cache_bytes,
-            mirrors=settings.mirrors(),
-            insecure=sorted(settings.insecure()),
-        )
-        log.info(
-            "image cache ready",
-            images_path=settings.images_path,
-            cached=len(cache.cached()),
-            max_bytes=settings.image_cache_bytes,
-        )
-        runtime = RuncRuntime(
-            cache,
-            work_dir / "runc",
-            dev_root=self._paths.map("/dev"),
-            driver_root=self._paths.map(DRIVER_ROOT),
-            cards=visible,
-        )
-        log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(visible))
-        return runtime, ""
 
     def _work_dir(self, cleanup: contextlib.ExitStack) -> Path:
         """`LEVERS9_WORK_DIR`, else this worker's under the node's WORK_ROOT (removed when the

@@ -1,9 +1,10 @@
 """What runs a task's container: the interface, and what every runtime gives a task.
 
-`tasks.TaskManager` decides what runs (command, env, cards) and keeps the record; a `Runtime`
-makes it run. `process_runtime.ProcessRuntime` runs the command as a child process of the agent
-(`host: "process"`); a runc runtime (`host: "runc"`) implements the same interface with the
-image's filesystem.
+`supervisor.TaskManager` decides what runs (command, env, cards) and keeps the record; a
+`Runtime` makes it run. `process_runtime.ProcessRuntime` runs the command as a child process of
+the agent (`host: "process"`); `runc_runtime.RuncRuntime` (`host: "runc"`) implements the same
+interface with the image's filesystem. Which of them a pool's tasks get is the pool's `runtime`
+setting, looked up in `runtimes.RUNTIMES`.
 """
 
 from __future__ import annotations
@@ -173,9 +174,10 @@ def prepend_path(value: str | None, directories: Sequence[Path]) -> str:
 
 
 class ByImage:
-    """A task that names an image runs in the image runtime (runc); one that names none runs as
-    before, in the process runtime. Without an image runtime on this worker (runc, umoci or
-    skopeo missing, or no image cache), a task with an image fails to start and says why."""
+    """A task that names an image runs in the image runtime (runc); one that names none runs in
+    the process runtime (the rule the `runc` and `process` entries of `runtimes` choose). Without
+    an image runtime (the pool's runtime is `process`; or runc, umoci or skopeo missing, or no
+    image cache), a task with an image fails to start and says why (`unavailable`)."""
 
     def __init__(self, process: Runtime, images: Runtime | None, unavailable: str = "") -> None:
         self._process = process

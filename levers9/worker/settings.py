@@ -14,6 +14,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
+| `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default) or `process` (see `runtimes`) |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
@@ -35,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from levers9.contract import (
     COMMAND_DIGEST_FILE,
+    DEFAULT_RUNTIME,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     TOKEN_FILE,
@@ -85,6 +87,8 @@ class WorkerSettings(BaseModel):
     image_cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=0)
     registry_mirrors: str = ""
     insecure_registries: str = ""
+    runtime: str = DEFAULT_RUNTIME
+    """The pool's `runtime`: the name of what runs its tasks, checked by `runtimes.factory`."""
     default_image: str = ""
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
     default_memory_bytes: int = Field(default=0, ge=0)

@@ -145,6 +145,41 @@ def test_host_network_false_needs_tunnel() -> None:
     assert parse_pool("gke-rtx6000", block).host_network is False
 
 
+def test_runtime_defaults_to_runc_and_takes_process() -> None:
+    block = spec_pool(credentials=key_json())
+    assert parse_pool("gke-rtx6000", block).runtime == "runc"
+    block["runtime"] = "process"
+    assert parse_pool("gke-rtx6000", block).runtime == "process"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "expected"),
+    [
+        ("kata", "unknown runtime 'kata': use one of process, runc"),
+        ("runsc", "runsc (gVisor) is reserved and not yet available in this version"),
+        ("", "unknown runtime '': use one of process, runc"),
+    ],
+)
+def test_a_runtime_that_is_not_built_is_refused_naming_the_field(
+    runtime: str, expected: str
+) -> None:
+    block = spec_pool(credentials=key_json())
+    block["runtime"] = runtime
+    [error] = _pool_errors(block)
+    assert error.startswith(f"{PREFIX}.runtime: {expected}"), error
+
+
+def test_runtime_process_refuses_a_default_image() -> None:
+    block = spec_pool(credentials=key_json())
+    block["runtime"] = "process"
+    block["taskDefaults"] = {"image": "us-docker.pkg.dev/p/r/torch:2.5"}
+    [error] = _pool_errors(block)
+    assert error == (
+        f"{PREFIX}: runtime: process runs tasks as processes of the worker, never in an image:"
+        " unset taskDefaults.image, or use runtime: runc"
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value", "expected"),
     [

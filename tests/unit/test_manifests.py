@@ -182,3 +182,26 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
     assert settings.image_cache_bytes == 50 * 2**30, "the pool's imageCacheSize"
     [plain] = _pod_spec(worker_job(SPEC))["containers"]
     assert not [e for e in plain["env"] if e["name"].startswith("LEVERS9_DEFAULT_")]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"), [({}, "runc"), ({"runtime": "process"}, "process")]
+)
+def test_the_pools_runtime_reaches_the_worker_through_its_environment(
+    values: dict[str, str], expected: str
+) -> None:
+    from activities.kube import worker_spec
+    from levers9.config import parse_pool, parse_settings
+    from levers9.models import WorkerJobInput
+    from levers9.worker.settings import WorkerSettings
+    from tests.factories import key_json, spec_pool
+
+    pool = parse_pool("gke-rtx6000", {**spec_pool(credentials=key_json()), **values})
+    job_input = WorkerJobInput(pool_name="gke-rtx6000", worker_id="a1b2c3d4", gpus=1)
+    [container] = _pod_spec(worker_job(worker_spec(job_input, pool, parse_settings({}))))[
+        "containers"
+    ]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env["LEVERS9_RUNTIME"] == expected
+    env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
+    assert WorkerSettings.from_env({**env, "LEVERS9_WORKER_TOKEN": "l9w1.t"}).runtime == expected

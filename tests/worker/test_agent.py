@@ -33,7 +33,7 @@ from levers9.worker.checkpoint import CHECKPOINT_PATH
 from levers9.worker.devices import DeviceError
 from levers9.worker.gateway import GatewayClient
 from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV, HostPaths
-from levers9.worker.settings import WorkerSettings
+from levers9.worker.settings import SettingsError, WorkerSettings
 from tests.waiting import eventually
 from tests.worker.kit import AUTH, NEIGHBOUR_UID, POD_UID, TOKEN, write_checkpoint
 from tests.worker.recording_gateway import Calls, RecordingGateway
@@ -235,6 +235,98 @@ async def test_a_worker_without_its_cards_does_not_start(
         await agent.run(asyncio.Event())
     assert CHECKPOINT_PATH in str(raised.value)
     assert POD_UID in str(raised.value)
+
+
+# -- the pool's runtime (LEVERS9_RUNTIME) ------------------------------------------------------
+
+IMAGE = "us-docker.pkg.dev/p/r/torch:2.5"
+
+
+async def _ended(
+    gateway: RecordingGateway, running: RunningAgent, task_id: str, image: str = ""
+) -> worker_pb2.TaskStatus:
+    """Runs `print('done')` (in `image`, when given) on `running`; its report once it ended."""
+    request = _run_request(task_id, "print('done')")
+    request.task.image = image
+    async with aio.insecure_channel(running.address) as channel:
+        await worker_pb2_grpc.WorkerServiceStub(channel).RunTask(request, metadata=AUTH)
+    ended = (worker_pb2.TASK_STATE_SUCCEEDED, worker_pb2.TASK_STATE_FAILED)
+    await gateway.wait_for(
+        lambda calls: any(
+            r.status.task_id == task_id and r.status.state in ended for r in calls.reports
+        )
+    )
+    [report] = [
+        r for r in gateway.calls.reports if r.status.task_id == task_id and r.status.state in ended
+    ]
+    return report.status
+
+
+@pytest.mark.parametrize("runtime", ["process", "runc", None])
+async def test_a_task_without_an_image_runs_as_a_process_on_either_runtime(
+    gateway: RecordingGateway,
+    start_agent: StartAgent,
+    worker_env: dict[str, str],
+    runtime: str | None,
+) -> None:
+    """`process` runs every task so; `runc` (also when the Job names none, a Job of an older
+    controlplane) runs so a task that names no image and has no pool default: its rule."""
+    env = worker_env if runtime is None else {**worker_env, "LEVERS9_RUNTIME": runtime}
+    status = await _ended(gateway, await start_agent(env), "t-plain")
+
+    assert (status.state, status.host, status.log_tail) == (
+        worker_pb2.TASK_STATE_SUCCEEDED,
+        "process",
+        "done\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "why"),
+    [
+        (
+            "process",
+            "the pool's runtime is process (config.worker.pools.gke-rtx6000.runtime): its tasks"
+            " run as processes of the worker, without images; set runtime: runc to run images",
+        ),
+        ("runc", "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"),
+    ],
+)
+async def test_a_task_with_an_image_fails_where_the_runtime_cannot_run_one(
+    gateway: RecordingGateway,
+    start_agent: StartAgent,
+    worker_env: dict[str, str],
+    runtime: str,
+    why: str,
+) -> None:
+    running = await start_agent({**worker_env, "LEVERS9_RUNTIME": runtime})
+    status = await _ended(gateway, running, "t-image", image=IMAGE)
+
+    assert (status.state, status.reason) == (
+        worker_pb2.TASK_STATE_FAILED,
+        f"this worker cannot run images: {why}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "problem"),
+    [
+        ("kata", "unknown runtime 'kata': use one of process, runc"),
+        ("runsc", "runsc (gVisor) is reserved and not yet available in this version: use one of"),
+    ],
+)
+async def test_a_runtime_the_agent_has_not_built_stops_it_before_anything(
+    gateway: RecordingGateway, worker_env: dict[str, str], runtime: str, problem: str
+) -> None:
+    env = {**worker_env, "LEVERS9_RUNTIME": runtime}
+    agent = Agent(WorkerSettings.from_env(env), HostPaths.from_env(env), env)
+
+    with pytest.raises(SettingsError) as raised:
+        await agent.run(asyncio.Event())  # returns: it had its chance to register
+    assert str(raised.value).startswith(
+        "LEVERS9_RUNTIME (the pool's runtime, config.worker.pools.gke-rtx6000.runtime): " + problem
+    )
+    assert (agent.server, gateway.calls.registers) == (None, [])
 
 
 # -- the command -------------------------------------------------------------------------------
