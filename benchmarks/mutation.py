@@ -7,12 +7,13 @@ PoolWorkflow, each run only against the tests that exercise it, and the figures 
 mutmut works in a copy of the tree (`--dir`, under the ignored build/): it needs its own
 `[tool.mutmut]` table, and its `mutants/` folder must not land in the checkout. The copy is laid
 anew each run unless `--keep` (then mutmut reuses the results it has for unchanged functions).
-mutmut must be installed: `pip install -e '.[mutation]'` (the script says so if it is not).
+mutmut comes from the optional extra `mutation`; the script installs it when it is missing.
 
 mutmut mutates only undecorated functions (and static/class methods): in workflows/pool.py the
 signal, Update, query and run handlers are decorated, so only `_tells_after_continuing`,
-`_assign`, `_tell` and `_tell_one` are mutated there; their tests are the time-skipping
-workflow tests of tests/integration/test_pool_workflow.py. In levers9/task_records.py the
+`_assign`, `_tell` and `_tell_one` are mutated there, against the dev-server workflow tests of
+tests/integration/test_pool_workflow.py (a conftest.py written into the copy lets mutmut's
+trampoline through the workflow sandbox). In levers9/task_records.py the
 async Temporal client calls (start_task, task_record, ...) are exercised only by the sandbox
 integration tests, too costly to run per mutant: their mutants count as "no tests".
 
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from importlib import metadata
 from pathlib import Path
@@ -52,7 +54,33 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 """Module key -> (its file, the test files that exercise it)."""
 
 COPIED = ["levers9", "workflows", "activities", "sandbox", "tests", "worker_main.py"]
+
+SANDBOX_CONFTEST = '''"""Written by benchmarks/mutation.py into its copy only: a mutated
+function asks mutmut's trampoline which mutant runs, which reads os.environ, and Temporal's
+workflow sandbox refuses that inside a workflow; so the sandbox of a Worker built with the
+default runner passes mutmut through."""
+
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+assert Worker.__init__.__kwdefaults__ is not None
+Worker.__init__.__kwdefaults__["workflow_runner"] = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("mutmut")
+)
+'''
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".levers9")
+
+
+def ensure_mutmut() -> str:
+    """mutmut's version, installed first from the extra `mutation` when it is missing."""
+    try:
+        return metadata.version("mutmut")
+    except metadata.PackageNotFoundError:
+        pass
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = extras["optional-dependencies"]["mutation"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *wanted], check=True)
+    return metadata.version("mutmut")
 
 
 def dotted(path: str) -> str:
@@ -67,7 +95,7 @@ def mutmut_table(files: list[str], tests: list[str]) -> str:
         "\n[tool.mutmut]\n"
         'source_paths = ["levers9", "workflows"]\n'
         f"only_mutate = {toml_list(files)}\n"
-        'also_copy = ["activities", "sandbox", "worker_main.py"]\n'
+        'also_copy = ["activities", "sandbox", "worker_main.py", "conftest.py"]\n'
         f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
         # One process per test run (no xdist), no cache writes into the copy.
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-n", "0"]\n'
@@ -90,6 +118,7 @@ def lay_copy(workdir: Path, files: list[str], tests: list[str], keep: bool) -> N
             shutil.copytree(source, target, ignore=IGNORED)
         else:
             shutil.copy2(source, target)
+    (workdir / "conftest.py").write_text(SANDBOX_CONFTEST)
     pyproject = (ROOT / "pyproject.toml").read_text()
     (workdir / "pyproject.toml").write_text(pyproject + mutmut_table(files, tests))
 
@@ -129,10 +158,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="reuse the results in --dir")
     args = parser.parse_args()
 
-    try:
-        version = metadata.version("mutmut")
-    except metadata.PackageNotFoundError:
-        sys.exit("mutmut is not installed: pip install -e '.[mutation]'")
+    version = ensure_mutmut()
 
     files = [MODULES[key][0] for key in args.modules]
     tests = list(dict.fromkeys(t for key in args.modules for t in MODULES[key][1]))
