@@ -2,7 +2,10 @@
 
 It runs on one GPU node (privileged, usually on the host network), takes the cards the kubelet
 gave its pod, serves `WorkerService` to the controlplane and dials the gateway to register,
-heartbeat and report tasks. Modules, one responsibility each:
+heartbeat and report tasks. It is its own program: of `levers9` it imports only the wire
+(`proto`, `rpc`, `tunnel`) and the shared core it reads (`contract`, `logs`, `process`,
+`errors`, `certificates`, `image_reference`), never the controlplane (.importlinter's `agent`
+contract, an allow-list). Modules, one responsibility each:
 
 - `settings`: the environment contract (what the worker Job sets);
 - `paths`: node paths → where they really are (itself on a node; mapped in the sandbox);
