@@ -8,7 +8,10 @@
 #   runc             runs a task's container (the worker's runc runtime; its tests need root)
 #   busybox-static   the one static binary of the tests' smallest image
 #   mmdebstrap       builds the Python image (a Debian root filesystem) of the demo and the
-#                    benchmarks, once per machine (sandbox/task_images.py caches it)
+#                    benchmarks, once per machine (sandbox/task_images.py caches it), and the
+#                    stand-in for python:*-slim that deploy/images/*.Dockerfile build on
+#   buildah          builds deploy/images/*.Dockerfile in the tests (chroot isolation, no
+#                    daemon: tests/deploy/test_dockerfiles.py)
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
@@ -20,6 +23,7 @@ command -v umoci >/dev/null 2>&1 || missing+=(umoci)
 command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 say() { echo "install-tools: $*" >&2; }
