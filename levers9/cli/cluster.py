@@ -11,6 +11,7 @@ gateway, and its workers run in tunnel mode. `levers9 pool list` shows it.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 import subprocess
@@ -216,9 +217,9 @@ def leave(
         return
     for command in commands:
         _kubectl(command)
-    others = _kubectl(
-        ["kubectl", "get", "-n", namespace, "deployments,jobs,pods,secrets", "-o", "name"]
-    ).split()
+    others = _staying(
+        _kubectl(["kubectl", "get", "-n", namespace, "deployments,jobs,pods,secrets", "-o", "json"])
+    )
     if owned and not others:
         _kubectl(["kubectl", "delete", "namespace", namespace, "--ignore-not-found"])
         console.print(f"cluster {name} left, and what join installed deleted", highlight=False)
@@ -228,6 +229,22 @@ def leave(
         + (f": {len(others)} other objects in it ({', '.join(others[:3])}...)" if others else ""),
         highlight=False,
     )
+
+
+def _staying(listed: str) -> list[str]:
+    """`kind/name` of each object of a `kubectl get -o json` list that is not already going: an
+    object with a deletionTimestamp (the agent's pods in their grace period, right after the
+    deletes above) leaves on its own and keeps no namespace."""
+    try:
+        items = json.loads(listed).get("items", [])
+    except (ValueError, AttributeError):
+        fail([f"kubectl get -o json printed no list: {listed[:200]!r}"])
+        raise typer.Exit(1) from None
+    return [
+        f"{item.get('kind', '?').lower()}/{item.get('metadata', {}).get('name', '?')}"
+        for item in items
+        if not item.get("metadata", {}).get("deletionTimestamp")
+    ]
 
 
 def _kubectl(command: list[str]) -> str:

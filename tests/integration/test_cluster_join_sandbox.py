@@ -486,7 +486,27 @@ async def test_a_second_join_rolls_the_agent_and_revokes_the_old_agent_token(
 
 async def test_leave_with_apply_deletes_what_join_installed(plane: Plane) -> None:
     assert await _installed(plane) == INSTALLED
-    left = await plane.cli("cluster", "leave", NAME, "--apply")
+    # A pod still in its grace period when leave looks (as the agent's are on a real cluster,
+    # right after the Deployment's delete): going already, it keeps no namespace. Held here by
+    # a finalizer, which the test lets go once leave is done.
+    await plane.kubectl("apply", "-f", "-", stdin=TERMINATING_POD)
+    await plane.kubectl("delete", "-n", "levers9", "pod", "terminating", "--wait=false")
+    held = json.loads(
+        await plane.kubectl("get", "-n", "levers9", "pod", "terminating", "-o", "json")
+    )
+    assert held["metadata"]["deletionTimestamp"]
+    leaving = asyncio.create_task(plane.cli("cluster", "leave", NAME, "--apply"))
+
+    async def namespace_deleted() -> bool:  # leave's `kubectl delete namespace` then waits
+        got = await plane.kubectl("get", "namespace", "levers9", "-o", "json", "--ignore-not-found")
+        return not got or bool(json.loads(got)["metadata"].get("deletionTimestamp"))
+
+    await eventually(namespace_deleted, within=WITHIN)
+    await plane.kubectl(
+        "patch", "-n", "levers9", "pod", "terminating", "--type=merge",
+        "-p", '{"metadata":{"finalizers":null}}',
+    )  # fmt: skip
+    left = await leaving
     assert left.returncode == 0, left.stdout + left.stderr
     # The pool's removal took its workers' Jobs, pods and Secrets: nothing else was left in the
     # namespace, so it went too (else the line says `namespace levers9 kept: ...`).
@@ -498,3 +518,17 @@ async def test_leave_with_apply_deletes_what_join_installed(plane: Plane) -> Non
 
     await eventually(namespace_gone, within=WITHIN)
     assert json.loads((await plane.cli("cluster", "list", "-o", "json")).stdout) == []
+
+
+TERMINATING_POD = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: terminating
+  namespace: levers9
+  finalizers: [example.com/hold]
+spec:
+  containers:
+  - name: c
+    image: busybox
+"""
