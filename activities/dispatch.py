@@ -18,7 +18,6 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
@@ -38,7 +37,7 @@ from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.quantity import binary_text
 from levers9.rpc.worker_tls import worker_channel
 from levers9.telemetry import span
-from levers9.temporal import is_running, machine_records
+from levers9.temporal import is_running, machine_records, or_none
 from levers9.tokens import command_metadata
 
 T = TypeVar("T")
@@ -242,12 +241,8 @@ class TaskActivities:
         )
         if not await is_running(handle):
             return None
-        try:
-            record = await handle.query("record", result_type=WorkerRecord)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:  # it ended since
-                return None
-            raise
+        # None: it ended since
+        record = await or_none(handle.query("record", result_type=WorkerRecord))
         if record is None or record.address is None:
             return input
         return input.model_copy(update={"address": record.address, "task_queue": record.task_queue})

@@ -12,14 +12,13 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube import job_selector, kube_error
 from activities.kube_clients import KubeClients, UnknownPool
 from levers9.cloud import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.config import ControlplaneSettings
 from levers9.models import MACHINE_WORKFLOW, WORKER_WORKFLOW, reconcile_schedule_id
-from levers9.temporal import is_running
+from levers9.temporal import delivered, is_running
 
 
 class PoolRecords(BaseModel):
@@ -85,13 +84,8 @@ class PoolActivities:
     @activity.defn
     async def delete_reconcile_schedule(self, pool_name: str) -> bool:
         """False when there was none."""
-        try:
-            await self._client.get_schedule_handle(reconcile_schedule_id(pool_name)).delete()
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return False
-            raise
-        return True
+        handle = self._client.get_schedule_handle(reconcile_schedule_id(pool_name))
+        return await delivered(handle.delete())
 
     @activity.defn
     async def delete_pool_jobs(self, pool_name: str) -> list[str]:

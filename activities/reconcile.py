@@ -44,6 +44,7 @@ from levers9.models import (
 from levers9.observation import diff, fingerprints, vanished
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
+from levers9.temporal import delivered
 
 SIGNAL_CONCURRENCY = 32
 UNABLE = "unable to reconcile cluster nodes"
@@ -182,11 +183,7 @@ class ReconcileActivities:
 
     async def _signal_machine(self, pool_name: str, name: str, signal: str, *args: object) -> None:
         handle = self._client.get_workflow_handle(machine_workflow_id(pool_name, name))
-        try:
-            await handle.signal(signal, *args)
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND:  # it ended since the list
-                raise
+        await delivered(handle.signal(signal, *args))  # not delivered: it ended since the list
 
     async def _tell_settings(self, pool_name: str) -> int:
         names = await self._running_machines(pool_name)

@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.endpoints import EndpointSpec, EndpointView, Load
 from levers9.models import ENDPOINT_WORKFLOW, EndpointInput, endpoint_workflow_id
-from levers9.temporal import query_within
+from levers9.temporal import delivered, is_running, or_none, query_within
 
 
 class EndpointExists(Exception):
@@ -43,53 +42,29 @@ async def endpoint_view(
     no Temporal worker answers in that many seconds is NoQueryAnswer (`recorded_endpoints`
     says what Temporal holds then)."""
     handle = client.get_workflow_handle(endpoint_workflow_id(name))
-    try:
-        description = await handle.describe()
-        if description.status != WorkflowExecutionStatus.RUNNING:
-            return None
-        if within is None:
-            view: EndpointView = await handle.query("view", result_type=EndpointView)
-        else:
-            view = await query_within(handle, "view", within, result_type=EndpointView)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    return view
+    if not await is_running(handle):
+        return None
+    if within is None:
+        return await or_none(handle.query("view", result_type=EndpointView))
+    return await or_none(query_within(handle, "view", within, result_type=EndpointView))
 
 
 async def query_endpoint(client: Client, name: str) -> EndpointView | None:
     """`endpoint_view` in one call (a query; the gateway's hot path): None when unknown."""
     handle = client.get_workflow_handle(endpoint_workflow_id(name))
-    try:
-        view: EndpointView = await handle.query("view", result_type=EndpointView)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    return None if view.deleted else view
+    view = await or_none(handle.query("view", result_type=EndpointView))
+    return None if view is None or view.deleted else view
 
 
 async def report_load(client: Client, name: str, load: Load) -> bool:
     """Signals `load`; False when the endpoint is gone."""
-    try:
-        await client.get_workflow_handle(endpoint_workflow_id(name)).signal("load", load)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
+    handle = client.get_workflow_handle(endpoint_workflow_id(name))
+    return await delivered(handle.signal("load", load))
 
 
 async def delete_endpoint(client: Client, name: str) -> bool:
     """Signals `delete`; False when there is no such endpoint running."""
-    try:
-        await client.get_workflow_handle(endpoint_workflow_id(name)).signal("delete")
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
+    return await delivered(client.get_workflow_handle(endpoint_workflow_id(name)).signal("delete"))
 
 
 async def list_endpoints(client: Client) -> list[str]:

@@ -27,7 +27,13 @@ from levers9.models import (
 )
 from levers9.placement import QueueSpot
 from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
-from levers9.temporal import NoQueryAnswer, list_memo_records, query_within
+from levers9.temporal import (
+    NoQueryAnswer,
+    delivered,
+    list_memo_records,
+    or_none,
+    query_within,
+)
 
 OURS = frozenset(key.name for key in SEARCH_ATTRIBUTES)
 """The search attributes a last recorded state shows (not Temporal's own: BuildIds, ...)."""
@@ -67,14 +73,9 @@ async def task_ended(
 
 async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
     """Signals `cancel` to the task's record; False when no such task runs (unknown, or ended)."""
-    handle = client.get_workflow_handle(task_workflow_id(task_id))
-    try:
-        await handle.signal("cancel", reason)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
+    return await delivered(
+        client.get_workflow_handle(task_workflow_id(task_id)).signal("cancel", reason)
+    )
 
 
 async def task_record(
@@ -85,15 +86,10 @@ async def task_record(
     for a reader who shows it, not for a poll). With `within`, a query no Temporal worker
     answers in that many seconds is NoQueryAnswer (the CLI's: `last_recorded` says then)."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))
-    try:
-        if within is None:
-            record: TaskRecord | None = await handle.query("record", result_type=TaskRecord)
-        else:
-            record = await query_within(handle, "record", within, result_type=TaskRecord)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
+    if within is None:
+        record = await or_none(handle.query("record", result_type=TaskRecord))
+    else:
+        record = await or_none(query_within(handle, "record", within, result_type=TaskRecord))
     if where_queued and record is not None and record.state == "queued":
         record = record.model_copy(update={"queue": await _queue_spot(client, record, within)})
     return record
@@ -132,12 +128,9 @@ async def last_recorded(client: Client, task_id: str) -> LastRecorded | None:
     """The task as Temporal recorded it last, read without a Temporal worker; None if
     unknown."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))
-    try:
-        description = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
+    description = await or_none(handle.describe())
+    if description is None:
+        return None
     memo = await description.memo()
     status = description.status.name.title() if description.status is not None else "Unknown"
     return LastRecorded(

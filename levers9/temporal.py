@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -184,14 +184,37 @@ def _connect_reason(message: str) -> str:
     return message[start + len(marker) : end if end > 0 else None].lower()
 
 
-async def is_running(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether the handle's workflow runs now; False once it ended, or if it never existed."""
+T = TypeVar("T")
+
+
+async def or_none(call: Awaitable[T]) -> T | None:
+    """`call`'s answer; None when Temporal says NOT_FOUND: no such workflow or schedule (a
+    record unknown, or ended for a signal or an update). The one place a record's absence is
+    read from Temporal's status; every other error passes."""
     try:
-        return (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+        return await call
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def delivered(call: Awaitable[object]) -> bool:
+    """Whether a signal (a delete, a terminate) reached its workflow or schedule: False when
+    Temporal says NOT_FOUND (none runs under that id)."""
+    try:
+        await call
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return False
         raise
+    return True
+
+
+async def is_running(handle: WorkflowHandle[Any, Any]) -> bool:
+    """Whether the handle's workflow runs now; False once it ended, or if it never existed."""
+    described = await or_none(handle.describe())
+    return described is not None and described.status == WorkflowExecutionStatus.RUNNING
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
@@ -354,13 +377,10 @@ async def gpus_simulated(client: Client, pool_name: str) -> bool:
 async def schedule_memo(client: Client, pool_name: str) -> Mapping[str, Any] | None:
     """The memo of pool `pool_name`'s `reconcile:<pool>` schedule, described (read at once,
     unlike a listing); None when the pool has no schedule."""
-    try:
-        described = await client.get_schedule_handle(reconcile_schedule_id(pool_name)).describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    return await described.memo()
+    described = await or_none(
+        client.get_schedule_handle(reconcile_schedule_id(pool_name)).describe()
+    )
+    return None if described is None else await described.memo()
 
 
 async def sync_reconcile_schedules(
@@ -395,11 +415,7 @@ async def sync_reconcile_schedules(
     deleted = []
     for schedule_id in sorted(await _managed_schedule_ids(client, settings.task_queue)):
         if schedule_id not in wanted and schedule_id not in kept:
-            try:
-                await client.get_schedule_handle(schedule_id).delete()
-            except RPCError as exc:
-                if exc.status != RPCStatusCode.NOT_FOUND:
-                    raise
+            await delivered(client.get_schedule_handle(schedule_id).delete())  # gone is done
             deleted.append(schedule_id)
     for schedule_id in deleted:
         log.info("deleted schedule of removed pool", schedule_id=schedule_id)

@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 from grpc import aio
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.clusters import (
     CLUSTER_SESSION_WORKFLOW,
@@ -37,6 +36,7 @@ from levers9.clusters import (
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.rpc import bearer
+from levers9.temporal import delivered, or_none
 from levers9.tunnel.frames import MAX_DATA
 from levers9.tunnel.mux import Stream
 
@@ -80,20 +80,13 @@ class TemporalClusterRoutes:
 
     async def released(self, name: str, route: ClusterRoute) -> None:
         handle = self._client.get_workflow_handle(cluster_session_workflow_id(name))
-        try:
-            await handle.signal("released", route)
-        except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND:
-                raise
+        await delivered(handle.signal("released", route))  # not delivered: the session ended
 
     async def routes(self, name: str) -> list[ClusterRoute]:
         handle = self._client.get_workflow_handle(cluster_session_workflow_id(name))
-        try:
-            described = await handle.describe()
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return []
-            raise
+        described = await or_none(handle.describe())
+        if described is None:
+            return []
         recorded = (await described.memo()).get("routes") or []
         return [ClusterRoute.model_validate(r) for r in reversed(recorded)]
 

@@ -43,7 +43,6 @@ from grpc import aio
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.gateway.auth import bearer_token
@@ -55,7 +54,7 @@ from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_records import cancel_task, start_task, task_ended, task_record
-from levers9.temporal import unknown_pool
+from levers9.temporal import or_none, unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
 PLACEMENT_POLL_S = (0.02, 0.5)
@@ -133,12 +132,9 @@ class TemporalTaskRecords:
 
     async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
         handle = self._client.get_workflow_handle(worker_workflow_id(pool_name, worker_id))
-        try:
-            record: WorkerRecord | None = await handle.query("record", result_type=WorkerRecord)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return None
-            raise
+        record: WorkerRecord | None = await or_none(
+            handle.query("record", result_type=WorkerRecord)
+        )
         return record
 
 
