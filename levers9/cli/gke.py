@@ -1,44 +1,30 @@
 """`levers9 gke attach`: the cloud side of a GKE pool, as AttachClusterWorkflow.
 
-The command is itself the Temporal worker for the attach: it serves the workflow and its cloud
-activities on a task queue of its own, with the operator's Google (Application Default
-Credentials) and AWS credentials, and writes the key file on this machine. Temporal keeps the
-steps durable and retried; a run cut short is run again (every step is idempotent). It prints
-each step as it completes, then the values block and the commands for the private values file.
+The command checks its options and the controlplane's settings, then replaces itself with
+`python -m attach_main` (attach_main.py), the attach's own Temporal worker: it serves the
+workflow and its cloud activities with the operator's Google (Application Default Credentials)
+and AWS credentials, on this machine, and prints each step as it completes, then the values
+block and the commands for the private values file.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import uuid
+import sys
 from typing import Annotated
 
 import typer
-import yaml
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowFailureError
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.worker import Worker
 
-from activities.registry import attach_activities
-from levers9.cli.output import console, errors, fail
+from levers9.cli.output import fail
 from levers9.cli.runtime import settings_from_env
 from levers9.cloud import (
     DEFAULT_KEY_FILE,
     AttachInput,
-    AttachResult,
     ClusterRef,
-    Step,
     accelerator,
-    attach_workflow_id,
     default_pool_name,
-    private_values_commands,
 )
-from levers9.config import ControlplaneSettings
-from levers9.operations import failure_message
-from levers9.temporal import connect
-from workflows.attach import AttachClusterWorkflow
 
 app = typer.Typer(help="The cloud side of GKE pools.", no_args_is_help=True)
 
@@ -108,83 +94,6 @@ def attach(
         tunnel=tunnel,
         enable_authorized_networks=enable_authorized_networks,
     )
-    console.print(
-        f"attaching {ref.cluster_path} (node pool {node_pool}) as pool {request.pool_name}",
-        highlight=False,
-    )
-    try:
-        result = asyncio.run(_attach(settings, request))
-    except AttachFailed as exc:
-        errors.print(f"attach failed: {exc}", highlight=False)
-        errors.print("fix that and rerun: every step is idempotent", highlight=False)
-        raise typer.Exit(1) from None
-    _print_result(request, result)
-
-
-class AttachFailed(Exception):
-    pass
-
-
-async def _attach(settings: ControlplaneSettings, request: AttachInput) -> AttachResult:
-    client = await connect(settings)
-    task_queue = f"levers9-attach-{request.cluster.cluster}-{uuid.uuid4().hex[:8]}"
-    async with Worker(
-        client,
-        task_queue=task_queue,
-        workflows=[AttachClusterWorkflow],
-        activities=attach_activities(client, settings),
-    ):
-        # A run left by an attach that died (its queue has no worker now) is replaced.
-        handle = await client.start_workflow(
-            AttachClusterWorkflow.run,
-            request,
-            id=attach_workflow_id(request.cluster.cluster),
-            task_queue=task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        )
-        printed = 0
-        result_task = asyncio.ensure_future(handle.result())
-        while True:
-            done = result_task.done()
-            printed = await _print_steps(client, handle.id, handle.result_run_id, printed)
-            if done:
-                break
-            await asyncio.sleep(POLL_S)
-        try:
-            return result_task.result()
-        except WorkflowFailureError as exc:
-            raise AttachFailed(failure_message(exc)) from None
-
-
-async def _print_steps(client: Client, workflow_id: str, run_id: str | None, printed: int) -> int:
-    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
-    try:
-        steps: list[Step] = await handle.query(AttachClusterWorkflow.steps)
-    except Exception:
-        return printed
-    for step in steps[printed:]:
-        console.print(f"  {step.line()}", highlight=False, soft_wrap=True)
-    return max(printed, len(steps))
-
-
-def _print_result(request: AttachInput, result: AttachResult) -> None:
-    changed = [s for s in result.steps if s.status != "unchanged"]
-    console.print(
-        f"done: {len(changed)} changed, {len(result.steps) - len(changed)} unchanged;"
-        f" worker image {result.image_digest}",
-        highlight=False,
-    )
-    console.print(
-        "\nPaste under config.worker.pools in your values (the key is not in it):\n",
-        highlight=False,
-    )
-    block = yaml.safe_dump({request.pool_name: result.values_block}, sort_keys=False)
-    console.out(block, highlight=False)
-    key = os.path.expanduser(request.key_file)
-    console.print(
-        f"\nThe key is in {key} (mode 0600). Make the private values file and deploy:\n",
-        highlight=False,
-    )
-    for line in private_values_commands(request.pool_name, request.key_file):
-        console.out(line, highlight=False)
+    # The attach's Temporal worker is a program of its own (attach_main, beside worker_main):
+    # levers9 never imports workflows or activities. The options are checked; the rest is its.
+    os.execv(sys.executable, [sys.executable, "-m", "attach_main", request.model_dump_json()])
