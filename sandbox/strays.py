@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.contract import AGENT_FILE, WORK_ROOT
-from levers9.worker.runc_runtime import cgroup_dirs, remove_cgroups
+from levers9.worker.cgroups import cgroup_dirs, remove_cgroups
 
 KILL_WITHIN_S = 10.0
 RUNC_TIMEOUT_S = 30.0

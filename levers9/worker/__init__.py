@@ -14,6 +14,8 @@ contract, an allow-list). Modules, one responsibility each:
 - `checkpoint`: the kubelet's device-plugin checkpoint; `devices`: this worker's cards;
 - `output`: a task's captured output; `runtime` (+ `process_runtime`, `runc_runtime`): what
   runs a task; `runtimes`: the registry the pool's `runtime` setting names one of;
+- runc's parts: `runc_config` (a task's OCI config), `runc_container` (one container, its shim
+  and record), `cgroups` (a container's cgroups: OOM kills, removal);
 - `tasks`: task records, card assignment, phases; `auth`, `service`, `server`: WorkerService;
 - `backoff`, `gateway`: the gateway client; `agent`: the wiring; `main`: the command.
 """

@@ -3,33 +3,15 @@
 For each task: its image from the node's cache (`images.ImageCache`: pulled and unpacked once
 per digest), a bundle under the task's directory whose root is an overlay (the cached root
 filesystem read-only below, a writable layer of the task's own above), and a `config.json`
-made from the image by `umoci raw runtime-config` (which honours the image's Entrypoint, Cmd,
-Env, WorkingDir and User as Docker does, resolving a user name in the image's /etc/passwd),
-then narrowed here:
+made from the image by `umoci raw runtime-config`, then narrowed for the task
+(levers9.worker.runc_config: namespaces, limits, its cards' devices, the driver, its env).
 
-- its own PID, mount, IPC and UTS namespaces, and the agent's network namespace: the host's,
-  or the pod's when the pool runs on the pod network (tunnel mode);
-- runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits;
-- device nodes for its cards only, from the worker's CDI spec (levers9.worker.cdi):
-  `/dev/nvidiaN` for each of its indices, plus `/dev/nvidiactl`, `/dev/nvidia-uvm`,
-  `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the node has them, with cgroup device
-  rules that allow those and nothing else of the host's;
-- the driver's directories (`/usr/local/nvidia`, the spec's mount) read-only,
-  `NVIDIA_VISIBLE_DEVICES` as the process runtime sets it, and the task's own directory at
-  `/levers9` for its result file;
-- an environment of the image's, the task's and those few variables only: nothing of the
-  agent's (its token never sits in any environment a task can read), and none of the agent's
-  files (its Secret, its /proc) inside the container.
-
-The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`.
-
-Each container runs under a shim of its own session (SHIM: `runc run` in the foreground, the
-container's output appended to `container.log` in the task's folder, its exit status written
-beside it), with a record beside the runc root (`ContainerRecord`): an agent that is SIGKILLed
-leaves its containers running, and one started after it on the same work dir adopts them
-(`adopt`: output from where it was, the exit status once it comes) or kills them (`sweep`).
-Stopping signals every process of the container (`runc kill --all`), SIGTERM then SIGKILL after
-the grace, and returns once its cgroup is gone.
+Each container runs under a shim of its own session, with a record beside the runc root
+(levers9.worker.runc_container): an agent that is SIGKILLed leaves its containers running, and
+one started after it on the same work dir adopts them (`adopt`: output from where it was, the
+exit status once it comes) or kills them (`sweep`). Stopping signals every process of the
+container (`runc kill --all`), SIGTERM then SIGKILL after the grace, and returns once its cgroup
+is gone (levers9.worker.cgroups).
 """
 
 from __future__ import annotations
@@ -39,390 +21,39 @@ import contextlib
 import dataclasses
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
-import time
 import tty as termios_tty
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from levers9.image_reference import ImageReferenceError
 from levers9.logs import get_logger
 from levers9.worker import cdi
-from levers9.worker.cdi import DRIVER_ROOT, DeviceNode
+from levers9.worker.cdi import DRIVER_ROOT
+from levers9.worker.cgroups import remove_cgroups
 from levers9.worker.images import (
     ImageCache,
     ImageConfig,
     ImagePullError,
     PulledImage,
 )
+from levers9.worker.runc_config import DEFAULT_LIMITS, Limits, container_config
+from levers9.worker.runc_container import HOST, SHIM, ContainerRecord, RuncContainer, container_id
 from levers9.worker.runtime import (
-    OUTPUT_CHUNK,
     Container,
     ContainerSpec,
     ImageUnavailable,
     StartError,
-    drain,
     exec_stdio,
-    visible_devices,
 )
 
 log = get_logger("levers9.worker")
 
-HOST = "runc"
-TASK_MOUNT = "/levers9"
-"""The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
 RUNNING_WITHIN_S = 30.0
-SHIM = (
-    'log=$1 code=$2; shift 2; "$@" </dev/null >>"$log" 2>&1; echo $? >"$code.tmp"'
-    ' && mv "$code.tmp" "$code"'
-)
-"""Each container's shim (`sh -c SHIM levers9-shim LOG EXIT runc ... run ...`): `runc run` in
-the foreground, the container's output appended to LOG and its exit status written to EXIT,
-both where an agent started after this one finds them."""
-SHIM_POLL_S = 0.2
-"""How often an adopted container's shim (not our child) is looked for."""
-RELAY_POLL_S = (0.02, 0.25)
-"""How often the container's log is read for new output: from the first, doubling to the
-second while it is quiet."""
 """How long runc may take to create a container before the start is a failure."""
-NOFILE = 1_048_576
-SHM_DEFAULT_BYTES = 8 * 1024**3
-"""/dev/shm's cap without a memory limit (tmpfs: nothing is reserved)."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per container; None: unlimited."""
-
-    memory_bytes: int | None = None
-    cpus: float | None = None
-    pids: int | None = 32768
-
-
-def container_config(
-    base: Mapping[str, Any],
-    spec: ContainerSpec,
-    image: ImageConfig,
-    devices: Sequence[DeviceNode],
-    *,
-    mounts: Sequence[tuple[str, str]] = (),
-    limits: Limits = Limits(),
-    resolv_conf: Path | None = Path("/etc/resolv.conf"),
-) -> dict[str, Any]:
-    """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure).
-    `devices` and `mounts` (host path, container path; read-only) are its CDI edits."""
-    config: dict[str, Any] = json.loads(json.dumps(base))
-    process = config["process"]
-    if spec.command:
-        process["args"] = [*image.entrypoint, *spec.command]
-    if not process.get("args"):
-        raise StartError("the task gives no command and its image has neither Entrypoint nor Cmd")
-    env = dict(e.split("=", 1) for e in process.get("env") or [] if "=" in e)
-    env.update(spec.env)
-    env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(spec.gpu_indices)
-    env["LEVERS9_TASK_ID"] = spec.task_id
-    env["LEVERS9_RESULT_PATH"] = f"{TASK_MOUNT}/{spec.result_path.name}"
-    if any(container == DRIVER_ROOT for _, container in mounts):
-        env["PATH"] = ":".join(
-            [f"{DRIVER_ROOT}/bin", *[p for p in env.get("PATH", "").split(":") if p]]
-        )
-        env["LD_LIBRARY_PATH"] = ":".join(
-            [f"{DRIVER_ROOT}/lib64", *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]]
-        )
-    process["env"] = [f"{k}={v}" for k, v in env.items()]
-    process["terminal"] = False
-    process["noNewPrivileges"] = True
-    # As many as the agent may open (Docker gives 1048576), not umoci's 1024: data loaders and
-    # NCCL open many files; above the agent's own hard limit runc's init is refused.
-    nofile = min(NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    process["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}]
-    config["root"] = {"path": "rootfs", "readonly": False}
-    config["hostname"] = f"task-{spec.task_id}"[:63]
-
-    binds = [m for m in config.get("mounts") or [] if m.get("destination") != TASK_MOUNT]
-    for mount in binds:
-        if mount.get("destination") == "/dev/shm":
-            # PyTorch's DataLoader and NCCL share tensors through /dev/shm: 64 MiB (Docker's
-            # and umoci's default) is the classic "bus error"; it counts against the limit.
-            size = limits.memory_bytes or SHM_DEFAULT_BYTES
-            options = [o for o in mount.get("options", []) if not o.startswith("size=")]
-            mount["options"] = [*options, f"size={size}"]
-    binds.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
-    for host, container in mounts:
-        binds.append(_bind(host, container, read_only=True))
-    if resolv_conf is not None and resolv_conf.exists():
-        binds.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
-    config["mounts"] = binds
-
-    linux = config.setdefault("linux", {})
-    linux["cgroupsPath"] = cgroup_path(spec.task_id)
-    namespaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
-    for kind in ("pid", "ipc", "uts", "mount"):
-        if not any(n.get("type") == kind for n in namespaces):
-            namespaces.append({"type": kind})
-    linux["namespaces"] = namespaces
-    linux["devices"] = [
-        {
-            "path": d.path,
-            "type": "c",
-            "major": d.major,
-            "minor": d.minor,
-            "fileMode": 0o666,
-            "uid": 0,
-            "gid": 0,
-        }
-        for d in devices
-    ]
-    resources = linux.setdefault("resources", {})
-    resources["devices"] = [
-        {"allow": False, "access": "rwm"},
-        *(
-            {"allow": True, "type": "c", "major": d.major, "minor": d.minor, "access": "rwm"}
-            for d in devices
-        ),
-    ]
-    if limits.memory_bytes is not None:
-        resources["memory"] = {"limit": limits.memory_bytes, "swap": limits.memory_bytes}
-    if limits.cpus is not None:
-        period = 100_000
-        resources["cpu"] = {"quota": int(limits.cpus * period), "period": period}
-    if limits.pids is not None:
-        resources["pids"] = {"limit": limits.pids}
-    return config
-
-
-def cgroup_path(task_id: str) -> str:
-    """The container's cgroup, under one of ours (relative to each hierarchy's root)."""
-    return f"/levers9/l9-{task_id}"
-
-
-def oom_killed(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
-    """Whether the kernel's OOM killer killed a process of the task's cgroup: cgroup v1's
-    `memory.oom_control` (`oom_kill N`) or v2's `memory.events` (`oom_kill N`). Read before
-    the container is deleted (its cgroup goes with it)."""
-    relative = cgroup_path(task_id).lstrip("/")
-    for path in (
-        cgroup_root / "memory" / relative / "memory.oom_control",
-        cgroup_root / relative / "memory.events",
-        cgroup_root / "unified" / relative / "memory.events",
-    ):
-        with contextlib.suppress(OSError):
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
-                    return True
-    return False
-
-
-def cgroup_dirs(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[Path]:
-    """The container's cgroup in each hierarchy it exists in (v1's per controller, v2's)."""
-    relative = cgroup_path(task_id).lstrip("/")
-    found = [cgroup_root / relative] if (cgroup_root / relative).is_dir() else []
-    with contextlib.suppress(OSError):
-        for hierarchy in sorted(cgroup_root.iterdir()):
-            if (hierarchy / relative).is_dir():
-                found.append(hierarchy / relative)
-    return found
-
-
-def remove_cgroups(
-    task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup"), within_s: float = 10.0
-) -> list[str]:
-    """SIGKILL to every process still in the container's cgroups, then removes them; the ones
-    that could not be removed (named, for the log), none when all went."""
-    deadline = time.monotonic() + within_s
-    left = cgroup_dirs(task_id, cgroup_root)
-    while left:
-        for directory in left:
-            _kill_members(directory)
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        left = [d for d in left if d.is_dir()]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return [str(d) for d in left]
-
-
-def _kill_members(directory: Path) -> None:
-    kill = directory / "cgroup.kill"
-    if kill.exists():  # cgroup v2 (5.14+): the kernel kills them all at once
-        with contextlib.suppress(OSError):
-            kill.write_text("1")
-        return
-    with contextlib.suppress(OSError):
-        for pid in (directory / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
-def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
-    options = ["rbind", "nosuid", "nodev", "ro" if read_only else "rw"]
-    return {"type": "bind", "source": source, "destination": destination, "options": options}
-
-
-@dataclass(frozen=True)
-class ContainerRecord:
-    """What an agent started in this runc root, kept as JSON beside it (`containers/<id>.json`)
-    so that an agent started after this one (this one SIGKILLed, say) can adopt the container:
-    follow its output, read its exit status, and clean up after it."""
-
-    task_id: str
-    bundle: Path
-    log: Path
-    """The container's stdout and stderr, as its shim appends them."""
-    exit: Path
-    """Its exit status, written by its shim once `runc run` returns."""
-    shim_pid: int
-    image_reference: str
-    image_digest: str
-    rootfs: Path
-
-    @property
-    def container_id(self) -> str:
-        return container_id(self.task_id)
-
-    def dump(self) -> str:
-        fields = dataclasses.asdict(self)
-        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
-
-    @classmethod
-    def load(cls, text: str) -> ContainerRecord:
-        raw = json.loads(text)
-        return cls(
-            task_id=str(raw["task_id"]),
-            bundle=Path(raw["bundle"]),
-            log=Path(raw["log"]),
-            exit=Path(raw["exit"]),
-            shim_pid=int(raw["shim_pid"]),
-            image_reference=str(raw["image_reference"]),
-            image_digest=str(raw["image_digest"]),
-            rootfs=Path(raw["rootfs"]),
-        )
-
-
-def container_id(task_id: str) -> str:
-    return f"l9-{task_id}"
-
-
-class RuncContainer:
-    """One task's container, started by this agent (its shim a child of ours) or adopted from
-    an agent before it (its shim a process we can only watch)."""
-
-    host = HOST
-
-    def __init__(
-        self,
-        runtime: RuncRuntime,
-        record: ContainerRecord,
-        image: PulledImage,
-        shim: asyncio.subprocess.Process | None,
-        output: Callable[[bytes], None],
-        offset: int,
-        release: contextlib.ExitStack,
-    ) -> None:
-        self.id = record.container_id
-        self.task_id = record.task_id
-        self.image = image
-        self.oom_killed = False
-        self.lost = ""
-        self._runtime = runtime
-        self._record = record
-        self._shim = shim
-        self._release = release
-        self._exited = asyncio.create_task(self._shim_gone(), name=f"{self.id}-shim")
-        self._relay = asyncio.create_task(
-            _relay(record.log, offset, output, self._exited), name=f"{self.id}-output"
-        )
-        self._ending: asyncio.Task[int] | None = None
-
-    @property
-    def exited(self) -> bool:
-        return self._exited.done()
-
-    async def wait(self) -> int:
-        if self._ending is None:
-            self._ending = asyncio.create_task(self._end(), name=f"{self.id}-end")
-        return await asyncio.shield(self._ending)
-
-    async def stop(self, grace_s: float) -> int:
-        """SIGTERM to every process of the container (not only its PID 1, which may ignore it,
-        as a shell does), SIGKILL to every one once `grace_s` is over; returns once none is left."""
-        if not self._exited.done():
-            await self._runtime._signal(self.id, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(self._exited), max(grace_s, 0))
-            except TimeoutError:
-                await self._runtime._signal(self.id, signal.SIGKILL)
-        return await self.wait()
-
-    async def _shim_gone(self) -> None:
-        if self._shim is not None:
-            await self._shim.wait()
-            return
-        # Not our child: no wait() to be had, only /proc to look at.
-        while _shim_alive(self._record.shim_pid, self.id):  # noqa: ASYNC110
-            await asyncio.sleep(SHIM_POLL_S)
-
-    async def _end(self) -> int:
-        await self._exited
-        await drain(self._relay)
-        code = _exit_status(self._record.exit)
-        self.oom_killed = oom_killed(self.task_id)
-        await self._runtime._remove(self.id)
-        self._release.close()
-        self._runtime._forget(self.id)
-        if code is None:
-            # Its shim died before runc returned (killed with the agent's process group, say):
-            # the container was killed above, its status is not to be had.
-            self.lost = "the container's exit status was lost with its shim"
-            return 128 + signal.SIGKILL
-        return code
-
-
-async def _relay(
-    log_path: Path, offset: int, output: Callable[[bytes], None], exited: asyncio.Task[None]
-) -> None:
-    """The container's log file to `output`, from `offset`, as it grows; once the shim has
-    exited (nothing writes any more), to its end."""
-    pause = RELAY_POLL_S[0]
-    with log_path.open("rb") as reader:
-        reader.seek(offset)
-        while True:
-            done = exited.done()
-            chunk = reader.read(OUTPUT_CHUNK)
-            if chunk:
-                output(chunk)
-                pause = RELAY_POLL_S[0]
-                continue
-            if done:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(exited), pause)
-            pause = min(pause * 2, RELAY_POLL_S[1])
-
-
-def _shim_alive(pid: int, container: str) -> bool:
-    """Whether `pid` is still the container's shim (not gone, not a zombie, not reused)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return False
-    state = stat.rpartition(")")[2].split()[:1]
-    return state not in (["Z"], ["X"], []) and container.encode() in cmdline.split(b"\0")
-
-
-def _exit_status(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 class RuncRuntime:
@@ -436,7 +67,7 @@ class RuncRuntime:
         dev_root: Path = Path("/dev"),
         driver_root: Path = Path(DRIVER_ROOT),
         cards: Sequence[int] | None = None,
-        limits: Limits = Limits(),
+        limits: Limits = DEFAULT_LIMITS,
         runc: str = "runc",
         umoci: str = "umoci",
     ) -> None:

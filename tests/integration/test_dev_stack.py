@@ -31,7 +31,7 @@ from kubernetes import client as k8s
 from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
-from levers9.worker.runc_runtime import cgroup_dirs
+from levers9.worker.cgroups import cgroup_dirs
 from sandbox import aws, registries, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev

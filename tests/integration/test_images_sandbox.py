@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.worker.runc_runtime import cgroup_dirs
+from levers9.worker.cgroups import cgroup_dirs
 from sandbox import registries, task_images
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually

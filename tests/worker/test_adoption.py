@@ -23,8 +23,8 @@ from grpc import aio
 
 from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
+from levers9.worker.cgroups import cgroup_dirs
 from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV
-from levers9.worker.runc_runtime import cgroup_dirs
 from sandbox.cluster.kubelet import make_device_nodes
 from sandbox.registries import LocalRegistry
 from tests.worker.kit import AUTH, POD_UID, TOKEN, write_checkpoint

@@ -17,8 +17,11 @@ import pytest
 
 from levers9.proto import worker_pb2
 from levers9.worker.cdi import CdiError
+from levers9.worker.cgroups import cgroup_dirs
 from levers9.worker.images import ImageCache
-from levers9.worker.runc_runtime import Limits, RuncContainer, RuncRuntime, cgroup_dirs
+from levers9.worker.runc_config import Limits
+from levers9.worker.runc_container import RuncContainer
+from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import ContainerSpec, StartError
 from levers9.worker.supervisor import TaskManager
 from sandbox.cluster.kubelet import make_device_nodes
