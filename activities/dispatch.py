@@ -36,6 +36,7 @@ from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.quantity import binary_text
 from levers9.rpc.worker_tls import worker_channel
+from levers9.task_wire import task_spec
 from levers9.telemetry import span
 from levers9.temporal import is_running, machine_records, or_none
 from levers9.tokens import command_metadata
@@ -250,19 +251,7 @@ class TaskActivities:
     @activity.defn
     async def run_task(self, input: WorkerTaskInput) -> bool:
         """RunTask on the worker; True when it was already running (a retried call)."""
-        task = input.task
-        spec = worker_pb2.TaskSpec(
-            task_id=task.task_id,
-            image=task.image,
-            command=list(task.command),
-            env=dict(task.env),
-            gpu_indices=list(input.gpu_indices),
-            memory_bytes=task.memory_bytes,
-            cpu_millis=task.cpu_millis,
-            ports=list(task.ports),
-            ready_path=task.ready_path,
-            stop_grace_seconds=task.stop_grace_seconds,
-        )
+        spec = task_spec(input.task, input.gpu_indices)
         try:
             response = await self._call(
                 input,

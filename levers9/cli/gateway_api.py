@@ -20,6 +20,7 @@ from levers9.models import TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
 from levers9.rpc import bearer, tls
 from levers9.rpc.channel import gateway_channel
+from levers9.task_wire import submit_request
 
 T = TypeVar("T")
 PORT_CHUNK = 64 * 1024
@@ -102,17 +103,7 @@ async def _unary(
 
 async def submit_task(settings: ControlplaneSettings, task: TaskInput) -> None:
     """Starts the task's record through the gateway (a retried submit starts nothing twice)."""
-    request = gateway_pb2.SubmitTaskRequest(
-        task_id=task.task_id,
-        pool_name=task.pool_name,
-        command=list(task.command),
-        gpus=task.gpus,
-        image=task.image,
-        memory_bytes=task.memory_bytes,
-        cpu_millis=task.cpu_millis,
-        ports=list(task.ports),
-        stop_grace_seconds=task.stop_grace_seconds,
-    )
+    request = submit_request(task)
     await _unary(
         settings, lambda stub, md: stub.SubmitTask(request, metadata=md, timeout=CALL_TIMEOUT_S)
     )

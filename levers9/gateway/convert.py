@@ -13,7 +13,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from levers9.contract import DNS_LABEL, MAX_TASK_INPUT_BYTES, task_input_problem
+from levers9.contract import (
+    DNS_LABEL,
+    MAX_TASK_INPUT_BYTES,
+    ready_path_problem,
+    task_input_problem,
+)
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
 from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
@@ -25,6 +30,7 @@ from levers9.models import (
     memory_floor_problem,
 )
 from levers9.proto import gateway_pb2, worker_pb2
+from levers9.task_wire import task_input
 
 MAX_GPUS = 64
 MAX_DEVICE_INDEX = 255
@@ -46,6 +52,7 @@ _MAX_UNIX_MS = 253_402_300_799_999
 _NODE_NAME = re.compile(r"[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?")
 _POD_UID = re.compile(r"[A-Za-z0-9-]{1,128}")
 _TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_TASK_ID_TEXT = "a task id (letters, digits, . _ -; at most 128)"
 _PORT = re.compile(r"[0-9]{1,5}")
 _STATE_NAMES: dict[worker_pb2.TaskState.ValueType, TaskState] = {
     worker_pb2.TASK_STATE_RUNNING: "running",
@@ -63,51 +70,61 @@ def check_worker(pool_name: str, worker_id: str) -> None:
 
 
 def check_task_id(task_id: str) -> None:
-    _match("task_id", task_id, _TASK_ID, "a task id (letters, digits, . _ -; at most 128)")
+    _match("task_id", task_id, _TASK_ID, _TASK_ID_TEXT)
 
 
 def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
-    """A task as the CLI submits it; the record starts from exactly this."""
-    check_task_id(request.task_id)
+    """A task as a client submits it; the record starts from exactly this."""
     _match("pool_name", request.pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")
-    command = tuple(request.command)
-    if not command:
-        raise InvalidRequest("command", "missing: give the command after --")
-    if len(command) > MAX_COMMAND_ARGS:
-        raise InvalidRequest("command", f"{len(command)} arguments, at most {MAX_COMMAND_ARGS}")
-    if any("\0" in arg for arg in command):
-        raise InvalidRequest("command", "an argument holds a NUL byte")
-    problem = task_input_problem(command, {})
-    if problem is not None:
-        raise InvalidRequest("command", problem)
     if not 0 <= request.gpus <= MAX_GPUS:
         raise InvalidRequest("gpus", f"{request.gpus} is not 0 to {MAX_GPUS} cards")
-    if not 0 <= request.memory_bytes <= MAX_MEMORY_BYTES:
-        raise InvalidRequest("memory_bytes", f"{request.memory_bytes} is not 0 to 64 TiB")
-    below = memory_floor_problem(request.memory_bytes)
-    if below is not None:
-        raise InvalidRequest("memory_bytes", below)
-    if not 0 <= request.cpu_millis <= MAX_CPU_MILLIS:
-        raise InvalidRequest("cpu_millis", f"{request.cpu_millis} is not 0 to 4096 cores")
-    if request.image:
-        _check_image("image", request.image)
-    ports = check_ports("ports", request.ports)
-    if not 0 <= request.stop_grace_seconds <= MAX_STOP_GRACE_S:
-        raise InvalidRequest(
-            "stop_grace_seconds",
-            f"{request.stop_grace_seconds} is not 0 to {MAX_STOP_GRACE_S} seconds",
-        )
-    return TaskInput(
-        task_id=request.task_id,
-        pool_name=request.pool_name,
-        command=command,
-        gpus=request.gpus,
-        image=request.image,
-        memory_bytes=request.memory_bytes,
-        cpu_millis=request.cpu_millis,
-        ports=ports,
-        stop_grace_seconds=request.stop_grace_seconds,
+    if not request.HasField("task"):
+        raise InvalidRequest("task", "missing: the task to run (its id, command, image, ...)")
+    spec = request.task
+    _match(
+        "task.task_id", spec.task_id, _TASK_ID, "a task id (letters, digits, . _ -; at most 128)"
     )
+    _check_command("task.command", spec.command)
+    problem = task_input_problem((), spec.env)
+    if problem is not None:
+        raise InvalidRequest("task.env", problem)
+    problem = task_input_problem(spec.command, spec.env)
+    if problem is not None:
+        raise InvalidRequest("task.command", problem)
+    if spec.gpu_indices:
+        raise InvalidRequest(
+            "task.gpu_indices", "the placement picks the cards: ask for how many with gpus"
+        )
+    if not 0 <= spec.memory_bytes <= MAX_MEMORY_BYTES:
+        raise InvalidRequest("task.memory_bytes", f"{spec.memory_bytes} is not 0 to 64 TiB")
+    below = memory_floor_problem(spec.memory_bytes)
+    if below is not None:
+        raise InvalidRequest("task.memory_bytes", below)
+    if not 0 <= spec.cpu_millis <= MAX_CPU_MILLIS:
+        raise InvalidRequest("task.cpu_millis", f"{spec.cpu_millis} is not 0 to 4096 cores")
+    if spec.image:
+        _check_image("task.image", spec.image)
+    check_ports("task.ports", spec.ports)
+    problem = ready_path_problem(spec.ready_path)
+    if problem is None and spec.ready_path and not spec.ports:
+        problem = "needs a port to probe (ports is empty)"
+    if problem is not None:
+        raise InvalidRequest("task.ready_path", problem)
+    if not 0 <= spec.stop_grace_seconds <= MAX_STOP_GRACE_S:
+        raise InvalidRequest(
+            "task.stop_grace_seconds",
+            f"{spec.stop_grace_seconds} is not 0 to {MAX_STOP_GRACE_S} seconds",
+        )
+    return task_input(spec, pool_name=request.pool_name, gpus=request.gpus)
+
+
+def _check_command(field: str, command: Sequence[str]) -> None:
+    if not command:
+        raise InvalidRequest(field, "missing: give the command after --")
+    if len(command) > MAX_COMMAND_ARGS:
+        raise InvalidRequest(field, f"{len(command)} arguments, at most {MAX_COMMAND_ARGS}")
+    if any("\0" in arg for arg in command):
+        raise InvalidRequest(field, "an argument holds a NUL byte")
 
 
 MAX_PORTS = 16

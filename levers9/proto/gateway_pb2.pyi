@@ -398,52 +398,32 @@ Global___StreamTaskLogsRequest: _TypeAlias = StreamTaskLogsRequest  # noqa: Y015
 
 @_typing.final
 class SubmitTaskRequest(_message.Message):
-    """A task as `levers9 run` submits it; the gateway starts its record (TaskWorkflow)."""
+    """A task as `levers9 run` submits it; the gateway starts its record (TaskWorkflow). Its fields
+    are the worker's own TaskSpec (levers9.task_wire converts both ways): `task.task_id` is the
+    caller's id (a retried submit starts nothing twice); `task.gpu_indices` is the placement's
+    choice, refused here.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    TASK_ID_FIELD_NUMBER: _builtins.int
     POOL_NAME_FIELD_NUMBER: _builtins.int
-    COMMAND_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
-    IMAGE_FIELD_NUMBER: _builtins.int
-    MEMORY_BYTES_FIELD_NUMBER: _builtins.int
-    CPU_MILLIS_FIELD_NUMBER: _builtins.int
-    PORTS_FIELD_NUMBER: _builtins.int
-    STOP_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
-    task_id: _builtins.str
-    """the caller's id: a retried submit starts nothing twice"""
+    TASK_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     gpus: _builtins.int
-    image: _builtins.str
-    memory_bytes: _builtins.int
-    """0: the worker's default"""
-    cpu_millis: _builtins.int
-    """0: the worker's default"""
-    stop_grace_seconds: _builtins.int
-    """SIGTERM to SIGKILL when it is stopped (--stop-grace); 0: 10 s"""
+    """how many of one worker's cards; the placement picks which"""
     @_builtins.property
-    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    @_builtins.property
-    def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """container ports reachable through the controlplane (--port)"""
-
+    def task(self) -> _worker_pb2.TaskSpec: ...
     def __init__(
         self,
         *,
-        task_id: _builtins.str = ...,
         pool_name: _builtins.str = ...,
-        command: _abc.Iterable[_builtins.str] | None = ...,
         gpus: _builtins.int = ...,
-        image: _builtins.str = ...,
-        memory_bytes: _builtins.int = ...,
-        cpu_millis: _builtins.int = ...,
-        ports: _abc.Iterable[_builtins.int] | None = ...,
-        stop_grace_seconds: _builtins.int = ...,
+        task: _worker_pb2.TaskSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "gpus", b"gpus", "image", b"image", "memory_bytes", b"memory_bytes", "pool_name", b"pool_name", "ports", b"ports", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "pool_name", b"pool_name", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -46,6 +46,11 @@ Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
 @_typing.final
 class TaskSpec(_message.Message):
+    """A task's fields, the one place the wire defines them: what a worker runs (RunTask) and what a
+    client submits (Tasks.SubmitTask). levers9.task_wire converts them to and from
+    levers9.models.TaskInput; a field added here is added there and in that converter.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final

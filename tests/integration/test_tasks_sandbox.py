@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -301,28 +302,29 @@ async def test_the_gateway_refuses_a_bad_submit_naming_the_field(cp: Controlplan
 async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> None:
     """The gateway's Tasks service, called as any client would: each wrong field is named, a
     wrong token is refused without quoting it, a wait returns the ended record."""
-    from levers9.proto import gateway_pb2, gateway_pb2_grpc
+    from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
     from levers9.rpc import bearer
     from levers9.tokens import operator_token
     from tests.controlplane import TOKEN_SECRET
 
     metadata = bearer.metadata(operator_token(TOKEN_SECRET))
-    submit = gateway_pb2.SubmitTaskRequest
+
+    def submit(gpus: int = 0, **task: Any) -> gateway_pb2.SubmitTaskRequest:
+        spec = worker_pb2.TaskSpec(**{"task_id": "t1", "command": ["true"], **task})
+        return gateway_pb2.SubmitTaskRequest(pool_name=POOL, gpus=gpus, task=spec)
+
     cases = [
-        (submit(task_id="t1", pool_name=POOL), "command: missing"),
-        (submit(task_id="", pool_name=POOL, command=["true"]), "task_id: missing"),
-        (submit(task_id="t/1", pool_name=POOL, command=["true"]), "task_id: 't/1' is not"),
-        (submit(task_id="t1", pool_name=POOL, command=["true"], gpus=-1), "gpus: -1 is not"),
-        (submit(task_id="t1", pool_name=POOL, command=["a\0b"]), "command: an argument holds"),
-        (
-            submit(task_id="t1", pool_name=POOL, command=["true"], image="a b"),
-            "image: 'a b' is not",
-        ),
-        (submit(task_id="t1", pool_name=POOL, command=["true"], image="Up/per"), "image: 'Up/per'"),
-        (
-            submit(task_id="t1", pool_name=POOL, command=["true"], stop_grace_seconds=-1),
-            "stop_grace_seconds: -1 is not 0 to 3600 seconds",
-        ),
+        (submit(command=[]), "task.command: missing"),
+        (submit(task_id=""), "task.task_id: missing"),
+        (submit(task_id="t/1"), "task.task_id: 't/1' is not"),
+        (submit(gpus=-1), "gpus: -1 is not"),
+        (submit(command=["a\0b"]), "task.command: an argument holds"),
+        (submit(image="a b"), "task.image: 'a b' is not"),
+        (submit(image="Up/per"), "task.image: 'Up/per'"),
+        (submit(stop_grace_seconds=-1), "task.stop_grace_seconds: -1 is not 0 to 3600 seconds"),
+        (submit(gpu_indices=[0]), "task.gpu_indices: the placement picks the cards"),
+        (submit(env={"a.b": ""}), "task.env: 'a.b' is not a variable name"),
+        (submit(ready_path="/health"), "task.ready_path: needs a port to probe"),
     ]
     async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
         stub = gateway_pb2_grpc.TasksStub(channel)
@@ -342,7 +344,7 @@ async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> No
                 await stub.GetTaskRecord(asked, metadata=metadata, timeout=10)
             assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-        task = submit(task_id="api-wait-1", pool_name=POOL, command=["sh", "-c", "sleep 1"])
+        task = submit(task_id="api-wait-1", command=["sh", "-c", "sleep 1"])
         await stub.SubmitTask(task, metadata=metadata, timeout=10)
         await stub.SubmitTask(task, metadata=metadata, timeout=10)  # a retry starts nothing
         wait_for_end = gateway_pb2.GetTaskRecordRequest(task_id="api-wait-1", wait_seconds=30)

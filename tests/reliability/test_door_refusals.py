@@ -288,12 +288,12 @@ def test_the_limit_counts_each_argument_and_variable_with_its_terminator() -> No
     [
         (
             {"memory_bytes": 1},
-            "memory_bytes: 1 bytes is below the 6Mi a container needs to start (a bare number"
+            "task.memory_bytes: 1 bytes is below the 6Mi a container needs to start (a bare number"
             " is bytes): write a unit, e.g. 512Mi or 8Gi",
         ),
         (
             {"command": ["echo", "x" * 70_000, "y" * 70_000]},
-            "command: the command and environment hold 140007 bytes, more than 131072",
+            "task.command: the command and environment hold 140007 bytes, more than 131072",
         ),
     ],
 )
@@ -301,11 +301,10 @@ def test_the_gateway_refuses_the_same_at_submit(fields: dict[str, Any], message:
     """For a client other than the CLI: SubmitTask holds the same floor and limit."""
     from levers9.gateway.convert import submitted_task
     from levers9.gateway.errors import InvalidRequest
-    from levers9.proto import gateway_pb2
+    from levers9.proto import gateway_pb2, worker_pb2
 
-    request = gateway_pb2.SubmitTaskRequest(
-        **{"task_id": "t1", "pool_name": POOL, "command": ["true"], **fields}
-    )
+    spec = worker_pb2.TaskSpec(**{"task_id": "t1", "command": ["true"], **fields})
+    request = gateway_pb2.SubmitTaskRequest(pool_name=POOL, task=spec)
     with pytest.raises(InvalidRequest) as refused:
         submitted_task(request)
     assert str(refused.value.message).startswith(message), refused.value.message
