@@ -26,6 +26,7 @@ FILES = (
     "tests/reliability/test_bad_input.py",
     "tests/worker/test_rpc_properties.py",
     "tests/gateway/test_submit_properties.py",
+    "tests/unit/test_quantity.py",
 )
 
 
