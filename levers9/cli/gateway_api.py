@@ -20,7 +20,7 @@ from levers9.models import TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
 from levers9.rpc import bearer, tls
 from levers9.rpc.channel import gateway_channel
-from levers9.task_wire import submit_request
+from levers9.task_wire import record_from_message, submit_request
 
 T = TypeVar("T")
 PORT_CHUNK = 64 * 1024
@@ -126,7 +126,7 @@ async def task_record(
         if exc.code == grpc.StatusCode.NOT_FOUND:
             return None
         raise
-    return TaskRecord.model_validate_json(reply.record_json)
+    return record_from_message(reply.record)
 
 
 async def cancel_task(settings: ControlplaneSettings, task_id: str, reason: str = "") -> bool:

@@ -54,6 +54,7 @@ from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_records import cancel_task, start_task, task_ended, task_record
+from levers9.task_wire import record_message
 from levers9.temporal import or_none, unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
@@ -378,7 +379,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             record = await self._records.get(request.task_id, where_queued=True)
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}")
-        return gateway_pb2.GetTaskRecordResponse(record_json=record.model_dump_json())
+        return gateway_pb2.GetTaskRecordResponse(record=record_message(record))
 
     async def CancelTask(
         self,

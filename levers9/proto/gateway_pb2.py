@@ -22,66 +22,73 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from levers9.proto import worker_pb2 as levers9_dot_proto_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1alevers9/proto/worker.proto\"\xe7\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\x12\x0b\n\x03tls\x18\x0b \x01(\x08\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse\"\xc2\x02\n\x0bTunnelFrame\x12\x11\n\tstream_id\x18\x01 \x01(\r\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x17.levers9.v1.TunnelHelloH\x00\x12(\n\x05ready\x18\x03 \x01(\x0b\x32\x17.levers9.v1.TunnelReadyH\x00\x12&\n\x04open\x18\x04 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12*\n\x06opened\x18\x05 \x01(\x0b\x32\x18.levers9.v1.TunnelOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x06 \x01(\x0cH\x00\x12\x10\n\x06window\x18\x07 \x01(\rH\x00\x12$\n\x03\x66in\x18\x08 \x01(\x0b\x32\x15.levers9.v1.TunnelFinH\x00\x12(\n\x05reset\x18\t \x01(\x0b\x32\x17.levers9.v1.TunnelResetH\x00\x42\x06\n\x04kind\"3\n\x0bTunnelHello\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"!\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\nTunnelOpen\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06\x63redit\x18\x02 \x01(\r\"\x1e\n\x0cTunnelOpened\x12\x0e\n\x06\x63redit\x18\x01 \x01(\r\"\x0b\n\tTunnelFin\"\x1d\n\x0bTunnelReset\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"\xd0\x01\n\x11SubmitTaskRequest\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\"\n\x04task\x18\n \x01(\x0b\x32\x14.levers9.v1.TaskSpecJ\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nR\x07task_idR\x07\x63ommandR\x05imageR\x0cmemory_bytesR\ncpu_millisR\x05portsR\x12stop_grace_seconds\"%\n\x12SubmitTaskResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"=\n\x14GetTaskRecordRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\",\n\x15GetTaskRecordResponse\x12\x13\n\x0brecord_json\x18\x01 \x01(\t\":\n\x17\x43\x61ncelTaskRecordRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x18\x43\x61ncelTaskRecordResponse\">\n\x12JoinClusterRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x12\n\njoin_token\x18\x02 \x01(\t\"*\n\x13JoinClusterResponse\x12\x13\n\x0b\x61gent_token\x18\x01 \x01(\t\"6\n\x10\x43lusterRelayData\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x32\xe7\x03\n\x05Tasks\x12K\n\x0eStreamTaskLogs\x12!.levers9.v1.StreamTaskLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12K\n\nSubmitTask\x12\x1d.levers9.v1.SubmitTaskRequest\x1a\x1e.levers9.v1.SubmitTaskResponse\x12T\n\rGetTaskRecord\x12 .levers9.v1.GetTaskRecordRequest\x1a!.levers9.v1.GetTaskRecordResponse\x12W\n\nCancelTask\x12#.levers9.v1.CancelTaskRecordRequest\x1a$.levers9.v1.CancelTaskRecordResponse\x12\x41\n\x08\x45xecTask\x12\x17.levers9.v1.ExecRequest\x1a\x18.levers9.v1.ExecResponse(\x01\x30\x01\x12R\n\x0bPortForward\x12\x1e.levers9.v1.PortForwardRequest\x1a\x1f.levers9.v1.PortForwardResponse(\x01\x30\x01\x32\xa7\x02\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponse\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x32\xee\x01\n\x08\x43lusters\x12N\n\x0bJoinCluster\x12\x1e.levers9.v1.JoinClusterRequest\x1a\x1f.levers9.v1.JoinClusterResponse\x12\x45\n\rClusterTunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x12K\n\tRelayKube\x12\x1c.levers9.v1.ClusterRelayData\x1a\x1c.levers9.v1.ClusterRelayData(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1blevers9/proto/gateway.proto\x12\nlevers9.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1alevers9/proto/worker.proto\"\xe7\x01\n\x0fRegisterRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x0f\n\x07pod_uid\x18\x04 \x01(\t\x12\x1a\n\x12\x61\x64vertised_address\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x17\n\x0fvisible_devices\x18\x07 \x03(\x05\x12\x13\n\x0bgpu_product\x18\x08 \x01(\t\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x0e\n\x06tunnel\x18\n \x01(\x08\x12\x0b\n\x03tls\x18\x0b \x01(\x08\"-\n\x10RegisterResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x05\"k\n\x10HeartbeatRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x15\n\rrunning_tasks\x18\x03 \x01(\x05\x12\x1a\n\x12idle_since_unix_ms\x18\x04 \x01(\x03\"\x13\n\x11HeartbeatResponse\"a\n\x11ReportTaskRequest\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12&\n\x06status\x18\x03 \x01(\x0b\x32\x16.levers9.v1.TaskStatus\"\x14\n\x12ReportTaskResponse\"\xc2\x02\n\x0bTunnelFrame\x12\x11\n\tstream_id\x18\x01 \x01(\r\x12(\n\x05hello\x18\x02 \x01(\x0b\x32\x17.levers9.v1.TunnelHelloH\x00\x12(\n\x05ready\x18\x03 \x01(\x0b\x32\x17.levers9.v1.TunnelReadyH\x00\x12&\n\x04open\x18\x04 \x01(\x0b\x32\x16.levers9.v1.TunnelOpenH\x00\x12*\n\x06opened\x18\x05 \x01(\x0b\x32\x18.levers9.v1.TunnelOpenedH\x00\x12\x0e\n\x04\x64\x61ta\x18\x06 \x01(\x0cH\x00\x12\x10\n\x06window\x18\x07 \x01(\rH\x00\x12$\n\x03\x66in\x18\x08 \x01(\x0b\x32\x15.levers9.v1.TunnelFinH\x00\x12(\n\x05reset\x18\t \x01(\x0b\x32\x17.levers9.v1.TunnelResetH\x00\x42\x06\n\x04kind\"3\n\x0bTunnelHello\x12\x11\n\tpool_name\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\"!\n\x0bTunnelReady\x12\x12\n\nsession_id\x18\x01 \x01(\t\",\n\nTunnelOpen\x12\x0e\n\x06target\x18\x01 \x01(\t\x12\x0e\n\x06\x63redit\x18\x02 \x01(\r\"\x1e\n\x0cTunnelOpened\x12\x0e\n\x06\x63redit\x18\x01 \x01(\r\"\x0b\n\tTunnelFin\"\x1d\n\x0bTunnelReset\x12\x0e\n\x06reason\x18\x01 \x01(\t\"H\n\x15StreamTaskLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"\xd0\x01\n\x11SubmitTaskRequest\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\"\n\x04task\x18\n \x01(\x0b\x32\x14.levers9.v1.TaskSpecJ\x04\x08\x01\x10\x02J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nR\x07task_idR\x07\x63ommandR\x05imageR\x0cmemory_bytesR\ncpu_millisR\x05portsR\x12stop_grace_seconds\"%\n\x12SubmitTaskResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"=\n\x14GetTaskRecordRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"\xe6\x04\n\nTaskRecord\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04gpus\x18\x04 \x01(\x05\x12\r\n\x05image\x18\x05 \x01(\t\x12\r\n\x05state\x18\x06 \x01(\t\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\tworker_id\x18\x08 \x01(\tH\x00\x88\x01\x01\x12\x16\n\tnode_name\x18\t \x01(\tH\x01\x88\x01\x01\x12\x14\n\x07\x61\x64\x64ress\x18\n \x01(\tH\x02\x88\x01\x01\x12\x0b\n\x03tls\x18\x0b \x01(\x08\x12\x13\n\x0bgpu_indices\x18\x0c \x03(\x05\x12+\n\x06phases\x18\r \x03(\x0b\x32\x1b.levers9.v1.TaskRecordPhase\x12\x16\n\texit_code\x18\x0e \x01(\x05H\x03\x88\x01\x01\x12\x13\n\x0bresult_json\x18\x0f \x01(\t\x12\x0e\n\x06reason\x18\x10 \x01(\t\x12\x10\n\x08log_tail\x18\x11 \x01(\t\x12\x0c\n\x04host\x18\x12 \x01(\t\x12\x14\n\x0cimage_digest\x18\x13 \x01(\t\x12\r\n\x05ports\x18\x14 \x03(\x05\x12\r\n\x05ready\x18\x15 \x01(\x08\x12\x10\n\x08\x65ndpoint\x18\x16 \x01(\t\x12/\n\x0b\x66inished_at\x18\x17 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x05queue\x18\x18 \x01(\x0b\x32\x19.levers9.v1.TaskQueueSpotB\x0c\n\n_worker_idB\x0c\n\n_node_nameB\n\n\x08_addressB\x0c\n\n_exit_code\"f\n\x0fTaskRecordPhase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"d\n\rTaskQueueSpot\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x0f\n\x07waiting\x18\x02 \x01(\x05\x12\x0c\n\x04gpus\x18\x03 \x01(\x05\x12\x11\n\tmost_free\x18\x04 \x01(\x05\x12\x0f\n\x07workers\x18\x05 \x01(\x05\"R\n\x15GetTaskRecordResponse\x12&\n\x06record\x18\x02 \x01(\x0b\x32\x16.levers9.v1.TaskRecordJ\x04\x08\x01\x10\x02R\x0brecord_json\":\n\x17\x43\x61ncelTaskRecordRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1a\n\x18\x43\x61ncelTaskRecordResponse\">\n\x12JoinClusterRequest\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x12\n\njoin_token\x18\x02 \x01(\t\"*\n\x13JoinClusterResponse\x12\x13\n\x0b\x61gent_token\x18\x01 \x01(\t\"6\n\x10\x43lusterRelayData\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x32\xe7\x03\n\x05Tasks\x12K\n\x0eStreamTaskLogs\x12!.levers9.v1.StreamTaskLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12K\n\nSubmitTask\x12\x1d.levers9.v1.SubmitTaskRequest\x1a\x1e.levers9.v1.SubmitTaskResponse\x12T\n\rGetTaskRecord\x12 .levers9.v1.GetTaskRecordRequest\x1a!.levers9.v1.GetTaskRecordResponse\x12W\n\nCancelTask\x12#.levers9.v1.CancelTaskRecordRequest\x1a$.levers9.v1.CancelTaskRecordResponse\x12\x41\n\x08\x45xecTask\x12\x17.levers9.v1.ExecRequest\x1a\x18.levers9.v1.ExecResponse(\x01\x30\x01\x12R\n\x0bPortForward\x12\x1e.levers9.v1.PortForwardRequest\x1a\x1f.levers9.v1.PortForwardResponse(\x01\x30\x01\x32\xa7\x02\n\x07Gateway\x12\x45\n\x08Register\x12\x1b.levers9.v1.RegisterRequest\x1a\x1c.levers9.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.levers9.v1.HeartbeatRequest\x1a\x1d.levers9.v1.HeartbeatResponse\x12K\n\nReportTask\x12\x1d.levers9.v1.ReportTaskRequest\x1a\x1e.levers9.v1.ReportTaskResponse\x12>\n\x06Tunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x32\xee\x01\n\x08\x43lusters\x12N\n\x0bJoinCluster\x12\x1e.levers9.v1.JoinClusterRequest\x1a\x1f.levers9.v1.JoinClusterResponse\x12\x45\n\rClusterTunnel\x12\x17.levers9.v1.TunnelFrame\x1a\x17.levers9.v1.TunnelFrame(\x01\x30\x01\x12K\n\tRelayKube\x12\x1c.levers9.v1.ClusterRelayData\x1a\x1c.levers9.v1.ClusterRelayData(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'levers9.proto.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERREQUEST']._serialized_start=72
-  _globals['_REGISTERREQUEST']._serialized_end=303
-  _globals['_REGISTERRESPONSE']._serialized_start=305
-  _globals['_REGISTERRESPONSE']._serialized_end=350
-  _globals['_HEARTBEATREQUEST']._serialized_start=352
-  _globals['_HEARTBEATREQUEST']._serialized_end=459
-  _globals['_HEARTBEATRESPONSE']._serialized_start=461
-  _globals['_HEARTBEATRESPONSE']._serialized_end=480
-  _globals['_REPORTTASKREQUEST']._serialized_start=482
-  _globals['_REPORTTASKREQUEST']._serialized_end=579
-  _globals['_REPORTTASKRESPONSE']._serialized_start=581
-  _globals['_REPORTTASKRESPONSE']._serialized_end=601
-  _globals['_TUNNELFRAME']._serialized_start=604
-  _globals['_TUNNELFRAME']._serialized_end=926
-  _globals['_TUNNELHELLO']._serialized_start=928
-  _globals['_TUNNELHELLO']._serialized_end=979
-  _globals['_TUNNELREADY']._serialized_start=981
-  _globals['_TUNNELREADY']._serialized_end=1014
-  _globals['_TUNNELOPEN']._serialized_start=1016
-  _globals['_TUNNELOPEN']._serialized_end=1060
-  _globals['_TUNNELOPENED']._serialized_start=1062
-  _globals['_TUNNELOPENED']._serialized_end=1092
-  _globals['_TUNNELFIN']._serialized_start=1094
-  _globals['_TUNNELFIN']._serialized_end=1105
-  _globals['_TUNNELRESET']._serialized_start=1107
-  _globals['_TUNNELRESET']._serialized_end=1136
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1138
-  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1210
-  _globals['_SUBMITTASKREQUEST']._serialized_start=1213
-  _globals['_SUBMITTASKREQUEST']._serialized_end=1421
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=1423
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=1460
-  _globals['_GETTASKRECORDREQUEST']._serialized_start=1462
-  _globals['_GETTASKRECORDREQUEST']._serialized_end=1523
-  _globals['_GETTASKRECORDRESPONSE']._serialized_start=1525
-  _globals['_GETTASKRECORDRESPONSE']._serialized_end=1569
-  _globals['_CANCELTASKRECORDREQUEST']._serialized_start=1571
-  _globals['_CANCELTASKRECORDREQUEST']._serialized_end=1629
-  _globals['_CANCELTASKRECORDRESPONSE']._serialized_start=1631
-  _globals['_CANCELTASKRECORDRESPONSE']._serialized_end=1657
-  _globals['_JOINCLUSTERREQUEST']._serialized_start=1659
-  _globals['_JOINCLUSTERREQUEST']._serialized_end=1721
-  _globals['_JOINCLUSTERRESPONSE']._serialized_start=1723
-  _globals['_JOINCLUSTERRESPONSE']._serialized_end=1765
-  _globals['_CLUSTERRELAYDATA']._serialized_start=1767
-  _globals['_CLUSTERRELAYDATA']._serialized_end=1821
-  _globals['_TASKS']._serialized_start=1824
-  _globals['_TASKS']._serialized_end=2311
-  _globals['_GATEWAY']._serialized_start=2314
-  _globals['_GATEWAY']._serialized_end=2609
-  _globals['_CLUSTERS']._serialized_start=2612
-  _globals['_CLUSTERS']._serialized_end=2850
+  _globals['_REGISTERREQUEST']._serialized_start=105
+  _globals['_REGISTERREQUEST']._serialized_end=336
+  _globals['_REGISTERRESPONSE']._serialized_start=338
+  _globals['_REGISTERRESPONSE']._serialized_end=383
+  _globals['_HEARTBEATREQUEST']._serialized_start=385
+  _globals['_HEARTBEATREQUEST']._serialized_end=492
+  _globals['_HEARTBEATRESPONSE']._serialized_start=494
+  _globals['_HEARTBEATRESPONSE']._serialized_end=513
+  _globals['_REPORTTASKREQUEST']._serialized_start=515
+  _globals['_REPORTTASKREQUEST']._serialized_end=612
+  _globals['_REPORTTASKRESPONSE']._serialized_start=614
+  _globals['_REPORTTASKRESPONSE']._serialized_end=634
+  _globals['_TUNNELFRAME']._serialized_start=637
+  _globals['_TUNNELFRAME']._serialized_end=959
+  _globals['_TUNNELHELLO']._serialized_start=961
+  _globals['_TUNNELHELLO']._serialized_end=1012
+  _globals['_TUNNELREADY']._serialized_start=1014
+  _globals['_TUNNELREADY']._serialized_end=1047
+  _globals['_TUNNELOPEN']._serialized_start=1049
+  _globals['_TUNNELOPEN']._serialized_end=1093
+  _globals['_TUNNELOPENED']._serialized_start=1095
+  _globals['_TUNNELOPENED']._serialized_end=1125
+  _globals['_TUNNELFIN']._serialized_start=1127
+  _globals['_TUNNELFIN']._serialized_end=1138
+  _globals['_TUNNELRESET']._serialized_start=1140
+  _globals['_TUNNELRESET']._serialized_end=1169
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_start=1171
+  _globals['_STREAMTASKLOGSREQUEST']._serialized_end=1243
+  _globals['_SUBMITTASKREQUEST']._serialized_start=1246
+  _globals['_SUBMITTASKREQUEST']._serialized_end=1454
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=1456
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=1493
+  _globals['_GETTASKRECORDREQUEST']._serialized_start=1495
+  _globals['_GETTASKRECORDREQUEST']._serialized_end=1556
+  _globals['_TASKRECORD']._serialized_start=1559
+  _globals['_TASKRECORD']._serialized_end=2173
+  _globals['_TASKRECORDPHASE']._serialized_start=2175
+  _globals['_TASKRECORDPHASE']._serialized_end=2277
+  _globals['_TASKQUEUESPOT']._serialized_start=2279
+  _globals['_TASKQUEUESPOT']._serialized_end=2379
+  _globals['_GETTASKRECORDRESPONSE']._serialized_start=2381
+  _globals['_GETTASKRECORDRESPONSE']._serialized_end=2463
+  _globals['_CANCELTASKRECORDREQUEST']._serialized_start=2465
+  _globals['_CANCELTASKRECORDREQUEST']._serialized_end=2523
+  _globals['_CANCELTASKRECORDRESPONSE']._serialized_start=2525
+  _globals['_CANCELTASKRECORDRESPONSE']._serialized_end=2551
+  _globals['_JOINCLUSTERREQUEST']._serialized_start=2553
+  _globals['_JOINCLUSTERREQUEST']._serialized_end=2615
+  _globals['_JOINCLUSTERRESPONSE']._serialized_start=2617
+  _globals['_JOINCLUSTERRESPONSE']._serialized_end=2659
+  _globals['_CLUSTERRELAYDATA']._serialized_start=2661
+  _globals['_CLUSTERRELAYDATA']._serialized_end=2715
+  _globals['_TASKS']._serialized_start=2718
+  _globals['_TASKS']._serialized_end=3205
+  _globals['_GATEWAY']._serialized_start=3208
+  _globals['_GATEWAY']._serialized_end=3503
+  _globals['_CLUSTERS']._serialized_start=3506
+  _globals['_CLUSTERS']._serialized_end=3744
 # @@protoc_insertion_point(module_scope)

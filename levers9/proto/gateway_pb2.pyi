@@ -8,6 +8,7 @@ token in the `authorization: Bearer <token>` metadata.
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from levers9.proto import worker_pb2 as _worker_pb2
 import builtins as _builtins
@@ -474,23 +475,201 @@ class GetTaskRecordRequest(_message.Message):
 Global___GetTaskRecordRequest: _TypeAlias = GetTaskRecordRequest  # noqa: Y015
 
 @_typing.final
-class GetTaskRecordResponse(_message.Message):
-    """The record as `levers9 task get -o json` prints it (levers9.models.TaskRecord): one schema,
-    the record's own.
+class TaskRecord(_message.Message):
+    """The task record, field for field levers9.models.TaskRecord (what `levers9 task get -o json`
+    prints; levers9.task_wire converts both ways, tests/unit/test_task_wire.py holds the two to
+    the same fields). `optional` and unset messages are the record's nulls.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    RECORD_JSON_FIELD_NUMBER: _builtins.int
-    record_json: _builtins.str
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    IMAGE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    TLS_FIELD_NUMBER: _builtins.int
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
+    PHASES_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    LOG_TAIL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    PORTS_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    pool_name: _builtins.str
+    gpus: _builtins.int
+    image: _builtins.str
+    state: _builtins.str
+    """queued, placed, running, succeeded, failed, cancelled, lost"""
+    worker_id: _builtins.str
+    node_name: _builtins.str
+    address: _builtins.str
+    tls: _builtins.bool
+    exit_code: _builtins.int
+    result_json: _builtins.str
+    """what the task printed as its result, if any"""
+    reason: _builtins.str
+    log_tail: _builtins.str
+    host: _builtins.str
+    image_digest: _builtins.str
+    ready: _builtins.bool
+    endpoint: _builtins.str
+    @_builtins.property
+    def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskRecordPhase]: ...
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def queue(self) -> Global___TaskQueueSpot:
+        """while queued: where it waits in its pool"""
+
     def __init__(
         self,
         *,
-        record_json: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+        command: _abc.Iterable[_builtins.str] | None = ...,
+        gpus: _builtins.int = ...,
+        image: _builtins.str = ...,
+        state: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        worker_id: _builtins.str | None = ...,
+        node_name: _builtins.str | None = ...,
+        address: _builtins.str | None = ...,
+        tls: _builtins.bool = ...,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
+        phases: _abc.Iterable[Global___TaskRecordPhase] | None = ...,
+        exit_code: _builtins.int | None = ...,
+        result_json: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        log_tail: _builtins.str = ...,
+        host: _builtins.str = ...,
+        image_digest: _builtins.str = ...,
+        ports: _abc.Iterable[_builtins.int] | None = ...,
+        ready: _builtins.bool = ...,
+        endpoint: _builtins.str = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+        queue: Global___TaskQueueSpot | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
+    _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__node_name: _TypeAlias = _typing.Literal["node_name"]  # noqa: Y015
+    _WhichOneofArgType__node_name: _TypeAlias = _typing.Literal["_node_name", b"_node_name"]  # noqa: Y015
+    _WhichOneofReturnType__worker_id: _TypeAlias = _typing.Literal["worker_id"]  # noqa: Y015
+    _WhichOneofArgType__worker_id: _TypeAlias = _typing.Literal["_worker_id", b"_worker_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__address) -> _WhichOneofReturnType__address | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__node_name) -> _WhichOneofReturnType__node_name | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_id) -> _WhichOneofReturnType__worker_id | None: ...
+
+Global___TaskRecord: _TypeAlias = TaskRecord  # noqa: Y015
+
+@_typing.final
+class TaskRecordPhase(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error: _builtins.str
+    detail: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        error: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "detail", b"detail", "error", b"error", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskRecordPhase: _TypeAlias = TaskRecordPhase  # noqa: Y015
+
+@_typing.final
+class TaskQueueSpot(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POSITION_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    MOST_FREE_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    position: _builtins.int
+    """1: the next to be placed"""
+    waiting: _builtins.int
+    gpus: _builtins.int
+    most_free: _builtins.int
+    """the most cards free on any one available worker now"""
+    workers: _builtins.int
+    def __init__(
+        self,
+        *,
+        position: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        gpus: _builtins.int = ...,
+        most_free: _builtins.int = ...,
+        workers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["record_json", b"record_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "most_free", b"most_free", "position", b"position", "waiting", b"waiting", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskQueueSpot: _TypeAlias = TaskQueueSpot  # noqa: Y015
+
+@_typing.final
+class GetTaskRecordResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def record(self) -> Global___TaskRecord: ...
+    def __init__(
+        self,
+        *,
+        record: Global___TaskRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -349,9 +349,9 @@ async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> No
         await stub.SubmitTask(task, metadata=metadata, timeout=10)  # a retry starts nothing
         wait_for_end = gateway_pb2.GetTaskRecordRequest(task_id="api-wait-1", wait_seconds=30)
         reply = await stub.GetTaskRecord(wait_for_end, metadata=metadata, timeout=40)
-    record = json.loads(reply.record_json)
-    assert record["state"] == "succeeded"
-    assert record["exit_code"] == 0
+    assert reply.record.state == "succeeded"
+    assert reply.record.HasField("exit_code")
+    assert reply.record.exit_code == 0
 
 
 # Last: it shuts a worker down, and the module's other tests want all three.
