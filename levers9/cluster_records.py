@@ -3,7 +3,7 @@ read them, leave. The CLI and the controlplane's start share these.
 
 Reads never ask the workflow (a query needs a polling Temporal worker, and a controlplane that
 starts, or a CLI whose controlplane is down, has none): the record is the workflow's memo
-(`record`), and a run started before the memo existed is read from its start event's input.
+(`record`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ async def joined_clusters(client: Client) -> list[ClusterState]:
     query = f"WorkflowType = '{CLUSTER_WORKFLOW}' AND ExecutionStatus = 'Running'"
     states = []
     async for execution in client.list_workflows(query):
-        state = await _recorded(client, execution)
+        state = await _recorded(execution)
         if state is not None and not state.leaving:
             states.append(state)
     return sorted(states, key=lambda s: s.spec.name)
@@ -80,27 +80,19 @@ async def cluster_state(client: Client, name: str) -> ClusterState | None:
         description = await handle.describe()
         if description.status != WorkflowExecutionStatus.RUNNING:
             return None
-        return await _recorded(client, description)
+        return await _recorded(description)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
 
 
-async def _recorded(client: Client, execution: WorkflowExecution) -> ClusterState | None:
-    """The record in the run's memo; for a run started before the memo, its start input."""
+async def _recorded(execution: WorkflowExecution) -> ClusterState | None:
+    """The record in the run's memo (set when the join starts)."""
     memo = await execution.memo()
-    if "record" in memo:
-        return ClusterState.model_validate(memo["record"])
-    handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-    async for event in handle.fetch_history_events(page_size=1):
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        if not payloads:
-            return None
-        [started] = await client.data_converter.decode(payloads, [ClusterInput])
-        assert isinstance(started, ClusterInput)
-        return started.state
-    return None
+    if "record" not in memo:
+        return None
+    return ClusterState.model_validate(memo["record"])
 
 
 async def leave_cluster(client: Client, name: str) -> bool:

@@ -19,9 +19,6 @@ with workflow.unsafe.imports_passed_through():
     from levers9.clusters import ClusterState
     from levers9.models import CLUSTER_WORKFLOW, ClusterInput
 
-RECORD_MEMO = "cluster-record-memo"
-"""Patch: the record kept in the memo (runs started before it have none until they change)."""
-
 
 @workflow.defn(name=CLUSTER_WORKFLOW)
 class ClusterWorkflow:
@@ -49,13 +46,10 @@ class ClusterWorkflow:
         self._publish()
 
     def _publish(self) -> None:
-        if workflow.patched(RECORD_MEMO):
-            workflow.upsert_memo({"record": self._state.model_dump(mode="json")})
+        workflow.upsert_memo({"record": self._state.model_dump(mode="json")})
 
     @workflow.run
     async def run(self, input: ClusterInput) -> ClusterState:
-        if "record" not in workflow.memo():
-            self._publish()  # a run started before the memo, once it runs this code
         await workflow.wait_condition(
             lambda: (
                 self._leave

@@ -45,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.worker import WorkerWorkflow
 
 WORKER_ID_CHARS = 8
-STOP_WORKERS_WHEN_GONE = "stop-workers-when-gone"
 
 
 @workflow.defn(name=MACHINE_WORKFLOW)
@@ -106,15 +105,12 @@ class MachineWorkflow:
                     "machine gone",
                     extra={KV_EXTRA: {"hostname": input.node_name, "pool_name": input.pool_name}},
                 )
-                # Before: the worker of a vanished node stayed `available` (and placeable) until
-                # its record expired, ten minutes later. Patched: machines that were already
-                # told `gone` under the old code replay as they ran.
-                if workflow.patched(STOP_WORKERS_WHEN_GONE):
-                    await stop_workers(
-                        input.pool_name,
-                        self._workers(),
-                        self._gone_request or StopWorker(reason=node_gone_reason(input.node_name)),
-                    )
+                # Its workers stop now, not when their records expire ten minutes later.
+                await stop_workers(
+                    input.pool_name,
+                    self._workers(),
+                    self._gone_request or StopWorker(reason=node_gone_reason(input.node_name)),
+                )
                 return
             for worker_id in self._ended_workers:
                 if worker_id == self._worker_id:

@@ -8,8 +8,9 @@ a batch of them, as the controlplane sends a burst) and is told with the signal 
 record once one worker has that many cards free at once; it gives them back with `release`
 (which also withdraws a task still waiting). Nothing waits inside an Update, so any number of
 tasks can wait, and the workflow continues as new with its queue and card ledger whatever is
-waiting, once its history grows. (The Update `place`, which waited for the placement, stays for
-the task records started before; while one is open the workflow does not continue as new.)
+waiting, once its history grows. (The Update `place`, which waits for the placement, is what
+task records asked through before the signals; no record asks so now, and while one is open
+the workflow does not continue as new.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from levers9.placement import Placement, PoolState, QueueSpot, Slot
 
-TELL_AFTER_CONTINUING = "tell-after-continuing"
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
 
@@ -113,7 +113,7 @@ class PoolWorkflow:
     @workflow.run
     async def run(self, input: PoolInput) -> None:
         untold = any(task_id in self._state.placed for task_id in self._state.notify)
-        if untold and self._tells_after_continuing():
+        if untold:
             self._tell()  # placed by the run before, after it stopped telling
         while True:
             # Re-evaluate on every change, and at the reservation threshold for waiting tasks.
@@ -130,16 +130,12 @@ class PoolWorkflow:
             # by the next run), so that the ones being told drain and it can continue: under a
             # standing queue some were always in flight, and the run grew past 19,000 events
             # of its 5,000 (Temporal ends a run at 51,200, and the pool would start empty).
-            if not (long and self._tells_after_continuing()):
+            if not long:
                 self._tell()
             # Once no placement is being told (those signals are commands of this run) and no
             # Update is open; a signal arriving meanwhile lands in the state carried over.
             if long and self._telling == 0 and workflow.all_handlers_finished():
                 workflow.continue_as_new(input.model_copy(update={"state": self._state}))
-
-    @staticmethod
-    def _tells_after_continuing() -> bool:
-        return workflow.patched(TELL_AFTER_CONTINUING)
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)

@@ -5,9 +5,9 @@
     (retried) -> the worker's ReportTask (signal `report`), with a GetTask poll as the fallback
     -> release
 
-Records started before the `placed` signal existed asked through PoolWorkflow's Update
-`place` (an activity waiting on it); they replay so. A task cancelled while it waits leaves the
-queue at once (`release` withdraws it) and ends `cancelled`.
+While it waits it asks the pool again now and then (`TaskInput.ask_again_seconds`, doubling to
+an hour). A task cancelled while it waits leaves the queue at once (`release` withdraws it) and
+ends `cancelled`.
 
 While the task runs, a record whose history passes `max_history_events` (a worker that reports
 progress and never its end, say) continues as new with its record, placement, route and
@@ -60,29 +60,21 @@ with workflow.unsafe.imports_passed_through():
     from levers9.placement import Placement
 
 T = TypeVar("T")
-PLACE_TIMEOUT = timedelta(days=1)
-PLACE_HEARTBEAT = timedelta(seconds=15)
-"""place_task heartbeats every 5 s; a placement lost with its worker is asked again in 15 s."""
 WORKER_TIMEOUT = timedelta(seconds=30)
 RUN_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=10)
 POLL_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=6)
-POLL_EVERY = timedelta(seconds=5)
-"""Records started before PLACE_BY_SIGNAL poll the worker at this pace, as they always did."""
 LIVENESS = (timedelta(seconds=60), timedelta(minutes=15))
 """Without a report, GetTask asks the worker after the first, then doubling up to the second:
 the worker reports the task's start and end itself, so a task's history grows with the log of
 its running time (a 72-hour task: under 300 checks), not linearly with it."""
 PLACEMENTS = 3
-PLACE_AGAIN = "place-again-when-the-worker-is-gone"
 ENDED_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=5), maximum_attempts=5)
 REPLICA_PICKUP = timedelta(seconds=20)
 """A call on a replica's queue that no replica picks up within this (the replica that held the
 worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
-PLACE_BY_SIGNAL = "place-by-signal"
 REQUEST_TIMEOUT = timedelta(seconds=30)
 REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
-ASK_AGAIN = "ask-again-while-queued"
 ASK_AGAIN_AT_MOST = timedelta(hours=1)
 """A queued task asks the pool again after TaskInput.ask_again_seconds, doubling to this."""
 
@@ -103,15 +95,11 @@ class TaskWorkflow:
         self._cancel_sent = False
         self._queued = False
         self._offered: Placement | None = None
-        self._signalled = False
-        """This record asks for its placement by signal and trusts the worker's reports,
-        checking on the worker with a backed-off GetTask (PLACE_BY_SIGNAL)."""
         self._continuing = False
         resume = input.resume
         if resume is not None:
             # Here, not in run: a report or cancel that arrives with the continued run's first
             # workflow task is handled before run starts, and must find the placement.
-            self._signalled = True
             self._record = resume.record
             self._placement = resume.placement
             self._route = resume.route
@@ -154,29 +142,19 @@ class TaskWorkflow:
     async def _run(self, input: TaskInput) -> TaskRecord:
         if input.resume is not None:
             return await self._resume(input, input.resume)
-        self._signalled = workflow.patched(PLACE_BY_SIGNAL)
         self._record = TaskRecord.queued(input, workflow.now())
-        if self._signalled:  # `levers9 task list` shows it while it waits
-            workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+        # `levers9 task list` shows it while it waits.
+        workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
         reason = ""
         for placements in range(1, PLACEMENTS + 1):
             summary = f"placement: waiting for one worker with {input.gpus} free cards" + (
                 f" (placement {placements}: {reason})" if placements > 1 else ""
             )
-            if self._signalled:
-                placement = await self._queue(input, summary)
-                if placement is None:
-                    assert self._record is not None
-                    return self._record
-                self._placement = placement
-            else:
-                self._placement = await workflow.execute_activity_method(
-                    TaskActivities.place_task,
-                    PlaceRequest(pool_name=input.pool_name, task_id=input.task_id, gpus=input.gpus),
-                    start_to_close_timeout=PLACE_TIMEOUT,
-                    heartbeat_timeout=PLACE_HEARTBEAT,
-                    summary=summary,
-                )
+            placement = await self._queue(input, summary)
+            if placement is None:
+                assert self._record is not None
+                return self._record
+            self._placement = placement
             try:
                 return await self._run_on_worker(input, self._placement)
             except _NeverStarted as never:
@@ -245,16 +223,11 @@ class TaskWorkflow:
             self._queued = False
             self._finish("failed", refused)
             return None
-        if workflow.patched(ASK_AGAIN):
-            refused = await self._wait_placed(input, request)
-            if refused:
-                self._queued = False
-                self._finish("failed", refused)
-                return None
-        else:
-            await workflow.wait_condition(
-                lambda: self._offered is not None or self._cancel is not None
-            )
+        refused = await self._wait_placed(input, request)
+        if refused:
+            self._queued = False
+            self._finish("failed", refused)
+            return None
         self._queued = False
         if self._offered is not None:
             return self._offered
@@ -319,11 +292,11 @@ class TaskWorkflow:
             )
         except ActivityError as exc:
             reason = f"worker lost before the task started: {failure_reason(exc)}"
-            if workflow.patched(PLACE_AGAIN) and await self._worker_ended(on_worker):
+            if await self._worker_ended(on_worker):
                 raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
             return self._finish("failed", reason)
         self._update(state="running")
-        return await self._follow(input, placement, LIVENESS[0] if self._signalled else POLL_EVERY)
+        return await self._follow(input, placement, LIVENESS[0])
 
     async def _follow(
         self, input: TaskInput, placement: Placement, liveness: timedelta
@@ -346,15 +319,13 @@ class TaskWorkflow:
                     reason = f"{self._cancel}; the worker did not confirm: {failure_reason(exc)}"
                     return self._finish("cancelled", reason)
                 continue  # the worker reports the task cancelled (or ended before it)
-            if self._reports and not self._signalled:
-                report = self._reports.pop()
-            elif self._reports:
+            if self._reports:
                 # The end says all; reports travel apart, so a start may come after it.
                 ended = [r for r in self._reports if r.state in TERMINAL]
                 report = ended[0] if ended else self._reports[-1]
                 self._reports.clear()
             else:
-                liveness = min(liveness * 2, LIVENESS[1]) if self._signalled else POLL_EVERY
+                liveness = min(liveness * 2, LIVENESS[1])
                 try:
                     report = await self._on_worker(
                         TaskActivities.get_task,
@@ -375,7 +346,7 @@ class TaskWorkflow:
             if input.endpoint and report.ready and not was_ready:
                 await self._tell_endpoint(input)
             long = workflow.info().get_current_history_length() > input.max_history_events
-            if self._signalled and long:
+            if long:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if self._reports and not any(r.state in TERMINAL for r in self._reports):
                     self._apply(self._reports[-1])  # progress that came meanwhile: the latest

@@ -67,9 +67,6 @@ IMAGE_PULL_FIX = (
     "image not in the project's registry: rerun deploy/gke/attach-gke-pool.sh (it copies latest)"
 )
 PULL_FAILURES = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName"})
-LEAVE_PLACEMENT_FIRST = "leave-placement-before-the-job-goes"
-ANNOUNCE_ON_CHANGE = "announce-on-change"
-LIVENESS_WINDOW = "liveness-window"
 PROBE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2.0,
@@ -275,10 +272,6 @@ class WorkerWorkflow:
                 }
             },
         )
-        on_change = workflow.patched(ANNOUNCE_ON_CHANGE)
-        # Before: nothing but the record TTL (10 minutes) noticed a dead agent, and tasks kept
-        # being placed on it. Patched: records serving under the old code replay as they ran.
-        liveness = workflow.patched(LIVENESS_WINDOW)
         while True:
             timings = self._settings()
             ttl = timedelta(seconds=timings.record_ttl_seconds)
@@ -292,14 +285,14 @@ class WorkerWorkflow:
                         or self._stop
                         or self._job_finished
                     ),
-                    timeout=self._next_look(ttl, window) if liveness else ttl,
+                    timeout=self._next_look(ttl, window),
                 )
             if self._stop:
                 return await self._stopped(input, job)
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
-            falling_silent = liveness and self._quiet(window) and not self._silent
+            falling_silent = self._quiet(window) and not self._silent
             if self._job_finished or falling_silent:
                 ended = await self._look_at_job(input, job)
                 if ended is not None:
@@ -317,9 +310,7 @@ class WorkerWorkflow:
             published = self._record.last_heartbeat if self._record else None
             if self._beat_at and (published is None or self._beat_at - published >= PUBLISH):
                 self._set(input, "available")  # the memo's heartbeat, at most once a minute
-                if not on_change:  # before: told the pool again every minute
-                    await self._announce(input)
-            if on_change and self._registration != self._announced:
+            if self._registration != self._announced:
                 # Registered again elsewhere (its tunnel moved), or the pool was missing: the
                 # record and the pool both learn the worker's route now.
                 self._set(input, "available")
@@ -460,9 +451,7 @@ class WorkerWorkflow:
     ) -> WorkerRecord:
         # Out of placement before its Job goes, so that nothing is placed on a worker that is
         # leaving (a task placed on it meanwhile finds it ended and is placed again).
-        leave_first = workflow.patched(LEAVE_PLACEMENT_FIRST)
-        if leave_first:
-            await self._leave_placement(input)
+        await self._leave_placement(input)
         if job is not None:
             await workflow.execute_activity_method(
                 KubeActivities.delete_worker_job,
@@ -472,8 +461,6 @@ class WorkerWorkflow:
                 summary=f"delete worker Job ({state}: {reason})",
             )
         self._set(input, state, reason)
-        if not leave_first:
-            await self._leave_placement(input)
         workflow.logger.info(
             "worker record ended",
             extra={

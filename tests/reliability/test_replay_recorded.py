@@ -1,22 +1,16 @@
-"""Histories recorded from end-to-end dev stack runs (tests/reliability/histories/, at least one
-per workflow type, as `temporal workflow show -o json` printed them) replay with the current
-workflow code. `<Type>.json` are from before issue 17; `<Type>-<path>.json` record its paths: a
-task placed by signal, the pool's batched `requests` and `placed` signals (the first 300 events
-of a run of `benchmarks/placement.py --sandbox`), a machine told new settings and its worker
-passing them on, a worker that tells the pool its cards on change only; and from
-tests/reliability/test_dead_worker.py's run: a worker ended by its machine's `job_finished`
-(its agent killed), a worker whose deleted Job its liveness window found, and the machine that
-told one and started the next. A change to a workflow that running workflows of the old code
-could not follow (another activity, another order, a timer removed) fails here: guard it with
+"""Histories recorded with the current workflow code (tests/reliability/histories/, at least one
+per workflow type, as `temporal workflow show -o json` printed them) replay with it. They come
+from one run of `python -m tests.reliability.record_histories` (a `levers9 dev demo` stack, then
+a burst of tasks, an endpoint through a cold start, a joined cluster, new settings told through
+a machine to its worker, a worker's agent killed, a worker's Job deleted): `<Type>.json` the
+plain run of each type, `<Type>-<path>.json` a path worth pinning (`-settings`, `-job-finished`,
+`-liveness-job-deleted`). A change to a workflow that running workflows of the old code could
+not follow (another activity, another order, a timer removed) fails here: guard it with
 `workflow.patched(...)` (docs/operations.md), then record the histories again.
-
-Re-record after a deliberate, patched change: run `levers9 dev demo`, then for each type
-`temporal workflow show -w <id> -o json`, saved as {"workflowId": ..., "history": ...}.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +23,6 @@ from temporalio.worker import Replayer, WorkflowReplayResults
 
 from workflows import WORKFLOWS
 from workflows.attach import AttachClusterWorkflow
-from workflows.cluster import RECORD_MEMO
 
 HISTORIES = Path(__file__).parent / "histories"
 ALL_WORKFLOWS = [*WORKFLOWS, AttachClusterWorkflow]
@@ -96,15 +89,3 @@ async def test_a_diverging_history_fails_the_replay(workflow_type: str) -> None:
     [failure] = results.replay_failures.values()
     assert "Nondeterminism error" in str(failure)
     assert "a_type_the_code_never_calls" in str(failure)
-
-
-def test_the_cluster_history_is_of_the_code_that_keeps_its_record_in_its_memo() -> None:
-    """Recorded with the `cluster-record-memo` patch taken: its replay follows that branch."""
-    events = _recorded()["ClusterWorkflow"]["history"]["events"]
-    patches = [
-        json.loads(base64.b64decode(payload["data"]))["id"]
-        for event in events
-        if event["eventType"] == "EVENT_TYPE_MARKER_RECORDED"
-        for payload in event["markerRecordedEventAttributes"]["details"]["patch-data"]["payloads"]
-    ]
-    assert patches == [RECORD_MEMO]

@@ -72,8 +72,8 @@ async def test_a_join_never_takes_a_pool_of_the_values(plane: World) -> None:
         await client.get_workflow_handle(cluster_workflow_id(POOL)).describe()
     assert missing.value.status == RPCStatusCode.NOT_FOUND, "nothing recorded"
 
-    # A join recorded before the refusal existed (as the older CLI started it: no memo), then
-    # left: its record ends, and the values' pool keeps its schedule, workers and namespace.
+    # A join recorded before the refusal existed (as start_join records one, past the refusal),
+    # then left: its record ends, and the values' pool keeps its schedule, workers and namespace.
     spec = JoinedCluster(name=POOL, gpu_type="RTXPro6000", worker_image=IMAGE)
     state = ClusterState(
         spec=spec, join_digest="0" * 64, expires_at=datetime.now(UTC) + timedelta(hours=1)
@@ -83,6 +83,7 @@ async def test_a_join_never_takes_a_pool_of_the_values(plane: World) -> None:
         ClusterInput(state=state),
         id=cluster_workflow_id(POOL),
         task_queue=plane.settings.task_queue,
+        memo={"record": state.model_dump(mode="json")},
     )
     listed = await cli(plane, "cluster", "list", "-o", "json")
     assert POOL in [row["spec"]["name"] for row in json.loads(listed.stdout)], listed.stderr
