@@ -6,9 +6,10 @@ agent's first contact) spends the token or says why it cannot be (used, expired,
 it decides at once and awaits nothing. Query `cluster`. Signal `leave` ends it (`levers9 cluster
 leave`). It waits on signals and updates only, so its history grows with joins and leaves.
 
-The record is also its memo (`record`, set when the join starts and upserted when it changes):
-the server answers it without a Temporal worker, so a controlplane starting up (before its own
-worker polls) and the CLI with the controlplane down read it there, never by the query.
+The record is also its memo (`record`, set when the join starts, upserted when it changes,
+carried when it continues as new): the server answers it without a Temporal worker, so a
+controlplane starting up (before its own worker polls) and the CLI with the controlplane down
+read it there, never by the query.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ class ClusterWorkflow:
         self._publish()
 
     def _publish(self) -> None:
-        workflow.upsert_memo({"record": self._state.model_dump(mode="json")})
+        workflow.upsert_memo(self._memo())
+
+    def _memo(self) -> dict[str, object]:
+        return {"record": self._state.model_dump(mode="json")}
 
     @workflow.run
     async def run(self, input: ClusterInput) -> ClusterState:
@@ -58,5 +62,9 @@ class ClusterWorkflow:
         )
         await workflow.wait_condition(workflow.all_handlers_finished)
         if not self._leave:
-            workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+            # With the record: a continued run starts with its first run's start memo otherwise
+            # (the server carries that one, not what was upserted since).
+            workflow.continue_as_new(
+                input.model_copy(update={"state": self._state}), memo=self._memo()
+            )
         return self._state
