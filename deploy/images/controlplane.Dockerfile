@@ -23,9 +23,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-# What setuptools builds from: pyproject.toml (and the readme it names), the py-module and the
+# What setuptools builds from: pyproject.toml (and the readme it names), the py-modules and the
 # packages of [tool.setuptools].
-COPY pyproject.toml README.md worker_main.py ./
+COPY pyproject.toml README.md worker_main.py attach_main.py ./
 COPY levers9/ levers9/
 COPY workflows/ workflows/
 COPY activities/ activities/
