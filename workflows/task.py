@@ -366,7 +366,12 @@ class TaskWorkflow:
             liveness_seconds=liveness.total_seconds(),
         )
         self._continuing = True
-        workflow.continue_as_new(input.model_copy(update={"resume": resume}))
+        # With the record as its memo: a continued run otherwise starts with the first run's
+        # start memo (none, or `queued`), which `task list` would show until the task's end.
+        workflow.continue_as_new(
+            input.model_copy(update={"resume": resume}),
+            memo={"record": self._record.model_dump(mode="json")},
+        )
 
     def _cancel_due(self) -> bool:
         return self._cancel is not None and not self._cancel_sent

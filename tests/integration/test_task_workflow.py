@@ -317,6 +317,11 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
             await handle.signal(TaskWorkflow.report, progress)
             if n % 20 == 19:  # bursts, as progress comes: the record's task completes between
                 await signals_handled(time_env.client, handle.id)
+        latest = time_env.client.get_workflow_handle(f"task:{task_id}")
+        continued = await latest.describe()
+        assert continued.run_id != handle.first_execution_run_id, "continued as new by now"
+        memo = await continued.memo()
+        assert memo["record"]["state"] == "running", "task list reads the running record"
         end = TaskReport(
             pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded", exit_code=0
         )
