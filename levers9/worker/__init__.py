@@ -16,6 +16,8 @@ contract, an allow-list). Modules, one responsibility each:
   runs a task; `runtimes`: the registry the pool's `runtime` setting names one of;
 - runc's parts: `runc_config` (a task's OCI config), `runc_container` (one container, its shim
   and record), `cgroups` (a container's cgroups: OOM kills, removal);
-- `tasks`: task records, card assignment, phases; `auth`, `service`, `server`: WorkerService;
+- `supervisor`: the tasks, their cards, start and end (+ `task_record`: a task's record and its
+  copy on disk; `task_ports`: its published ports and readiness; `task_errors`: what the calls
+  refuse with); `auth`, `service`, `server`: WorkerService;
 - `backoff`, `gateway`: the gateway client; `agent`: the wiring; `main`: the command.
 """

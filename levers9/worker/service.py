@@ -24,11 +24,11 @@ from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc.malformed import read_checked
 from levers9.worker.runtime import StartError
-from levers9.worker.supervisor import (
+from levers9.worker.supervisor import TaskManager
+from levers9.worker.task_errors import (
     InvalidTask,
     PortUnavailable,
     ShuttingDown,
-    TaskManager,
     TaskNotFound,
     TaskNotRunning,
 )

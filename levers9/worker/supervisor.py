@@ -1,4 +1,4 @@
-"""Tasks on this worker: their records, their cards, their phases, their end.
+"""Tasks on this worker: their calls, their cards, their start and their end.
 
 A task is accepted once per id (a retried RunTask finds the record and starts nothing), gets
 the cards it names if they are this worker's and free (else it fails with the spec's
@@ -7,36 +7,25 @@ its exit code, result JSON and log tail until the controlplane fetches them; eve
 reported to the gateway. Phases carry timestamps: `worker.gpu_assignment`, `container.start`,
 `container.ready`, `container.exit` (and `task.result` when the result file is unusable).
 
-Ports. A task's containers share the worker's network namespace, so a task that publishes ports
-(`levers9 run --port 8080`) claims them on this worker: a second running task that names one of
-them fails at once (`port 8080 is already published by task <id> on this worker`; the pool's
-placement keeps such tasks apart, so this is the guard, not the rule). Its container is told
-where it is reached (`LEVERS9_HOST`, the worker's pod IP, and `PORT`, its first port, unless it
-set them); binding 0.0.0.0 works too. Once its first port accepts connections (or answers 2xx
-to `ready_path`), the task is `ready`: a `container.ready` phase, reported at once.
-`connect(task_id, port)` opens a connection to a published port of a running task
-(WorkerService.PortForward).
+A task's record and its copy on disk, from which a restarted agent takes it over, are
+levers9.worker.task_record's; its published ports (the claim, the readiness probe, `connect`)
+levers9.worker.task_ports'; what the calls refuse with, levers9.worker.task_errors'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
-import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
-from google.protobuf import json_format
-
-from levers9.contract import ready_path_problem, task_input_problem
+from levers9.contract import task_input_problem
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
+from levers9.worker import task_ports
 from levers9.worker.output import TaskOutput
 from levers9.worker.runtime import (
     Container,
@@ -46,123 +35,40 @@ from levers9.worker.runtime import (
     StartError,
     TaskDefaults,
 )
+from levers9.worker.task_errors import InvalidTask, ShuttingDown, TaskNotFound, TaskNotRunning
+from levers9.worker.task_record import (
+    CANCELLED,
+    CONTAINER_EXIT,
+    CONTAINER_START,
+    FAILED,
+    GPU_ASSIGNMENT,
+    IMAGE_PULL,
+    LOST,
+    PORTS,
+    RUNNING,
+    SUCCEEDED,
+    TASK_FILE,
+    State,
+    TaskRecord,
+    directory_name,
+    load,
+    read_result,
+    save,
+)
 
 log = get_logger("levers9.worker.supervisor")
 NO_DEFAULTS = TaskDefaults()
 
-State: TypeAlias = worker_pb2.TaskState.ValueType
-RUNNING: State = worker_pb2.TASK_STATE_RUNNING
-SUCCEEDED: State = worker_pb2.TASK_STATE_SUCCEEDED
-FAILED: State = worker_pb2.TASK_STATE_FAILED
-CANCELLED: State = worker_pb2.TASK_STATE_CANCELLED
-LOST: State = worker_pb2.TASK_STATE_LOST
-
-GPU_ASSIGNMENT = "worker.gpu_assignment"
-PORTS = "worker.ports"
-IMAGE_PULL = "image.pull"
 OOM_KILLED = "OOMKilled"
 """The reason of a task the kernel killed at its memory limit (Kubernetes' word)."""
-CONTAINER_START = "container.start"
-CONTAINER_EXIT = "container.exit"
-CONTAINER_READY = "container.ready"
-READY_POLL_S = (0.1, 1.0)
-"""How often readiness is probed until the first port answers: from the first, doubling to the
-second."""
-PROBE_TIMEOUT_S = 2.0
 START_WAIT_S = 5.0
 """How long RunTask waits for the task's start before it answers (accepted, still starting)."""
-CONNECT_TIMEOUT_S = 10.0
-TASK_RESULT = "task.result"
 SHUT_DOWN = "worker shut down"
 ORPHANED = "the worker restarted and found its container without a record: killed"
 NO_CONTAINER = "the worker restarted and could not follow it (killed, if it still ran)"
-TASK_FILE = "task.json"
-"""In each task's directory: its spec, cards and latest status, for an agent started later."""
-
-STOP_GRACE_S = 10.0
-"""A stopped task's grace between SIGTERM and SIGKILL when its spec names none (as `docker stop`):
-every process of its container gets SIGTERM, and SIGKILL once the grace is over."""
 KEEP_FINISHED = 256
-RESULT_LIMIT_BYTES = 1 << 20  # well under gRPC's 4 MiB message limit
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 Reporter = Callable[[worker_pb2.TaskStatus], None]
-
-
-class TaskNotFound(LookupError):
-    pass
-
-
-class TaskNotRunning(RuntimeError):
-    pass
-
-
-class InvalidTask(ValueError):
-    pass
-
-
-class ShuttingDown(RuntimeError):
-    pass
-
-
-class PortUnavailable(ConnectionError):
-    """Nothing accepts connections on the task's port (yet); the message says which."""
-
-
-@dataclass
-class TaskRecord:
-    spec: worker_pb2.TaskSpec
-    directory: Path
-    output: TaskOutput
-    host: str
-    clock: Callable[[], float]
-    state: State = RUNNING
-    exit_code: int = 0
-    result_json: str = ""
-    reason: str = ""
-    phases: list[worker_pb2.Phase] = field(default_factory=list)
-    cards: tuple[int, ...] = ()
-    container: Container | None = None
-    image_digest: str = ""
-    ending: tuple[State, str] | None = None
-    """Set when the agent ends the task (cancel, shutdown): the state and reason to record."""
-    stopping: asyncio.Task[int] | None = None
-    """Its container's stop, once begun: one per task, never abandoned half-way."""
-    fetched: bool = False
-    ready: bool = False
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def task_id(self) -> str:
-        return self.spec.task_id
-
-    @property
-    def grace_s(self) -> float:
-        return float(self.spec.stop_grace_seconds) if self.spec.stop_grace_seconds else STOP_GRACE_S
-
-    @property
-    def result_path(self) -> Path:
-        """In a folder of its own: the runc runtime mounts that folder (only) in the container."""
-        return self.directory / "result" / "result.json"
-
-    def phase(self, name: str, error: str = "", detail: str = "") -> None:
-        at = int(self.clock() * 1000)
-        self.phases.append(worker_pb2.Phase(name=name, at_unix_ms=at, error=error, detail=detail))
-
-    def status(self) -> worker_pb2.TaskStatus:
-        return worker_pb2.TaskStatus(
-            task_id=self.task_id,
-            state=self.state,
-            exit_code=self.exit_code,
-            result_json=self.result_json,
-            reason=self.reason,
-            phases=self.phases,
-            log_tail=self.output.tail(),
-            host=self.host,
-            image_digest=self.image_digest,
-            image=self.spec.image,
-            ready=self.ready,
-        )
 
 
 class TaskManager:
@@ -222,7 +128,7 @@ class TaskManager:
             raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
         if self._closed:
             raise ShuttingDown("the worker is shutting down")
-        _check_ports(spec)
+        task_ports.check_ports(spec)
         record = self._accept(spec)
         for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
             problem = check(record)
@@ -286,21 +192,7 @@ class TaskManager:
         record = self._record(task_id)
         if record.state != RUNNING or record.container is None:
             raise TaskNotRunning(f"task {task_id} is not running: its ports are closed")
-        if port not in record.spec.ports:
-            published = ", ".join(map(str, record.spec.ports)) or "none"
-            raise InvalidTask(
-                f"task {task_id} did not publish port {port} (published: {published});"
-                " run it with --port"
-            )
-        try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                return await asyncio.open_connection(self._task_host, port)
-        except (OSError, TimeoutError) as error:
-            why = str(error) or type(error).__name__
-            raise PortUnavailable(
-                f"task {task_id}: nothing accepts connections on port {port}"
-                f"{'' if record.ready else ' yet (it is starting)'}: {why}"
-            ) from None
+        return await task_ports.connect(record, self._task_host, port)
 
     async def shutdown(self, grace_s: float, reason: str = SHUT_DOWN) -> None:
         """Kills every running task and records it LOST with `reason`."""
@@ -321,7 +213,7 @@ class TaskManager:
 
     def _accept(self, given: worker_pb2.TaskSpec) -> TaskRecord:
         spec = self._with_defaults(given)
-        directory = self._dir / _directory_name(spec.task_id)
+        directory = self._dir / directory_name(spec.task_id)
         shutil.rmtree(directory, ignore_errors=True)  # a task id reused after eviction
         record = TaskRecord(
             spec=spec,
@@ -333,7 +225,7 @@ class TaskManager:
         self._records[spec.task_id] = record
         self._idle_since = None
         log.info("task accepted", task_id=spec.task_id, gpu_indices=list(spec.gpu_indices))
-        _save(record)
+        save(record)
         return record
 
     def _with_defaults(self, given: worker_pb2.TaskSpec) -> worker_pb2.TaskSpec:
@@ -363,29 +255,12 @@ class TaskManager:
             )
             return reason, detail
         record.cards = wanted
-        _save(record)
+        save(record)
         return None
 
     def _claim_ports(self, record: TaskRecord) -> tuple[str, str] | None:
-        """(reason, detail) when another running task of this worker published one of its
-        ports (they share the worker's network)."""
-        for other in self._records.values():
-            if other is record or other.state != RUNNING:
-                continue
-            taken = sorted(set(record.spec.ports) & set(other.spec.ports))
-            if taken:
-                reason = (
-                    f"port {taken[0]} is already published by task {other.task_id} on this worker"
-                )
-                return reason, f"ports {taken} are in use by task {other.task_id}"
-        return None
-
-    def _task_env(self, spec: worker_pb2.TaskSpec) -> dict[str, str]:
-        env = dict(spec.env)
-        if spec.ports:
-            env.setdefault("LEVERS9_HOST", self._task_host)
-            env.setdefault("PORT", str(spec.ports[0]))
-        return env
+        """(reason, detail) when another running task published one of its ports."""
+        return task_ports.port_conflict(record, self._records.values())
 
     async def _starting(self, record: TaskRecord) -> None:
         try:
@@ -401,7 +276,7 @@ class TaskManager:
             task_id=spec.task_id,
             image=spec.image,
             command=tuple(spec.command),
-            env=self._task_env(spec),
+            env=task_ports.task_env(spec, self._task_host),
             gpu_indices=record.cards,
             result_path=record.result_path,
             work_dir=record.directory / "work",
@@ -434,28 +309,12 @@ class TaskManager:
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         if record.spec.ports and not record.ready:
-            probe = asyncio.create_task(self._probe(record), name=f"{record.task_id}-ready")
+            probe = asyncio.create_task(
+                task_ports.probe_until_ready(record, self._task_host, self._tell),
+                name=f"{record.task_id}-ready",
+            )
             self._watchers.add(probe)
             probe.add_done_callback(self._watchers.discard)
-
-    async def _probe(self, record: TaskRecord) -> None:
-        """Until the task's first port answers (or the task ends): then `ready`, reported."""
-        port, path = record.spec.ports[0], record.spec.ready_path
-        pause, longest = READY_POLL_S
-        while record.state == RUNNING and record.ending is None:
-            answer = await _probe_once(self._task_host, port, path)
-            if answer is not None:
-                if record.state != RUNNING:
-                    return
-                record.ready = True
-                record.phase(CONTAINER_READY, detail=answer)
-                log.info("task ready", task_id=record.task_id, port=port, probe=answer)
-                self._tell(record)
-                return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(pause):
-                    await record.finished.wait()
-            pause = min(pause * 2, longest)
 
     def _stop(
         self, record: TaskRecord, container: Container, grace_s: float | None = None
@@ -476,7 +335,7 @@ class TaskManager:
         code = await container.wait()
         record.exit_code = code
         record.phase(CONTAINER_EXIT)
-        record.result_json = self._result(record)
+        record.result_json = read_result(record)
         if record.ending is not None:
             state, reason = record.ending
         elif container.lost:
@@ -488,22 +347,6 @@ class TaskManager:
         else:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
-
-    def _result(self, record: TaskRecord) -> str:
-        path = record.result_path
-        if not path.exists():
-            return ""
-        try:
-            with path.open("rb") as reader:
-                data = reader.read(RESULT_LIMIT_BYTES + 1)
-            if len(data) > RESULT_LIMIT_BYTES:
-                raise ValueError(f"larger than {RESULT_LIMIT_BYTES} bytes")
-            text = data.decode()
-            json.loads(text)
-        except (OSError, ValueError) as error:
-            record.phase(TASK_RESULT, f"result file not used: {error}")
-            return ""
-        return text.strip()
 
     def _finish(self, record: TaskRecord, state: State, reason: str) -> None:
         record.state = state
@@ -526,7 +369,7 @@ class TaskManager:
 
     def _tell(self, record: TaskRecord) -> None:
         """Keeps the task's record where a restarted agent finds it, and reports it."""
-        _save(record)
+        save(record)
         self._report(record.status())
 
     # -- what an agent before this one left --------------------------------------------------
@@ -540,7 +383,7 @@ class TaskManager:
         adopted: dict[str, TaskRecord] = {}
         orphaned: list[TaskRecord] = []
         for saved in sorted(self._dir.glob(f"*/{TASK_FILE}")):
-            record = self._load(saved)
+            record = load(saved, self._clock)
             if record is None or record.task_id in self._records:
                 continue
             self._records[record.task_id] = record
@@ -568,34 +411,6 @@ class TaskManager:
             self._follow(record, record.container)
         self._idle_since = None if self.running else self._clock()
 
-    def _load(self, saved: Path) -> TaskRecord | None:
-        try:
-            kept = json.loads(saved.read_text())
-            spec = json_format.ParseDict(kept["spec"], worker_pb2.TaskSpec())
-            status = json_format.ParseDict(kept["status"], worker_pb2.TaskStatus())
-            cards = tuple(int(c) for c in kept.get("cards", ()))
-        except (OSError, ValueError, KeyError, TypeError, json_format.ParseError) as error:
-            log.warning("task record unreadable", path=str(saved), error=str(error))
-            return None
-        record = TaskRecord(
-            spec=spec,
-            directory=saved.parent,
-            output=TaskOutput(saved.parent / "output.log", resume=True),
-            host=status.host,
-            clock=self._clock,
-            state=status.state or RUNNING,
-            exit_code=status.exit_code,
-            result_json=status.result_json,
-            reason=status.reason,
-            phases=list(status.phases),
-            cards=cards if status.state == RUNNING else (),
-            image_digest=status.image_digest,
-            ready=status.ready,
-        )
-        if record.state != RUNNING:
-            record.output.close()
-        return record
-
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _record(self, task_id: str) -> TaskRecord:
@@ -619,63 +434,3 @@ class TaskManager:
             record = self._records.pop(victim)
             with contextlib.suppress(OSError):
                 shutil.rmtree(record.directory)
-
-
-def _save(record: TaskRecord) -> None:
-    """The task's spec, cards and status to its directory (replaced whole, never half-written)."""
-    status = record.status()
-    status.ClearField("log_tail")  # output.log holds it
-    kept = {
-        "spec": json_format.MessageToDict(record.spec),
-        "status": json_format.MessageToDict(status),
-        "cards": list(record.cards),
-    }
-    path = record.directory / TASK_FILE
-    temporary = path.with_suffix(".tmp")
-    with contextlib.suppress(OSError):  # its directory evicted meanwhile
-        temporary.write_text(json.dumps(kept))
-        temporary.replace(path)
-
-
-def _check_ports(spec: worker_pb2.TaskSpec) -> None:
-    ports = list(spec.ports)
-    bad = [p for p in ports if not 0 < p < 65536]
-    if bad:
-        raise InvalidTask(f"ports: {bad[0]} is not a TCP port (1-65535)")
-    if len(set(ports)) != len(ports):
-        raise InvalidTask(f"ports: {ports} names a port twice")
-    problem = ready_path_problem(spec.ready_path)
-    if problem is not None:
-        raise InvalidTask(f"ready_path: {problem}")
-    if spec.ready_path and not spec.ports:
-        raise InvalidTask("ready_path: needs a port to probe (ports is empty)")
-
-
-async def _probe_once(host: str, port: int, path: str) -> str | None:
-    """What answered (the probe's detail), or None when the port does not answer yet."""
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
-            try:
-                if not path:
-                    return f"port {port} accepts connections"
-                request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
-                writer.write(request.encode("latin-1"))
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
-    except (OSError, TimeoutError, UnicodeError):
-        return None
-    parts = line.split()
-    if len(parts) >= 2 and parts[1].isdigit() and 200 <= int(parts[1]) < 300:
-        return f"GET {path} on port {port}: {int(parts[1])}"
-    return None
-
-
-def _directory_name(task_id: str) -> str:
-    # Task ids come from the controlplane; the directory name must be safe whatever they hold.
-    digest = hashlib.sha256(task_id.encode()).hexdigest()[:12]
-    return f"{_UNSAFE.sub('_', task_id)[:64]}-{digest}"

@@ -11,7 +11,8 @@ import pytest
 from levers9.proto import worker_pb2
 from levers9.worker.driver import DriverSetup
 from levers9.worker.process_runtime import ProcessRuntime
-from levers9.worker.supervisor import TaskManager, TaskNotFound
+from levers9.worker.supervisor import TaskManager
+from levers9.worker.task_errors import TaskNotFound
 from tests.worker.conftest import AGENT_ENV
 
 
