@@ -128,6 +128,7 @@ class MachineWorkflow:
             if long and not self._pending():  # else the loop acts on what came meanwhile
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._pending():
+                    record = self._record()  # the next run's memo: else the first run's start's
                     workflow.continue_as_new(
                         input.model_copy(
                             update={
@@ -136,7 +137,8 @@ class MachineWorkflow:
                                 "worker_id": self._worker_id,
                                 "capacity": self._capacity,
                             }
-                        )
+                        ),
+                        memo=None if record is None else {"record": record.model_dump(mode="json")},
                     )
 
     def _pending(self) -> bool:

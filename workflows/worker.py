@@ -321,6 +321,7 @@ class WorkerWorkflow:
             if long and not self._stop and not self._silent:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._stop:
+                    record = self._record  # the next run's memo: else the first run's start's
                     workflow.continue_as_new(
                         input.model_copy(
                             update={
@@ -328,7 +329,8 @@ class WorkerWorkflow:
                                 "resume_beat": self._beat,
                                 "timings": self._settings(),
                             }
-                        )
+                        ),
+                        memo=None if record is None else {"record": record.model_dump(mode="json")},
                     )
 
     def _quiet(self, window: timedelta) -> bool:

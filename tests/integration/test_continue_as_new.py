@@ -121,6 +121,9 @@ async def test_a_machine_continues_as_new_under_observations_and_loses_none(
         [carried] = await client.data_converter.decode(started.input.payloads, [MachineInput])
         assert isinstance(carried, MachineInput)
         assert carried.timings == settings
+        # ...and the record is the continued run's memo from its start (else the first run's
+        # start memo, none: machine_records would miss the machine until its next observation).
+        assert "record" in started.memo.fields
         await handle.signal(MachineWorkflow.gone)
         await handle.result()
 
@@ -179,3 +182,4 @@ async def test_a_worker_continues_as_new_under_heartbeats_and_a_stop_in_them_hol
         assert carried.timings.idle_seconds == 4_200
         assert carried.resume is not None
         assert carried.resume.address == "127.0.20.1:40000"
+        assert "record" in started.memo.fields, "the record is the continued run's memo"
