@@ -87,7 +87,7 @@ def dotted(path: str) -> str:
     return path.removesuffix(".py").replace("/", ".")
 
 
-def mutmut_table(files: list[str], tests: list[str]) -> str:
+def mutmut_table(files: list[str], tests: list[str], *, forkserver: bool) -> str:
     def toml_list(items: list[str]) -> str:
         return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
@@ -100,6 +100,14 @@ def mutmut_table(files: list[str], tests: list[str]) -> str:
         # One process per test run (no xdist), no cache writes into the copy.
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-n", "0"]\n'
         "use_git_change_detection = false\n"
+        # A mutant that makes a workflow fail its task hangs the test rather than failing it:
+        # give up after twice (the tests' own seconds + 10, the dev server's start), not 15 times.
+        "timeout_multiplier = 2.0\n"
+        "timeout_constant = 10.0\n"
+        # Temporal's client runtime (Rust threads) does not survive a fork: a mutant forked from
+        # the process that ran the workflow tests hangs at its first connect. Fork each from a
+        # server that has only collected the tests.
+        + (f'process_isolation = "{"forkserver" if forkserver else "fork"}"\n')
     )
 
 
@@ -120,7 +128,8 @@ def lay_copy(workdir: Path, files: list[str], tests: list[str], keep: bool) -> N
             shutil.copy2(source, target)
     (workdir / "conftest.py").write_text(SANDBOX_CONFTEST)
     pyproject = (ROOT / "pyproject.toml").read_text()
-    (workdir / "pyproject.toml").write_text(pyproject + mutmut_table(files, tests))
+    table = mutmut_table(files, tests, forkserver="workflows/pool.py" in files)
+    (workdir / "pyproject.toml").write_text(pyproject + table)
 
 
 def mutmut(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
