@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest down clean
+.PHONY: demo test lint typecheck pytest down clean mutation properties
 
 $(STAMP): pyproject.toml
 	deploy/dev/install-tools.sh
@@ -38,6 +38,14 @@ pytest: $(STAMP)
 	$(BIN)/pytest -n 3 --dist loadscope
 
 test: lint typecheck pytest
+
+# Not part of `make test`: the mutation check (mutmut over capacity, placement, task_records and
+# PoolWorkflow; about 17 minutes on 2 cores) and the property tests drawn at length.
+mutation: $(STAMP)
+	$(BIN)/python benchmarks/mutation.py
+
+properties: $(STAMP)
+	$(BIN)/python benchmarks/properties.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -204,18 +204,22 @@ class Recorder:
         )
         worker_id = f"worker:{POOL}:{worker['worker_id']}"
 
-        def told() -> bool:
+        def signals() -> list[str]:
             events = json.loads(
                 self.dev.temporal("workflow", "show", "-w", worker_id, "-o", "json")
             )
-            return any(
-                e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED"
-                and e["workflowExecutionSignaledEventAttributes"]["signalName"] == "settings"
+            return [
+                e["workflowExecutionSignaledEventAttributes"]["signalName"]
                 for e in events["events"]
-            )
+                if e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED"
+            ]
 
-        _until(told, 60, "the machine told its worker the settings")
-        time.sleep(15)  # a heartbeat or two after them
+        def beats_after_settings() -> bool:
+            names = signals()
+            return "settings" in names and names[names.index("settings") :].count("heartbeat") >= 2
+
+        # The history holds the settings, then a heartbeat or two taken under them.
+        _until(beats_after_settings, 90, "two heartbeats after the machine told the settings")
         self.save("MachineWorkflow-settings", machine_id)
         self.save("WorkerWorkflow-settings", worker_id)
 
