@@ -90,26 +90,12 @@ class Resources(BaseModel):
     cpu_millis: int = 0
     memory_bytes: int = 0
 
-    def __add__(self, other: Resources) -> Resources:
-        return Resources(
-            gpus=self.gpus + other.gpus,
-            cpu_millis=self.cpu_millis + other.cpu_millis,
-            memory_bytes=self.memory_bytes + other.memory_bytes,
-        )
-
     def minus(self, other: Resources) -> Resources:
         """Never negative: a node overcommitted by its neighbours offers nothing."""
         return Resources(
             gpus=max(0, self.gpus - other.gpus),
             cpu_millis=max(0, self.cpu_millis - other.cpu_millis),
             memory_bytes=max(0, self.memory_bytes - other.memory_bytes),
-        )
-
-    def most(self, other: Resources) -> Resources:
-        return Resources(
-            gpus=max(self.gpus, other.gpus),
-            cpu_millis=max(self.cpu_millis, other.cpu_millis),
-            memory_bytes=max(self.memory_bytes, other.memory_bytes),
         )
 
 
@@ -342,13 +328,6 @@ def job_hold(job: Obj) -> JobHold | None:
     return JobHold(
         node, pool, labels.get(WORKER_ID_LABEL, ""), job_is_active(job), _pod_amounts(template)
     )
-
-
-def is_neighbour(pod: Obj, pool_name: str, active_workers: frozenset[str] = frozenset()) -> bool:
-    """Not finished, and not one of this pool's workers with an active Job (those are counted
-    from their Jobs, which hold their cards before their pods exist)."""
-    hold = pod_hold(pod)
-    return hold is not None and _holds(hold, pool_name, active_workers)
 
 
 def _holds(hold: PodHold, pool_name: str, active_workers: frozenset[str]) -> bool:

@@ -246,6 +246,3 @@ class PoolState(BaseModel):
             # The one that can hold it soonest: most cards of its own, then most free.
             best = max(able, key=lambda s: (len(s.devices), len(s.free()), s.worker_id))
             self.reservations[best.worker_id] = waiting.task_id
-
-    def biggest_worker(self) -> int:
-        return max((len(slot.devices) for slot in self.slots.values()), default=0)
