@@ -207,7 +207,7 @@ async def on_sandbox(tasks: int, nodes: int) -> None:
     from datetime import UTC, datetime
 
     from levers9.cli.runtime import settings_from_env
-    from sandbox.devvalues import POOL_NAME
+    from levers9.devstack.values import POOL_NAME
 
     settings = settings_from_env()
     client = await connect(settings)

@@ -42,10 +42,11 @@ import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from levers9.config import ControlplaneSettings
+from levers9.devstack import values as devvalues
 from levers9.files import write_private
 from levers9.home import state_home
 from levers9.tokens import operator_token
-from sandbox import aws, devvalues, pki, registries, strays, task_images, worker_image
+from sandbox import aws, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.devprocesses import (
     HOST,

@@ -32,13 +32,13 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.devstack import values as devvalues
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.server import Gateway
 from levers9.models import RECONCILE_POOL_WORKFLOW
 from levers9.rpc import tls
 from levers9.temporal import list_worker_records, sync_reconcile_schedules
 from levers9.tokens import operator_token
-from sandbox import devvalues
 from sandbox.scenario import Images, Scenario
 from sandbox.serve import RunningSandbox, start
 from tests.factories import free_port

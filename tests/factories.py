@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from levers9.devstack import values as devvalues
 from levers9.manifests import WorkerJobSpec
 from levers9.rpc.worker_tls import worker_ca
-from sandbox import devvalues, pki
+from sandbox import pki
 from sandbox.cluster.cluster import Cluster
 from sandbox.scenario import NodeSpec
 

@@ -17,9 +17,9 @@ import yaml
 from cryptography import x509
 
 from levers9.config import load
+from levers9.devstack import values as devvalues
 from levers9.gateway.server import SERVICE_NAME
 from levers9.rpc import tls
-from sandbox import devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from tests.deploy.chart import CHART, ROOT, find, helm, render, secret_data, write_json
 

@@ -37,7 +37,8 @@ from activities.kube_clients import KubeClients, build_api_client
 from activities.pools import PoolActivities
 from levers9.cloud import Allowlist, egress_workflow_id
 from levers9.config import ControlplaneSettings, parse_pool
-from sandbox import aws, devvalues, registries
+from levers9.devstack import values as devvalues
+from sandbox import aws, registries
 from sandbox.gcp.container import network_tag
 from tests.cloud import BIN, OFFICE, OFFICE_IP, CloudWorld, cloud_world, run
 from tests.controlplane import admin_api, trusting

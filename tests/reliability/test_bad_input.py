@@ -31,6 +31,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.config import INVALID_PROVIDER, ConfigError, Values, load, parse_values
+from levers9.devstack import values as devvalues
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import TemporalTaskRecords
@@ -42,7 +43,6 @@ from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.server import WorkerServer
 from levers9.worker.service import WorkerService
 from levers9.worker.supervisor import TaskManager
-from sandbox import devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from sandbox.threaded import LoopThread
 from tests.properties import examples

@@ -36,9 +36,9 @@ from temporalio.service import RPCError
 
 from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
+from levers9.devstack import values as devvalues
 from levers9.temporal import connect, list_reconcile_schedules, list_worker_records
 from levers9.tokens import operator_token
-from sandbox import devvalues
 from sandbox.serve import RunningSandbox, start
 from tests.controlplane import POOL, list_worker_jobs, quick_scenario
 from tests.factories import free_port

@@ -21,7 +21,8 @@ from kubernetes import client
 
 from activities.kube_clients import KubeClients
 from levers9.config import parse_pool
-from sandbox import devvalues, pki
+from levers9.devstack import values as devvalues
+from sandbox import pki
 from sandbox.access import DEVELOPER
 from sandbox.server import Sandbox
 from tests.sandbox.factories import Api, api_client, jwt_assertion, status_of, unique

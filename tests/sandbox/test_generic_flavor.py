@@ -13,7 +13,7 @@ from kubernetes import client as k8s
 
 from activities.kube_clients import build_api_client
 from levers9.config import ConfigError, parse_pool
-from sandbox import devvalues
+from levers9.devstack import values as devvalues
 from sandbox.kubeconfig import kubeconfig
 from sandbox.server import Sandbox
 

@@ -17,7 +17,7 @@ import yaml
 from kubernetes import client
 
 from levers9.config import merge_values, parse_values
-from sandbox import devvalues
+from levers9.devstack import values as devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from sandbox.server import Sandbox
 from tests.deploy.chart import ROOT, helm_binary, write_json

@@ -23,7 +23,7 @@ from levers9.cloud import (
     values_block,
 )
 from levers9.config import load, parse_pool
-from sandbox import devvalues
+from levers9.devstack import values as devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()

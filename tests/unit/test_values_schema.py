@@ -14,8 +14,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from levers9.config import ConfigError, load_values, parse_pool, parse_settings
+from levers9.devstack import values as devvalues
 from levers9.schema import SCHEMA_PATH, render, values_schema
-from sandbox import devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
