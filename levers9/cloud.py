@@ -20,6 +20,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from levers9.capacity import ACCELERATOR_LABEL
+from levers9.config import as_values, pool_values
+
 SERVICE_ACCOUNT_ID = "levers9-controlplane"
 DEVELOPER_ROLE = "roles/container.developer"
 REPOSITORY_ID = "levers9"
@@ -324,26 +327,17 @@ def values_block(
     with that card joins."""
     label, _ = accelerator(gpu_type)
     endpoint = info.endpoint if "://" in info.endpoint else f"https://{info.endpoint}"
-    block: dict[str, Any] = {
-        "mode": "external",
-        "provider": "kubernetes",
-        "gpuType": gpu_type,
-        "imagesPath": "/var/lib/levers9/images",
-        "durableDisksPath": "/var/lib/levers9/disks",
-        "cache": {"enabled": False},
-        "kubernetes": {
-            "flavor": "gke",
-            "endpoint": endpoint,
-            "caCertificate": info.ca_certificate,
-            "namespace": "levers9",
-            "nodeSelector": {"cloud.google.com/gke-accelerator": label},
-            "workerImage": cluster.worker_image,
-        },
-    }
-    if tunnel:
-        block["hostNetwork"] = False
-        block["kubernetes"]["tunnel"] = True
-    return block
+    pool = pool_values(
+        gpu_type=gpu_type,
+        flavor="gke",
+        endpoint=endpoint,
+        ca_certificate=info.ca_certificate,
+        node_selector={ACCELERATOR_LABEL: label},
+        worker_image=cluster.worker_image,
+        tunnel=tunnel,
+        node_paths=True,
+    )
+    return as_values(pool)
 
 
 def default_pool_name(gpu_type: str) -> str:

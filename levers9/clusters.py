@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from levers9.config import as_values, pool_values
 from levers9.contract import AGENT_NAME, JOIN_TOKEN_KEY
 from levers9.tokens import join_digest
 
@@ -98,21 +99,17 @@ def cluster_workflow_id(name: str) -> str:
 def pool_block(spec: JoinedCluster) -> dict[str, Any]:
     """The pool's block, as a `provider: kubernetes` pool of `flavor: generic` with no
     credentials (`levers9.config.joined_pool` marks it joined)."""
-    return {
-        "mode": "external",
-        "provider": "kubernetes",
-        "gpuType": spec.gpu_type,
-        "hostNetwork": False,
-        "kubernetes": {
-            "flavor": "generic",
-            "endpoint": JOINED_ENDPOINT,
-            "namespace": spec.namespace,
-            "nodeSelector": dict(spec.node_selector),
-            "workerImage": spec.worker_image,
-            "tunnel": True,
-        },
-        "simulatedGpus": spec.simulated_gpus,
-    }
+    pool = pool_values(
+        gpu_type=spec.gpu_type,
+        flavor="generic",
+        endpoint=JOINED_ENDPOINT,
+        namespace=spec.namespace,
+        node_selector=spec.node_selector,
+        worker_image=spec.worker_image,
+        tunnel=True,
+        simulated_gpus=spec.simulated_gpus,
+    )
+    return as_values(pool)
 
 
 def manifests(

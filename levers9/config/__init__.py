@@ -11,9 +11,11 @@ a dump, a log line or an error message (`hide_input_in_errors`).
 
 No I/O at import time; `load_values` and `credentialsFile` read files when called.
 
-The package holds, one module each: `pool` (per-pool settings), `settings` (the controlplane's),
-`loading` (reading and merging files), `values` (the schema of the merged document: pools,
-problems, settings) and `errors`. Import from `levers9.config`: the names below are its face.
+The package holds, one module each: `pool` (per-pool settings), `pool_values` (the one typed
+builder of a pool's block: `gke attach`'s, a join's, the dev stack's), `settings` (the
+controlplane's), `loading` (reading and merging files), `values` (the schema of the merged
+document: pools, problems, settings) and `errors`. Import from `levers9.config`: the names
+below are its face.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from levers9.config.pool import (
     WorkerResources,
     generic_kubeconfig,
 )
+from levers9.config.pool_values import as_values, pool_values
 from levers9.config.settings import ControlplaneSettings
 from levers9.config.values import (
     CONTROLPLANE_PATH,
@@ -69,6 +72,7 @@ __all__ = [
     "TaskDefaults",
     "Values",
     "WorkerResources",
+    "as_values",
     "describe_validation_error",
     "generic_kubeconfig",
     "joined_pool",
@@ -78,5 +82,6 @@ __all__ = [
     "parse_pool",
     "parse_settings",
     "parse_values",
+    "pool_values",
     "read_values_file",
 ]

@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -28,7 +28,7 @@ from pydantic import (
 
 from levers9.contract import DEFAULT_RUNTIME, DNS_LABEL, RUNTIMES, label_problem, runtime_problem
 
-PROVIDER = "kubernetes"
+PROVIDER: Final = "kubernetes"
 
 _SA_KEY_FIELDS = ("client_email", "private_key", "token_uri")
 

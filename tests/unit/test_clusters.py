@@ -78,6 +78,28 @@ def test_the_agent_gets_the_least_rbac_it_needs() -> None:
     assert "l9j1.t" not in str(container), "the join token only in its Secret"
 
 
+def test_the_pool_a_join_makes_is_the_block_written_by_hand() -> None:
+    """What `pool_block` wrote as a dict before the builder (levers9.config.pool_values)."""
+    spec = SPEC.model_copy(update={"namespace": "gpus", "simulated_gpus": True})
+    assert pool_block(spec) == {
+        "mode": "external",
+        "provider": "kubernetes",
+        "gpuType": "RTXPro6000",
+        "hostNetwork": False,
+        "kubernetes": {
+            "flavor": "generic",
+            "endpoint": "https://joined.levers9.invalid",
+            "namespace": "gpus",
+            "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
+            "workerImage": "registry.example/levers9/worker:1",
+            "tunnel": True,
+        },
+        "simulatedGpus": True,
+    }
+    assert pool_block(SPEC)["simulatedGpus"] is False
+    assert pool_block(SPEC)["kubernetes"]["namespace"] == "levers9"
+
+
 def test_the_pool_a_join_makes_is_a_tunnel_pool_with_no_credentials() -> None:
     pool = joined_pool("joined", pool_block(SPEC))
     assert pool.kubernetes.joined
