@@ -30,7 +30,9 @@ from levers9.clusters import ClusterState, pool_block
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
-from levers9.gateway.endpoint_proxy import EndpointProxy, FrontLimits, TemporalEndpointBook
+from levers9.gateway.endpoint_connections import FrontLimits
+from levers9.gateway.endpoint_proxy import EndpointProxy
+from levers9.gateway.endpoint_views import TemporalEndpointBook
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import Replicas, TemporalTaskRecords

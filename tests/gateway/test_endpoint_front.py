@@ -14,7 +14,8 @@ from pydantic import SecretStr
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.endpoints import EndpointSpec, EndpointView, Load, Replica
-from levers9.gateway.endpoint_proxy import RECORD_READS, EndpointProxy
+from levers9.gateway.endpoint_proxy import EndpointProxy
+from levers9.gateway.endpoint_views import RECORD_READS
 from levers9.gateway.task_service import TasksService
 from levers9.models import TaskRecord
 from levers9.tokens import operator_token
