@@ -13,36 +13,46 @@ from typing import Any
 
 import yaml
 
+from levers9.capacity import ACCELERATOR_LABEL
+from levers9.cloud import accelerator
+from levers9.config import PoolConfig, as_values, pool_values
 from levers9.files import write_private
 
 POOL_NAME = "gke-rtx6000"
+GPU_TYPE = "RTXPro6000"
 PROJECT = "demo"
 REGION = "us-central1"
+
+
+def pool(
+    ca_base64: str,
+    endpoint: str,
+    *,
+    tunnel: bool = False,
+    simulated_gpus: bool | None = None,
+    task_image: str | None = None,
+) -> PoolConfig:
+    """The spec's pool, as the one builder makes it (`levers9.config.pool_values`), pointing at
+    the sandbox."""
+    label, _ = accelerator(GPU_TYPE)
+    return pool_values(
+        gpu_type=GPU_TYPE,
+        flavor="gke",
+        endpoint=endpoint,
+        ca_certificate=ca_base64,
+        node_selector={ACCELERATOR_LABEL: label},
+        worker_image=f"{REGION}-docker.pkg.dev/{PROJECT}/levers9/worker:latest",
+        tunnel=tunnel,
+        simulated_gpus=simulated_gpus,
+        task_image=task_image,
+        node_paths=True,
+    )
 
 
 def pool_block(ca_base64: str, endpoint: str, *, tunnel: bool = False) -> dict[str, Any]:
     """The spec's values block, with the sandbox's endpoint and CA filled in; with `tunnel`,
     the spec's tunnel variant (`tunnel: true`, `hostNetwork: false`)."""
-    block: dict[str, Any] = {
-        "mode": "external",
-        "provider": "kubernetes",
-        "gpuType": "RTXPro6000",
-        "imagesPath": "/var/lib/levers9/images",
-        "durableDisksPath": "/var/lib/levers9/disks",
-        "cache": {"enabled": False},
-        "kubernetes": {
-            "flavor": "gke",
-            "endpoint": endpoint,
-            "caCertificate": ca_base64,
-            "namespace": "levers9",
-            "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
-            "workerImage": f"{REGION}-docker.pkg.dev/{PROJECT}/levers9/worker:latest",
-        },
-    }
-    if tunnel:
-        block["hostNetwork"] = False
-        block["kubernetes"]["tunnel"] = True
-    return block
+    return as_values(pool(ca_base64, endpoint, tunnel=tunnel))
 
 
 def private_block(key_json: str) -> dict[str, Any]:
@@ -64,11 +74,10 @@ def write(
     expects its container to see none) and, with `task_image`, `taskDefaults: {image: ...}`
     (where a task that names no image runs)."""
     values = directory / "values.yaml"
-    block = pool_block(ca_base64, endpoint, tunnel=tunnel)
-    block["simulatedGpus"] = True
-    if task_image:
-        block["taskDefaults"] = {"image": task_image}
-    pools = {POOL_NAME: block}
+    block = pool(
+        ca_base64, endpoint, tunnel=tunnel, simulated_gpus=True, task_image=task_image or None
+    )
+    pools = {POOL_NAME: as_values(block)}
     values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))
     private = directory / "private.json"
     write_private(private, json.dumps(private_block(key_json)))

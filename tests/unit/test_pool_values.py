@@ -1,12 +1,14 @@
 """The one typed builder of a pool's values block (`levers9.config.pool_values`): it writes only
-what its caller gives, with the schema's names; `gke attach`'s block is the one it printed when
-written by hand (the same map, the same YAML for a pool without the tunnel), and each block loads
-with the project's loader once the private values file completes it."""
+what its caller gives, with the schema's names; `gke attach`'s block and the dev values are the
+ones written by hand before it (the same maps, the same YAML for attach without the tunnel), and
+each block loads with the project's loader once the private values file completes it. The
+joined pool's block is pinned in test_clusters.py."""
 
 from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ import yaml
 
 from levers9.cloud import ClusterInfo, ClusterRef, values_block
 from levers9.config import as_values, parse_pool, pool_values
+from levers9.devstack import values as devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
@@ -131,3 +134,29 @@ def test_the_builders_extras_are_written_in_the_schemas_names() -> None:
     loaded = parse_pool("gke-rtx6000", block)
     assert loaded.task_defaults.image == "registry.example/tasks/python:3.12"
     assert loaded.simulated_gpus is True
+
+
+@pytest.mark.parametrize("tunnel", [False, True])
+def test_the_dev_block_is_attachs_block_for_the_sandbox(tunnel: bool) -> None:
+    """`levers9 dev up`'s pool is what attach prints for a cluster of project `demo` in
+    us-central1, at the sandbox's endpoint: the block written by hand before the builder."""
+    block = devvalues.pool_block(CA, "https://34.1.2.3", tunnel=tunnel)
+    assert block == _attach_block_by_hand(tunnel)
+
+
+@pytest.mark.parametrize("task_image", [None, "", "registry.example/tasks/python:3.12"])
+def test_the_dev_values_file_holds_the_same_map(tmp_path: Path, task_image: str | None) -> None:
+    [values, _] = devvalues.write(
+        tmp_path,
+        ca_base64=CA,
+        endpoint="https://34.1.2.3",
+        key_json=KEY,
+        tunnel=True,
+        task_image=task_image,
+    )
+    expected = {**_attach_block_by_hand(tunnel=True), "simulatedGpus": True}
+    if task_image:
+        expected["taskDefaults"] = {"image": task_image}
+    assert yaml.safe_load(values.read_text()) == {
+        "config": {"worker": {"pools": {devvalues.POOL_NAME: expected}}}
+    }
