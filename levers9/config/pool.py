@@ -30,6 +30,9 @@ from levers9.contract import DEFAULT_RUNTIME, DNS_LABEL, RUNTIMES, label_problem
 
 PROVIDER: Final = "kubernetes"
 
+Flavor = Literal["gke", "generic"]
+"""How the controlplane reaches a `provider: kubernetes` pool's cluster (`kubernetes.flavor`)."""
+
 _SA_KEY_FIELDS = ("client_email", "private_key", "token_uri")
 
 
@@ -96,7 +99,7 @@ def _check_generic_credentials(text: str) -> None:
 class KubernetesConfig(_Model):
     """How the controlplane reaches the cluster, and what the worker Job looks like there."""
 
-    flavor: Literal["gke", "generic"] = "gke"
+    flavor: Flavor = "gke"
     endpoint: str
     ca_certificate: str | None = Field(default=None, alias="caCertificate")
     namespace: str = "levers9"

@@ -12,13 +12,18 @@ but the models, so a workflow may build one."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from levers9.config.pool import PROVIDER, CacheConfig, KubernetesConfig, PoolConfig, TaskDefaults
-
-Flavor = Literal["gke", "generic"]
+from levers9.config.pool import (
+    PROVIDER,
+    CacheConfig,
+    Flavor,
+    KubernetesConfig,
+    PoolConfig,
+    TaskDefaults,
+)
 
 
 def pool_values(
