@@ -12,11 +12,11 @@ from levers9.cli.output import Output, render
 from levers9.cli.pool import print_check
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
+from levers9.devstack.stack import DevStack
 from levers9.models import TaskInput, TaskRecord, new_task_id
 from levers9.task_records import PROBE_COMMAND
 from levers9.temporal import connect, gpus_simulated
 from levers9.timeline import Row, first, since
-from sandbox.devstack import DevStack
 
 POOL = "gke-rtx6000"
 GPU = "RTXPro6000"

@@ -16,9 +16,8 @@ from rich.status import Status
 
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
-from levers9.temporal import wait_for_passes, wait_for_workers
-from sandbox.devprocesses import DevError, is_running, temporal_binary
-from sandbox.devstack import (
+from levers9.devstack.processes import DevError, is_running, temporal_binary
+from levers9.devstack.stack import (
     DEFAULT_ECR_PORT,
     DEFAULT_ENDPOINTS_PORT,
     DEFAULT_GAR_PORT,
@@ -29,6 +28,7 @@ from sandbox.devstack import (
     DEFAULT_UI_PORT,
     DevStack,
 )
+from levers9.temporal import wait_for_passes, wait_for_workers
 from sandbox.persist import snapshot_path
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")

@@ -11,10 +11,10 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, console, fail, render
+from levers9.devstack.processes import is_running
+from levers9.devstack.stack import DevStack
 from levers9.home import state_home
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
-from sandbox.devprocesses import is_running
-from sandbox.devstack import DevStack
 from sandbox.scenario import Scenario
 
 app = typer.Typer(help="The sandbox: a local GKE-like cluster kubectl and the client drive.")

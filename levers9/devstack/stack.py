@@ -43,12 +43,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from levers9.config import ControlplaneSettings
 from levers9.devstack import values as devvalues
-from levers9.files import write_private
-from levers9.home import state_home
-from levers9.tokens import operator_token
-from sandbox import aws, pki, registries, strays, task_images, worker_image
-from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
-from sandbox.devprocesses import (
+from levers9.devstack.processes import (
     HOST,
     PYTHON,
     DevError,
@@ -63,6 +58,11 @@ from sandbox.devprocesses import (
     terminate,
     wait_ready,
 )
+from levers9.files import write_private
+from levers9.home import state_home
+from levers9.tokens import operator_token
+from sandbox import aws, pki, registries, strays, task_images, worker_image
+from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
 DEFAULT_TEMPORAL_PORT = 7233

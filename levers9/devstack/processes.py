@@ -1,7 +1,7 @@
 """The dev stack's processes, one at a time: how they start (`PYTHON`, the Temporal CLI), the
 record of each (`ProcessRecord`, kept in `processes.json`), whether a recorded PID is still the
 process we started, who holds a port we want, waiting for one to be ready, and stopping one
-(its process group, TERM then KILL). `sandbox.devstack` composes them into `levers9 dev`."""
+(its process group, TERM then KILL). `levers9.devstack.stack` composes them into `levers9 dev`."""
 
 from __future__ import annotations
 
