@@ -1,7 +1,9 @@
 """The agent's independence is an allow-list over packages (.importlinter's `only` contract,
 `tests/import_rules.py`): checked on package trees built here, a module of the container that is
 not allowed is forbidden to the source from the day it is added, directly or through an allowed
-module; and the repository's own `agent` contract is that rule over levers9."""
+module; and the repository's own `agent` contract is that rule over levers9. Over the real
+tree: the emulator takes of levers9 only the shared core (`emulator-core`), and only the dev
+commands take the dev stack (`devstack`), each refusing an import added against it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import grimp
 import pytest
 from importlinter import configuration
+from importlinter.contracts.forbidden import ForbiddenContract
 
 from tests.import_rules import OnlyContract
 
@@ -89,3 +92,47 @@ def test_the_agent_contract_is_the_allow_list_rule_over_levers9() -> None:
         "levers9",
     )
     assert set(contract["forbidden_modules"].split()) == {"workflows", "activities", "sandbox"}
+
+
+def _repository_contract(section: str, added: tuple[str, str] | None = None) -> bool:
+    """Whether the repository's contract `section` (.importlinter) holds over the tree, with the
+    import `added` (importer, imported) when given. A fresh graph each time: a check removes the
+    contract's ignored imports from the graph it is given."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    given = config[f"importlinter:contract:{section}"]
+    options: dict[str, str | list[str]] = {
+        key: given[key].split() for key in given if key.endswith("_modules")
+    }
+    options["ignore_imports"] = [line for line in given["ignore_imports"].splitlines() if line]
+    if "container" in given:
+        options["container"] = given["container"]
+    kind = {"only": OnlyContract, "forbidden": ForbiddenContract}[given["type"]]
+    roots = config["importlinter"]["root_packages"].split()
+    graph = grimp.build_graph(*roots, cache_dir=None, exclude_type_checking_imports=True)
+    if added is not None:
+        graph.add_import(importer=added[0], imported=added[1])
+    contract = kind(section, session_options={"root_packages": roots}, contract_options=options)
+    return bool(contract.check(graph, verbose=False).kept)
+
+
+@pytest.mark.parametrize(
+    ("section", "importer", "imported"),
+    [
+        ("emulator-core", "sandbox.serve", "levers9.config"),
+        ("emulator-core", "sandbox.cluster.kubelet", "levers9.cli.runtime"),
+        ("emulator-core", "sandbox.persist", "levers9.devstack.values"),
+        ("emulator-core", "sandbox.serve", "levers9.worker.runc_runtime"),
+        ("devstack", "levers9.gateway.server", "levers9.devstack.stack"),
+        ("devstack", "levers9.cli.main", "levers9.devstack.values"),
+        ("devstack", "workflows.pool", "levers9.devstack.values"),
+    ],
+)
+def test_the_emulator_takes_only_the_shared_core_and_only_the_dev_commands_the_dev_stack(
+    section: str, importer: str, imported: str
+) -> None:
+    """The repository's `emulator-core` and `devstack` contracts hold over the tree, and each
+    refuses an import it forbids, added to the tree's graph."""
+    configuration.configure()
+    assert _repository_contract(section)
+    assert not _repository_contract(section, (importer, imported))
