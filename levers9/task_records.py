@@ -17,7 +17,6 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.config import ControlplaneSettings
 from levers9.models import (
     TASK_WORKFLOW,
     TaskInput,
@@ -30,7 +29,7 @@ from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
 from levers9.temporal import (
     NoQueryAnswer,
     delivered,
-    list_memo_records,
+    memo_records,
     or_none,
     query_within,
 )
@@ -145,12 +144,36 @@ async def last_recorded(client: Client, task_id: str) -> LastRecorded | None:
     )
 
 
-async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:
+def _tasks_query(pool_name: str | None) -> str:
     query = f"WorkflowType='{TASK_WORKFLOW}'"
     if pool_name:
         query += f" AND PoolName='{pool_name}'"
-    records = await list_memo_records(settings, query, TaskRecord)
-    return sorted(records, key=lambda r: r.created_at, reverse=True)
+    return query
+
+
+async def list_tasks(client: Client, task_queue: str, pool_name: str | None) -> list[TaskRecord]:
+    """Every task record (the workflows' memos: Temporal answers them without a worker)."""
+    return await memo_records(client, task_queue, _tasks_query(pool_name), TaskRecord)
+
+
+async def task_page(
+    client: Client, task_queue: str, pool_name: str | None, page_size: int, page_token: bytes
+) -> tuple[list[TaskRecord], bytes]:
+    """One visibility page of task records (`page_token` empty: the first) and the token of
+    the next (empty: this was the last). `pool_name` must be checked by the caller (it goes
+    into the query)."""
+    listed = client.list_workflows(
+        f"{_tasks_query(pool_name)} AND TaskQueue='{task_queue}'",
+        page_size=page_size,
+        next_page_token=page_token or None,
+    )
+    await listed.fetch_next_page()
+    records = []
+    for execution in listed.current_page or ():
+        memo = await execution.memo()
+        if "record" in memo:
+            records.append(TaskRecord.model_validate(memo["record"]))
+    return records, listed.next_page_token or b""
 
 
 PROBE_COMMAND = ("levers9-probe",)

@@ -129,6 +129,20 @@ async def task_record(
     return record_from_message(reply.record)
 
 
+async def list_tasks(settings: ControlplaneSettings, pool_name: str | None) -> list[TaskRecord]:
+    """Every task record (of one pool), page by page over one connection."""
+    records: list[TaskRecord] = []
+    token = b""
+    async with _tasks(settings) as (stub, metadata):
+        while True:
+            request = gateway_pb2.ListTasksRequest(pool_name=pool_name or "", page_token=token)
+            reply = await stub.ListTasks(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+            records.extend(record_from_message(message) for message in reply.records)
+            token = reply.next_page_token
+            if not token:
+                return records
+
+
 async def cancel_task(settings: ControlplaneSettings, task_id: str, reason: str = "") -> bool:
     """Tells the task to cancel; False when no such task runs."""
     request = gateway_pb2.CancelTaskRecordRequest(task_id=task_id, reason=reason)

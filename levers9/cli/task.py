@@ -27,7 +27,7 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.task_access import Answer, answered, last_answer, print_last, tasks_for
 from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
-from levers9.contract import task_input_problem
+from levers9.contract import DNS_LABEL, task_input_problem
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
@@ -439,12 +439,17 @@ def list_(
     pool: Annotated[str | None, typer.Option("--pool")] = None,
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
 ) -> None:
-    """Tasks, newest first."""
-    from levers9.task_records import list_tasks
-
-    records = asyncio.run(list_tasks(settings_from_env(), pool))
+    """Tasks, newest first. With the controlplane down: as last recorded, and exit status 69."""
+    if pool is not None and not DNS_LABEL.fullmatch(pool):
+        raise typer.BadParameter(
+            f"{pool!r} is not a pool name (lowercase DNS label)", param_hint="--pool"
+        )
+    listed = answered(tasks_for(settings_from_env()).listing(pool))
+    records = listed.records
     if output is Output.json:
         render([json.loads(r.model_dump_json()) for r in records], COLUMNS, output)
+        if listed.down is not None:
+            down(listed.down)
         return
     from datetime import UTC, datetime
 
@@ -462,4 +467,8 @@ def list_(
         }
         for r in records
     ]
-    render(rows, COLUMNS, output, title="tasks")
+    if listed.down is None:
+        render(rows, COLUMNS, output, title="tasks")
+        return
+    render(rows, COLUMNS, output, title="tasks as last recorded (the controlplane is down)")
+    down(listed.down)

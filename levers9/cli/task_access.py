@@ -41,6 +41,9 @@ class Tasks(Protocol):
     async def cancel(self, task_id: str, reason: str) -> bool:
         """Tells the task to cancel; False when no such task runs."""
 
+    async def listing(self, pool_name: str | None) -> list[TaskRecord]:
+        """Every task record (of one pool), in no particular order."""
+
 
 class GatewayTasks:
     """Through the controlplane's gateway, with the operator token."""
@@ -56,6 +59,9 @@ class GatewayTasks:
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         return await gateway_api.cancel_task(self._settings, task_id, reason)
+
+    async def listing(self, pool_name: str | None) -> list[TaskRecord]:
+        return await gateway_api.list_tasks(self._settings, pool_name)
 
 
 class TemporalTasks:
@@ -105,6 +111,12 @@ class TemporalTasks:
 
         return await cancel_task(await self.client(), task_id, reason)
 
+    async def listing(self, pool_name: str | None) -> list[TaskRecord]:
+        """The workflows' memos: what was recorded, whether or not a Temporal worker runs."""
+        from levers9.task_records import list_tasks
+
+        return await list_tasks(await self.client(), self._settings.task_queue, pool_name)
+
 
 class Fallback:
     """The gateway (`gateway`: the command holds an operator token), and Temporal once the
@@ -130,9 +142,12 @@ class Fallback:
         try:
             return await call(self._temporal)
         except NoQueryAnswer as exc:
-            problems = ["its gateway did not answer"] if self._gateway_failed else []
-            problems.append(no_temporal_worker(self._settings, str(exc)))
-            raise unreachable(self._settings, *problems) from None
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: Exception) -> ControlplaneUnreachable:
+        problems = ["its gateway did not answer"] if self._gateway_failed else []
+        problems.append(no_temporal_worker(self._settings, str(exc)))
+        return unreachable(self._settings, *problems)
 
     async def last_recorded(self, task_id: str) -> LastRecorded | None:
         return await self._temporal.last_recorded(task_id)
@@ -145,6 +160,23 @@ class Fallback:
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         return await self._ask(lambda tasks: tasks.cancel(task_id, reason))
+
+    async def listing(self, pool_name: str | None) -> Listed:
+        """Newest first. From Temporal (no gateway to ask, or it did not answer): the records
+        as their workflows last recorded them (Temporal lists memos without a worker), and, when
+        no Temporal worker answers a query of the newest (as `task get` would ask it), why the
+        controlplane is unreachable."""
+        records = await self._ask(lambda tasks: tasks.listing(pool_name))
+        newest_first = sorted(records, key=lambda r: r.created_at, reverse=True)
+        if self._gateway is not None or not newest_first:
+            return Listed(newest_first)
+        from levers9.temporal import NoQueryAnswer
+
+        try:
+            await self._temporal.record(newest_first[0].task_id)
+        except NoQueryAnswer as exc:
+            return Listed(newest_first, self._unreachable(exc))
+        return Listed(newest_first)
 
 
 def answered(call: Coroutine[Any, Any, T]) -> T:
@@ -160,6 +192,15 @@ def answered(call: Coroutine[Any, Any, T]) -> T:
 def tasks_for(settings: ControlplaneSettings) -> Fallback:
     """The gateway when the command holds an operator token, else Temporal."""
     return Fallback(settings, gateway=settings.operator_token() is not None)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """The task records, newest first; `down`: the controlplane did not answer, and these are
+    as Temporal last recorded them."""
+
+    records: list[TaskRecord]
+    down: ControlplaneUnreachable | None = None
 
 
 @dataclass(frozen=True)

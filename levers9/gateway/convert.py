@@ -73,6 +73,10 @@ def check_task_id(task_id: str) -> None:
     _match("task_id", task_id, _TASK_ID, _TASK_ID_TEXT)
 
 
+def check_pool_name(pool_name: str) -> None:
+    _match("pool_name", pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")
+
+
 def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     """A task as a client submits it; the record starts from exactly this."""
     _match("pool_name", request.pool_name, DNS_LABEL, "a pool name (lowercase DNS label)")

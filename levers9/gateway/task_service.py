@@ -21,6 +21,9 @@ registered it), and relays `WorkerService/StreamLogs` chunk by chunk.
   and where the record's tail is (`levers9 task logs <id>`).
 - A pool this controlplane does not reconcile (no `reconcile:<pool>` schedule): INVALID_ARGUMENT
   naming the pools there are, before anything is started (it would wait forever).
+- ListTasks: one page of task records, bounded in count and bytes (a list of thousands is
+  many pages, none near gRPC's 4 MB); its page token is its own (the visibility page's token
+  and how many of that page were sent), and one it did not give is INVALID_ARGUMENT.
 - No such task: NOT_FOUND. A wrong or missing operator token: UNAUTHENTICATED. A malformed
   submit (no command, a pool name that is no DNS label, a bad task id): INVALID_ARGUMENT
   naming the field.
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,14 +51,14 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.gateway.auth import bearer_token
-from levers9.gateway.convert import check_task_id, submitted_task
+from levers9.gateway.convert import check_pool_name, check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
-from levers9.task_records import cancel_task, start_task, task_ended, task_record
+from levers9.task_records import cancel_task, start_task, task_ended, task_page, task_record
 from levers9.task_wire import record_message
 from levers9.temporal import or_none, unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
@@ -77,6 +82,16 @@ MAX_WAIT_S = 60.0
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
 MAX_REASON_CHARS = 1024
 KNOWN_POOL_TTL_S = 5.0
+LIST_PAGE_SIZE = 100
+"""ListTasks' page when the request names none."""
+MAX_LIST_PAGE_SIZE = 1000
+MAX_LIST_PAGE_BYTES = 3 * 1024 * 1024
+"""A ListTasks answer stays under this (gRPC's default limit is 4 MiB): a record of the page
+that would pass it goes to the next page. One record alone is below it (a memo is at most 2 MiB)."""
+_CURSOR = b"\x01"
+"""ListTasks' page token: this, how many records of the visibility page were sent (4 bytes), a
+MAC (16 bytes, over those, the pool and the visibility page's own token, which follows), so that
+a token not from here is refused before Temporal sees it (it answers one UNKNOWN, retried)."""
 
 
 class TaskRecords(Protocol):
@@ -97,6 +112,11 @@ class TaskRecords(Protocol):
 
     async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
         """The worker's record now (its route: address, replica queue and address)."""
+
+    async def page(
+        self, pool_name: str | None, page_size: int, page_token: bytes
+    ) -> tuple[list[TaskRecord], bytes]:
+        """One page of task records and the next page's token (empty: the last)."""
 
 
 class TemporalTaskRecords:
@@ -130,6 +150,11 @@ class TemporalTaskRecords:
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         return await cancel_task(self._client, task_id, reason)
+
+    async def page(
+        self, pool_name: str | None, page_size: int, page_token: bytes
+    ) -> tuple[list[TaskRecord], bytes]:
+        return await task_page(self._client, self._task_queue, pool_name, page_size, page_token)
 
     async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
         handle = self._client.get_workflow_handle(worker_workflow_id(pool_name, worker_id))
@@ -380,6 +405,61 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if record is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}")
         return gateway_pb2.GetTaskRecordResponse(record=record_message(record))
+
+    async def ListTasks(
+        self,
+        request: gateway_pb2.ListTasksRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.ListTasksResponse:
+        await self._authorize(context)
+        try:
+            if request.pool_name:
+                check_pool_name(request.pool_name)
+            if not 0 <= request.page_size <= MAX_LIST_PAGE_SIZE:
+                raise InvalidRequest(
+                    "page_size",
+                    f"{request.page_size} is not 0 (meaning {LIST_PAGE_SIZE}) to"
+                    f" {MAX_LIST_PAGE_SIZE} records",
+                )
+            sent, token = self._read_cursor(request.pool_name, request.page_token)
+            records, next_token = await self._records.page(
+                request.pool_name or None, request.page_size or LIST_PAGE_SIZE, token
+            )
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        reply = gateway_pb2.ListTasksResponse()
+        for i, record in enumerate(records[sent:]):
+            message = record_message(record)
+            if i and reply.ByteSize() + message.ByteSize() + 16 > MAX_LIST_PAGE_BYTES:
+                reply.next_page_token = self._cursor(request.pool_name, sent + i, token)
+                return reply
+            reply.records.append(message)
+        if next_token:
+            reply.next_page_token = self._cursor(request.pool_name, 0, next_token)
+        return reply
+
+    def _mac(self, pool_name: str, sent: bytes, token: bytes) -> bytes:
+        key = hashlib.sha256(b"levers9 ListTasks\0" + self._secret.get_secret_value().encode())
+        message = b"\0".join((pool_name.encode(), sent, token))
+        return hmac.new(key.digest(), message, hashlib.sha256).digest()[:16]
+
+    def _cursor(self, pool_name: str, sent: int, token: bytes) -> bytes:
+        counted = sent.to_bytes(4, "big")
+        return _CURSOR + counted + self._mac(pool_name, counted, token) + token
+
+    def _read_cursor(self, pool_name: str, page_token: bytes) -> tuple[int, bytes]:
+        """How many records of the visibility page were sent, and that page's token."""
+        if not page_token:
+            return 0, b""
+        counted, mac, token = page_token[1:5], page_token[5:21], page_token[21:]
+        if not page_token.startswith(_CURSOR) or not hmac.compare_digest(
+            mac, self._mac(pool_name, counted, token)
+        ):
+            raise InvalidRequest(
+                "page_token",
+                "not one ListTasks gave for this pool_name: list again from the first page",
+            )
+        return int.from_bytes(counted, "big"), token
 
     async def CancelTask(
         self,

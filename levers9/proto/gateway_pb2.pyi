@@ -676,6 +676,62 @@ class GetTaskRecordResponse(_message.Message):
 Global___GetTaskRecordResponse: _TypeAlias = GetTaskRecordResponse  # noqa: Y015
 
 @_typing.final
+class ListTasksRequest(_message.Message):
+    """`levers9 task list`: one page of the task records (the workflows' memos), in Temporal's
+    visibility order (the CLI sorts them, newest first). A page holds at most `page_size` records
+    (0: 100; at most 1000) and stays under 3 MiB whatever the records hold; `next_page_token`
+    empty: the last page.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    pool_name: _builtins.str
+    """empty: every pool"""
+    page_size: _builtins.int
+    page_token: _builtins.bytes
+    """a ListTasksResponse's next_page_token, as it was"""
+    def __init__(
+        self,
+        *,
+        pool_name: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "pool_name", b"pool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.bytes
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskRecord]: ...
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___TaskRecord] | None = ...,
+        next_page_token: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class CancelTaskRecordRequest(_message.Message):
     """The task's record is told to cancel (signal `cancel`): its container gets SIGTERM, a grace,
     then SIGKILL; GetTaskRecord with a wait reads its end.

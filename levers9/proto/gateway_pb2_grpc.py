@@ -58,6 +58,11 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/levers9.v1.Tasks/ListTasks',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
         self.ExecTask = channel.stream_stream(
                 '/levers9.v1.Tasks/ExecTask',
                 request_serializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
@@ -95,6 +100,12 @@ class TasksServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +150,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.SerializeToString,
             ),
             'ExecTask': grpc.stream_stream_rpc_method_handler(
                     servicer.ExecTask,
@@ -262,6 +278,33 @@ class Tasks:
             '/levers9.v1.Tasks/CancelTask',
             levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.CancelTaskRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/ListTasks',
+            levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,7 @@ class TasksStub:
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]
     GetTaskRecord: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]
     ExecTask: _grpc.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
@@ -65,6 +66,7 @@ class TasksAsyncStub(TasksStub):
     SubmitTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitTaskRequest, _gateway_pb2.SubmitTaskResponse]  # type: ignore[assignment]
     GetTaskRecord: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]  # type: ignore[assignment]
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]  # type: ignore[assignment]
+    ListTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]  # type: ignore[assignment]
     ExecTask: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
@@ -108,6 +110,13 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.CancelTaskRecordRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.CancelTaskRecordResponse, _abc.Awaitable[_gateway_pb2.CancelTaskRecordResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _gateway_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]: ...
 
     @_abc_1.abstractmethod
     def ExecTask(

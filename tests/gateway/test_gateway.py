@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import io
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -17,23 +18,41 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
+from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.gateway.convert import MAX_LOG_TAIL_BYTES, MAX_REASON_BYTES
 from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.reports import TaskPhase, TaskReport
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
-from levers9.gateway.task_service import TemporalTaskRecords
-from levers9.models import WorkerHeartbeat, WorkerRegistration, task_workflow_id
+from levers9.gateway.task_service import (
+    MAX_LIST_PAGE_BYTES,
+    MAX_LIST_PAGE_SIZE,
+    TemporalTaskRecords,
+)
+from levers9.models import (
+    TASK_WORKFLOW,
+    TaskInput,
+    TaskRecord,
+    WorkerHeartbeat,
+    WorkerRegistration,
+    task_workflow_id,
+)
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.rpc import bearer
+from levers9.search_attributes import POOL_NAME
+from levers9.task_records import start_task
 from levers9.tokens import command_token, operator_token, worker_token
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
 from tests.gateway.conftest import LOOPBACK, Recorders, Serving, serve
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
 if TYPE_CHECKING:
     from levers9.proto.gateway_pb2_grpc import GatewayAsyncStub as Stub
+    from levers9.proto.gateway_pb2_grpc import TasksAsyncStub as TasksStub
 
 
 async def _status(call: Awaitable[object]) -> grpc.aio.AioRpcError:
@@ -397,3 +416,144 @@ async def test_worker_tokens_rotate_on_their_own_generation(
         await gateway.stop(grace=0)
     assert command_token(value, agent.worker_id, 2) != command_token(value, agent.worker_id)
     assert operator_token(value) == operator_token(value, 1)
+
+
+async def _list_tasks(
+    stub: TasksStub, secret: SecretStr, pool_name: str = "", page_size: int = 0
+) -> tuple[list[gateway_pb2.TaskRecord], list[int]]:
+    """Every page ListTasks gives, followed to the last: the records, and each answer's size."""
+    metadata = bearer.metadata(operator_token(secret.get_secret_value()))
+    records: list[gateway_pb2.TaskRecord] = []
+    sizes: list[int] = []
+    token = b""
+    while True:
+        request = gateway_pb2.ListTasksRequest(
+            pool_name=pool_name, page_size=page_size, page_token=token
+        )
+        reply = await stub.ListTasks(request, metadata=metadata, timeout=10)
+        records.extend(reply.records)
+        sizes.append(reply.ByteSize())
+        token = reply.next_page_token
+        if not token:
+            return records, sizes
+
+
+@asynccontextmanager
+async def _tasks_gateway(
+    client: Client, records: TemporalWorkerRecords, secret: SecretStr, task_queue: str
+) -> AsyncIterator[TasksStub]:
+    gateway = Gateway(records, secret, tasks=TemporalTaskRecords(client, task_queue))
+    port = await gateway.start(LOOPBACK)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield gateway_pb2_grpc.TasksStub(channel)
+    finally:
+        await gateway.stop(grace=0)
+
+
+async def test_list_tasks_pages_through_one_pools_typed_records(
+    dev_env: WorkflowEnvironment, records: TemporalWorkerRecords, secret: SecretStr
+) -> None:
+    """Five tasks of one pool, one of another: pages of two give the five, each once, typed as
+    GetTaskRecord gives them; no pool named gives all six."""
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    alpha = [TaskInput(task_id=_task_id(), pool_name="alpha", command=("true",)) for _ in range(5)]
+    beta = TaskInput(task_id=_task_id(), pool_name="beta", command=("true",))
+    for task in (*alpha, beta):
+        await start_task(dev_env.client, task_queue, task)
+    async with _tasks_gateway(dev_env.client, records, secret, task_queue) as stub:
+
+        async def all_listed() -> bool:
+            return len((await _list_tasks(stub, secret))[0]) == 6
+
+        await eventually(all_listed, within=20)  # visibility catches up
+        listed, sizes = await _list_tasks(stub, secret, "alpha", page_size=2)
+    assert sorted(r.task_id for r in listed) == sorted(t.task_id for t in alpha)
+    assert len(sizes) == 3
+    assert {(r.pool_name, r.state, tuple(r.command)) for r in listed} == {
+        ("alpha", "queued", ("true",))
+    }
+    assert all(r.HasField("created_at") for r in listed)
+
+
+async def test_list_tasks_keeps_each_answer_under_its_byte_bound(
+    dev_env: WorkflowEnvironment, records: TemporalWorkerRecords, secret: SecretStr
+) -> None:
+    """Twenty records as large as a worker makes them (a full log tail, reason and a result):
+    about 3.6 MiB in all, over two answers of at most MAX_LIST_PAGE_BYTES, each record once."""
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    ids = []
+    for _ in range(20):
+        task = TaskInput(task_id=_task_id(), pool_name="big", command=("true",))
+        record = TaskRecord.queued(task, datetime.now(UTC)).model_copy(
+            update={
+                "log_tail": "x" * MAX_LOG_TAIL_BYTES,
+                "reason": "r" * MAX_REASON_BYTES,
+                "result_json": '"' + "y" * 100_000 + '"',
+            }
+        )
+        await dev_env.client.start_workflow(
+            TASK_WORKFLOW,
+            task,
+            id=task_workflow_id(task.task_id),
+            task_queue=task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, "big")]),
+            memo={"record": record.model_dump(mode="json")},
+        )
+        ids.append(task.task_id)
+    async with _tasks_gateway(dev_env.client, records, secret, task_queue) as stub:
+
+        async def all_listed() -> bool:
+            return len((await _list_tasks(stub, secret, "big"))[0]) == 20
+
+        await eventually(all_listed, within=20)
+        listed, sizes = await _list_tasks(stub, secret, "big", page_size=MAX_LIST_PAGE_SIZE)
+    assert sorted(r.task_id for r in listed) == sorted(ids)
+    assert len(sizes) >= 2
+    assert max(sizes) <= MAX_LIST_PAGE_BYTES
+    assert {len(r.log_tail) for r in listed} == {MAX_LOG_TAIL_BYTES}
+
+
+async def test_list_tasks_names_the_field_it_refuses(
+    dev_env: WorkflowEnvironment, records: TemporalWorkerRecords, secret: SecretStr
+) -> None:
+    metadata = bearer.metadata(operator_token(secret.get_secret_value()))
+    cases = [
+        (gateway_pb2.ListTasksRequest(pool_name="Not_A_Pool"), "pool_name: 'Not_A_Pool' is not"),
+        (gateway_pb2.ListTasksRequest(pool_name="a' OR 'b"), "pool_name: "),
+        (gateway_pb2.ListTasksRequest(page_size=-1), "page_size: -1 is not 0"),
+        (gateway_pb2.ListTasksRequest(page_size=MAX_LIST_PAGE_SIZE + 1), "page_size: "),
+        (gateway_pb2.ListTasksRequest(page_token=b"garbage"), "page_token: not one ListTasks"),
+        (
+            gateway_pb2.ListTasksRequest(page_token=b"\x01\0\0\0\0" + bytes(16) + b"garbage"),
+            "page_token: not one ListTasks",
+        ),
+    ]
+    task_queue = f"tq-{uuid.uuid4().hex[:8]}"
+    async with _tasks_gateway(dev_env.client, records, secret, task_queue) as stub:
+        for request, problem in cases:
+            refused = await _status(stub.ListTasks(request, metadata=metadata, timeout=10))
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, problem
+            assert (refused.details() or "").startswith(problem), refused.details()
+        # A real token, for another pool than it was given for.
+        for _ in range(2):
+            task = TaskInput(task_id=_task_id(), pool_name="a", command=("true",))
+            await start_task(dev_env.client, task_queue, task)
+
+        async def paged() -> bytes:
+            asked = gateway_pb2.ListTasksRequest(pool_name="a", page_size=1)
+            return (await stub.ListTasks(asked, metadata=metadata, timeout=10)).next_page_token
+
+        async def two_listed() -> bool:
+            return bool(await paged())
+
+        await eventually(two_listed, within=20)
+        other = gateway_pb2.ListTasksRequest(pool_name="b", page_token=await paged())
+        moved = await _status(stub.ListTasks(other, metadata=metadata, timeout=10))
+        assert moved.code() == grpc.StatusCode.INVALID_ARGUMENT
+        forged = await _status(
+            stub.ListTasks(
+                gateway_pb2.ListTasksRequest(), metadata=bearer.metadata("l9o1.x"), timeout=10
+            )
+        )
+        assert forged.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -279,6 +279,14 @@ async def test_run_and_get_go_through_the_gateway(cp: Controlplane) -> None:
     got = await _levers9(env, "task", "get", task_id, "-o", "json")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["state"] == "succeeded"
+    listed = await _levers9(env, "task", "list", "--pool", POOL, "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert "asking Temporal directly" not in listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [row for row in rows if row["task_id"] == task_id] == [json.loads(got.stdout)]
+    assert [row["created_at"] for row in rows] == sorted(
+        (row["created_at"] for row in rows), reverse=True
+    )
 
 
 async def test_an_unreachable_gateway_falls_back_to_temporal_and_says_so(cp: Controlplane) -> None:
@@ -287,6 +295,11 @@ async def test_an_unreachable_gateway_falls_back_to_temporal_and_says_so(cp: Con
     assert done.returncode == 0, done.stderr
     assert "asking Temporal directly: the gateway at 127.0.0.1:9 did not answer" in done.stderr
     assert "succeeded exit_code=0" in done.stdout
+    task_id = done.stdout.split()[1]
+    listed = await _levers9(env, "task", "list", "-o", "json")  # its Temporal worker answers
+    assert listed.returncode == 0, listed.stderr
+    assert "asking Temporal directly: the gateway at 127.0.0.1:9" in listed.stderr
+    assert task_id in {row["task_id"] for row in json.loads(listed.stdout)}
 
 
 async def test_the_gateway_refuses_a_bad_submit_naming_the_field(cp: Controlplane) -> None:

@@ -379,6 +379,24 @@ def test_the_gateway_answers_wellformed_nonsense_from_a_worker_clearly(
 
 
 @EXAMPLES
+@given(data=st.data())
+def test_list_tasks_answers_wellformed_nonsense_from_the_operator_clearly(
+    gateway: Served, data: st.DataObject
+) -> None:
+    """ListTasks past parsing and the operator token: any pool name, page size and page token
+    is a page or a refusal naming the field (never a query Temporal fails on)."""
+    method = "/levers9.v1.Tasks/ListTasks"
+    body = data.draw(worker_messages(gateway_pb2.ListTasksRequest))
+    error = gateway.call(method, body, [("authorization", f"Bearer {operator_token(SECRET)}")])
+    event(f"ListTasks {'OK' if error is None else error.code()}")
+    _assert_clear(error, method)
+    if error is not None:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert (error.details() or "").split(":")[0] in ("pool_name", "page_size", "page_token")
+    assert gateway.healthy()
+
+
+@EXAMPLES
 @given(
     body=st.binary(max_size=2048),
     metadata=st.sampled_from(

@@ -3,7 +3,8 @@ with -9; the Temporal server still up), driven as a user runs it: the `levers9` 
 own process.
 
 - `task get` answers the task's last recorded state (its workflow's memo, which the server
-  holds without a worker), says `controlplane unreachable at <gateway>` and exits 69;
+  holds without a worker), says `controlplane unreachable at <gateway>` and exits 69; `task
+  list` the same, for every task;
 - a task no Temporal worker ever ran (no memo: an older CLI's) is said to hold no record yet;
 - a gateway that accepts and never speaks counts as one that did not answer;
 - `run --wait 5` says so within its wait (no traceback) and leaves its task recorded, queued;
@@ -119,6 +120,21 @@ async def test_task_get_answers_the_last_recorded_state(down: Down) -> None:
     assert f"task {down.running} running worker=" in running.stdout
 
 
+async def test_task_list_answers_the_last_recorded_states(down: Down) -> None:
+    """As `task get`: the gateway did not answer, Temporal lists the memos (no worker needed),
+    the newest one's query goes unanswered; the list as recorded, the notice and 69."""
+    w = down.world
+    listed = await _cli(w, "task", "list", "-o", "json")
+    _said_unreachable(w, listed)
+    assert "asking Temporal directly: the gateway at" in listed.stderr
+    states = {row["task_id"]: row["state"] for row in json.loads(listed.stdout)}
+    assert (states[down.done], states[down.running]) == ("succeeded", "running")
+
+    table = await _cli(w, "task", "list", "--pool", POOL)
+    _said_unreachable(w, table)
+    assert "tasks as last recorded (the controlplane is down)" in table.stdout
+
+
 async def test_a_task_no_temporal_worker_ever_ran_is_said_to_hold_no_record_yet(
     down: Down,
 ) -> None:
@@ -182,10 +198,6 @@ async def test_logs_cancel_and_endpoints_answer_what_temporal_holds(down: Down) 
         _said_unreachable(w, shown)
         assert "downed" in shown.stdout
         assert "the controlplane is down" in shown.stdout
-
-    listed = await _cli(w, "task", "list", "-o", "json")  # visibility: no worker needed
-    assert listed.returncode == 0, listed.stderr
-    assert down.done in {row["task_id"] for row in json.loads(listed.stdout)}
 
 
 async def test_what_was_told_meanwhile_happens_once_it_is_back(down: Down) -> None:
