@@ -1,5 +1,6 @@
-"""Tasks from the user's side: start one, read its record, list them (through Temporal only; the
-CLI never holds a worker's token or the cluster's key).
+"""Tasks as Temporal holds them: start one, read its record, list them (a page for the gateway's
+ListTasks; every memo for the CLI when the gateway does not answer). The CLI never holds a
+worker's token or the cluster's key.
 
 A command does all its Temporal calls with one client on one event loop: the SDK's runtime does
 not survive clients left behind on loops that `asyncio.run` already closed.
