@@ -6,14 +6,22 @@ from typing import Any
 
 from levers9.capacity import (
     ACCELERATOR_LABEL,
+    GKE_GPU_TOLERATION,
     MANAGED_BY,
     NODE_LABEL,
     POOL_LABEL,
     WORKER_ID_LABEL,
+    PoolView,
 )
 from levers9.contract import GPU
 
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
+POOL = PoolView(
+    pool_name="gke-rtx6000",
+    node_selector={"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
+    tolerations=(GKE_GPU_TOLERATION,),
+)
+"""The demo's GKE pool as capacity sees it."""
 
 
 def node(

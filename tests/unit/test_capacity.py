@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from levers9.capacity import (
-    GKE_GPU_TOLERATION,
     MachineStatus,
     NodeCapacity,
     PoolView,
@@ -23,13 +22,7 @@ from levers9.capacity import (
     pool_capacity,
 )
 from levers9.quantity import millicores, parse_quantity, whole
-from tests.kube_objects import container, node, pod, worker_job, worker_labels
-
-POOL = PoolView(
-    pool_name="gke-rtx6000",
-    node_selector={"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
-    tolerations=(GKE_GPU_TOLERATION,),
-)
+from tests.kube_objects import POOL, container, node, pod, worker_job, worker_labels
 
 MODEL_SERVER = pod(gpus=2, cpu="4", memory="16Gi")
 

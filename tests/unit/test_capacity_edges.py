@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from levers9.capacity import (
-    GKE_GPU_TOLERATION,
     POOL_LABEL,
     WORKER_ID_LABEL,
     JobHold,
@@ -26,13 +25,8 @@ from levers9.capacity import (
     pool_capacity,
 )
 from levers9.contract import GPU
-from tests.kube_objects import container, node, pod, worker_job, worker_labels
+from tests.kube_objects import POOL, container, node, pod, worker_job, worker_labels
 
-POOL = PoolView(
-    pool_name="gke-rtx6000",
-    node_selector={"cloud.google.com/gke-accelerator": "nvidia-rtx-pro-6000"},
-    tolerations=(GKE_GPU_TOLERATION,),
-)
 NAME = "gke-gpu-4x-1"
 GI = 2**30
 
