@@ -25,7 +25,6 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
-from levers9.cluster_records import joined_clusters
 from levers9.clusters import ClusterState, pool_block
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
@@ -39,6 +38,7 @@ from levers9.gateway.task_service import Replicas, TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
+from levers9.records.clusters import joined_clusters
 from levers9.rpc import tls
 from levers9.temporal import (
     connect,

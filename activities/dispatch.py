@@ -35,10 +35,11 @@ from levers9.models import (
 from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.quantity import binary_text
+from levers9.records.found import is_running, or_none
+from levers9.records.listing import machine_records
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_wire import task_spec
 from levers9.telemetry import span
-from levers9.temporal import is_running, machine_records, or_none
 from levers9.tokens import command_metadata
 
 T = TypeVar("T")

@@ -42,9 +42,9 @@ from levers9.models import (
     pool_workflow_id,
 )
 from levers9.observation import diff, fingerprints, vanished
+from levers9.records.found import delivered
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span
-from levers9.temporal import delivered
 
 SIGNAL_CONCURRENCY = 32
 UNABLE = "unable to reconcile cluster nodes"

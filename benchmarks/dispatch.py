@@ -24,7 +24,7 @@ from temporalio.client import Client
 from levers9.cli.runtime import honour_dev_env
 from levers9.config import ControlplaneSettings, parse_settings
 from levers9.models import TERMINAL, TaskInput, new_task_id
-from levers9.task_records import start_task, task_record
+from levers9.records.tasks import start_task, task_record
 from levers9.temporal import connect
 from sandbox.synthetic import cpu_model
 

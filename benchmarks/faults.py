@@ -65,8 +65,8 @@ from temporalio.service import RPCError
 
 from levers9 import logs
 from levers9.models import TERMINAL, TaskInput, TaskRecord, task_workflow_id
-from levers9.task_records import start_task, task_record
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task, task_record
 from levers9.tokens import operator_token
 from sandbox import strays
 from sandbox.synthetic import cpu_model

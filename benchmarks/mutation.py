@@ -13,7 +13,7 @@ mutmut mutates only undecorated functions (and static/class methods): in workflo
 signal, Update, query and run handlers are decorated, so only `_tells_after_continuing`,
 `_assign`, `_tell` and `_tell_one` are mutated there, against the dev-server workflow tests of
 tests/integration/test_pool_workflow.py (a conftest.py written into the copy lets mutmut's
-trampoline through the workflow sandbox). In levers9/task_records.py the
+trampoline through the workflow sandbox). In levers9/records/tasks.py the
 async Temporal client calls (start_task, task_record, ...) are exercised only by the sandbox
 integration tests, too costly to run per mutant: their mutants count as "no tests".
 
@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "placement": ("levers9/placement.py", ["tests/unit/test_placement.py"]),
-    "task_records": ("levers9/task_records.py", ["tests/unit/test_gpu_check.py"]),
+    "task_records": ("levers9/records/tasks.py", ["tests/unit/test_gpu_check.py"]),
     "pool": ("workflows/pool.py", ["tests/integration/test_pool_workflow.py"]),
 }
 """Module key -> (its file, the test files that exercise it)."""

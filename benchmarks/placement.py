@@ -46,8 +46,9 @@ from levers9.models import (
     WorkerTaskInput,
     pool_workflow_id,
 )
-from levers9.task_records import start_task
-from levers9.temporal import connect, ensure_search_attributes, list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task
+from levers9.temporal import connect, ensure_search_attributes
 from workflows import RUNNER
 from workflows.pool import PoolWorkflow
 from workflows.task import TaskWorkflow

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from levers9 import logs
 from levers9.models import TERMINAL, TaskInput
-from levers9.task_records import start_task, task_record
+from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
 from tests.reliability.world import World, world

@@ -1,4 +1,5 @@
-"""Talking to the Temporal server: connect, search attributes, the reconcile schedules.
+"""Talking to the Temporal server: connect, search attributes, the reconcile schedules (the
+records of machines, workers, tasks, endpoints and clusters: levers9.records).
 
 Not imported by workflows (it does I/O when called).
 """
@@ -7,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import IndexedValueType
@@ -29,8 +30,6 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
     TLSConfig,
-    WorkflowExecutionStatus,
-    WorkflowHandle,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -42,14 +41,11 @@ from levers9.config import ControlplaneSettings
 from levers9.errors import Unreachable
 from levers9.logs import get_logger, quiet_sdk_messages
 from levers9.models import (
-    MACHINE_WORKFLOW,
     RECONCILE_POOL_WORKFLOW,
-    WORKER_WORKFLOW,
-    MachineRecord,
     ReconcilePoolInput,
-    WorkerRecord,
     reconcile_schedule_id,
 )
+from levers9.records.found import delivered, or_none
 from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
 
 RECONCILE_PREFIX = "reconcile:"
@@ -182,39 +178,6 @@ def _connect_reason(message: str) -> str:
         return message.removeprefix("Failed client connect: ").strip()[:200]
     end = message.find('"', start + len(marker))
     return message[start + len(marker) : end if end > 0 else None].lower()
-
-
-T = TypeVar("T")
-
-
-async def or_none(call: Awaitable[T]) -> T | None:
-    """`call`'s answer; None when Temporal says NOT_FOUND: no such workflow or schedule (a
-    record unknown, or ended for a signal or an update). The one place a record's absence is
-    read from Temporal's status; every other error passes."""
-    try:
-        return await call
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-
-
-async def delivered(call: Awaitable[object]) -> bool:
-    """Whether a signal (a delete, a terminate) reached its workflow or schedule: False when
-    Temporal says NOT_FOUND (none runs under that id)."""
-    try:
-        await call
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return False
-        raise
-    return True
-
-
-async def is_running(handle: WorkflowHandle[Any, Any]) -> bool:
-    """Whether the handle's workflow runs now; False once it ended, or if it never existed."""
-    described = await or_none(handle.describe())
-    return described is not None and described.status == WorkflowExecutionStatus.RUNNING
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
@@ -481,107 +444,3 @@ async def _describe_reconcile_schedules(client: Client, task_queue: str) -> list
 
 def _seconds(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
-
-
-R = TypeVar("R", bound=BaseModel)
-
-
-async def memo_records(client: Client, task_queue: str, query: str, model: type[R]) -> list[R]:
-    """The `record` memo of every workflow the visibility query lists (one list call, paged),
-    among one controlplane's own (its task queue: two controlplanes may share a namespace)."""
-    records = []
-    async for listed in client.list_workflows(f"{query} AND TaskQueue='{task_queue}'"):
-        memo = await listed.memo()
-        if "record" in memo:
-            records.append(model.model_validate(memo["record"]))
-    return records
-
-
-async def list_memo_records(settings: ControlplaneSettings, query: str, model: type[R]) -> list[R]:
-    """`memo_records` of this controlplane, over a client of its own."""
-    return await memo_records(await connect(settings), settings.task_queue, query, model)
-
-
-async def machine_records(
-    client: Client, task_queue: str, pool_name: str | None
-) -> list[MachineRecord]:
-    """The machine records (running MachineWorkflows' memos), by pool and node."""
-    query = f"WorkflowType='{MACHINE_WORKFLOW}' AND ExecutionStatus='Running'"
-    if pool_name:
-        query += f" AND PoolName='{pool_name}'"
-    records = await memo_records(client, task_queue, query, MachineRecord)
-    return sorted(records, key=lambda r: (r.pool_name, r.node_name))
-
-
-async def list_machine_records(
-    settings: ControlplaneSettings, pool_name: str | None
-) -> list[MachineRecord]:
-    """`machine_records` of this controlplane, over a client of its own."""
-    return await machine_records(await connect(settings), settings.task_queue, pool_name)
-
-
-async def list_worker_records(
-    settings: ControlplaneSettings, pool_name: str | None, include_ended: bool
-) -> list[WorkerRecord]:
-    """The worker records (WorkerWorkflows' memos), ended ones too when asked."""
-    query = f"WorkflowType='{WORKER_WORKFLOW}'"
-    if not include_ended:
-        query += " AND ExecutionStatus='Running'"
-    if pool_name:
-        query += f" AND PoolName='{pool_name}'"
-    records = await list_memo_records(settings, query, WorkerRecord)
-    return sorted(records, key=lambda r: (r.pool_name, r.node_name, r.created_at))
-
-
-async def wait_for_workers(
-    settings: ControlplaneSettings, within: float, progress: Callable[[int, int], None]
-) -> None:
-    """Waits (bounded) until every machine has an available worker."""
-    async with asyncio.timeout(within):
-        while True:
-            machines = [m for m in await list_machine_records(settings, None) if m.machine]
-            workers = await list_worker_records(settings, None, include_ended=False)
-            available = sum(1 for w in workers if w.state == "available")
-            progress(available, len(machines))
-            if machines and available >= len(machines):
-                return
-            await asyncio.sleep(PASS_POLL_S)
-
-
-QUERY_WITHIN_S = 5.0
-"""How long the CLI waits for a query's answer. A polling Temporal worker answers in
-milliseconds; without one the server holds the query until its deadline (or says it saw no
-poller), and what it holds without a worker (describe: memo, search attributes, status) is the
-answer then."""
-NO_ANSWER = frozenset(
-    {RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.FAILED_PRECONDITION}
-)
-"""How a query no worker took ends: the deadline ("Timeout expired", which the SDK reports as
-CANCELLED), or "no poller seen for task queue recently"."""
-
-
-class NoQueryAnswer(Exception):
-    """No Temporal worker answered the query in time: the controlplane's is down (or its task
-    queue has no poller). The message is the server's word, or the time waited."""
-
-
-async def query_within(
-    handle: WorkflowHandle[Any, Any],
-    query: str,
-    within: float,
-    *args: Any,
-    result_type: type | None = None,
-) -> Any:
-    """`handle.query`, answered within `within` seconds or NoQueryAnswer (an unknown workflow
-    is still RPCError NOT_FOUND)."""
-    try:
-        async with asyncio.timeout(within):
-            return await handle.query(
-                query, args=args, result_type=result_type, rpc_timeout=timedelta(seconds=within)
-            )
-    except TimeoutError:
-        raise NoQueryAnswer(f"no answer within {within:g} s") from None
-    except RPCError as exc:
-        if exc.status not in NO_ANSWER:
-            raise
-        raise NoQueryAnswer(exc.message or exc.status.name) from None

@@ -36,8 +36,9 @@ from levers9.devstack import values as devvalues
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.server import Gateway
 from levers9.models import RECONCILE_POOL_WORKFLOW
+from levers9.records.listing import list_worker_records
 from levers9.rpc import tls
-from levers9.temporal import list_worker_records, sync_reconcile_schedules
+from levers9.temporal import sync_reconcile_schedules
 from levers9.tokens import operator_token
 from sandbox.scenario import Images, Scenario
 from sandbox.serve import RunningSandbox, start

@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from levers9.task_records import CHECK_KEYS, SIMULATED_NO_CARD, saw_no_card
+from levers9.records.tasks import CHECK_KEYS, SIMULATED_NO_CARD, saw_no_card
 from levers9.worker.cdi import CdiError, node_cards
 from levers9.worker.images import ImageCache
 from levers9.worker.runc_runtime import RuncRuntime

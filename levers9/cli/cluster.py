@@ -23,17 +23,17 @@ import yaml
 
 from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import labels, settings_from_env
-from levers9.cluster_records import (
+from levers9.clusters import JoinedCluster, manifests
+from levers9.config import ControlplaneSettings
+from levers9.contract import AGENT_NAME, DNS_LABEL
+from levers9.operations import failure_message, start_pool_removal
+from levers9.records.clusters import (
     ClusterExists,
     cluster_state,
     joined_clusters,
     leave_cluster,
     start_join,
 )
-from levers9.clusters import JoinedCluster, manifests
-from levers9.config import ControlplaneSettings
-from levers9.contract import AGENT_NAME, DNS_LABEL
-from levers9.operations import failure_message, start_pool_removal
 from levers9.rpc import tls
 from levers9.temporal import VALUES, connect, schedule_source
 

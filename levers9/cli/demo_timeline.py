@@ -14,7 +14,7 @@ from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.devstack.stack import DevStack
 from levers9.models import TaskInput, TaskRecord, new_task_id
-from levers9.task_records import PROBE_COMMAND
+from levers9.records.tasks import PROBE_COMMAND
 from levers9.temporal import connect, gpus_simulated
 from levers9.timeline import Row, first, since
 

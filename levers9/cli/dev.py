@@ -28,7 +28,8 @@ from levers9.devstack.stack import (
     DEFAULT_UI_PORT,
     DevStack,
 )
-from levers9.temporal import wait_for_passes, wait_for_workers
+from levers9.records.listing import wait_for_workers
+from levers9.temporal import wait_for_passes
 from sandbox.persist import snapshot_path
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")

@@ -24,7 +24,11 @@ from levers9.cli.runtime import duration, environment, settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
-from levers9.endpoint_records import (
+from levers9.endpoints import EndpointSpec, EndpointView
+from levers9.errors import ControlplaneUnreachable
+from levers9.gateway.convert import MAX_GPUS
+from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.records.endpoints import (
     EndpointExists,
     RecordedEndpoint,
     create_endpoint,
@@ -33,17 +37,8 @@ from levers9.endpoint_records import (
     list_endpoints,
     recorded_endpoints,
 )
-from levers9.endpoints import EndpointSpec, EndpointView
-from levers9.errors import ControlplaneUnreachable
-from levers9.gateway.convert import MAX_GPUS
-from levers9.image_reference import ImageReference, ImageReferenceError
-from levers9.temporal import (
-    QUERY_WITHIN_S,
-    NoQueryAnswer,
-    connect,
-    list_reconcile_schedules,
-    no_such_pool,
-)
+from levers9.records.found import QUERY_WITHIN_S, NoQueryAnswer
+from levers9.temporal import connect, list_reconcile_schedules, no_such_pool
 
 app = typer.Typer(
     help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",

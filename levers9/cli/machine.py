@@ -9,7 +9,8 @@ import typer
 
 from levers9.cli.output import Output, render
 from levers9.cli.runtime import settings_from_env
-from levers9.temporal import list_machine_records
+from levers9.contract import DNS_LABEL
+from levers9.records.listing import list_machine_records
 
 app = typer.Typer(help="Machines: the pool's nodes, sized by what their neighbours leave.")
 
@@ -35,6 +36,10 @@ def list_(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
 ) -> None:
     """List machines: cards total and free, CPU and memory free, workers, status."""
+    if pool is not None and not DNS_LABEL.fullmatch(pool):
+        raise typer.BadParameter(
+            f"{pool!r} is not a pool name (lowercase DNS label)", param_hint="--pool"
+        )
     records = asyncio.run(list_machine_records(settings_from_env(), pool))
     if output is Output.json:
         render([r.model_dump(mode="json") for r in records], COLUMNS, output)

@@ -19,7 +19,7 @@ from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.models import TaskInput, TaskRecord, new_task_id
 from levers9.operations import failure_message, start_pool_removal
-from levers9.task_records import (
+from levers9.records.tasks import (
     PROBE_COMMAND,
     SIMULATED_NO_CARD,
     check_mismatch,
@@ -69,7 +69,7 @@ def show_pools(settings: ControlplaneSettings, output: Output) -> None:
 
 async def _pools(settings: ControlplaneSettings) -> tuple[list[Any], set[str]]:
     """The reconcile schedules, and which of their pools `levers9 cluster join` made."""
-    from levers9.cluster_records import joined_clusters
+    from levers9.records.clusters import joined_clusters
 
     schedules = await list_reconcile_schedules(settings)
     clusters = await joined_clusters(await connect(settings))

@@ -24,7 +24,7 @@ from levers9.models import TERMINAL, TaskInput, TaskRecord
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from levers9.task_records import LastRecorded
+    from levers9.records.tasks import LastRecorded
 
 
 T = TypeVar("T")
@@ -80,7 +80,7 @@ class TemporalTasks:
         return self._client
 
     async def submit(self, task: TaskInput) -> None:
-        from levers9.task_records import start_task
+        from levers9.records.tasks import start_task
         from levers9.temporal import unknown_pool
 
         client = await self.client()
@@ -92,8 +92,8 @@ class TemporalTasks:
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
         """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said
         then, not after the wait), then waits for the end."""
-        from levers9.task_records import task_ended, task_record
-        from levers9.temporal import QUERY_WITHIN_S
+        from levers9.records.found import QUERY_WITHIN_S
+        from levers9.records.tasks import task_ended, task_record
 
         client = await self.client()
         record = await task_record(client, task_id, where_queued=wait_s <= 0, within=QUERY_WITHIN_S)
@@ -102,18 +102,18 @@ class TemporalTasks:
         return await task_ended(client, task_id, wait_s, within=QUERY_WITHIN_S)
 
     async def last_recorded(self, task_id: str) -> LastRecorded | None:
-        from levers9.task_records import last_recorded
+        from levers9.records.tasks import last_recorded
 
         return await last_recorded(await self.client(), task_id)
 
     async def cancel(self, task_id: str, reason: str) -> bool:
-        from levers9.task_records import cancel_task
+        from levers9.records.tasks import cancel_task
 
         return await cancel_task(await self.client(), task_id, reason)
 
     async def listing(self, pool_name: str | None) -> list[TaskRecord]:
         """The workflows' memos: what was recorded, whether or not a Temporal worker runs."""
-        from levers9.task_records import list_tasks
+        from levers9.records.tasks import list_tasks
 
         return await list_tasks(await self.client(), self._settings.task_queue, pool_name)
 
@@ -137,7 +137,7 @@ class Fallback:
                 errors.print(f"asking Temporal directly: {exc}", highlight=False)
                 self._gateway = None
                 self._gateway_failed = True
-        from levers9.temporal import NoQueryAnswer
+        from levers9.records.found import NoQueryAnswer
 
         try:
             return await call(self._temporal)
@@ -170,7 +170,7 @@ class Fallback:
         newest_first = sorted(records, key=lambda r: r.created_at, reverse=True)
         if self._gateway is not None or not newest_first:
             return Listed(newest_first)
-        from levers9.temporal import NoQueryAnswer
+        from levers9.records.found import NoQueryAnswer
 
         try:
             await self._temporal.record(newest_first[0].task_id)

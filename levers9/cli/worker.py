@@ -10,7 +10,8 @@ import typer
 
 from levers9.cli.output import Output, ago, render
 from levers9.cli.runtime import settings_from_env
-from levers9.temporal import list_worker_records
+from levers9.contract import DNS_LABEL
+from levers9.records.listing import list_worker_records
 
 app = typer.Typer(help="Workers: the privileged Jobs that took every free card of a machine.")
 
@@ -34,6 +35,10 @@ def list_(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
 ) -> None:
     """List workers: id, pool, node, cards, state, age, last heartbeat, address."""
+    if pool is not None and not DNS_LABEL.fullmatch(pool):
+        raise typer.BadParameter(
+            f"{pool!r} is not a pool name (lowercase DNS label)", param_hint="--pool"
+        )
     records = asyncio.run(list_worker_records(settings_from_env(), pool, all_))
     if output is Output.json:
         render([r.model_dump(mode="json") for r in records], COLUMNS, output)

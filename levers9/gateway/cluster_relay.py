@@ -35,8 +35,8 @@ from levers9.clusters import (
 )
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.records.found import delivered, or_none
 from levers9.rpc import bearer
-from levers9.temporal import delivered, or_none
 from levers9.tunnel.frames import MAX_DATA
 from levers9.tunnel.mux import Stream
 

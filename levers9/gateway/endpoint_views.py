@@ -23,13 +23,13 @@ from typing import Protocol
 from temporalio.client import Client
 from temporalio.exceptions import TemporalError
 
-from levers9.endpoint_records import query_endpoint, report_load
 from levers9.endpoints import EndpointView, Load
 from levers9.gateway.endpoint_messages import Refused
 from levers9.gateway.replica_streams import Replica
 from levers9.logs import get_logger
 from levers9.models import TaskRecord
-from levers9.task_records import task_record
+from levers9.records.endpoints import query_endpoint, report_load
+from levers9.records.tasks import task_record
 
 # The front's log: what this module logs is the endpoints' front's doing.
 log = get_logger("levers9.gateway.endpoint_proxy")

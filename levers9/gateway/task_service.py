@@ -56,11 +56,12 @@ from levers9.gateway.errors import InvalidRequest, Unauthenticated
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
+from levers9.records.found import or_none
+from levers9.records.tasks import cancel_task, start_task, task_ended, task_page, task_record
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
-from levers9.task_records import cancel_task, start_task, task_ended, task_page, task_record
 from levers9.task_wire import record_message
-from levers9.temporal import or_none, unknown_pool
+from levers9.temporal import unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
 PLACEMENT_POLL_S = (0.02, 0.5)

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from levers9.task_records import SIMULATED_NO_CARD
+from levers9.records.tasks import SIMULATED_NO_CARD
 from levers9.worker.cdi import node_cards
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)")

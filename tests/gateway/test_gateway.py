@@ -40,9 +40,9 @@ from levers9.models import (
     task_workflow_id,
 )
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.records.tasks import start_task
 from levers9.rpc import bearer
 from levers9.search_attributes import POOL_NAME
-from levers9.task_records import start_task
 from levers9.tokens import command_token, operator_token, worker_token
 from tests.gateway.agents import NODE_IP_ADDRESS, Agent, Metadata
 from tests.gateway.conftest import LOOPBACK, Recorders, Serving, serve

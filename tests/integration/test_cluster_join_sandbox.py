@@ -41,7 +41,7 @@ from activities.kube_clients import KubeClients
 from levers9.config import ControlplaneSettings
 from levers9.gateway.cluster_relay import RELAY_OPENED, relay_metadata
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
 from levers9.tokens import operator_token
 from sandbox.scenario import Scenario
 from sandbox.serve import RunningSandbox, start

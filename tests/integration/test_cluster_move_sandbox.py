@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 

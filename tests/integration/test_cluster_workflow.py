@@ -1,5 +1,5 @@
 """A joined cluster's record (ClusterWorkflow) as the CLI and a starting controlplane read it
-(levers9.cluster_records, from the memo alone), on the dev server: the agent's exchange shows
+(levers9.records.clusters, from the memo alone), on the dev server: the agent's exchange shows
 at once, and still after the record continues as new (a continued run starts with its first
 run's start memo unless it is handed the record).
 """
@@ -16,9 +16,9 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.cluster_records import cluster_state
 from levers9.clusters import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import CLUSTER_WORKFLOW, ClusterInput
+from levers9.records.clusters import cluster_state
 from levers9.tokens import join_digest
 from tests.waiting import eventually
 from workflows import RUNNER
@@ -39,7 +39,7 @@ async def client(dev_env: WorkflowEnvironment) -> AsyncIterator[tuple[Client, st
 
 
 async def _joined(client: Client, queue: str, name: str) -> WorkflowHandle[Any, ClusterState]:
-    """Started as levers9.cluster_records.start_join starts it, with a short history cap."""
+    """Started as levers9.records.clusters.start_join starts it, with a short history cap."""
     state = ClusterState(
         spec=JoinedCluster(name=name, gpu_type="RTXPro6000", worker_image="img"),
         join_digest=join_digest(TOKEN),

@@ -36,13 +36,13 @@ import structlog.testing
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.endpoint_records import delete_endpoint, endpoint_view, list_endpoints
 from levers9.endpoints import EndpointView
 from levers9.gateway.endpoint_connections import FrontLimits
 from levers9.gateway.endpoint_messages import REPLICA_HEADER as REPLICA
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.endpoint_views import TemporalEndpointBook
-from levers9.task_records import task_record
+from levers9.records.endpoints import delete_endpoint, endpoint_view, list_endpoints
+from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from levers9.tokens import operator_token
 from sandbox import registries, task_images

@@ -302,7 +302,7 @@ def _port_taken(port: int) -> bool:
 async def test_no_process_holds_a_worker_token_in_its_environment(cp: Controlplane) -> None:
     """The agents read their tokens from their Secret's files: no process on this machine (the
     agents, their tasks, anything) has a worker's token in its environment."""
-    from levers9.temporal import list_worker_records
+    from levers9.records.listing import list_worker_records
     from levers9.tokens import worker_token
     from tests.controlplane import TOKEN_SECRET
 

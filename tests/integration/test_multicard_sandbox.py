@@ -19,8 +19,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput, pool_workflow_id
 from levers9.placement import PoolState
-from levers9.task_records import start_task, task_record
-from levers9.temporal import connect, list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task, task_record
+from levers9.temporal import connect
 from sandbox.scenario import Scenario
 from tests.controlplane import POOL, Controlplane, quick_scenario, reconciling
 from tests.waiting import eventually

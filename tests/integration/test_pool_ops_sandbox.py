@@ -21,7 +21,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import MACHINE_WORKFLOW, RECONCILE_POOL_WORKFLOW, WorkerRecord
-from levers9.temporal import list_machine_records, list_reconcile_schedules, list_worker_records
+from levers9.records.listing import list_machine_records, list_worker_records
+from levers9.temporal import list_reconcile_schedules
 from sandbox import aws, registries, worker_image
 from tests.controlplane import POOL, Controlplane, environment, reconciling, workers_available
 from tests.waiting import eventually

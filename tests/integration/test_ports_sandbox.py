@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.task_records import task_record
+from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import HTTP_TASK as SERVE

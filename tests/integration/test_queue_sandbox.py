@@ -18,7 +18,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TaskInput, TaskRecord, task_workflow_id
-from levers9.task_records import start_task, task_ended, task_record
+from levers9.records.tasks import start_task, task_ended, task_record
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 

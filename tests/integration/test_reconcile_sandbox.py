@@ -28,10 +28,7 @@ from levers9 import logs
 from levers9.capacity import NODE_LABEL
 from levers9.contract import GPU
 from levers9.models import MachineRecord, ReconcilePoolInput, WorkerRecord
-from levers9.temporal import (
-    list_machine_records,
-    list_worker_records,
-)
+from levers9.records.listing import list_machine_records, list_worker_records
 from tests.controlplane import POOL, Controlplane, passes_completed, reconciling
 from tests.factories import add_gpu_node
 from tests.waiting import eventually

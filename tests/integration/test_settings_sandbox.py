@@ -13,7 +13,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9 import logs
-from levers9.temporal import list_worker_records, sync_reconcile_schedules
+from levers9.records.listing import list_worker_records
+from levers9.temporal import sync_reconcile_schedules
 from tests.controlplane import POOL, controlplane, workers_available
 from tests.waiting import eventually
 

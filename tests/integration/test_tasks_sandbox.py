@@ -31,9 +31,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import TERMINAL
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import task_record
 from levers9.rpc.worker_tls import server_name, worker_ca, worker_channel
-from levers9.task_records import task_record
-from levers9.temporal import connect, list_worker_records, sync_reconcile_schedules
+from levers9.temporal import connect, sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
 

@@ -31,8 +31,9 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.gateway.server import Gateway
 from levers9.models import WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
-from levers9.task_records import task_record
-from levers9.temporal import connect, list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import task_record
+from levers9.temporal import connect
 from levers9.tokens import command_metadata, worker_token
 from levers9.tunnel.mux import StreamRefused
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available

@@ -16,7 +16,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.models import WorkerRecord
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
 from tests.controlplane import POOL, Controlplane, reconciling
 from tests.waiting import eventually
 

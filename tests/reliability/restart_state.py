@@ -28,8 +28,8 @@ from pathlib import Path
 import aiohttp
 
 from levers9.models import TERMINAL, TaskInput, reconcile_schedule_id
-from levers9.task_records import start_task, task_record
-from levers9.temporal import list_machine_records, list_worker_records
+from levers9.records.listing import list_machine_records, list_worker_records
+from levers9.records.tasks import start_task, task_record
 from levers9.tokens import operator_token
 from sandbox.scenario import NodeSpec
 from tests.controlplane import POOL

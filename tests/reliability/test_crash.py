@@ -28,7 +28,7 @@ import pytest
 
 from levers9.capacity import NODE_LABEL
 from levers9.models import TERMINAL, TaskInput
-from levers9.task_records import start_task, task_record
+from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
 from tests.reliability.world import SETTLE_S, World, live, passes_after, settled, world

@@ -28,8 +28,8 @@ import pytest
 from kubernetes import client as k8s
 
 from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord
-from levers9.task_records import start_task, task_record
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL, admin_api
 from tests.reliability.world import World, agent_pid, settled, world
 from tests.waiting import eventually

@@ -29,8 +29,8 @@ from kubernetes import client as k8s
 
 from levers9.capacity import NODE_LABEL, WORKER_ID_LABEL
 from levers9.models import TERMINAL, TaskInput, reconcile_schedule_id, worker_workflow_id
-from levers9.task_records import start_task, task_record
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task, task_record
 from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL, admin_api
 from tests.factories import add_gpu_node

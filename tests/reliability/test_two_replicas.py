@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from levers9.models import TERMINAL, TaskInput, WorkerRecord
-from levers9.task_records import start_task, task_record
-from levers9.temporal import list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL
 from tests.reliability.world import SETTLE_S, World, settled, world
 from tests.waiting import eventually

@@ -37,7 +37,8 @@ from temporalio.service import RPCError
 from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
 from levers9.devstack import values as devvalues
-from levers9.temporal import connect, list_reconcile_schedules, list_worker_records
+from levers9.records.listing import list_worker_records
+from levers9.temporal import connect, list_reconcile_schedules
 from levers9.tokens import operator_token
 from sandbox.serve import RunningSandbox, start
 from tests.controlplane import POOL, list_worker_jobs, quick_scenario

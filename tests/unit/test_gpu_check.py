@@ -13,7 +13,7 @@ import pytest
 from levers9.cli.output import console
 from levers9.cli.pool import print_check
 from levers9.models import TaskRecord
-from levers9.task_records import check_mismatch, check_report, gpu_type_matches, saw_no_card
+from levers9.records.tasks import check_mismatch, check_report, gpu_type_matches, saw_no_card
 
 SPEC_RUN: dict[str, object] = {
     "host": "runc",

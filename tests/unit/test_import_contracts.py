@@ -136,3 +136,20 @@ def test_the_emulator_takes_only_the_shared_core_and_only_the_dev_commands_the_d
     configuration.configure()
     assert _repository_contract(section)
     assert not _repository_contract(section, (importer, imported))
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("levers9.records.listing", "levers9.cli.output"),
+        ("levers9.records.tasks", "levers9.gateway.task_service"),
+        ("levers9.records.found", "levers9.worker.runtime"),
+        ("levers9.records.clusters", "levers9.devstack.values"),
+    ],
+)
+def test_the_records_layer_never_reaches_up_to_its_readers(importer: str, imported: str) -> None:
+    """The repository's `records` contract holds over the tree, and refuses an import of the
+    CLI, the gateway, the worker agent or the dev stack added to the records package."""
+    configuration.configure()
+    assert _repository_contract("records")
+    assert not _repository_contract("records", (importer, imported))

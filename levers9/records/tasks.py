@@ -26,14 +26,9 @@ from levers9.models import (
     task_workflow_id,
 )
 from levers9.placement import QueueSpot
+from levers9.records.found import NoQueryAnswer, delivered, or_none, query_within
+from levers9.records.listing import memo_records, pool_clause
 from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
-from levers9.temporal import (
-    NoQueryAnswer,
-    delivered,
-    memo_records,
-    or_none,
-    query_within,
-)
 
 OURS = frozenset(key.name for key in SEARCH_ATTRIBUTES)
 """The search attributes a last recorded state shows (not Temporal's own: BuildIds, ...)."""
@@ -146,10 +141,7 @@ async def last_recorded(client: Client, task_id: str) -> LastRecorded | None:
 
 
 def _tasks_query(pool_name: str | None) -> str:
-    query = f"WorkflowType='{TASK_WORKFLOW}'"
-    if pool_name:
-        query += f" AND PoolName='{pool_name}'"
-    return query
+    return f"WorkflowType='{TASK_WORKFLOW}'" + pool_clause(pool_name)
 
 
 async def list_tasks(client: Client, task_queue: str, pool_name: str | None) -> list[TaskRecord]:
@@ -161,8 +153,8 @@ async def task_page(
     client: Client, task_queue: str, pool_name: str | None, page_size: int, page_token: bytes
 ) -> tuple[list[TaskRecord], bytes]:
     """One visibility page of task records (`page_token` empty: the first) and the token of
-    the next (empty: this was the last). `pool_name` must be checked by the caller (it goes
-    into the query)."""
+    the next (empty: this was the last). A pool name that is not a DNS label is ValueError
+    naming `pool` (`pool_clause`): the gateway refuses it first, naming `pool_name`."""
     listed = client.list_workflows(
         f"{_tasks_query(pool_name)} AND TaskQueue='{task_queue}'",
         page_size=page_size,

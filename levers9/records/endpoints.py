@@ -11,7 +11,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from levers9.endpoints import EndpointSpec, EndpointView, Load
 from levers9.models import ENDPOINT_WORKFLOW, EndpointInput, endpoint_workflow_id
-from levers9.temporal import delivered, is_running, or_none, query_within
+from levers9.records.found import delivered, is_running, or_none, query_within
 
 
 class EndpointExists(Exception):
