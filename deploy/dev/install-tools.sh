@@ -12,6 +12,11 @@
 #                    stand-in for python:*-slim that deploy/images/*.Dockerfile build on
 #   buildah          builds deploy/images/*.Dockerfile in the tests (chroot isolation, no
 #                    daemon: tests/deploy/test_dockerfiles.py)
+#   slirp4netns      a task's outbound network: user-mode NAT into the task's own network
+#                    namespace (levers9/worker: task isolation)
+#   nftables         the rules inside a task's namespace that keep it off the node, link-local,
+#                    private ranges and other tasks
+#   runsc            gVisor, the pool's `runtime: runsc` (a user-space kernel per task)
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
@@ -24,6 +29,9 @@ command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || missing+=(runc)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
+command -v runsc >/dev/null 2>&1 || [ -x /usr/bin/runsc ] || missing+=(runsc)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 say() { echo "install-tools: $*" >&2; }
