@@ -21,8 +21,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
+from levers9.core.placement import Placement
+from levers9.core.quantity import binary_text
+from levers9.core.task_reports import TaskReport
 from levers9.gateway.convert import TunnelEndpoint, task_report
-from levers9.gateway.reports import TaskReport
 from levers9.models import (
     POOL_WORKFLOW,
     PlaceRequest,
@@ -32,9 +34,7 @@ from levers9.models import (
     pool_workflow_id,
     worker_workflow_id,
 )
-from levers9.placement import Placement
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
-from levers9.quantity import binary_text
 from levers9.records.found import is_running, or_none
 from levers9.records.listing import machine_records
 from levers9.rpc.worker_tls import worker_channel

@@ -10,7 +10,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube_clients import KubeClients, UnknownPool
-from levers9.endpoints import ReplicaEnvironment, compute_capability, vllm_environment
+from levers9.core.endpoints import ReplicaEnvironment, compute_capability, vllm_environment
 
 
 class EndpointActivities:

@@ -19,8 +19,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube_clients import KubeClients, UnknownPool
-from levers9 import manifests
-from levers9.capacity import (
+from levers9.config import ControlplaneSettings, PoolConfig
+from levers9.core import manifests
+from levers9.core.capacity import (
     GKE_GPU_TOLERATION,
     MANAGED_BY,
     MANAGED_BY_US,
@@ -31,7 +32,6 @@ from levers9.capacity import (
     Resources,
     pool_capacity,
 )
-from levers9.config import ControlplaneSettings, PoolConfig
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
 from levers9.rpc import tls

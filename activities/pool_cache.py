@@ -33,7 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.informer import Reflector
 from activities.kube import BOUND_AND_RUNNING, job_selector, node_selector, pool_view
 from activities.kube_clients import KubeClients
-from levers9.capacity import (
+from levers9.core.capacity import (
     JobHold,
     NodeCapacity,
     PodHold,

@@ -26,8 +26,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.heartbeat import heartbeating
 from activities.kube import KubeObserver, kube_error
 from activities.kube_clients import UnknownPool
-from levers9.capacity import NodeCapacity
 from levers9.config import ControlplaneSettings
+from levers9.core.capacity import NodeCapacity
+from levers9.core.observation import diff, fingerprints, vanished
 from levers9.logs import get_logger
 from levers9.models import (
     MACHINE_WORKFLOW,
@@ -41,7 +42,6 @@ from levers9.models import (
     machine_workflow_id,
     pool_workflow_id,
 )
-from levers9.observation import diff, fingerprints, vanished
 from levers9.records.found import delivered
 from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME
 from levers9.telemetry import span

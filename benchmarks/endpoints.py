@@ -45,7 +45,7 @@ import aiohttp
 
 from levers9.cli.runtime import honour_dev_env
 from levers9.config import parse_settings
-from levers9.endpoints import EndpointSpec
+from levers9.core.endpoints import EndpointSpec
 from levers9.records.endpoints import create_endpoint, delete_endpoint, endpoint_view
 from levers9.temporal import connect
 from sandbox.synthetic import cpu_model

@@ -40,14 +40,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 MODULES: dict[str, tuple[str, list[str]]] = {
     "capacity": (
-        "levers9/capacity.py",
+        "levers9/core/capacity.py",
         [
             "tests/unit/test_capacity.py",
             "tests/unit/test_capacity_edges.py",
             "tests/unit/test_observation.py",
         ],
     ),
-    "placement": ("levers9/placement.py", ["tests/unit/test_placement.py"]),
+    "placement": ("levers9/core/placement.py", ["tests/unit/test_placement.py"]),
     "task_records": ("levers9/records/tasks.py", ["tests/unit/test_gpu_check.py"]),
     "pool": ("workflows/pool.py", ["tests/integration/test_pool_workflow.py"]),
 }

@@ -38,7 +38,7 @@ from temporalio.worker import Worker
 
 from activities.dispatch import TaskActivities
 from levers9.config import ControlplaneSettings
-from levers9.gateway.reports import TaskReport
+from levers9.core.task_reports import TaskReport
 from levers9.models import (
     PoolInput,
     TaskInput,

@@ -48,8 +48,8 @@ from activities.pool_cache import PODS as CACHED_PODS
 from activities.pool_cache import PoolCache, PoolCaches
 from activities.reconcile import ReconcileActivities
 from activities.registry import controlplane_activities
-from levers9.capacity import NODE_LABEL, NodeCapacity, PoolView
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.core.capacity import NODE_LABEL, NodeCapacity, PoolView
 from levers9.models import ReconcilePoolResult
 from levers9.temporal import ensure_search_attributes, sync_reconcile_schedules
 from sandbox.resources import JOBS, NODES, PODS

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from levers9.capacity import ACCELERATOR_LABEL
 from levers9.config import as_values, pool_values
+from levers9.core.capacity import ACCELERATOR_LABEL
 
 SERVICE_ACCOUNT_ID = "levers9-controlplane"
 DEVELOPER_ROLE = "roles/container.developer"

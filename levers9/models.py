@@ -11,12 +11,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from levers9.capacity import NodeCapacity
 from levers9.clusters import ClusterState
-from levers9.endpoints import EndpointSpec, EndpointState
-from levers9.gateway.reports import TaskPhase
-from levers9.observation import Fingerprints
-from levers9.placement import Placement, PoolState, QueueSpot
+from levers9.core.capacity import NodeCapacity
+from levers9.core.endpoints import EndpointSpec, EndpointState
+from levers9.core.observation import Fingerprints
+from levers9.core.placement import Placement, PoolState, QueueSpot
+from levers9.core.task_reports import TaskPhase
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"

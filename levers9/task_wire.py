@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from levers9.gateway.reports import TaskPhase
+from levers9.core.placement import QueueSpot
+from levers9.core.task_reports import TaskPhase
 from levers9.models import TaskInput, TaskRecord
-from levers9.placement import QueueSpot
 from levers9.proto import gateway_pb2, worker_pb2
 
 

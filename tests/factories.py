@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from levers9.core.manifests import WorkerJobSpec
 from levers9.devstack import values as devvalues
-from levers9.manifests import WorkerJobSpec
 from levers9.rpc.worker_tls import worker_ca
 from sandbox import pki
 from sandbox.cluster.cluster import Cluster

@@ -35,11 +35,7 @@ class OnlyContract(ForbiddenContract):
         missing = sorted(allowed - graph.modules)
         if missing:
             raise ValueError(f"allowed_modules not in the graph: {', '.join(missing)}")
-        rest = {
-            child
-            for child in graph.find_children(container)
-            if child not in allowed and not any(_within(s, child) for s in sources)
-        }
+        rest = _forbidden_children(graph, container, allowed, sources)
         given = self._set("forbidden") or set()
         self.forbidden_modules = given | {ModuleExpression(m) for m in rest}  # type: ignore[assignment]
         return super().check(graph, verbose)
@@ -47,6 +43,22 @@ class OnlyContract(ForbiddenContract):
     def _set(self, kind: str) -> set[ModuleExpression]:
         value: Any = getattr(self, f"{kind}_modules")
         return set(value or ())
+
+
+def _forbidden_children(
+    graph: ImportGraph, package: str, allowed: set[str], sources: set[str]
+) -> set[str]:
+    """The children of `package` that are neither allowed nor a source; a child package that
+    holds an allowed module (levers9.core for levers9.core.quantity) is opened in turn."""
+    forbidden: set[str] = set()
+    for child in graph.find_children(package):
+        if child in allowed or any(_within(s, child) for s in sources):
+            continue
+        if any(_within(a, child) for a in allowed):
+            forbidden |= _forbidden_children(graph, child, allowed, sources)
+        else:
+            forbidden.add(child)
+    return forbidden
 
 
 def _within(module: str, package: str) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from levers9.capacity import (
+from levers9.contract import GPU
+from levers9.core.capacity import (
     ACCELERATOR_LABEL,
     GKE_GPU_TOLERATION,
     MANAGED_BY,
@@ -13,7 +14,6 @@ from levers9.capacity import (
     WORKER_ID_LABEL,
     PoolView,
 )
-from levers9.contract import GPU
 
 GPU_TAINT = {"key": GPU, "value": "present", "effect": "NoSchedule"}
 POOL = PoolView(

@@ -2,7 +2,7 @@
 
     create (`levers9 endpoint create`) -> the replicas' environment (activity) -> loop:
     the gateways' `load` reports and the replicas' `replica` reports (from their records) ->
-    `levers9.endpoints.EndpointState.decide` -> start replicas (TaskWorkflow children, left
+    `levers9.core.endpoints.EndpointState.decide` -> start replicas (TaskWorkflow children, left
     running across continue-as-new) / stop them (signal `cancel` to their records)
 
 Signal `delete` stops every replica and ends the workflow once they have ended. Query `view`:
@@ -28,7 +28,7 @@ from workflows.steps import step
 
 with workflow.unsafe.imports_passed_through():
     from activities.endpoints import EndpointActivities
-    from levers9.endpoints import (
+    from levers9.core.endpoints import (
         EndpointState,
         EndpointView,
         Load,

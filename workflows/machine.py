@@ -29,7 +29,7 @@ from temporalio.exceptions import FailureError
 from workflows.steps import stop_workers
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.capacity import NodeCapacity
+    from levers9.core.capacity import NodeCapacity
     from levers9.logs import KV_EXTRA
     from levers9.models import (
         MACHINE_WORKFLOW,

@@ -1,5 +1,5 @@
 """PoolWorkflow (`pool:<pool>`): placement. Which available worker has how many free cards, and
-which task waits for what (levers9/placement.py decides).
+which task waits for what (levers9/core/placement.py decides).
 
 Workers announce themselves (signal `worker_available`, from WorkerWorkflow), leave
 (`worker_gone`), and step out of placement while silent (`worker_silent`; back on their next
@@ -23,6 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from levers9.core.placement import Placement, PoolState, QueueSpot, Slot
     from levers9.models import (
         POOL_WORKFLOW,
         PlaceRequest,
@@ -30,7 +31,6 @@ with workflow.unsafe.imports_passed_through():
         WorkerSlotInput,
         task_workflow_id,
     )
-    from levers9.placement import Placement, PoolState, QueueSpot, Slot
 
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""

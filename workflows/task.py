@@ -44,7 +44,8 @@ from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
     from activities.dispatch import TaskActivities
-    from levers9.gateway.reports import TaskPhase, TaskReport
+    from levers9.core.placement import Placement
+    from levers9.core.task_reports import TaskPhase, TaskReport
     from levers9.models import (
         TASK_WORKFLOW,
         TERMINAL,
@@ -57,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
         endpoint_workflow_id,
         pool_workflow_id,
     )
-    from levers9.placement import Placement
 
 T = TypeVar("T")
 WORKER_TIMEOUT = timedelta(seconds=30)

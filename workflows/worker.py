@@ -37,8 +37,8 @@ from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import KubeActivities
+    from levers9.core.manifests import worker_job_name
     from levers9.logs import KV_EXTRA
-    from levers9.manifests import worker_job_name
     from levers9.models import (
         WORKER_WORKFLOW,
         PodState,

@@ -1,5 +1,5 @@
 # The levers9 worker image: the `levers9-worker` agent that runs on a GPU node as one privileged
-# Job per machine (levers9/manifests.py), and the tasks it runs as its child processes.
+# Job per machine (levers9/core/manifests.py), and the tasks it runs as its child processes.
 #
 # Build from the repository root; the context is the repository, filtered by /.dockerignore:
 #   docker build -f deploy/images/worker.Dockerfile -t levers9/worker:latest .
@@ -54,6 +54,6 @@ ENV PATH=/usr/local/nvidia/bin:/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/usr/local/nvidia/lib64 \
     PYTHONUNBUFFERED=1
 
-# The Job's command is the same (levers9.manifests.WORKER_COMMAND, no args), so no CMD: the
+# The Job's command is the same (levers9.core.manifests.WORKER_COMMAND, no args), so no CMD: the
 # Job would drop it.
 ENTRYPOINT ["levers9-worker"]

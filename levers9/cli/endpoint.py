@@ -24,10 +24,10 @@ from levers9.cli.runtime import duration, environment, settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
-from levers9.endpoints import EndpointSpec, EndpointView
+from levers9.core.endpoints import EndpointSpec, EndpointView
+from levers9.core.image_reference import ImageReference, ImageReferenceError
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
-from levers9.image_reference import ImageReference, ImageReferenceError
 from levers9.records.endpoints import (
     EndpointExists,
     RecordedEndpoint,

@@ -285,7 +285,7 @@ def _quantity(option: str, text: str, bytes_: bool) -> int:
     """A limit as Kubernetes writes it (`8Gi`, `4`, `500m`): bytes, or millicores; 0 unset."""
     if not text:
         return 0
-    from levers9.quantity import millicores, whole
+    from levers9.core.quantity import millicores, whole
 
     try:
         value = whole(text) if bytes_ else millicores(text)

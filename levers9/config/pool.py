@@ -229,7 +229,7 @@ Quantity = Annotated[
 
 def _positive_quantity(value: str) -> str:
     """A Kubernetes quantity above 0, as given; ValueError naming it otherwise."""
-    from levers9.quantity import parse_quantity
+    from levers9.core.quantity import parse_quantity
 
     if parse_quantity(value) <= 0:
         raise ValueError(f"{value!r} is not more than 0")
@@ -257,7 +257,7 @@ class TaskDefaults(_Model):
     def _reference(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from levers9.image_reference import ImageReference, ImageReferenceError
+        from levers9.core.image_reference import ImageReference, ImageReferenceError
 
         try:
             ImageReference.parse(value)
@@ -273,8 +273,8 @@ class TaskDefaults(_Model):
     @field_validator("memory")
     @classmethod
     def _memory_floor(cls, value: str | None) -> str | None:
+        from levers9.core.quantity import whole
         from levers9.models import memory_floor_problem
-        from levers9.quantity import whole
 
         below = memory_floor_problem(whole(value)) if value is not None else None
         if below is not None:
@@ -283,13 +283,13 @@ class TaskDefaults(_Model):
 
     @property
     def memory_bytes(self) -> int:
-        from levers9.quantity import whole
+        from levers9.core.quantity import whole
 
         return whole(self.memory) if self.memory else 0
 
     @property
     def cpu_millis(self) -> int:
-        from levers9.quantity import millicores
+        from levers9.core.quantity import millicores
 
         return millicores(self.cpus) if self.cpus else 0
 
@@ -309,13 +309,13 @@ class WorkerResources(_Model):
 
     @property
     def cpu_millis(self) -> int:
-        from levers9.quantity import millicores
+        from levers9.core.quantity import millicores
 
         return millicores(self.cpu)
 
     @property
     def memory_bytes(self) -> int:
-        from levers9.quantity import whole
+        from levers9.core.quantity import whole
 
         return whole(self.memory)
 
@@ -351,7 +351,7 @@ class PoolConfig(_Model):
 
     @property
     def image_cache_bytes(self) -> int:
-        from levers9.quantity import whole
+        from levers9.core.quantity import whole
 
         return whole(self.image_cache_size)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
-from levers9.capacity import ACCELERATOR_LABEL
 from levers9.cloud import accelerator
 from levers9.config import PoolConfig, as_values, pool_values
+from levers9.core.capacity import ACCELERATOR_LABEL
 from levers9.files import write_private
 
 POOL_NAME = "gke-rtx6000"

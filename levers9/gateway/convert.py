@@ -19,9 +19,9 @@ from levers9.contract import (
     ready_path_problem,
     task_input_problem,
 )
+from levers9.core.image_reference import DIGEST, ImageReference, ImageReferenceError
+from levers9.core.task_reports import TaskPhase, TaskReport, TaskState
 from levers9.gateway.errors import InvalidRequest, shown
-from levers9.gateway.reports import TaskPhase, TaskReport, TaskState
-from levers9.image_reference import DIGEST, ImageReference, ImageReferenceError
 from levers9.models import (
     MAX_STOP_GRACE_S,
     TaskInput,

@@ -23,7 +23,7 @@ from typing import Protocol
 from temporalio.client import Client
 from temporalio.exceptions import TemporalError
 
-from levers9.endpoints import EndpointView, Load
+from levers9.core.endpoints import EndpointView, Load
 from levers9.gateway.endpoint_messages import Refused
 from levers9.gateway.replica_streams import Replica
 from levers9.logs import get_logger

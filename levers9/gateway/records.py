@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.gateway.reports import TaskReport
+from levers9.core.task_reports import TaskReport
 from levers9.models import (
     WorkerHeartbeat,
     WorkerRegistration,

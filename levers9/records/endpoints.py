@@ -9,7 +9,7 @@ from datetime import datetime
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from levers9.endpoints import EndpointSpec, EndpointView, Load
+from levers9.core.endpoints import EndpointSpec, EndpointView, Load
 from levers9.models import ENDPOINT_WORKFLOW, EndpointInput, endpoint_workflow_id
 from levers9.records.found import delivered, is_running, or_none, query_within
 

@@ -18,6 +18,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from levers9.core.placement import QueueSpot
 from levers9.models import (
     TASK_WORKFLOW,
     TaskInput,
@@ -25,7 +26,6 @@ from levers9.models import (
     pool_workflow_id,
     task_workflow_id,
 )
-from levers9.placement import QueueSpot
 from levers9.records.found import NoQueryAnswer, delivered, or_none, query_within
 from levers9.records.listing import memo_records, pool_clause
 from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from levers9.image_reference import ImageReference
+from levers9.core.image_reference import ImageReference
 from levers9.logs import get_logger
 
 log = get_logger("levers9.worker")

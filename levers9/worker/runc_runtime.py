@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from levers9.image_reference import ImageReferenceError
+from levers9.core.image_reference import ImageReferenceError
 from levers9.logs import get_logger
 from levers9.worker import cdi
 from levers9.worker.cdi import DRIVER_ROOT

@@ -1,4 +1,4 @@
-"""The worker's environment contract: what the worker Job (`levers9.manifests.worker_job`) and
+"""The worker's environment contract: what the worker Job (`levers9.core.manifests.worker_job`) and
 its token Secret put in the container's environment, read once at start.
 
 | variable | meaning |

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from levers9.quantity import parse_quantity
+from levers9.core.quantity import parse_quantity
 from sandbox import errors
 from sandbox.cluster.controller import Controller, Watched
 from sandbox.cluster.objects import GPU, Obj, condition, is_terminal, set_condition

@@ -41,7 +41,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from levers9.quantity import parse_quantity
+from levers9.core.quantity import parse_quantity
 from sandbox import errors
 from sandbox.cluster.requests import allocatable, container_requests
 from sandbox.resources import CONFIG_MAPS, SECRETS

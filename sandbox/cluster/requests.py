@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
-from levers9.quantity import parse_quantity
+from levers9.core.quantity import parse_quantity
 
 Amounts = dict[str, Fraction]
 

@@ -31,7 +31,7 @@ from packaging.specifiers import SpecifierSet
 
 import levers9
 from levers9.config import ControlplaneSettings
-from levers9.manifests import WORKER_COMMAND, worker_job
+from levers9.core.manifests import WORKER_COMMAND, worker_job
 from levers9.worker.driver import BIN_DIRS, LIB_DIRS, LOADER_CONF
 from sandbox import worker_image
 from tests.deploy.chart import find, render, tool

@@ -7,7 +7,7 @@ from pydantic import BaseModel
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.gateway.reports import TaskReport
+    from levers9.core.task_reports import TaskReport
     from levers9.models import WorkerHeartbeat, WorkerRegistration
 
 

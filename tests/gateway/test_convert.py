@@ -11,9 +11,9 @@ from typing import Any, get_args
 import pytest
 from pydantic import SecretStr
 
+from levers9.core.task_reports import TaskState
 from levers9.gateway import convert
 from levers9.gateway.errors import InvalidRequest
-from levers9.gateway.reports import TaskState
 from levers9.proto import worker_pb2
 from tests.gateway.agents import Agent
 

@@ -13,7 +13,7 @@ import aiohttp
 from pydantic import SecretStr
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.endpoints import EndpointSpec, EndpointView, Load, Replica
+from levers9.core.endpoints import EndpointSpec, EndpointView, Load, Replica
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.endpoint_views import RECORD_READS
 from levers9.gateway.task_service import TasksService

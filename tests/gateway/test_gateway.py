@@ -22,9 +22,9 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.core.task_reports import TaskPhase, TaskReport
 from levers9.gateway.convert import MAX_LOG_TAIL_BYTES, MAX_REASON_BYTES
 from levers9.gateway.records import TemporalWorkerRecords
-from levers9.gateway.reports import TaskPhase, TaskReport
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
 from levers9.gateway.task_service import (
     MAX_LIST_PAGE_BYTES,

@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.capacity import MachineStatus, NodeCapacity, Resources
+from levers9.core.capacity import MachineStatus, NodeCapacity, Resources
 from levers9.models import (
     MachineInput,
     MachineRecord,

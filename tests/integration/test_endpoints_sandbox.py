@@ -36,7 +36,7 @@ import structlog.testing
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.endpoints import EndpointView
+from levers9.core.endpoints import EndpointView
 from levers9.gateway.endpoint_connections import FrontLimits
 from levers9.gateway.endpoint_messages import REPLICA_HEADER as REPLICA
 from levers9.gateway.endpoint_proxy import EndpointProxy

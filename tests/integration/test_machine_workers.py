@@ -16,7 +16,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.capacity import MachineStatus, NodeCapacity, Resources
+from levers9.core.capacity import MachineStatus, NodeCapacity, Resources
 from levers9.models import (
     MachineInput,
     PodState,

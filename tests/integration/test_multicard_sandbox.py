@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.core.placement import PoolState
 from levers9.models import TaskInput, pool_workflow_id
-from levers9.placement import PoolState
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import start_task, task_record
 from levers9.temporal import connect

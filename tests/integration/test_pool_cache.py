@@ -21,7 +21,7 @@ from activities import informer
 from activities.informer import Reflector
 from activities.kube import KubeObserver
 from activities.pool_cache import PoolCache
-from levers9.capacity import MachineStatus, NodeCapacity
+from levers9.core.capacity import MachineStatus, NodeCapacity
 from sandbox.admin_client import SandboxAdmin
 from tests.controlplane import POOL, Controlplane, controlplane
 from tests.factories import add_gpu_node

@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from levers9.core.placement import Placement, PoolState
 from levers9.models import (
     PlaceRequest,
     PoolInput,
@@ -23,7 +24,6 @@ from levers9.models import (
     pool_workflow_id,
     task_workflow_id,
 )
-from levers9.placement import Placement, PoolState
 from tests.waiting import eventually
 from workflows.pool import PoolWorkflow
 

@@ -17,7 +17,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from levers9 import logs
-from levers9.capacity import NODE_LABEL
+from levers9.core.capacity import NODE_LABEL
 from levers9.models import machine_workflow_id
 from levers9.temporal import sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, controlplane

@@ -25,8 +25,8 @@ from kubernetes import client as k8s
 from temporalio.testing import WorkflowEnvironment
 
 from levers9 import logs
-from levers9.capacity import NODE_LABEL
 from levers9.contract import GPU
+from levers9.core.capacity import NODE_LABEL
 from levers9.models import MachineRecord, ReconcilePoolInput, WorkerRecord
 from levers9.records.listing import list_machine_records, list_worker_records
 from tests.controlplane import POOL, Controlplane, passes_completed, reconciling

@@ -20,9 +20,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from levers9.core.observation import fingerprints
 from levers9.models import ObservePoolInput, ObservePoolResult, ReconcilePoolInput
 from levers9.models import ReconcilePoolResult as Result
-from levers9.observation import fingerprints
 from tests.waiting import eventually
 from workflows.reconcile_pool import FULL_RESYNC_EVERY, ReconcilePoolWorkflow
 

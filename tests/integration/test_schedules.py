@@ -23,13 +23,13 @@ from activities.kube import KubeObserver
 from activities.kube_clients import KubeClients
 from activities.reconcile import ReconcileActivities
 from levers9.config import ControlplaneSettings
+from levers9.core.observation import fingerprints
 from levers9.models import (
     ObservePoolInput,
     ObservePoolResult,
     ReconcilePoolInput,
     ReconcilePoolResult,
 )
-from levers9.observation import fingerprints
 from levers9.search_attributes import POOL_NAME
 from levers9.temporal import (
     MEMO_TASK_QUEUE,

@@ -20,7 +20,8 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.gateway.reports import TaskReport
+from levers9.core.placement import Placement
+from levers9.core.task_reports import TaskReport
 from levers9.models import (
     PlaceRequest,
     TaskInput,
@@ -28,7 +29,6 @@ from levers9.models import (
     WorkerTaskInput,
     pool_workflow_id,
 )
-from levers9.placement import Placement
 from tests.waiting import eventually, signals_handled
 from workflows.task import PLACEMENTS, TaskWorkflow
 

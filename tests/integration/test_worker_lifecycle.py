@@ -26,6 +26,7 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from levers9.core.placement import PoolState
 from levers9.models import (
     PlaceRequest,
     PodState,
@@ -38,7 +39,6 @@ from levers9.models import (
     WorkerTimings,
     pool_workflow_id,
 )
-from levers9.placement import PoolState
 from tests.waiting import eventually, signals_handled
 from workflows.pool import PoolWorkflow
 from workflows.worker import SILENT, WorkerWorkflow

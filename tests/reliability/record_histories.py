@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from levers9.manifests import worker_job_name
+from levers9.core.manifests import worker_job_name
 from levers9.models import WorkerTimings
 from tests.devstack import BIN, Dev
 from tests.factories import HTTP_TASK

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from levers9.capacity import NODE_LABEL
+from levers9.core.capacity import NODE_LABEL
 from levers9.models import TERMINAL, TaskInput
 from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL

@@ -35,8 +35,8 @@ from levers9.cli.runtime import duration, environment, key_values, labels
 from levers9.cli.task import _ports, _quantity
 from levers9.config import ConfigError, load
 from levers9.contract import task_input_problem
+from levers9.core.quantity import millicores, whole
 from levers9.errors import Unreachable
-from levers9.quantity import millicores, whole
 from tests.factories import key_json, spec_pool, values_doc
 from tests.properties import examples
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from levers9.capacity import NODE_LABEL, WORKER_ID_LABEL
+from levers9.core.capacity import NODE_LABEL, WORKER_ID_LABEL
 from levers9.models import TERMINAL, TaskInput, reconcile_schedule_id, worker_workflow_id
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import start_task, task_record

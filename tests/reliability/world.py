@@ -34,8 +34,8 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest, GetSyste
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from levers9.capacity import NODE_LABEL
 from levers9.config import ControlplaneSettings
+from levers9.core.capacity import NODE_LABEL
 from levers9.devstack import values as devvalues
 from levers9.records.listing import list_worker_records
 from levers9.temporal import connect, list_reconcile_schedules

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from levers9.capacity import (
+from levers9.core.capacity import (
     MachineStatus,
     NodeCapacity,
     PoolView,
@@ -21,7 +21,7 @@ from levers9.capacity import (
     pod_requests,
     pool_capacity,
 )
-from levers9.quantity import millicores, parse_quantity, whole
+from levers9.core.quantity import millicores, parse_quantity, whole
 from tests.kube_objects import POOL, container, node, pod, worker_job, worker_labels
 
 MODEL_SERVER = pod(gpus=2, cpu="4", memory="16Gi")

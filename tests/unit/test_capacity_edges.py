@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from levers9.capacity import (
+from levers9.contract import GPU
+from levers9.core.capacity import (
     POOL_LABEL,
     WORKER_ID_LABEL,
     JobHold,
@@ -24,7 +25,6 @@ from levers9.capacity import (
     pod_requests,
     pool_capacity,
 )
-from levers9.contract import GPU
 from tests.kube_objects import POOL, container, node, pod, worker_job, worker_labels
 
 NAME = "gke-gpu-4x-1"

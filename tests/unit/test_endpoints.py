@@ -1,4 +1,4 @@
-"""The endpoint autoscaler (`levers9.endpoints`, pure): what it decides from the gateways'
+"""The endpoint autoscaler (`levers9.core.endpoints`, pure): what it decides from the gateways'
 reports, with the clock in the test's hands."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from levers9.endpoints import (
+from levers9.core.endpoints import (
     FAILING_AFTER,
     LOAD_STALE,
     EndpointSpec,

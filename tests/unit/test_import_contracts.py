@@ -104,7 +104,9 @@ def _repository_contract(section: str, added: tuple[str, str] | None = None) -> 
     options: dict[str, str | list[str]] = {
         key: given[key].split() for key in given if key.endswith("_modules")
     }
-    options["ignore_imports"] = [line for line in given["ignore_imports"].splitlines() if line]
+    options["ignore_imports"] = [
+        line for line in given.get("ignore_imports", "").splitlines() if line
+    ]
     if "container" in given:
         options["container"] = given["container"]
     kind = {"only": OnlyContract, "forbidden": ForbiddenContract}[given["type"]]

@@ -12,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from levers9.manifests import (
+from levers9.core.manifests import (
     namespace,
     worker_job,
     worker_job_name,

@@ -4,8 +4,8 @@ and the record stays 8 bytes a node (53 KB of base64 at 5,000 nodes).
 
 from __future__ import annotations
 
-from levers9.capacity import MachineStatus, NodeCapacity, Resources
-from levers9.observation import diff, fingerprints, vanished
+from levers9.core.capacity import MachineStatus, NodeCapacity, Resources
+from levers9.core.observation import diff, fingerprints, vanished
 
 
 def _node(name: str, free: int = 4) -> NodeCapacity:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from levers9.placement import PoolState, QueueSpot, Slot
+from levers9.core.placement import PoolState, QueueSpot, Slot
 
 T0 = datetime(2026, 9, 18, 10, 0, tzinfo=UTC)
 RESERVE = timedelta(seconds=30)

@@ -13,8 +13,8 @@ import pytest
 from activities.kube import pool_view
 from activities.kube_clients import KubeClients
 from activities.pool_cache import JOBS, NODES, PODS, PoolCache, strip_node
-from levers9.capacity import job_hold, pod_hold, pool_capacity
 from levers9.config import parse_pool
+from levers9.core.capacity import job_hold, pod_hold, pool_capacity
 from tests.kube_objects import node, pod, worker_job, worker_labels
 
 POOL = "gke-rtx6000"

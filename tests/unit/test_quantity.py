@@ -1,4 +1,4 @@
-"""levers9.quantity against the kubernetes client's `parse_quantity`, which issue 35 asked to use
+"""levers9.core.quantity against the kubernetes client's `parse_quantity`, which issue 35 asked
 "where it agrees": over the API's own grammar they agree to the last digit the client's Decimal
 keeps, so the client is the oracle here; outside it the client takes what the API server
 refuses, which is why levers9 keeps its own 77 lines (the cases below: NaN, Infinity, an
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.utils import quantity as client
 
-from levers9.quantity import MAX_EXPONENT, millicores, parse_quantity, whole
+from levers9.core.quantity import MAX_EXPONENT, millicores, parse_quantity, whole
 from tests.properties import examples
 
 client_quantity = cast(Callable[[str], Decimal], client.parse_quantity)  # untyped there

@@ -11,9 +11,9 @@ import pytest
 from google.protobuf.descriptor import Descriptor
 from pydantic import BaseModel
 
-from levers9.gateway.reports import TaskPhase
+from levers9.core.placement import QueueSpot
+from levers9.core.task_reports import TaskPhase
 from levers9.models import TaskInput, TaskRecord
-from levers9.placement import QueueSpot
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.task_wire import (
     record_from_message,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from levers9.image_reference import ImageReference, ImageReferenceError
+from levers9.core.image_reference import ImageReference, ImageReferenceError
 from levers9.worker.images import ImageCache, ImagePullError
 from sandbox.registries import LocalRegistry, push_layout
 from sandbox.task_images import build_busybox

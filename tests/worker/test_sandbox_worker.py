@@ -1,4 +1,4 @@
-"""End to end in the sandbox: the worker Job as `levers9.manifests` writes it, on the default
+"""End to end in the sandbox: the worker Job as `levers9.core.manifests` writes it, on the default
 scenario's 2-GPU node, runs `levers9-worker` as the sandbox kubelet runs it (a local process
 with the node's paths mapped), finds its cards `nvidia0`/`nvidia1` in the kubelet's
 checkpoint, logs the spec's two start lines, registers with a gateway on 127.0.0.1 at the
@@ -14,7 +14,7 @@ import grpc
 import pytest
 from grpc import aio
 
-from levers9.manifests import WorkerJobSpec, worker_job, worker_token_secret
+from levers9.core.manifests import WorkerJobSpec, worker_job, worker_token_secret
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc.worker_tls import worker_channel
 from levers9.tokens import command_digest

@@ -1,4 +1,4 @@
-"""The worker Job as `levers9.manifests` writes it, run by the sandbox cluster.
+"""The worker Job as `levers9.core.manifests` writes it, run by the sandbox cluster.
 
 Covers what the worker agent relies on: it is scheduled onto its node by hostname affinity
 through the GPU taint, gets the cards it asked for, finds them in the kubelet checkpoint
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from levers9.manifests import worker_job, worker_token_secret
+from levers9.core.manifests import worker_job, worker_token_secret
 from levers9.tokens import command_digest
 from sandbox.cluster import Cluster
 from sandbox.cluster.objects import condition

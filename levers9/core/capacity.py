@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from levers9.contract import GPU
-from levers9.quantity import millicores, whole
+from levers9.core.quantity import millicores, whole
 
 ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"

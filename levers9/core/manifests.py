@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from levers9.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
 from levers9.contract import (
     COMMAND_DIGEST_FILE,
     CREDENTIALS_DIR,
@@ -24,6 +23,7 @@ from levers9.contract import (
     TLS_KEY_FILE,
     TOKEN_FILE,
 )
+from levers9.core.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LABEL, WORKER_ID_LABEL
 
 WORKER_COMMAND = ("levers9-worker",)
 TERMINATION_GRACE_S = 30

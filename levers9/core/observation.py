@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from levers9.capacity import NodeCapacity
+from levers9.core.capacity import NodeCapacity
 
 _HASH_BYTES = 4
 _ENTRY = 2 * _HASH_BYTES
