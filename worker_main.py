@@ -32,13 +32,13 @@ from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
 from levers9.gateway.endpoint_connections import FrontLimits
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.endpoint_views import TemporalEndpointBook
-from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_service import Replicas, TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.records.clusters import joined_clusters
+from levers9.records.workers import TemporalWorkerRecords
 from levers9.rpc import tls
 from levers9.temporal import (
     connect,

@@ -20,12 +20,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
 from levers9.gateway.clusters import ClusterHub
-from levers9.gateway.records import WorkerRecords
 from levers9.gateway.service import GatewayService
 from levers9.gateway.task_service import Replicas, TaskRecords, TasksService
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.records.workers import WorkerRecords
 from levers9.rpc.malformed import MalformedRequests
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name

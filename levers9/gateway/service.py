@@ -24,16 +24,16 @@ from pydantic import SecretStr
 from levers9.gateway import convert
 from levers9.gateway.auth import authenticate
 from levers9.gateway.errors import Rejection, clipped
-from levers9.gateway.records import (
+from levers9.gateway.tunnel import Context as TunnelContext
+from levers9.gateway.tunnel import TunnelHub
+from levers9.logs import get_logger
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.records.workers import (
     NotPlacedHere,
     RecordNotFound,
     RecordsUnavailable,
     WorkerRecords,
 )
-from levers9.gateway.tunnel import Context as TunnelContext
-from levers9.gateway.tunnel import TunnelHub
-from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -19,9 +19,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from levers9 import logs
-from levers9.gateway.records import TemporalWorkerRecords, WorkerRecords
 from levers9.gateway.server import Gateway
 from levers9.proto import gateway_pb2_grpc
+from levers9.records.workers import TemporalWorkerRecords, WorkerRecords
 from tests.gateway.agents import Agent
 from tests.gateway.recorder import RecorderWorkflow, Seen
 from tests.waiting import eventually

@@ -24,7 +24,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.core.task_reports import TaskPhase, TaskReport
 from levers9.gateway.convert import MAX_LOG_TAIL_BYTES, MAX_REASON_BYTES
-from levers9.gateway.records import TemporalWorkerRecords
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
 from levers9.gateway.task_service import (
     MAX_LIST_PAGE_BYTES,
@@ -41,6 +40,7 @@ from levers9.models import (
 )
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.records.tasks import start_task
+from levers9.records.workers import TemporalWorkerRecords
 from levers9.rpc import bearer
 from levers9.search_attributes import POOL_NAME
 from levers9.tokens import command_token, operator_token, worker_token

@@ -17,13 +17,13 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from levers9.gateway.convert import heartbeat, registration, task_report
-from levers9.gateway.records import (
+from levers9.gateway.service import TEMPORAL_UNAVAILABLE
+from levers9.models import task_workflow_id
+from levers9.records.workers import (
     RecordNotFound,
     RecordsUnavailable,
     TemporalWorkerRecords,
 )
-from levers9.gateway.service import TEMPORAL_UNAVAILABLE
-from levers9.models import task_workflow_id
 from tests.gateway.agents import Agent
 from tests.gateway.conftest import LOOPBACK, Recorders, serve
 

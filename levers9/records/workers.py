@@ -1,4 +1,4 @@
-"""The records the gateway feeds: signals to the worker's and the task's workflows.
+"""The records the gateway feeds for the agents: signals to the worker's and the task's workflows.
 
 `WorkerRecords` is what the gRPC layer needs; `TemporalWorkerRecords` is the one the controlplane
 runs. Temporal's errors become two outcomes the agent acts on: the record is gone (stop, or drop
