@@ -33,7 +33,8 @@ from levers9.gateway.endpoint_connections import FrontLimits
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.endpoint_views import TemporalEndpointBook
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_service import Replicas, TemporalTaskRecords
+from levers9.gateway.task_records import TemporalTaskRecords
+from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now

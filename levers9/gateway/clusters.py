@@ -49,7 +49,7 @@ from levers9.gateway.cluster_relay import (
     serve_relay,
 )
 from levers9.gateway.errors import Unauthenticated
-from levers9.gateway.task_service import Replicas
+from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import pump_session, read_hello
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc

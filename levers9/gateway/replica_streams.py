@@ -23,7 +23,8 @@ from contextlib import AsyncExitStack
 import grpc
 
 from levers9.contract import PORT_CONNECTED_HEADER
-from levers9.gateway.task_service import PortForwardCall, TasksService, Unroutable
+from levers9.gateway.task_service import TasksService
+from levers9.gateway.task_upstream import PortForwardCall, Unroutable
 from levers9.logs import get_logger
 from levers9.models import TaskRecord
 from levers9.proto import worker_pb2

@@ -21,7 +21,9 @@ from pydantic import SecretStr
 
 from levers9.gateway.clusters import ClusterHub
 from levers9.gateway.service import GatewayService
-from levers9.gateway.task_service import Replicas, TaskRecords, TasksService
+from levers9.gateway.task_records import TaskRecords
+from levers9.gateway.task_service import TasksService
+from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc

@@ -33,35 +33,36 @@ Tokens never appear in a message or a log line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import math
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
 from pydantic import SecretStr
-from temporalio.client import Client
-from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.convert import check_pool_name, check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
+from levers9.gateway.task_records import TaskRecords
+from levers9.gateway.task_upstream import (
+    Replicas,
+    ReplicaUpstream,
+    Unroutable,
+    Upstream,
+    WorkerUpstream,
+    feed,
+)
 from levers9.logs import get_logger
-from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
+from levers9.models import TERMINAL, TaskRecord, WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
-from levers9.records.found import or_none
-from levers9.records.tasks import cancel_task, start_task, task_ended, task_page, task_record
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_wire import record_message
-from levers9.temporal import unknown_pool
 from levers9.tokens import command_metadata, operator_token, operator_token_matches
 
 PLACEMENT_POLL_S = (0.02, 0.5)
@@ -82,7 +83,6 @@ RELAYED = "levers9-relayed-by"
 MAX_WAIT_S = 60.0
 """The longest a GetTaskRecord waits for the task's end; the CLI asks again past it."""
 MAX_REASON_CHARS = 1024
-KNOWN_POOL_TTL_S = 5.0
 LIST_PAGE_SIZE = 100
 """ListTasks' page when the request names none."""
 MAX_LIST_PAGE_SIZE = 1000
@@ -93,173 +93,6 @@ _CURSOR = b"\x01"
 """ListTasks' page token: this, how many records of the visibility page were sent (4 bytes), a
 MAC (16 bytes, over those, the pool and the visibility page's own token, which follows), so that
 a token not from here is refused before Temporal sees it (it answers one UNKNOWN, retried)."""
-
-
-class TaskRecords(Protocol):
-    async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
-        """The record now; with `where_queued`, a queued one says where it waits."""
-
-    async def start(self, task: TaskInput) -> None:
-        """Starts the task's record; a second start of the same id starts nothing."""
-
-    async def unknown_pool(self, pool_name: str) -> str | None:
-        """Why a task naming the pool is refused (no such pool, naming those there are)."""
-
-    async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
-        """The record once the task has ended, or as it is after `timeout_s`."""
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        """Tells the task's record to cancel; False when no such task runs."""
-
-    async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
-        """The worker's record now (its route: address, replica queue and address)."""
-
-    async def page(
-        self, pool_name: str | None, page_size: int, page_token: bytes
-    ) -> tuple[list[TaskRecord], bytes]:
-        """One page of task records and the next page's token (empty: the last)."""
-
-
-class TemporalTaskRecords:
-    """Task records as the task workflows hold them."""
-
-    def __init__(self, client: Client, task_queue: str) -> None:
-        self._client = client
-        self._task_queue = task_queue
-        self._known: dict[str, float] = {}
-
-    async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
-        return await task_record(self._client, task_id, where_queued=where_queued)
-
-    async def start(self, task: TaskInput) -> None:
-        with contextlib.suppress(WorkflowAlreadyStartedError):
-            await start_task(self._client, self._task_queue, task)
-
-    async def unknown_pool(self, pool_name: str) -> str | None:
-        """A burst of submits to one pool describes its schedule once per KNOWN_POOL_TTL_S;
-        a refusal is always from a fresh read."""
-        seen = self._known.get(pool_name)
-        if seen is not None and time.monotonic() - seen < KNOWN_POOL_TTL_S:
-            return None
-        problem = await unknown_pool(self._client, self._task_queue, pool_name)
-        if problem is None:
-            self._known[pool_name] = time.monotonic()
-        return problem
-
-    async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
-        return await task_ended(self._client, task_id, timeout_s)
-
-    async def cancel(self, task_id: str, reason: str) -> bool:
-        return await cancel_task(self._client, task_id, reason)
-
-    async def page(
-        self, pool_name: str | None, page_size: int, page_token: bytes
-    ) -> tuple[list[TaskRecord], bytes]:
-        return await task_page(self._client, self._task_queue, pool_name, page_size, page_token)
-
-    async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
-        handle = self._client.get_workflow_handle(worker_workflow_id(pool_name, worker_id))
-        record: WorkerRecord | None = await or_none(
-            handle.query("record", result_type=WorkerRecord)
-        )
-        return record
-
-
-@dataclass(frozen=True)
-class Replicas:
-    """This replica among the others: its own queue (tunnel sessions it holds) and how it
-    dials another replica's gateway (TLS as the CLI dials the gateway, the certificate's name
-    being the advertised one, not the pod's address)."""
-
-    task_queue: str
-    credentials: grpc.ChannelCredentials | None = None
-    server_name: str | None = None
-
-    def channel(self, address: str) -> aio.Channel:
-        if self.credentials is None:
-            return aio.insecure_channel(address)
-        options = (("grpc.ssl_target_name_override", self.server_name),) if self.server_name else ()
-        return aio.secure_channel(address, self.credentials, options=options)
-
-
-PortForwardCall = grpc.aio.StreamStreamCall[
-    worker_pb2.PortForwardRequest, worker_pb2.PortForwardResponse
-]
-
-
-class _Upstream(Protocol):
-    @property
-    def via(self) -> str | None:
-        """The replica relayed through, if any."""
-
-    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
-        """The task's output from the worker."""
-
-    def exec(
-        self, requests: AsyncIterator[worker_pb2.ExecRequest]
-    ) -> AsyncIterator[worker_pb2.ExecResponse]:
-        """A command in the task's container."""
-
-    def port_forward(self) -> PortForwardCall:
-        """One TCP connection to a published port of the task's container, as a call its
-        caller writes and reads (no request iterator: one task hop less a message)."""
-
-
-@dataclass(frozen=True)
-class _Worker:
-    """The worker's own WorkerService, with its own token."""
-
-    stub: worker_pb2_grpc.WorkerServiceAsyncStub
-    metadata: tuple[tuple[str, str], ...]
-    via: str | None = None
-
-    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
-        return aiter(self.stub.StreamLogs(request, metadata=self.metadata))
-
-    def exec(
-        self, requests: AsyncIterator[worker_pb2.ExecRequest]
-    ) -> AsyncIterator[worker_pb2.ExecResponse]:
-        return aiter(self.stub.Exec(requests, metadata=self.metadata))
-
-    def port_forward(self) -> PortForwardCall:
-        return self.stub.PortForward(metadata=self.metadata)
-
-
-@dataclass(frozen=True)
-class _Replica:
-    """Another replica's gateway, which holds the worker's tunnel session."""
-
-    stub: gateway_pb2_grpc.TasksAsyncStub
-    metadata: tuple[tuple[str, str], ...]
-    via: str | None = None
-
-    def logs(self, request: worker_pb2.StreamLogsRequest) -> AsyncIterator[worker_pb2.LogChunk]:
-        relayed = gateway_pb2.StreamTaskLogsRequest(
-            task_id=request.task_id, follow=request.follow, offset=request.offset
-        )
-        return aiter(self.stub.StreamTaskLogs(relayed, metadata=self.metadata))
-
-    def exec(
-        self, requests: AsyncIterator[worker_pb2.ExecRequest]
-    ) -> AsyncIterator[worker_pb2.ExecResponse]:
-        return aiter(self.stub.ExecTask(requests, metadata=self.metadata))
-
-    def port_forward(self) -> PortForwardCall:
-        return self.stub.PortForward(metadata=self.metadata)
-
-
-async def _feed(
-    call: PortForwardCall, requests: AsyncIterator[worker_pb2.PortForwardRequest]
-) -> None:
-    """Writes `requests` onto `call`, then half-closes it (the connection's end of stream)."""
-    with contextlib.suppress(aio.AioRpcError, asyncio.InvalidStateError):
-        async for request in requests:
-            await call.write(request)
-        await call.done_writing()
-
-
-class Unroutable(Exception):
-    """The worker's tunnel is held by another replica and the call cannot be relayed there."""
 
 
 class TasksService(gateway_pb2_grpc.TasksServicer):
@@ -304,7 +137,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
     @asynccontextmanager
     async def _upstream(
         self, record: TaskRecord, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[_Upstream]:
+    ) -> AsyncIterator[Upstream]:
         relayed_by = next(
             (str(value) for key, value in context.invocation_metadata() or () if key == RELAYED),
             None,
@@ -318,7 +151,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
     @asynccontextmanager
     async def upstream(
         self, record: TaskRecord, relayed_by: str | None = None
-    ) -> AsyncIterator[_Upstream]:
+    ) -> AsyncIterator[Upstream]:
         """Where the task's worker is reached from here: its WorkerService (over its TLS when
         it serves it, with that worker's own token), through this replica's end of its
         tunnel, or through the gateway of the replica that holds the tunnel."""
@@ -338,7 +171,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 replica=replica,
             )
             async with self._replicas.channel(replica) as channel:
-                yield _Replica(gateway_pb2_grpc.TasksStub(channel), metadata, via=replica)
+                yield ReplicaUpstream(gateway_pb2_grpc.TasksStub(channel), metadata, via=replica)
             return
         if worker is not None and worker.address and worker.task_queue:
             address = worker.address  # this replica's end of the tunnel, current
@@ -346,7 +179,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         async with worker_channel(
             address, record.worker_id, tls, secret, self._ca_generation
         ) as channel:
-            yield _Worker(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
+            yield WorkerUpstream(worker_pb2_grpc.WorkerServiceStub(channel), metadata)
 
     def _relay(
         self, worker: WorkerRecord, relayed_by: str | None
@@ -498,7 +331,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         self,
         record: TaskRecord,
         context: grpc.aio.ServicerContext[Any, Any],
-        call: Callable[[_Upstream], AsyncIterator[R]],
+        call: Callable[[Upstream], AsyncIterator[R]],
     ) -> AsyncIterator[R]:
         """The worker's stream for `call`, relayed; its refusal passed on (a worker that does
         not answer is UNAVAILABLE naming it)."""
@@ -570,9 +403,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
         requests = _prepend(first, request_iterator)
 
-        async def forwarded(up: _Upstream) -> AsyncIterator[worker_pb2.PortForwardResponse]:
+        async def forwarded(up: Upstream) -> AsyncIterator[worker_pb2.PortForwardResponse]:
             call = up.port_forward()
-            feeding = asyncio.create_task(_feed(call, requests))
+            feeding = asyncio.create_task(feed(call, requests))
             try:
                 # The worker's word that it reached the port, passed on (the endpoints' front
                 # sends a request that never got there to another replica).

@@ -25,11 +25,8 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.core.task_reports import TaskPhase, TaskReport
 from levers9.gateway.convert import MAX_LOG_TAIL_BYTES, MAX_REASON_BYTES
 from levers9.gateway.server import SERVICE_NAME, Gateway, GatewayError
-from levers9.gateway.task_service import (
-    MAX_LIST_PAGE_BYTES,
-    MAX_LIST_PAGE_SIZE,
-    TemporalTaskRecords,
-)
+from levers9.gateway.task_records import TemporalTaskRecords
+from levers9.gateway.task_service import MAX_LIST_PAGE_BYTES, MAX_LIST_PAGE_SIZE
 from levers9.models import (
     TASK_WORKFLOW,
     TaskInput,

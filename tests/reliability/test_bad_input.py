@@ -33,7 +33,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.config import INVALID_PROVIDER, ConfigError, Values, load, parse_values
 from levers9.devstack import values as devvalues
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_service import TemporalTaskRecords
+from levers9.gateway.task_records import TemporalTaskRecords
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.records.workers import TemporalWorkerRecords

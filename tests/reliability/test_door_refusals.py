@@ -35,7 +35,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.config import ControlplaneSettings
 from levers9.gateway.server import Gateway
-from levers9.gateway.task_service import TemporalTaskRecords
+from levers9.gateway.task_records import TemporalTaskRecords
 from levers9.models import reconcile_schedule_id
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.temporal import VALUES, ensure_reconcile_schedule
