@@ -3,8 +3,9 @@
 user name in the image's /etc/passwd), narrowed for the task (pure: no I/O but the agent's own
 NOFILE limit and whether resolv.conf exists):
 
-- its own PID, mount, IPC and UTS namespaces, and the agent's network namespace: the host's,
-  or the pod's when the pool runs on the pod network (tunnel mode);
+- its own PID, mount, IPC and UTS namespaces, and the network namespace of its own the agent
+  made for it (levers9.worker.task_network: `network`, joined by path; its resolv.conf names
+  the namespace's DNS); without one, the agent's: the host's, or the pod's on the pod network;
 - runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits (`Limits`);
 - device nodes for its cards only, from the worker's CDI spec (levers9.worker.cdi):
   `/dev/nvidiaN` for each of its indices, plus `/dev/nvidiactl`, `/dev/nvidia-uvm`,
@@ -62,9 +63,11 @@ def container_config(
     mounts: Sequence[tuple[str, str]] = (),
     limits: Limits = DEFAULT_LIMITS,
     resolv_conf: Path | None = Path("/etc/resolv.conf"),
+    network: Path | None = None,
 ) -> dict[str, Any]:
     """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure).
-    `devices` and `mounts` (host path, container path; read-only) are its CDI edits."""
+    `devices` and `mounts` (host path, container path; read-only) are its CDI edits; `network`
+    the network namespace it joins (None: the agent's)."""
     config: dict[str, Any] = json.loads(json.dumps(base))
     process = config["process"]
     if spec.command:
@@ -111,6 +114,8 @@ def container_config(
     linux = config.setdefault("linux", {})
     linux["cgroupsPath"] = cgroup_path(spec.task_id)
     namespaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "network"]
+    if network is not None:
+        namespaces.append({"type": "network", "path": str(network)})
     for kind in ("pid", "ipc", "uts", "mount"):
         if not any(n.get("type") == kind for n in namespaces):
             namespaces.append({"type": kind})
