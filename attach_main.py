@@ -30,15 +30,15 @@ from temporalio.worker import Worker
 from activities.registry import attach_activities
 from levers9.cli.output import console, errors
 from levers9.cli.runtime import settings_from_env
-from levers9.cloud import (
+from levers9.config import ControlplaneSettings
+from levers9.operations import failure_message
+from levers9.providers.gke import (
     AttachInput,
     AttachResult,
     Step,
     attach_workflow_id,
     private_values_commands,
 )
-from levers9.config import ControlplaneSettings
-from levers9.operations import failure_message
 from levers9.temporal import connect
 from workflows.attach import AttachClusterWorkflow
 

@@ -25,7 +25,6 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
-from levers9.clusters import ClusterState, pool_block
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
@@ -38,6 +37,7 @@ from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
+from levers9.providers.joined import ClusterState, pool_block
 from levers9.records.clusters import joined_clusters
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.rpc import tls

@@ -18,7 +18,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from levers9.cloud import EgressSource, as_cidr
+from levers9.providers.gke import EgressSource, as_cidr
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client

@@ -45,7 +45,9 @@ from google.cloud import (
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from levers9.cloud import (
+from levers9.files import write_private
+from levers9.logs import get_logger
+from levers9.providers.gke import (
     DEVELOPER_ROLE,
     REPOSITORY_ID,
     SERVICE_ACCOUNT_ID,
@@ -57,8 +59,6 @@ from levers9.cloud import (
     Step,
     appended,
 )
-from levers9.files import write_private
-from levers9.logs import get_logger
 from levers9.telemetry import span
 
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)

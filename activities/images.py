@@ -28,9 +28,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.aws import AwsActivities, aws_error, ecr_login
-from levers9.cloud import CopiedImage, CopyImageInput
 from levers9.logs import get_logger
 from levers9.process import run_command
+from levers9.providers.gke import CopiedImage, CopyImageInput
 from levers9.telemetry import span
 
 SKOPEO_TIMEOUT_S = 900.0

@@ -34,6 +34,7 @@ from levers9.core.capacity import (
 )
 from levers9.logs import get_logger
 from levers9.models import PodState, WorkerJobInput
+from levers9.providers.flavors import JOINED_GPU_TAINT, flavor_rules
 from levers9.rpc import tls
 from levers9.rpc.worker_tls import worker_ca
 from levers9.telemetry import span
@@ -100,10 +101,16 @@ def _list_all(
             return
 
 
+def gpu_taint(pool: PoolConfig) -> bool:
+    """Whether the pool's GPU nodes carry the `nvidia.com/gpu` taint: by its flavor, and always
+    for a joined cluster (levers9.providers.flavors)."""
+    if pool.kubernetes.joined:
+        return JOINED_GPU_TAINT
+    return flavor_rules(pool.kubernetes.flavor).gpu_taint
+
+
 def pool_view(pool_name: str, pool: PoolConfig) -> PoolView:
-    # A joined cluster's GPU nodes are tainted as GKE's are (and the NVIDIA GPU operator's).
-    gpu_taint = pool.kubernetes.flavor == "gke" or pool.kubernetes.joined
-    tolerations = (GKE_GPU_TOLERATION,) if gpu_taint else ()
+    tolerations = (GKE_GPU_TOLERATION,) if gpu_taint(pool) else ()
     worker = Resources(
         cpu_millis=pool.worker_resources.cpu_millis,
         memory_bytes=pool.worker_resources.memory_bytes,
@@ -372,7 +379,7 @@ def worker_spec(
         gpus=input.gpus,
         image=kube.worker_image,
         namespace=kube.namespace,
-        flavor="gke" if kube.joined else kube.flavor,
+        gpu_taint=gpu_taint(pool),
         host_network=pool.host_network,
         tunnel=kube.tunnel,
         images_path=pool.images_path,

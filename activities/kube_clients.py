@@ -23,7 +23,8 @@ from google.oauth2 import service_account
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from levers9.config import PoolConfig, generic_kubeconfig
+from levers9.config import PoolConfig
+from levers9.providers.flavors import generic_kubeconfig
 
 GKE_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 REQUEST_TIMEOUT_S = (5.0, 30.0)

@@ -15,9 +15,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube import job_selector, kube_error
 from activities.kube_clients import KubeClients, UnknownPool
-from levers9.cloud import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.config import ControlplaneSettings
 from levers9.models import MACHINE_WORKFLOW, WORKER_WORKFLOW, reconcile_schedule_id
+from levers9.providers.gke import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.records.found import delivered, is_running
 
 

@@ -11,12 +11,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from levers9.clusters import ClusterState
 from levers9.core.capacity import NodeCapacity
 from levers9.core.endpoints import EndpointSpec, EndpointState
 from levers9.core.observation import Fingerprints
 from levers9.core.placement import Placement, PoolState, QueueSpot
 from levers9.core.task_reports import TaskPhase
+from levers9.providers.joined import ClusterState
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
 MACHINE_WORKFLOW = "MachineWorkflow"

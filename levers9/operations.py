@@ -13,7 +13,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.cloud import (
+from levers9.config import ControlplaneSettings
+from levers9.providers.gke import (
     IMAGE_RECOPY_WORKFLOW,
     REMOVE_POOL_WORKFLOW,
     Allowlist,
@@ -25,7 +26,6 @@ from levers9.cloud import (
     egress_workflow_id,
     remove_pool_workflow_id,
 )
-from levers9.config import ControlplaneSettings
 
 
 def failure_message(exc: BaseException) -> str:

@@ -125,7 +125,7 @@ def worker_job_spec(**overrides: Any) -> WorkerJobSpec:
         "gpus": 2,
         "image": "us-central1-docker.pkg.dev/demo/levers9/worker:latest",
         "namespace": "levers9",
-        "flavor": "gke",
+        "gpu_taint": True,
         "host_network": True,
         "tunnel": False,
         "images_path": "/var/lib/levers9/images",

@@ -26,7 +26,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.gcp import GcpActivities
     from activities.images import ImageActivities
     from activities.pools import EgressStart, PoolActivities
-    from levers9.cloud import (
+    from levers9.logs import KV_EXTRA
+    from levers9.providers.gke import (
         ATTACH_WORKFLOW,
         AttachInput,
         AttachResult,
@@ -42,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
         as_cidr,
         values_block,
     )
-    from levers9.logs import KV_EXTRA
 
 COPY_TIMEOUT = timedelta(minutes=20)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.clusters import ClusterState
     from levers9.models import CLUSTER_WORKFLOW, ClusterInput
+    from levers9.providers.joined import ClusterState
 
 
 @workflow.defn(name=CLUSTER_WORKFLOW)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.clusters import CLUSTER_SESSION_WORKFLOW, ClusterRoute, ClusterSessionInput
+    from levers9.providers.joined import CLUSTER_SESSION_WORKFLOW, ClusterRoute, ClusterSessionInput
 
 
 @workflow.defn(name=CLUSTER_SESSION_WORKFLOW)

@@ -29,7 +29,8 @@ from workflows.steps import step
 with workflow.unsafe.imports_passed_through():
     from activities.aws import AwsActivities
     from activities.gcp import GcpActivities
-    from levers9.cloud import (
+    from levers9.logs import KV_EXTRA
+    from levers9.providers.gke import (
         EGRESS_WORKFLOW,
         Allowlist,
         EgressInput,
@@ -42,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
         appended,
         as_cidr,
     )
-    from levers9.logs import KV_EXTRA
 
 KEEP_ROTATIONS = 20
 

@@ -27,7 +27,9 @@ from workflows.steps import step, stop_workers
 with workflow.unsafe.imports_passed_through():
     from activities.images import ImageActivities
     from activities.pools import PoolActivities, PoolRecords
-    from levers9.cloud import (
+    from levers9.logs import KV_EXTRA
+    from levers9.models import StopWorker, machine_workflow_id
+    from levers9.providers.gke import (
         IMAGE_RECOPY_WORKFLOW,
         REMOVE_POOL_WORKFLOW,
         ImageRecopyInput,
@@ -35,8 +37,6 @@ with workflow.unsafe.imports_passed_through():
         RemovePoolInput,
         RemovePoolResult,
     )
-    from levers9.logs import KV_EXTRA
-    from levers9.models import StopWorker, machine_workflow_id
 
 COPY_TIMEOUT = timedelta(minutes=20)
 SETTLE_ROUNDS = 30

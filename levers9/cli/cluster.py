@@ -23,10 +23,10 @@ import yaml
 
 from levers9.cli.output import Output, ago, console, errors, fail, render
 from levers9.cli.runtime import labels, settings_from_env
-from levers9.clusters import JoinedCluster, manifests
 from levers9.config import ControlplaneSettings
 from levers9.contract import AGENT_NAME, DNS_LABEL
 from levers9.operations import failure_message, start_pool_removal
+from levers9.providers.joined import JoinedCluster, manifests
 from levers9.records.clusters import (
     ClusterExists,
     cluster_state,

@@ -13,9 +13,9 @@ import typer
 
 from levers9.cli.output import Output, console, errors, fail, render
 from levers9.cli.runtime import settings_from_env
-from levers9.cloud import Allowlist, Rotation
 from levers9.config import ControlplaneSettings
 from levers9.operations import NoEgressWorkflow, allowlist, rotate_ips
+from levers9.providers.gke import Allowlist, Rotation
 from levers9.temporal import connect
 
 app = typer.Typer(help="The controlplane's egress IPs on GKE allowlists.", no_args_is_help=True)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from levers9.cli.output import fail
 from levers9.cli.runtime import settings_from_env
-from levers9.cloud import (
+from levers9.providers.gke import (
     DEFAULT_KEY_FILE,
     AttachInput,
     ClusterRef,

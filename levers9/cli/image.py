@@ -11,9 +11,9 @@ from temporalio.client import WorkflowFailureError
 
 from levers9.cli.output import console, fail
 from levers9.cli.runtime import settings_from_env
-from levers9.cloud import RecopyResult
 from levers9.config import ControlplaneSettings
 from levers9.operations import failure_message, start_recopy
+from levers9.providers.gke import RecopyResult
 from levers9.temporal import connect
 
 app = typer.Typer(help="The worker image in the pools' registries.", no_args_is_help=True)

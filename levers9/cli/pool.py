@@ -14,11 +14,11 @@ from levers9.cli.gateway_api import GatewayRefused
 from levers9.cli.output import Output, console, fail, render
 from levers9.cli.runtime import duration, settings_from_env
 from levers9.cli.task import submit_and_follow
-from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.models import TaskInput, TaskRecord, new_task_id
 from levers9.operations import failure_message, start_pool_removal
+from levers9.providers.gke import RemovePoolResult
 from levers9.records.tasks import (
     PROBE_COMMAND,
     SIMULATED_NO_CARD,

@@ -36,7 +36,6 @@ from levers9.config.pool import (
     Quantity,
     TaskDefaults,
     WorkerResources,
-    generic_kubeconfig,
 )
 from levers9.config.pool_values import as_values, pool_values
 from levers9.config.settings import ControlplaneSettings
@@ -74,7 +73,6 @@ __all__ = [
     "WorkerResources",
     "as_values",
     "describe_validation_error",
-    "generic_kubeconfig",
     "joined_pool",
     "load",
     "load_values",

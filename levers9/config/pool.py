@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
@@ -27,13 +26,9 @@ from pydantic import (
 )
 
 from levers9.contract import DEFAULT_RUNTIME, DNS_LABEL, RUNTIMES, label_problem, runtime_problem
+from levers9.providers.flavors import Flavor, flavor_rules
 
 PROVIDER: Final = "kubernetes"
-
-Flavor = Literal["gke", "generic"]
-"""How the controlplane reaches a `provider: kubernetes` pool's cluster (`kubernetes.flavor`)."""
-
-_SA_KEY_FIELDS = ("client_email", "private_key", "token_uri")
 
 
 class _Model(BaseModel):
@@ -50,50 +45,6 @@ class _Model(BaseModel):
 
 class CacheConfig(_Model):
     enabled: bool = False
-
-
-def _check_service_account_key(text: str) -> None:
-    try:
-        key = json.loads(text)
-    except (ValueError, RecursionError):
-        key = None
-    missing = [] if isinstance(key, dict) else list(_SA_KEY_FIELDS)
-    if isinstance(key, dict):
-        if key.get("type") != "service_account":
-            missing.append("type=service_account")
-        missing += [f for f in _SA_KEY_FIELDS if not isinstance(key.get(f), str) or not key[f]]
-        private_key = key.get("private_key")
-        if isinstance(private_key, str) and "PRIVATE KEY-----" not in private_key:
-            missing.append("a PEM private_key")
-    if missing:
-        raise ValueError(
-            "not a service-account key: expected the JSON key file of a Google service account"
-            f" (missing {', '.join(missing)}); attach-gke-pool.sh writes it to"
-            " ~/.levers9/gke-sa.json"
-        )
-
-
-def generic_kubeconfig(text: str) -> dict[str, Any] | None:
-    """flavor generic's credentials as a kubeconfig (YAML, or JSON on one line or many); None
-    when they are a bearer token. ValueError when they look like a document but are not one."""
-    if not (text.lstrip().startswith("{") or "\n" in text.strip()):
-        return None
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError):
-        doc = None
-    if not (isinstance(doc, dict) and doc.get("kind") == "Config"):
-        raise ValueError(
-            "for flavor generic, credentials is a bearer token (one line) or a kubeconfig"
-            " (kind: Config)"
-        )
-    return doc
-
-
-def _check_generic_credentials(text: str) -> None:
-    generic_kubeconfig(text)
 
 
 class KubernetesConfig(_Model):
@@ -175,22 +126,16 @@ class KubernetesConfig(_Model):
                 "set either credentials or credentialsFile, not both"
                 " (credentials: the key inline, from your private values file)"
             )
-        if self.flavor == "gke":
-            if self.credentials is None and self.credentials_file is None:
-                raise ValueError(
-                    "flavor gke needs credentials (the service-account key, from a private"
-                    " values file) or credentialsFile"
-                )
-            if self.ca_certificate is None:
-                raise ValueError("flavor gke needs caCertificate (the cluster's CA, base64 PEM)")
+        rules = flavor_rules(self.flavor)
+        if rules.needs_credentials and self.credentials is None and self.credentials_file is None:
+            raise ValueError(rules.needs_credentials)
+        if rules.needs_ca and self.ca_certificate is None:
+            raise ValueError(rules.needs_ca)
         secret = self.credentials
         if self.credentials_file is not None:
             secret = SecretStr(_read_credentials_file(self.credentials_file))
         if secret is not None:
-            check = (
-                _check_service_account_key if self.flavor == "gke" else _check_generic_credentials
-            )
-            check(secret.get_secret_value())
+            rules.check_credentials(secret.get_secret_value())
         self._credentials = secret
         return self
 

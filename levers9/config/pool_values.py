@@ -1,7 +1,8 @@
 """One typed builder of a pool's values block (`config.worker.pools.<name>`), as the schema's own
-models: `gke attach` (`levers9.cloud.values_block`), a join (`levers9.clusters.pool_block`) and
-the dev stack's values each say what differs (flavor, where the cluster is, which nodes, the
-tunnel) and get a `PoolConfig`; `as_values` writes it with the schema's names, for YAML.
+models: `gke attach` (`levers9.providers.gke.values_block`), a join
+(`levers9.providers.joined.pool_block`) and the dev stack's values each say what differs
+(flavor, where the cluster is, which nodes, the tunnel) and get a `PoolConfig`; `as_values`
+writes it with the schema's names, for YAML.
 
 A field's name is checked by mypy (the pydantic plugin types `model_construct`), so a typo is a
 type error, not a key nobody reads. The block is built, not validated: a GKE block lacks its
@@ -19,11 +20,11 @@ from pydantic import BaseModel
 from levers9.config.pool import (
     PROVIDER,
     CacheConfig,
-    Flavor,
     KubernetesConfig,
     PoolConfig,
     TaskDefaults,
 )
+from levers9.providers.flavors import Flavor
 
 
 def pool_values(

@@ -55,7 +55,7 @@ def _dig(doc: Mapping[str, Any], path: Sequence[str]) -> tuple[Any, str | None]:
 
 
 def joined_pool(name: str, block: Any) -> PoolConfig:
-    """A joined cluster's pool (`levers9.clusters.pool_block`)."""
+    """A joined cluster's pool (`levers9.providers.joined.pool_block`)."""
     pool = parse_pool(name, block)
     pool.kubernetes._joined = True
     return pool

@@ -11,7 +11,7 @@ WorkerService serves TLS with (`levers9.rpc.worker_tls`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from levers9.contract import (
     COMMAND_DIGEST_FILE,
@@ -50,7 +50,9 @@ class WorkerJobSpec:
     gpus: int
     image: str
     namespace: str
-    flavor: Literal["gke", "generic"]
+    gpu_taint: bool
+    """Whether the node's GPUs are tainted `nvidia.com/gpu` (GKE, joined clusters): the Job
+    tolerates it (levers9.providers.flavors)."""
     host_network: bool
     tunnel: bool
     images_path: str
@@ -215,7 +217,7 @@ def worker_job(spec: WorkerJobSpec) -> dict[str, Any]:
         ],
         "volumes": volumes,
     }
-    if spec.flavor == "gke":
+    if spec.gpu_taint:
         # GKE taints GPU nodes nvidia.com/gpu=present:NoSchedule; a NoExecute one (an admin's)
         # would evict the worker as capacity, which tolerates any effect, would not expect.
         pod_spec["tolerations"] = [{"key": GPU, "operator": "Exists"}]

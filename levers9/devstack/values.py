@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from levers9.cloud import accelerator
 from levers9.config import PoolConfig, as_values, pool_values
 from levers9.core.capacity import ACCELERATOR_LABEL
 from levers9.files import write_private
+from levers9.providers.gke import accelerator
 
 POOL_NAME = "gke-rtx6000"
 GPU_TYPE = "RTXPro6000"

@@ -27,14 +27,14 @@ from typing import Any, Protocol
 from grpc import aio
 from temporalio.client import Client
 
-from levers9.clusters import (
+from levers9.logs import get_logger
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.providers.joined import (
     CLUSTER_SESSION_WORKFLOW,
     ClusterRoute,
     ClusterSessionInput,
     cluster_session_workflow_id,
 )
-from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.records.found import delivered, or_none
 from levers9.rpc import bearer
 from levers9.tunnel.frames import MAX_DATA

@@ -36,7 +36,6 @@ from pydantic import SecretStr
 from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.clusters import ClusterRoute, ClusterState, cluster_workflow_id
 from levers9.contract import DNS_LABEL, KUBE_TARGET
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.cluster_relay import (
@@ -53,6 +52,7 @@ from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import pump_session, read_hello
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.providers.joined import ClusterRoute, ClusterState, cluster_workflow_id
 from levers9.records.clusters import cluster_state
 from levers9.tokens import (
     agent_token,

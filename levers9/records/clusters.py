@@ -14,8 +14,8 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.clusters import JOIN_TTL, ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import CLUSTER_WORKFLOW, ClusterInput, reconcile_schedule_id
+from levers9.providers.joined import JOIN_TTL, ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.temporal import schedule_memo
 from levers9.tokens import join_digest
 

@@ -35,9 +35,9 @@ from activities.aws import AwsActivities
 from activities.gcp import GcpActivities, gcp_clients
 from activities.kube_clients import KubeClients, build_api_client
 from activities.pools import PoolActivities
-from levers9.cloud import Allowlist, egress_workflow_id
 from levers9.config import ControlplaneSettings, parse_pool
 from levers9.devstack import values as devvalues
+from levers9.providers.gke import Allowlist, egress_workflow_id
 from sandbox import aws, registries
 from sandbox.gcp.container import network_tag
 from tests.cloud import BIN, OFFICE, OFFICE_IP, CloudWorld, cloud_world, run

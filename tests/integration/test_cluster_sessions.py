@@ -14,8 +14,8 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.clusters import ClusterRoute, cluster_session_workflow_id
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
+from levers9.providers.joined import ClusterRoute, cluster_session_workflow_id
 from tests.waiting import eventually
 from workflows import RUNNER
 from workflows.cluster_session import ClusterSessionWorkflow

@@ -16,8 +16,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.clusters import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import CLUSTER_WORKFLOW, ClusterInput
+from levers9.providers.joined import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.records.clusters import cluster_state
 from levers9.tokens import join_digest
 from tests.waiting import eventually

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.cloud import (
+from levers9.providers.gke import (
     Allowlist,
     ClusterRef,
     EgressInput,

@@ -14,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.pools import PoolRecords
-from levers9.cloud import RemovePoolInput, RemovePoolResult
+from levers9.providers.gke import RemovePoolInput, RemovePoolResult
 from workflows.pool_ops import RemovePoolWorkflow
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from temporalio.client import ScheduleActionStartWorkflow
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.cloud import RemovePoolResult
 from levers9.config import ControlplaneSettings
 from levers9.operations import start_pool_removal
+from levers9.providers.gke import RemovePoolResult
 from tests.factories import (
     MARKER,
     free_port,

@@ -20,9 +20,9 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from levers9.cloud import remove_pool_workflow_id
-from levers9.clusters import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.models import CLUSTER_WORKFLOW, ClusterInput, reconcile_schedule_id
+from levers9.providers.gke import remove_pool_workflow_id
+from levers9.providers.joined import ClusterState, JoinedCluster, cluster_workflow_id
 from levers9.temporal import list_reconcile_schedules
 from tests.controlplane import POOL
 from tests.reliability.restart_state import IMAGE, available, came_back, cli, made

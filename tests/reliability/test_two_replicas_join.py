@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from levers9.clusters import ClusterRoute
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.models import WorkerRecord
+from levers9.providers.joined import ClusterRoute
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
 from tests.reliability.world import SETTLE_S, World, world

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from levers9.cloud import (
+from levers9.config import load, parse_pool
+from levers9.devstack import values as devvalues
+from levers9.providers.gke import (
     ClusterInfo,
     ClusterRef,
     appended,
@@ -22,8 +24,6 @@ from levers9.cloud import (
     private_values_commands,
     values_block,
 )
-from levers9.config import load, parse_pool
-from levers9.devstack import values as devvalues
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()

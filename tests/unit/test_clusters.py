@@ -1,19 +1,19 @@
-"""Joined clusters (`levers9.clusters`, pure): the join token is spent once, before it expires;
-what the join installs grants the agent the least it needs; the pool it makes loads as a
+"""Joined clusters (`levers9.providers.joined`, pure): the join token is spent once, before it
+expires; what the join installs grants the agent the least it needs; the pool it makes loads as a
 tunnel-mode pool with no credentials."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from levers9.clusters import (
+from levers9.config import joined_pool, parse_pool
+from levers9.providers.joined import (
     CLUSTER_ROLE_RULES,
     ClusterState,
     JoinedCluster,
     manifests,
     pool_block,
 )
-from levers9.config import joined_pool, parse_pool
 from levers9.tokens import agent_token, agent_token_matches, join_digest
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

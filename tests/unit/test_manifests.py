@@ -37,7 +37,7 @@ def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
     "manifest",
     [
         worker_job(SPEC),
-        worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True)),
+        worker_job(dataclasses.replace(SPEC, gpu_taint=False, host_network=False, tunnel=True)),
         worker_token_secret(
             SPEC, "t0k3n", job_uid="5e0c5b6e-0000-4000-8000-000000000001", command_digest=DIGEST
         ),
@@ -100,7 +100,7 @@ def test_flavor_and_network() -> None:
     assert gke["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert gke["hostNetwork"] is True
     generic = _pod_spec(
-        worker_job(dataclasses.replace(SPEC, flavor="generic", host_network=False, tunnel=True))
+        worker_job(dataclasses.replace(SPEC, gpu_taint=False, host_network=False, tunnel=True))
     )
     assert "tolerations" not in generic
     assert generic["hostNetwork"] is False

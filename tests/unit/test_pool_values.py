@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from levers9.cloud import ClusterInfo, ClusterRef, values_block
 from levers9.config import as_values, parse_pool, pool_values
 from levers9.devstack import values as devvalues
+from levers9.providers.gke import ClusterInfo, ClusterRef, values_block
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
@@ -31,7 +31,7 @@ WORKER_IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
 
 
 def _attach_block_by_hand(tunnel: bool) -> dict[str, Any]:
-    """What `levers9.cloud.values_block` wrote as a dict before the builder."""
+    """What `levers9.providers.gke.values_block` wrote as a dict before the builder."""
     block: dict[str, Any] = {
         "mode": "external",
         "provider": "kubernetes",
