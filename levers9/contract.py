@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 
 GPU = "nvidia.com/gpu"
 """The extended resource of NVIDIA cards (the device plugin's)."""
@@ -40,25 +39,28 @@ AGENT_FILE = "agent.json"
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 
-RUNTIMES = ("process", "runc")
+RUNTIMES = ("process", "runc", "runsc")
 """The pool's `runtime` setting: how the agent runs its tasks (`levers9.worker.runtimes` holds
-one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`)."""
+one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`, and the others it
+offers as `LEVERS9_RUNTIMES`)."""
 DEFAULT_RUNTIME = "runc"
-RESERVED_RUNTIMES: Mapping[str, str] = MappingProxyType({"runsc": "gVisor"})
-"""Names a later version will run: refused until then, with what they will be."""
+TASK_RUNTIMES = ("runc", "runsc")
+"""What a task may ask for (`levers9 run --runtime`), where its pool offers it (`runtimes`)."""
 
 
 def runtime_problem(name: str) -> str | None:
     """What is wrong with `name` as a pool's `runtime`, or None when it is one of RUNTIMES."""
     if name in RUNTIMES:
         return None
-    known = ", ".join(RUNTIMES)
-    if name in RESERVED_RUNTIMES:
-        return (
-            f"{name} ({RESERVED_RUNTIMES[name]}) is reserved and not yet available in this"
-            f" version: use one of {known}"
-        )
-    return f"unknown runtime {name!r:.40}: use one of {known}"
+    return f"unknown runtime {name!r:.40}: use one of {', '.join(RUNTIMES)}"
+
+
+def task_runtime_problem(name: str) -> str | None:
+    """What is wrong with `name` as the runtime a task asks for ("" asks for none: the pool's),
+    or None."""
+    if not name or name in TASK_RUNTIMES:
+        return None
+    return f"unknown runtime {name!r:.40}: use one of {', '.join(TASK_RUNTIMES)}"
 
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

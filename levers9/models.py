@@ -326,6 +326,8 @@ class TaskInput(_Record):
     stop_grace_seconds: int = Field(default=0, ge=0, le=MAX_STOP_GRACE_S)
     """When it is stopped (cancel, its worker's shutdown): seconds between SIGTERM and SIGKILL
     to every process of its container (`--stop-grace`); 0: the worker's 10 s."""
+    runtime: str = ""
+    """The runtime it runs in (`--runtime runsc`), one its pool offers; "": the pool's."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""

@@ -36,6 +36,7 @@ def task_spec(task: TaskInput, gpu_indices: Sequence[int] = ()) -> worker_pb2.Ta
         ports=list(task.ports),
         ready_path=task.ready_path,
         stop_grace_seconds=task.stop_grace_seconds,
+        runtime=task.runtime,
     )
 
 
@@ -53,6 +54,7 @@ def task_input(spec: worker_pb2.TaskSpec, *, pool_name: str, gpus: int) -> TaskI
         ports=tuple(spec.ports),
         ready_path=spec.ready_path,
         stop_grace_seconds=spec.stop_grace_seconds,
+        runtime=spec.runtime,
     )
 
 

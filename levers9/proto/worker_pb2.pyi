@@ -83,6 +83,7 @@ class TaskSpec(_message.Message):
     PORTS_FIELD_NUMBER: _builtins.int
     READY_PATH_FIELD_NUMBER: _builtins.int
     STOP_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -96,6 +97,8 @@ class TaskSpec(_message.Message):
     """Stop (cancel, shutdown): SIGTERM to every process of the container, SIGKILL to every one
     left after this many seconds; 0: the worker's default (10 s, as `docker stop`).
     """
+    runtime: _builtins.str
+    """The runtime it runs in (`runc`, `runsc`: one its pool offers); "": the pool's `runtime`."""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -123,10 +126,11 @@ class TaskSpec(_message.Message):
         ports: _abc.Iterable[_builtins.int] | None = ...,
         ready_path: _builtins.str = ...,
         stop_grace_seconds: _builtins.int = ...,
+        runtime: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -100,7 +100,7 @@ class ProcessRuntime:
     def host(self) -> str:
         return HOST
 
-    def host_for(self, image: str) -> str:
+    def host_for(self, image: str, runtime: str = "") -> str:
         return HOST
 
     def environment(self, spec: ContainerSpec) -> dict[str, str]:

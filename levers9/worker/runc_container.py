@@ -58,6 +58,8 @@ class ContainerRecord:
     image_reference: str
     image_digest: str
     rootfs: Path
+    host: str = HOST
+    """The runtime that runs it (`runc`, `runsc`): they share the records' folder."""
 
     @property
     def container_id(self) -> str:
@@ -79,6 +81,7 @@ class ContainerRecord:
             image_reference=str(raw["image_reference"]),
             image_digest=str(raw["image_digest"]),
             rootfs=Path(raw["rootfs"]),
+            host=str(raw.get("host", HOST)),
         )
 
 
@@ -89,8 +92,6 @@ def container_id(task_id: str) -> str:
 class RuncContainer:
     """One task's container, started by this agent (its shim a child of ours) or adopted from
     an agent before it (its shim a process we can only watch)."""
-
-    host = HOST
 
     def __init__(
         self,
@@ -103,6 +104,8 @@ class RuncContainer:
         release: contextlib.ExitStack,
     ) -> None:
         self.id = record.container_id
+        self.host = record.host
+        self.bundle = record.bundle
         self.task_id = record.task_id
         self.image = image
         self.oom_killed = False

@@ -57,7 +57,14 @@ RUNNING_WITHIN_S = 30.0
 
 
 class RuncRuntime:
-    """Runs tasks in runc containers (see the module's docstring)."""
+    """Runs tasks in runc containers (see the module's docstring). A runtime speaking runc's
+    command line (runsc) subclasses it: its name (`host`), its global flags (`_runc_argv`),
+    what `run` adds (`RUN_FLAGS`), what a task may ask of it (`_refuse`) and its `exec`."""
+
+    host: str = HOST
+    """What TaskStatus.host reports, and the tag of its containers' records."""
+    RUN_FLAGS: tuple[str, ...] = ("--keep",)
+    """`run --keep`: its cgroup stays until _remove, an OOM kill is read there first."""
 
     def __init__(
         self,
@@ -89,16 +96,17 @@ class RuncRuntime:
         """`runc --root <this worker's state> ARGS`."""
         return [self._runc, "--root", str(self._state), *args]
 
-    @property
-    def host(self) -> str:
-        return HOST
+    def host_for(self, image: str, runtime: str = "") -> str:
+        return self.host
 
-    def host_for(self, image: str) -> str:
-        return HOST
+    def _refuse(self, spec: ContainerSpec) -> str | None:
+        """Why this runtime cannot run the task (None: it can)."""
+        return None if spec.image else "the task names no image"
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
-        if not spec.image:
-            raise StartError("the task names no image")
+        refused = self._refuse(spec)
+        if refused is not None:
+            raise StartError(refused)
         try:
             image = await self._images.pull(spec.image)
         except (ImagePullError, ImageReferenceError) as error:
@@ -157,8 +165,7 @@ class RuncRuntime:
             "levers9-shim",
             str(log_path),
             str(exit_path),
-            # --keep: its cgroup stays until _remove, an OOM kill is read there first.
-            *self._runc_argv("run", "--keep", "--bundle", str(bundle), name),
+            *self._runc_argv("run", *self.RUN_FLAGS, "--bundle", str(bundle), name),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
@@ -175,6 +182,7 @@ class RuncRuntime:
             image_reference=image.reference,
             image_digest=image.digest,
             rootfs=image.rootfs,
+            host=self.host,
         )
         self._keep(record)
         container = RuncContainer(self, record, image, shim, output, 0, release)
@@ -224,6 +232,8 @@ class RuncRuntime:
         except (OSError, ValueError, KeyError) as error:
             log.info("no container to adopt", task_id=task_id, why=str(error))
             return None
+        if record.host != self.host:
+            return None  # another runtime's (runc's or runsc's) container
         image = PulledImage(
             reference=record.image_reference,
             digest=record.image_digest,
@@ -248,7 +258,7 @@ class RuncRuntime:
         """Kills and removes every container of this runc root, and what it left (cgroups, its
         overlay, its record), but those of the tasks in `keep`; returns their tasks' ids."""
         listed = await self._list()
-        recorded = {p.stem: p for p in self._records.glob("*.json")}
+        recorded = {p.stem: p for p in self._records.glob("*.json") if self._owns(p)}
         swept = []
         for name in sorted(set(listed) | set(recorded)):
             task_id = name.removeprefix("l9-")
@@ -283,6 +293,14 @@ class RuncRuntime:
             for e in entries
             if isinstance(e, dict) and e.get("id")
         }
+
+    def _owns(self, path: Path) -> bool:
+        """Whether the record at `path` is of this runtime's containers (an unreadable one is
+        runc's: records older than the runtime's tag were all runc's)."""
+        try:
+            return ContainerRecord.load(path.read_text()).host == self.host
+        except (OSError, ValueError, KeyError):
+            return self.host == HOST
 
     def _record_path(self, name: str) -> Path:
         return self._records / f"{name}.json"
@@ -351,7 +369,7 @@ class RuncRuntime:
         terminal inside the container (its /dev/pts), relays it to `terminal`, takes its size
         from `terminal` and follows it on SIGWINCH."""
         if not isinstance(container, RuncContainer):
-            raise StartError("not a container of the runc runtime")
+            raise StartError(f"not a container of the {self.host} runtime")
         if not command:
             raise StartError("exec needs a command")
         tty = []

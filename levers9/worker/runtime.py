@@ -59,6 +59,10 @@ class ContainerSpec:
     """Its container's memory limit; 0: the runtime's default."""
     cpu_millis: int = 0
     """Its container's CPU limit in millicores; 0: the runtime's default."""
+    ports: tuple[int, ...] = ()
+    """The ports it publishes (the agent dials them in its container)."""
+    runtime: str = ""
+    """The runtime it asked for (`levers9 run --runtime`); "": the pool's."""
 
 
 class Container(Protocol):
@@ -99,8 +103,9 @@ class Runtime(Protocol):
         """What TaskStatus.host reports: "process", "runc"."""
         ...
 
-    def host_for(self, image: str) -> str:
-        """The host a task of `image` ("" for none) runs on."""
+    def host_for(self, image: str, runtime: str = "") -> str:
+        """The host a task of `image` ("" for none) runs on, asking for `runtime` ("": the
+        pool's)."""
         ...
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
@@ -188,7 +193,7 @@ class ByImage:
     def host(self) -> str:
         return self._process.host
 
-    def host_for(self, image: str) -> str:
+    def host_for(self, image: str, runtime: str = "") -> str:
         return self._images.host if image and self._images is not None else self._process.host
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
@@ -218,4 +223,54 @@ class ByImage:
         swept = await self._process.sweep(keep)
         if self._images is not None:
             swept += await self._images.sweep(keep)
+        return swept
+
+
+class ByRuntime:
+    """The runtimes a pool offers (its `runtimes`), by name: a task runs in the one it names
+    (`ContainerSpec.runtime`), the pool's `runtime` (`default`) when it names none; one the pool
+    does not offer fails to start naming those it does (the controlplane refuses it at submit)."""
+
+    def __init__(self, runtimes: Mapping[str, Runtime], default: str) -> None:
+        self._runtimes = dict(runtimes)
+        self._default = default
+
+    def _named(self, name: str) -> Runtime:
+        found = self._runtimes.get(name or self._default)
+        if found is None:
+            offered = ", ".join(self._runtimes)
+            raise StartError(f"this worker's pool offers the runtimes {offered}, not {name}")
+        return found
+
+    @property
+    def host(self) -> str:
+        return self._runtimes[self._default].host
+
+    def host_for(self, image: str, runtime: str = "") -> str:
+        chosen = self._runtimes.get(runtime or self._default, self._runtimes[self._default])
+        return chosen.host_for(image)
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        return await self._named(spec.runtime).start(spec, output)
+
+    async def exec(
+        self, container: Container, command: Sequence[str], terminal: int | None = None
+    ) -> asyncio.subprocess.Process:
+        # A runtime's name is its containers' host; a process runtime's task is the default's.
+        chosen = self._runtimes.get(container.host, self._runtimes[self._default])
+        return await chosen.exec(container, command, terminal)
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        for runtime in self._runtimes.values():
+            adopted = await runtime.adopt(task_id, output, offset)
+            if adopted is not None:
+                return adopted
+        return None
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        swept: list[str] = []
+        for runtime in self._runtimes.values():
+            swept += [t for t in await runtime.sweep(keep) if t not in swept]
         return swept

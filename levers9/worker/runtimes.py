@@ -1,5 +1,6 @@
 """The runtime registry: the pool's `runtime` setting (the Job's `LEVERS9_RUNTIME`) names the
-factory that builds what runs this worker's tasks (`runtime.Runtime`).
+factory that builds what runs this worker's tasks (`runtime.Runtime`); the pool's `runtimes`
+(`LEVERS9_RUNTIMES`) the others it offers, which a task names (`levers9 run --runtime`).
 
 What a task that names no image gets (after the pool's `taskDefaults.image`, which the agent
 applies first) is each entry's own, written choice, not a fallback:
@@ -11,17 +12,23 @@ applies first) is each entry's own, written choice, not a fallback:
   none runs as a process of the agent, as `process` runs it. A worker that cannot run images
   (no `imagesPath`, runc, umoci or skopeo missing, not root) still starts: its imageless tasks
   run, a task with an image fails to start and says why.
-- `runsc` (gVisor) is reserved: refused at start until it is built.
+- `runsc`: a task runs in its image in a gVisor sandbox (`runsc_runtime`); one with none, or
+  one asking for cards or ports (which this gVisor cannot give), is refused at start naming
+  the fix. A worker without runsc (or without images) still starts; its runsc tasks fail to
+  start and say why.
 
+runc and runsc share the node's image cache (one pull per digest whichever runs it).
 A new runtime is one factory here and its name in `levers9.contract.RUNTIMES` (which the values
 check the pool's setting against).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +40,8 @@ from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.runc_runtime import RuncRuntime
-from levers9.worker.runtime import ByImage, Runtime
+from levers9.worker.runsc_runtime import RunscRuntime
+from levers9.worker.runtime import ByImage, ByRuntime, Container, ContainerSpec, Runtime, StartError
 from levers9.worker.settings import PREFIX, SettingsError, WorkerSettings
 
 log = get_logger("levers9.worker")
@@ -52,18 +60,76 @@ class RuntimeContext:
     cards: Sequence[int]
     """The node indices of this worker's cards."""
 
+    @functools.cached_property
+    def images(self) -> tuple[ImageCache | None, str]:
+        """The node's image cache, one for every runtime of this worker, or None and why this
+        worker cannot run images (no imagesPath, a tool missing, not root)."""
+        settings, paths = self.settings, self.paths
+        if not settings.images_path:
+            return None, "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"
+        for tool in ("umoci", "skopeo"):
+            if shutil.which(tool) is None:
+                return None, f"{tool} is not installed in the worker image"
+        if os.geteuid() != 0:
+            return (
+                None,
+                f"containers need root; the worker runs as uid {os.geteuid()} (its Job is"
+                " privileged)",
+            )
+        cache = ImageCache(
+            paths.map(settings.images_path),
+            max_bytes=settings.image_cache_bytes,
+            mirrors=settings.mirrors(),
+            insecure=sorted(settings.insecure()),
+        )
+        log.info(
+            "image cache ready",
+            images_path=settings.images_path,
+            cached=len(cache.cached()),
+            max_bytes=settings.image_cache_bytes,
+        )
+        return cache, ""
+
+    @functools.cached_property
+    def processes(self) -> ProcessRuntime:
+        """The one process runtime of this worker (its tasks without images, as runc runs them)."""
+        return ProcessRuntime(self.driver, self.env, self.work_dir / "processes")
+
 
 RuntimeFactory = Callable[[RuntimeContext], Runtime]
 """Builds a runtime; raises a StartupError (`CdiError`, `SettingsError`) when it cannot."""
 
 
-def _processes(context: RuntimeContext) -> ProcessRuntime:
-    return ProcessRuntime(context.driver, context.env, context.work_dir / "processes")
+class Unavailable:
+    """A runtime this worker offers but cannot run: its tasks fail to start saying why."""
+
+    def __init__(self, host: str, why: str) -> None:
+        self.host = host
+        self._why = why
+
+    def host_for(self, image: str, runtime: str = "") -> str:
+        return self.host
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        raise StartError(f"this worker cannot run {self.host} tasks: {self._why}")
+
+    async def exec(
+        self, container: Container, command: Sequence[str], terminal: int | None = None
+    ) -> asyncio.subprocess.Process:
+        raise StartError(f"this worker cannot run {self.host} tasks: {self._why}")
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        return None
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        return []
 
 
 def process(context: RuntimeContext) -> Runtime:
     return ByImage(
-        _processes(context),
+        context.processes,
         None,
         f"the pool's runtime is process (config.worker.pools.{context.settings.pool_name}"
         ".runtime): its tasks run as processes of the worker, without images; set runtime: runc"
@@ -73,59 +139,65 @@ def process(context: RuntimeContext) -> Runtime:
 
 def runc(context: RuntimeContext) -> Runtime:
     images, unavailable = _runc(context)
-    return ByImage(_processes(context), images, unavailable)
+    return ByImage(context.processes, images, unavailable)
 
 
 def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
     """The runc runtime over the node's image cache, or None and why there is none.
     CdiError (a StartupError) when the cards' CDI spec cannot be generated."""
-    settings, paths = context.settings, context.paths
-    if not settings.images_path:
-        return None, "the Job sets no LEVERS9_IMAGES_PATH (the pool's imagesPath)"
-    for tool in ("runc", "umoci", "skopeo"):
-        if shutil.which(tool) is None:
-            return None, f"{tool} is not installed in the worker image"
-    if os.geteuid() != 0:
-        return (
-            None,
-            f"runc needs root; the worker runs as uid {os.geteuid()} (its Job is privileged)",
-        )
-    cache = ImageCache(
-        paths.map(settings.images_path),
-        max_bytes=settings.image_cache_bytes,
-        mirrors=settings.mirrors(),
-        insecure=sorted(settings.insecure()),
-    )
-    log.info(
-        "image cache ready",
-        images_path=settings.images_path,
-        cached=len(cache.cached()),
-        max_bytes=settings.image_cache_bytes,
-    )
+    cache, unavailable = context.images
+    if cache is None:
+        return None, unavailable
+    if shutil.which("runc") is None:
+        return None, "runc is not installed in the worker image"
     runtime = RuncRuntime(
         cache,
         context.work_dir / "runc",
-        dev_root=paths.map("/dev"),
-        driver_root=paths.map(DRIVER_ROOT),
+        dev_root=context.paths.map("/dev"),
+        driver_root=context.paths.map(DRIVER_ROOT),
         cards=context.cards,
     )
     log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(context.cards))
     return runtime, ""
 
 
-RUNTIMES: Mapping[str, RuntimeFactory] = {"process": process, "runc": runc}
+def runsc(context: RuntimeContext) -> Runtime:
+    cache, unavailable = context.images
+    if cache is None:
+        return Unavailable("runsc", unavailable)
+    if shutil.which("runsc") is None:
+        return Unavailable("runsc", "runsc (gVisor) is not installed in the worker image")
+    return RunscRuntime(
+        cache,
+        context.work_dir / "runsc",
+        dev_root=context.paths.map("/dev"),
+        driver_root=context.paths.map(DRIVER_ROOT),
+    )
+
+
+RUNTIMES: Mapping[str, RuntimeFactory] = {"process": process, "runc": runc, "runsc": runsc}
 
 
 def factory(settings: WorkerSettings) -> RuntimeFactory:
-    """The factory of the pool's runtime; SettingsError naming the setting and the names this
-    agent knows when it is none of them (an unknown name, or one reserved for later)."""
-    name = settings.runtime
-    problem = runtime_problem(name)
-    if problem is None and name not in RUNTIMES:
-        problem = f"{name} has no factory in this agent"  # the contract names one not built
-    if problem is not None:
-        raise SettingsError(
-            f"{PREFIX}RUNTIME (the pool's runtime, config.worker.pools.{settings.pool_name}"
-            f".runtime): {problem}"
-        )
-    return RUNTIMES[name]
+    """The factory of the pool's runtimes: its `runtime` (what a task that names none runs in)
+    and the others it offers (`runtimes`), each task in the one it names. SettingsError naming
+    the setting and the names this agent knows when one is none of them."""
+    for variable, setting, names in (
+        ("RUNTIME", "runtime", (settings.runtime,)),
+        ("RUNTIMES", "runtimes", settings.offered_runtimes()),
+    ):
+        for name in names:
+            problem = runtime_problem(name)
+            if problem is None and name not in RUNTIMES:
+                problem = f"{name} has no factory in this agent"  # the contract names one not built
+            if problem is not None:
+                raise SettingsError(
+                    f"{PREFIX}{variable} (the pool's {setting}, config.worker.pools."
+                    f"{settings.pool_name}.{setting}): {problem}"
+                )
+    offered = settings.offered_runtimes()
+
+    def build(context: RuntimeContext) -> Runtime:
+        return ByRuntime({name: RUNTIMES[name](context) for name in offered}, settings.runtime)
+
+    return build

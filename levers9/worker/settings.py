@@ -14,7 +14,8 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
-| `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default) or `process` (see `runtimes`) |
+| `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default), `runsc`, `process` (see `runtimes`) |
+| `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
@@ -89,6 +90,9 @@ class WorkerSettings(BaseModel):
     insecure_registries: str = ""
     runtime: str = DEFAULT_RUNTIME
     """The pool's `runtime`: the name of what runs its tasks, checked by `runtimes.factory`."""
+    runtimes: str = ""
+    """The pool's `runtimes`, comma-separated: those its tasks may name (`runtime` among them);
+    "": `runtime` only."""
     default_image: str = ""
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
     default_memory_bytes: int = Field(default=0, ge=0)
@@ -98,6 +102,11 @@ class WorkerSettings(BaseModel):
         """Where the tasks' published ports are reached: the pod's IP (the node's own on the
         host network), as the containers share the worker's network."""
         return self.pod_ip or self.host_ip or "127.0.0.1"
+
+    def offered_runtimes(self) -> tuple[str, ...]:
+        """The runtimes a task of this pool may name, `runtime` first."""
+        named = [n for n in (n.strip() for n in self.runtimes.split(",")) if n]
+        return tuple(dict.fromkeys([self.runtime, *named]))
 
     def task_defaults(self) -> TaskDefaults:
         return TaskDefaults(self.default_image, self.default_memory_bytes, self.default_cpu_millis)

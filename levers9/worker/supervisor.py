@@ -219,7 +219,7 @@ class TaskManager:
             spec=spec,
             directory=directory,
             output=TaskOutput(directory / "output.log"),
-            host=self._runtime.host_for(spec.image),
+            host=self._runtime.host_for(spec.image, spec.runtime),
             clock=self._clock,
         )
         self._records[spec.task_id] = record
@@ -282,6 +282,8 @@ class TaskManager:
             work_dir=record.directory / "work",
             memory_bytes=spec.memory_bytes,
             cpu_millis=spec.cpu_millis,
+            ports=tuple(spec.ports),
+            runtime=spec.runtime,
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)

@@ -155,9 +155,8 @@ def test_runtime_defaults_to_runc_and_takes_process() -> None:
 @pytest.mark.parametrize(
     ("runtime", "expected"),
     [
-        ("kata", "unknown runtime 'kata': use one of process, runc"),
-        ("runsc", "runsc (gVisor) is reserved and not yet available in this version"),
-        ("", "unknown runtime '': use one of process, runc"),
+        ("kata", "unknown runtime 'kata': use one of process, runc, runsc"),
+        ("", "unknown runtime '': use one of process, runc, runsc"),
     ],
 )
 def test_a_runtime_that_is_not_built_is_refused_naming_the_field(

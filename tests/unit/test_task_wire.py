@@ -40,6 +40,7 @@ EVERY_FIELD = TaskInput(
     ports=(8080, 9090),
     ready_path="/health",
     stop_grace_seconds=30,
+    runtime="runsc",
 )
 
 

@@ -1,7 +1,7 @@
 """The runtime registry (`levers9.worker.runtimes`): one factory per name the values accept
 (`levers9.contract.RUNTIMES`), none unnamed; a pool's runtime found by its name, and a name with
-no factory (unknown, or `runsc`, reserved) refused naming the setting and the names known; what
-each factory builds for a task with and without an image."""
+no factory refused naming the setting and the names known; what each factory builds for a task
+with and without an image; a pool offering more than one runs each task in the one it names."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from levers9.contract import DEFAULT_RUNTIME, RUNTIMES
+from levers9.contract import DEFAULT_RUNTIME, RUNTIMES, TASK_RUNTIMES
 from levers9.worker import runtimes
 from levers9.worker.driver import DriverSetup
-from levers9.worker.runtime import Runtime
+from levers9.worker.runtime import ContainerSpec, Runtime, StartError
 from levers9.worker.runtimes import RuntimeContext
 from levers9.worker.settings import SettingsError, WorkerSettings
 from tests.worker.kit import TOKEN, sandbox_paths
@@ -32,6 +32,12 @@ def _settings(**env: str) -> WorkerSettings:
     return WorkerSettings.from_env({**base, **{f"LEVERS9_{k.upper()}": v for k, v in env.items()}})
 
 
+def _spec(tmp_path: Path, runtime: str) -> ContainerSpec:
+    return ContainerSpec(
+        "t", IMAGE, ("true",), {}, (), tmp_path / "r.json", tmp_path, runtime=runtime
+    )
+
+
 def _build(settings: WorkerSettings, node_root: Path, tmp_path: Path) -> Runtime:
     (node_root / "usr/local/nvidia/lib64").mkdir(parents=True, exist_ok=True)
     context = RuntimeContext(
@@ -46,26 +52,23 @@ def test_every_runtime_the_values_accept_has_a_factory_and_no_other() -> None:
 
 
 @pytest.mark.parametrize("name", RUNTIMES)
-def test_a_known_runtime_is_found_by_its_name(name: str) -> None:
-    assert runtimes.factory(_settings(runtime=name)) is runtimes.RUNTIMES[name]
+async def test_a_task_asking_for_a_runtime_its_pool_does_not_offer_fails_naming_those_it_does(
+    name: str, node_root: Path, tmp_path: Path
+) -> None:
+    other = next(n for n in TASK_RUNTIMES if n != name)
+    runtime = _build(_settings(runtime=name), node_root, tmp_path)
+    with pytest.raises(StartError) as raised:
+        await runtime.start(_spec(tmp_path, other), lambda _: None)
+    assert str(raised.value) == f"this worker's pool offers the runtimes {name}, not {other}"
 
 
-@pytest.mark.parametrize(
-    ("name", "problem"),
-    [
-        ("kata", "unknown runtime 'kata': use one of process, runc"),
-        (
-            "runsc",
-            "runsc (gVisor) is reserved and not yet available in this version: use one of"
-            " process, runc",
-        ),
-    ],
-)
-def test_a_runtime_without_a_factory_is_refused_naming_the_setting(name: str, problem: str) -> None:
+@pytest.mark.parametrize("setting", ["runtime", "runtimes"])
+def test_a_runtime_without_a_factory_is_refused_naming_the_setting(setting: str) -> None:
     with pytest.raises(SettingsError) as raised:
-        runtimes.factory(_settings(runtime=name))
+        runtimes.factory(_settings(**{setting: "kata"}))
     assert str(raised.value) == (
-        f"LEVERS9_RUNTIME (the pool's runtime, config.worker.pools.gke-rtx6000.runtime): {problem}"
+        f"LEVERS9_{setting.upper()} (the pool's {setting}, config.worker.pools.gke-rtx6000"
+        f".{setting}): unknown runtime 'kata': use one of process, runc, runsc"
     )
 
 
@@ -84,3 +87,45 @@ def test_runc_runs_an_image_under_runc_and_a_task_of_none_as_a_process(
     runtime = _build(_settings(runtime="runc", images_path="/images"), node_root, tmp_path)
     assert (runtime.host_for(IMAGE), runtime.host_for("")) == ("runc", "process")
     assert (node_root / "images").is_dir(), "its image cache is the pool's imagesPath, mapped"
+
+
+CONTAINERS = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("runc", "runsc", "umoci", "skopeo")),
+    reason="the runc and runsc runtimes need root, runc, runsc, umoci and skopeo",
+)
+
+
+@CONTAINERS
+def test_runsc_runs_every_task_in_gvisor(node_root: Path, tmp_path: Path) -> None:
+    runtime = _build(_settings(runtime="runsc", images_path="/images"), node_root, tmp_path)
+    assert (runtime.host_for(IMAGE), runtime.host_for("")) == ("runsc", "runsc")
+
+
+@CONTAINERS
+def test_a_pool_offering_both_runs_a_task_in_the_one_it_names(
+    node_root: Path, tmp_path: Path
+) -> None:
+    settings = _settings(runtime="runc", runtimes="runc,runsc", images_path="/images")
+    assert settings.offered_runtimes() == ("runc", "runsc")
+    runtime = _build(settings, node_root, tmp_path)
+    assert [runtime.host_for(IMAGE, name) for name in ("", "runc", "runsc")] == [
+        "runc",
+        "runc",
+        "runsc",
+    ]
+
+
+async def test_runsc_without_images_is_offered_but_fails_its_tasks_saying_why(
+    node_root: Path, tmp_path: Path
+) -> None:
+    runtime = _build(_settings(runtime="runc", runtimes="runsc"), node_root, tmp_path)
+    assert runtime.host_for(IMAGE, "runsc") == "runsc"
+    spec = ContainerSpec(
+        "t", IMAGE, ("true",), {}, (), tmp_path / "r.json", tmp_path, runtime="runsc"
+    )
+    with pytest.raises(StartError) as raised:
+        await runtime.start(spec, lambda _: None)
+    assert str(raised.value) == (
+        "this worker cannot run runsc tasks: the Job sets no LEVERS9_IMAGES_PATH (the pool's"
+        " imagesPath)"
+    )
