@@ -1,7 +1,12 @@
 """Which worker runs a task, on which of its cards (pure; PoolWorkflow's state).
 
 A task needs `gpus` cards of ONE worker at once (a multi-card job needs one worker with that
-many). Waiting tasks are served in arrival order, each on the worker that fits it most tightly.
+many). Waiting tasks are served each on the worker that fits it most tightly: across workspaces
+by fair share (the workspace that holds the fewest cards for its weight goes first: dominant
+share, with cards the one resource, as Kueue and Slurm's fair-share order), within a workspace
+in arrival order. A workspace never holds more cards than its quota, except by borrowing: a task
+that may borrow (`--borrow`) runs past its quota on cards that no task within its quota waits
+for, and is the first taken back (`reclaim`, newest first) when one does.
 So that a stream of small tasks cannot starve a big one, a task that has waited longer than the
 reservation threshold reserves the worker that can hold it soonest; smaller tasks then stop
 taking cards there, and the cards it frees go to the big task. A worker that holds only part of
@@ -12,6 +17,8 @@ down, and the machine's next worker takes every card the node has free.
 from __future__ import annotations
 
 import bisect
+import heapq
+from collections import defaultdict, deque
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -42,10 +49,19 @@ class Slot(BaseModel):
         return [card for card in self.devices if card not in held]
 
 
+DEFAULT_WORKSPACE = "default"
+"""The workspace of work that names none (the operator's)."""
+QUOTA = "quota"
+"""Why a task waits while its workspace holds its quota (QueueSpot.reason)."""
+
+
 class Waiting(BaseModel):
     task_id: str
     gpus: int
     since: datetime
+    workspace: str = DEFAULT_WORKSPACE
+    borrow: bool = False
+    """It may run past its workspace's quota on cards nobody within quota waits for."""
     ports: tuple[int, ...] = ()
     """Ports it publishes: its containers share the worker's network, so it goes where no
     placed task publishes them."""
@@ -62,6 +78,11 @@ class Placement(BaseModel):
     task_queue: str | None = None
     tls: bool = False
     ports: tuple[int, ...] = ()
+    workspace: str = DEFAULT_WORKSPACE
+    borrowed: bool = False
+    """Placed past its workspace's quota: the first taken back when one within quota waits."""
+    since: datetime | None = None
+    """When it asked (newest borrowed work is reclaimed first)."""
 
 
 class QueueSpot(BaseModel):
@@ -74,6 +95,16 @@ class QueueSpot(BaseModel):
     most_free: int
     """The most cards free on any one available worker now."""
     workers: int
+    reason: str = ""
+    """`quota`: its workspace holds its quota; "": it waits for cards."""
+    workspace: str = DEFAULT_WORKSPACE
+
+
+class Share(BaseModel):
+    """A workspace's place in the pool: its quota (None: no bound) and weight."""
+
+    quota: int | None = None
+    weight: float = 1.0
 
 
 class PoolState(BaseModel):
@@ -86,6 +117,8 @@ class PoolState(BaseModel):
     """worker id -> the task id that reserved it."""
     notify: list[str] = Field(default_factory=list)
     """Tasks that asked by signal (`request`) and are told their placement by signal."""
+    shares: dict[str, Share] = Field(default_factory=dict)
+    """Workspace -> its quota and weight (absent: no quota, weight 1)."""
     _waiting_ids: set[str] | None = PrivateAttr(default=None)
 
     def _ids(self) -> set[str]:
@@ -126,12 +159,16 @@ class PoolState(BaseModel):
         *,
         notify: bool = False,
         ports: tuple[int, ...] = (),
+        workspace: str = DEFAULT_WORKSPACE,
+        borrow: bool = False,
     ) -> None:
         """Queues the task (once: a repeated request changes nothing), in the order of `now`:
         its creation when the request carries it, so the queue keeps the tasks' own order."""
         if task_id in self.placed or task_id in self._ids():
             return
-        waiting = Waiting(task_id=task_id, gpus=gpus, since=now, ports=ports)
+        waiting = Waiting(
+            task_id=task_id, gpus=gpus, since=now, ports=ports, workspace=workspace, borrow=borrow
+        )
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
         else:
@@ -153,14 +190,69 @@ class PoolState(BaseModel):
             return None
         for index, waiting in enumerate(self.waiting):
             if waiting.task_id == task_id:
+                over = not waiting.borrow and not self._within_quota(waiting, self.held())
                 return QueueSpot(
                     position=index + 1,
                     waiting=len(self.waiting),
                     gpus=waiting.gpus,
                     most_free=self.most_free(),
                     workers=len(self.slots),
+                    reason=QUOTA if over else "",
+                    workspace=waiting.workspace,
                 )
         return None
+
+    def set_share(self, workspace: str, quota: int | None, weight: float = 1.0) -> None:
+        """The workspace's quota (None: no bound) and weight, from its record."""
+        self.shares[workspace] = Share(quota=quota, weight=weight)
+
+    def held(self) -> dict[str, int]:
+        """Cards each workspace holds now (placed tasks, borrowed ones included)."""
+        held: dict[str, int] = defaultdict(int)
+        for placement in self.placed.values():
+            held[placement.workspace] += len(placement.gpu_indices)
+        return held
+
+    def _within_quota(self, waiting: Waiting, held: dict[str, int]) -> bool:
+        quota = self.shares.get(waiting.workspace, Share()).quota
+        return quota is None or held.get(waiting.workspace, 0) + waiting.gpus <= quota
+
+    def _share(self, workspace: str, held: dict[str, int]) -> float:
+        weight = self.shares.get(workspace, Share()).weight
+        return held.get(workspace, 0) / weight if weight > 0 else float("inf")
+
+    def reclaim(self) -> list[Placement]:
+        """Borrowed work to take back, newest first, so that the first task within its quota
+        that waits and cannot fit gets a worker: on the worker where the fewest borrowed tasks
+        free enough cards. Empty when none waits for them or taking them back would not do."""
+        held = self.held()
+        borrowed = sorted(
+            (p for p in self.placed.values() if p.borrowed),
+            key=lambda p: (p.since or datetime.min, p.task_id),
+            reverse=True,
+        )
+        if not borrowed:
+            return []
+        for waiting in self.waiting:
+            if not self._within_quota(waiting, held):
+                continue
+            best: list[Placement] | None = None
+            for slot in self.placeable():
+                if not slot.could_hold(waiting.gpus) or len(slot.devices) < waiting.gpus:
+                    continue
+                free = len(slot.free())
+                taken: list[Placement] = []
+                for placement in borrowed:
+                    if free >= waiting.gpus:
+                        break
+                    if placement.worker_id == slot.worker_id:
+                        taken.append(placement)
+                        free += len(placement.gpu_indices)
+                if free >= waiting.gpus and taken and (best is None or len(taken) < len(best)):
+                    best = taken
+            if best:
+                return best
+        return []
 
     def release(self, task_id: str) -> None:
         placement = self.placed.pop(task_id, None)
@@ -176,44 +268,85 @@ class PoolState(BaseModel):
                 del self.reservations[worker_id]
 
     def assign(self, now: datetime, reserve_after: timedelta) -> list[Placement]:
-        """Places every waiting task that fits, in arrival order; returns the new placements."""
+        """Places every waiting task that fits, in fair-share order (see the module), first
+        within the quotas, then borrowing; returns the new placements."""
+        held = self.held()
+        made = self._assign_round(now, reserve_after, held, borrowing=False)
+        if any(w.borrow for w in self.waiting) and not any(
+            self._within_quota(w, held) for w in self.waiting
+        ):
+            made += self._assign_round(now, reserve_after, held, borrowing=True)
+        return made
+
+    def _assign_round(
+        self, now: datetime, reserve_after: timedelta, held: dict[str, int], *, borrowing: bool
+    ) -> list[Placement]:
         made = []
-        still_waiting = []
+        still_waiting: list[Waiting] = []
         most_free = self.most_free()
         placeable = len(self.placeable())
+        queues: dict[str, deque[Waiting]] = defaultdict(deque)
         for waiting in self.waiting:
-            if waiting.gpus and most_free == 0 and len(self.reservations) >= placeable:
+            queues[waiting.workspace].append(waiting)
+        # The workspace holding the fewest cards for its weight first, then the oldest head.
+        heap = [
+            (self._share(ws, held), queue[0].since, ws) for ws, queue in queues.items() if queue
+        ]
+        heapq.heapify(heap)
+        while heap:
+            _, _, workspace = heapq.heappop(heap)
+            queue = queues[workspace]
+            waiting = queue.popleft()
+            placed = None
+            if borrowing and not waiting.borrow:
+                pass
+            elif not borrowing and not self._within_quota(waiting, held):
+                pass  # waits for its workspace's cards to come back (reason `quota`)
+            elif waiting.gpus and most_free == 0 and len(self.reservations) >= placeable:
                 # No card free and every worker reserved: it neither fits nor reserves (a
                 # standing queue of thousands costs a look per task, not a scan of the workers).
+                pass
+            else:
+                slot = self._fit(waiting) if waiting.gpus <= most_free else None
+                if slot is None:
+                    if now - waiting.since >= reserve_after:
+                        self._reserve(waiting)
+                else:
+                    placed = self._place(waiting, slot, borrowed=borrowing)
+            if placed is None:
                 still_waiting.append(waiting)
-                continue
-            slot = self._fit(waiting) if waiting.gpus <= most_free else None
-            if slot is None:
-                if now - waiting.since >= reserve_after:
-                    self._reserve(waiting)
-                still_waiting.append(waiting)
-                continue
-            cards = tuple(slot.free()[: waiting.gpus])
-            slot.busy[waiting.task_id] = cards
-            placement = Placement(
-                task_id=waiting.task_id,
-                worker_id=slot.worker_id,
-                node_name=slot.node_name,
-                address=slot.address,
-                task_queue=slot.task_queue,
-                tls=slot.tls,
-                gpu_indices=cards,
-                ports=waiting.ports,
-            )
-            self.placed[waiting.task_id] = placement
-            for worker_id, holder in list(self.reservations.items()):
-                if holder == waiting.task_id:
-                    del self.reservations[worker_id]
-            made.append(placement)
-            self._ids().discard(waiting.task_id)
-            most_free = self.most_free()
+            else:
+                made.append(placed)
+                held[workspace] = held.get(workspace, 0) + waiting.gpus
+                most_free = self.most_free()
+            if queue:
+                heapq.heappush(heap, (self._share(workspace, held), queue[0].since, workspace))
+        still_waiting.sort(key=lambda w: w.since)
         self.waiting = still_waiting
         return made
+
+    def _place(self, waiting: Waiting, slot: Slot, *, borrowed: bool) -> Placement:
+        cards = tuple(slot.free()[: waiting.gpus])
+        slot.busy[waiting.task_id] = cards
+        placement = Placement(
+            task_id=waiting.task_id,
+            worker_id=slot.worker_id,
+            node_name=slot.node_name,
+            address=slot.address,
+            task_queue=slot.task_queue,
+            tls=slot.tls,
+            gpu_indices=cards,
+            ports=waiting.ports,
+            workspace=waiting.workspace,
+            borrowed=borrowed,
+            since=waiting.since,
+        )
+        self.placed[waiting.task_id] = placement
+        for worker_id, holder in list(self.reservations.items()):
+            if holder == waiting.task_id:
+                del self.reservations[worker_id]
+        self._ids().discard(waiting.task_id)
+        return placement
 
     def _fit(self, waiting: Waiting) -> Slot | None:
         fits = [
