@@ -28,6 +28,7 @@ from levers9.cli.task_access import Answer, answered, last_answer, print_last, t
 from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, task_input_problem
+from levers9.core.placement import QUOTA
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
@@ -159,7 +160,14 @@ def print_result(record: TaskRecord) -> None:
     )
     if record.reason:
         console.print(f"reason: {record.reason}", highlight=False)
-    if record.queue is not None:
+    if record.queue is not None and record.queue.reason == QUOTA:
+        spot = record.queue
+        console.print(
+            f"queued: {spot.position} of {spot.waiting}, reason: quota (workspace"
+            f" {spot.workspace} holds its GPU quota; it starts when its own tasks free cards)",
+            highlight=False,
+        )
+    elif record.queue is not None:
         spot = record.queue
         console.print(
             f"queued: {spot.position} of {spot.waiting}, waiting for one worker with"

@@ -631,6 +631,8 @@ class TaskQueueSpot(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     MOST_FREE_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     position: _builtins.int
     """1: the next to be placed"""
     waiting: _builtins.int
@@ -638,6 +640,9 @@ class TaskQueueSpot(_message.Message):
     most_free: _builtins.int
     """the most cards free on any one available worker now"""
     workers: _builtins.int
+    reason: _builtins.str
+    """"quota": its workspace holds its quota; "": it waits for cards"""
+    workspace: _builtins.str
     def __init__(
         self,
         *,
@@ -646,10 +651,12 @@ class TaskQueueSpot(_message.Message):
         gpus: _builtins.int = ...,
         most_free: _builtins.int = ...,
         workers: _builtins.int = ...,
+        reason: _builtins.str = ...,
+        workspace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "most_free", b"most_free", "position", b"position", "waiting", b"waiting", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "most_free", b"most_free", "position", b"position", "reason", b"reason", "waiting", b"waiting", "workers", b"workers", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
