@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from sandbox.routing import RequestInfo
 
@@ -70,12 +71,50 @@ class FaultRule:
         }
 
 
-class FaultInjector:
-    """The active fault rules, first match wins."""
+class _Rule(Protocol):
+    id: int
+    fired: int
+
+
+RuleT = TypeVar("RuleT", bound=_Rule)
+
+
+class StagedRules(Generic[RuleT]):
+    """Staged rules, each with an id of its own, first match wins (this API's and GCP's)."""
 
     def __init__(self) -> None:
-        self._rules: list[FaultRule] = []
+        self._rules: list[RuleT] = []
         self._ids = itertools.count(1)
+
+    def _next_id(self) -> int:
+        return next(self._ids)
+
+    def _stage(self, rule: RuleT) -> RuleT:
+        self._rules.append(rule)
+        return rule
+
+    def rules(self) -> list[RuleT]:
+        return list(self._rules)
+
+    def remove(self, rule_id: int) -> bool:
+        before = len(self._rules)
+        self._rules = [r for r in self._rules if r.id != rule_id]
+        return len(self._rules) != before
+
+    def clear(self) -> None:
+        self._rules.clear()
+
+    def _first(self, matches: Callable[[RuleT], bool]) -> RuleT | None:
+        """The first rule that `matches`, counted as fired."""
+        for rule in self._rules:
+            if matches(rule):
+                rule.fired += 1
+                return rule
+        return None
+
+
+class FaultInjector(StagedRules[FaultRule]):
+    """The active fault rules, first match wins."""
 
     def add(self, spec: dict[str, Any]) -> FaultRule:
         """A rule from its JSON form (`verb`, `resource`, `namespace`, `status`,
@@ -90,7 +129,7 @@ class FaultInjector:
         if times is not None and int(times) < 0:
             raise ValueError("times must be >= 0")
         rule = FaultRule(
-            id=next(self._ids),
+            id=self._next_id(),
             verb=verb,
             resource=str(spec.get("resource", "*")),
             namespace=spec.get("namespace"),
@@ -103,27 +142,11 @@ class FaultInjector:
         )
         if rule.status is None and not rule.drop and not rule.delay_seconds:
             raise ValueError("a rule needs a status, a delay or drop")
-        self._rules.append(rule)
-        return rule
-
-    def rules(self) -> list[FaultRule]:
-        return list(self._rules)
-
-    def remove(self, rule_id: int) -> bool:
-        before = len(self._rules)
-        self._rules = [r for r in self._rules if r.id != rule_id]
-        return len(self._rules) != before
-
-    def clear(self) -> None:
-        self._rules.clear()
+        return self._stage(rule)
 
     def match(self, info: RequestInfo) -> FaultRule | None:
         """The rule this request trips, counted as fired."""
-        for rule in self._rules:
-            if rule.matches(info):
-                rule.fired += 1
-                return rule
-        return None
+        return self._first(lambda rule: rule.matches(info))
 
 
 class RequestCounter:

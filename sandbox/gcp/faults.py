@@ -11,10 +11,11 @@ would.
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from sandbox.faults import StagedRules
 
 
 @dataclass
@@ -54,12 +55,8 @@ class GcpFaultRule:
         }
 
 
-class GcpFaults:
+class GcpFaults(StagedRules[GcpFaultRule]):
     """The active rules, first match wins."""
-
-    def __init__(self) -> None:
-        self._rules: list[GcpFaultRule] = []
-        self._ids = itertools.count(1)
 
     def add(self, spec: dict[str, Any]) -> GcpFaultRule:
         """A rule from its JSON form; ValueError if it is not one."""
@@ -74,34 +71,19 @@ class GcpFaults:
         except re.error as error:
             raise ValueError(f"pathRegex: {error}") from None
         retry_after = spec.get("retryAfterSeconds")
-        rule = GcpFaultRule(
-            id=next(self._ids),
-            method=str(spec.get("method", "*")).upper(),
-            path_regex=pattern,
-            status=status,
-            times=None if times is None else int(times),
-            delay_seconds=float(spec.get("delaySeconds", 0)),
-            retry_after_seconds=None if retry_after is None else int(retry_after),
-            message=spec.get("message"),
+        return self._stage(
+            GcpFaultRule(
+                id=self._next_id(),
+                method=str(spec.get("method", "*")).upper(),
+                path_regex=pattern,
+                status=status,
+                times=None if times is None else int(times),
+                delay_seconds=float(spec.get("delaySeconds", 0)),
+                retry_after_seconds=None if retry_after is None else int(retry_after),
+                message=spec.get("message"),
+            )
         )
-        self._rules.append(rule)
-        return rule
-
-    def rules(self) -> list[GcpFaultRule]:
-        return list(self._rules)
-
-    def remove(self, rule_id: int) -> bool:
-        before = len(self._rules)
-        self._rules = [r for r in self._rules if r.id != rule_id]
-        return len(self._rules) != before
-
-    def clear(self) -> None:
-        self._rules.clear()
 
     def match(self, method: str, path: str) -> GcpFaultRule | None:
         """The rule this call trips, counted as fired."""
-        for rule in self._rules:
-            if rule.matches(method, path):
-                rule.fired += 1
-                return rule
-        return None
+        return self._first(lambda rule: rule.matches(method, path))
