@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_args, get_type_hints
 
 import typer
 from rich.status import Status
@@ -17,59 +20,43 @@ from rich.status import Status
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
 from levers9.devstack.processes import DevError, is_running, temporal_binary
-from levers9.devstack.stack import (
-    DEFAULT_ECR_PORT,
-    DEFAULT_ENDPOINTS_PORT,
-    DEFAULT_GAR_PORT,
-    DEFAULT_GATEWAY_PORT,
-    DEFAULT_MOTO_PORT,
-    DEFAULT_SANDBOX_PORT,
-    DEFAULT_TEMPORAL_PORT,
-    DEFAULT_UI_PORT,
-    DevStack,
-)
+from levers9.devstack.stack import DevOptions, DevStack
 from levers9.records.listing import wait_for_workers
 from levers9.temporal import wait_for_passes
 from sandbox.persist import snapshot_path
 
 app = typer.Typer(help="The embedded default: Temporal dev server, sandbox, controlplane.")
 
-TemporalPort = Annotated[
-    int, typer.Option("--temporal-port", help="gRPC port of the Temporal dev server")
-]
-UiPort = Annotated[int, typer.Option("--ui-port", help="port of the Temporal UI")]
-SandboxPort = Annotated[
-    int, typer.Option("--sandbox-port", help="port of the sandbox's Kubernetes API")
-]
-GatewayPort = Annotated[
-    int, typer.Option("--gateway-port", help="port of the gateway the workers dial")
-]
-EndpointsPort = Annotated[
-    int, typer.Option("--endpoints-port", help="port of the endpoints' HTTPS front")
-]
-EcrPort = Annotated[
-    int, typer.Option("--ecr-port", help="port of the registry standing in for ECR")
-]
-GarPort = Annotated[
-    int, typer.Option("--gar-port", help="port of the registry standing in for Artifact Registry")
-]
-MotoPort = Annotated[int, typer.Option("--moto-port", help="port of moto (the controlplane's AWS)")]
-Tunnel = Annotated[
-    bool,
-    typer.Option(
-        "--tunnel", help="the dev pool with tunnel: true and hostNetwork: false (nothing dials it)"
-    ),
-]
-Fresh = Annotated[
-    bool,
-    typer.Option(
-        "--fresh",
-        help="the sandbox starts from the scenario, not from the cluster it saved at dev down",
-    ),
-]
-ScenarioFile = Annotated[
-    Path | None, typer.Option("--scenario", help="sandbox scenario YAML (default: built-in)")
-]
+
+def _typer_option(name: str, hint: Any) -> Any:
+    """`Annotated[int, "help"]` as `Annotated[int, typer.Option("--name", help="help")]`."""
+    kind, text = get_args(hint)
+    return Annotated[kind, typer.Option("--" + name.replace("_", "-"), help=text)]
+
+
+def with_dev_options(command: Callable[[DevStack], None]) -> Callable[..., None]:
+    """`command` as a typer command whose options are DevOptions' fields (their help and
+    defaults), called with the stack they describe."""
+
+    def run(**options: Any) -> None:
+        command(DevStack(options=DevOptions(**options)))
+
+    hints = get_type_hints(DevOptions, include_extras=True)
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                option.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=option.default,
+                annotation=_typer_option(option.name, hints[option.name]),
+            )
+            for option in dataclasses.fields(DevOptions)
+        ]
+    )
+    run.__name__, run.__doc__ = command.__name__, command.__doc__
+    return run
+
+
 DEMO_PASSES = 2
 DEMO_TIMEOUT_S = 90.0
 
@@ -89,34 +76,10 @@ def _up(stack: DevStack) -> None:
 
 
 @app.command()
-def up(
-    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
-    ui_port: UiPort = DEFAULT_UI_PORT,
-    sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
-    gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
-    scenario: ScenarioFile = None,
-    ecr_port: EcrPort = DEFAULT_ECR_PORT,
-    gar_port: GarPort = DEFAULT_GAR_PORT,
-    moto_port: MotoPort = DEFAULT_MOTO_PORT,
-    tunnel: Tunnel = False,
-    endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
-    fresh: Fresh = False,
-) -> None:
+@with_dev_options
+def up(stack: DevStack) -> None:
     """Start the stack (what already runs is left alone) and write .levers9/dev/env; the
     sandbox's cluster is the one it saved at `dev down` (--fresh: the scenario's)."""
-    stack = DevStack(
-        tunnel=tunnel,
-        temporal_port=temporal_port,
-        ui_port=ui_port,
-        sandbox_port=sandbox_port,
-        gateway_port=gateway_port,
-        endpoints_port=endpoints_port,
-        scenario=scenario,
-        ecr_port=ecr_port,
-        gar_port=gar_port,
-        moto_port=moto_port,
-        fresh=fresh,
-    )
     _up(stack)
     _print_status(stack, Output.table)
     console.print(f"\nsource [bold]{stack.env_file}[/bold] to point temporal/kubectl at it")
@@ -191,38 +154,14 @@ def status(output: Annotated[Output, typer.Option("-o", "--output")] = Output.ta
 
 
 @app.command()
-def demo(
-    temporal_port: TemporalPort = DEFAULT_TEMPORAL_PORT,
-    ui_port: UiPort = DEFAULT_UI_PORT,
-    sandbox_port: SandboxPort = DEFAULT_SANDBOX_PORT,
-    gateway_port: GatewayPort = DEFAULT_GATEWAY_PORT,
-    scenario: ScenarioFile = None,
-    ecr_port: EcrPort = DEFAULT_ECR_PORT,
-    gar_port: GarPort = DEFAULT_GAR_PORT,
-    moto_port: MotoPort = DEFAULT_MOTO_PORT,
-    tunnel: Tunnel = False,
-    endpoints_port: EndpointsPort = DEFAULT_ENDPOINTS_PORT,
-    fresh: Fresh = False,
-) -> None:
+@with_dev_options
+def demo(stack: DevStack) -> None:
     """`make demo`: the spec's page on the sandbox, from the stack coming up to COMPLETE."""
     start = datetime.now(UTC)
-    stack = DevStack(
-        tunnel=tunnel,
-        temporal_port=temporal_port,
-        ui_port=ui_port,
-        sandbox_port=sandbox_port,
-        gateway_port=gateway_port,
-        endpoints_port=endpoints_port,
-        scenario=scenario,
-        ecr_port=ecr_port,
-        gar_port=gar_port,
-        moto_port=moto_port,
-        fresh=fresh,
-    )
     _up(stack)
     os.environ.update(stack.env())
     console.rule("the cloud side: deploy/gke/attach-gke-pool.sh (until it runs, reconcile is 403)")
-    attach = [str(ATTACH_SCRIPT), *ATTACH_ARGS, *(["--tunnel"] if tunnel else [])]
+    attach = [str(ATTACH_SCRIPT), *ATTACH_ARGS, *(["--tunnel"] if stack.options.tunnel else [])]
     console.print("$ " + " ".join(attach), highlight=False)
     if subprocess.run(attach, check=False, env={**os.environ, "LEVERS9": _levers9()}).returncode:
         fail(["attach failed (above); fix it and rerun make demo: every step is idempotent"])

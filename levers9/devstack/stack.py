@@ -36,7 +36,9 @@ import secrets
 import shlex
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from botocore.exceptions import BotoCoreError, ClientError
@@ -65,14 +67,6 @@ from sandbox import aws, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
-DEFAULT_TEMPORAL_PORT = 7233
-DEFAULT_UI_PORT = 8233
-DEFAULT_SANDBOX_PORT = 6443
-DEFAULT_GATEWAY_PORT = 7443
-DEFAULT_ENDPOINTS_PORT = 7480
-DEFAULT_ECR_PORT = 5050
-DEFAULT_GAR_PORT = 5051
-DEFAULT_MOTO_PORT = 5052
 STOP_ORDER = ("worker", "temporal", "sandbox", "moto", "gar", "ecr")
 REGISTRIES = {"ecr": "the controlplane's ECR", "gar": "the project's Artifact Registry"}
 GAR_HOST = f"{devvalues.REGION}-docker.pkg.dev"
@@ -90,37 +84,34 @@ TASK_IMAGE_REPOSITORY = f"{devvalues.PROJECT}/tasks/python"
 PROBE_TIMEOUT_S = 5.0
 
 
+@dataclass(frozen=True)
+class DevOptions:
+    """What `levers9 dev up` and `demo` take: each field an option of theirs (`--temporal-port`
+    for `temporal_port`), in this order, with its help as its annotation's metadata."""
+
+    temporal_port: Annotated[int, "gRPC port of the Temporal dev server"] = 7233
+    ui_port: Annotated[int, "port of the Temporal UI"] = 8233
+    sandbox_port: Annotated[int, "port of the sandbox's Kubernetes API"] = 6443
+    gateway_port: Annotated[int, "port of the gateway the workers dial"] = 7443
+    scenario: Annotated[Path | None, "sandbox scenario YAML (default: built-in)"] = None
+    ecr_port: Annotated[int, "port of the registry standing in for ECR"] = 5050
+    gar_port: Annotated[int, "port of the registry standing in for Artifact Registry"] = 5051
+    moto_port: Annotated[int, "port of moto (the controlplane's AWS)"] = 5052
+    tunnel: Annotated[
+        bool, "the dev pool with tunnel: true and hostNetwork: false (nothing dials it)"
+    ] = False
+    endpoints_port: Annotated[int, "port of the endpoints' HTTPS front"] = 7480
+    fresh: Annotated[
+        bool, "the sandbox starts from the scenario, not from the cluster it saved at dev down"
+    ] = False
+
+
 class DevStack:
     """The processes of the embedded default, and the files that describe them."""
 
-    def __init__(
-        self,
-        home: Path | None = None,
-        temporal_port: int = DEFAULT_TEMPORAL_PORT,
-        ui_port: int = DEFAULT_UI_PORT,
-        sandbox_port: int = DEFAULT_SANDBOX_PORT,
-        scenario: Path | None = None,
-        gateway_port: int = DEFAULT_GATEWAY_PORT,
-        ecr_port: int = DEFAULT_ECR_PORT,
-        gar_port: int = DEFAULT_GAR_PORT,
-        moto_port: int = DEFAULT_MOTO_PORT,
-        tunnel: bool = False,
-        endpoints_port: int = DEFAULT_ENDPOINTS_PORT,
-        fresh: bool = False,
-    ) -> None:
+    def __init__(self, home: Path | None = None, options: DevOptions | None = None) -> None:
         self.dir = (home or state_home()) / "dev"
-        self.fresh = fresh
-        """The sandbox starts from the scenario, not from the cluster it saved (`persist`)."""
-        self.tunnel = tunnel
-        self.temporal_port = temporal_port
-        self.ui_port = ui_port
-        self.sandbox_port = sandbox_port
-        self.scenario = scenario
-        self.gateway_port = gateway_port
-        self.endpoints_port = endpoints_port
-        self.ecr_port = ecr_port
-        self.gar_port = gar_port
-        self.moto_port = moto_port
+        self.options = options or DevOptions()
         self.task_image: str | None = None
         """The pool's default task image once `up` pushed it (None: tasks without `--image`
         run as processes of the worker)."""
@@ -166,13 +157,15 @@ class DevStack:
     def env(self) -> dict[str, str]:
         """What the env file exports: the addresses of what `up` started."""
         records = self.records()
-        ecr = self._address(records, "ecr", f"{HOST}:{self.ecr_port}")
-        gar = self._address(records, "gar", f"{HOST}:{self.gar_port}")
-        moto = self._address(records, "moto", aws.endpoint_url(self.moto_port))
+        ecr = self._address(records, "ecr", f"{HOST}:{self.options.ecr_port}")
+        gar = self._address(records, "gar", f"{HOST}:{self.options.gar_port}")
+        moto = self._address(records, "moto", aws.endpoint_url(self.options.moto_port))
         return {
-            "TEMPORAL_ADDRESS": self._address(records, "temporal", f"{HOST}:{self.temporal_port}"),
+            "TEMPORAL_ADDRESS": self._address(
+                records, "temporal", f"{HOST}:{self.options.temporal_port}"
+            ),
             "TEMPORAL_NAMESPACE": "default",
-            "LEVERS9_TEMPORAL_UI": f"http://{HOST}:{self.ui_port}",
+            "LEVERS9_TEMPORAL_UI": f"http://{HOST}:{self.options.ui_port}",
             "LEVERS9_DEV_VALUES": ":".join(str(p) for p in self.values_files),
             "KUBECONFIG": str(self.sandbox_dir / "kubeconfig"),
             "LEVERS9_SANDBOX_STATE": str(self.sandbox_dir),
@@ -185,11 +178,11 @@ class DevStack:
             # Plain HTTP on loopback: copies to these pass --*-tls-verify=false.
             "LEVERS9_INSECURE_REGISTRIES": f"{ecr},{gar}",
             # The CLI's way to the controlplane's gateway (log streams), and its token.
-            "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_GATEWAY_ADDRESS": f"{HOST}:{self.options.gateway_port}",
             "LEVERS9_GATEWAY_TLS_CA_FILE": str(self.gateway_tls()["ca"]),
             "LEVERS9_API_TOKEN_FILE": str(self.api_token_file),
             # The endpoints' HTTPS front (the gateway's certificate; curl --cacert the CA).
-            "LEVERS9_ENDPOINTS_URL": f"https://{HOST}:{self.endpoints_port}",
+            "LEVERS9_ENDPOINTS_URL": f"https://{HOST}:{self.options.endpoints_port}",
             # Where `levers9 gke attach` keeps the controlplane's key (~/.levers9 for real).
             "LEVERS9_GKE_KEY_FILE": str(self.controlplane_key),
             # certifi's roots plus the sandbox's CA: google-auth and the Google clients trust
@@ -243,12 +236,12 @@ class DevStack:
         return {
             **self.env(),
             "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
-            "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.gateway_port}",
-            "LEVERS9_ENDPOINTS_LISTEN": f"{HOST}:{self.endpoints_port}",
+            "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.options.gateway_port}",
+            "LEVERS9_ENDPOINTS_LISTEN": f"{HOST}:{self.options.endpoints_port}",
             "LEVERS9_GATEWAY_TLS_CERT_FILE": str(self.gateway_tls()["cert"]),
             "LEVERS9_GATEWAY_TLS_KEY_FILE": str(self.gateway_tls()["key"]),
             # The sandbox's nodes are on loopback too, so workers dial the gateway there.
-            "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"{HOST}:{self.gateway_port}",
+            "LEVERS9_GATEWAY_ADVERTISED_ADDRESS": f"{HOST}:{self.options.gateway_port}",
         }
 
     def _write_env(self) -> None:
@@ -265,9 +258,9 @@ class DevStack:
             "--ip",
             HOST,
             "--port",
-            str(self.temporal_port),
+            str(self.options.temporal_port),
             "--ui-port",
-            str(self.ui_port),
+            str(self.options.ui_port),
             "--db-filename",
             str(self.dir / "temporal.db"),
             "--log-level",
@@ -276,7 +269,7 @@ class DevStack:
 
     def _sandbox_argv(self) -> list[str]:
         argv = [*PYTHON, "-m", "levers9", "--log-level", "INFO", "sandbox", "serve"]
-        argv += ["--port", str(self.sandbox_port), "--state-dir", str(self.sandbox_dir)]
+        argv += ["--port", str(self.options.sandbox_port), "--state-dir", str(self.sandbox_dir)]
         argv += ["--controlplane-key", str(self.controlplane_key)]
         argv += ["--registry-mirror", self.env()["LEVERS9_REGISTRY_MIRRORS"]]
         # The controlplane's own registry (ECR's stand-in) too: a joined cluster's nodes pull
@@ -284,9 +277,9 @@ class DevStack:
         source = self.env()["LEVERS9_SOURCE_IMAGE"]
         ecr = source.partition("/")[0]
         argv += ["--registry-mirror", f"{ecr}={ecr}", "--process-image", f"{source}=levers9-worker"]
-        if self.scenario is not None:
-            argv += ["--scenario", str(self.scenario.absolute())]
-        if self.fresh:
+        if self.options.scenario is not None:
+            argv += ["--scenario", str(self.options.scenario.absolute())]
+        if self.options.fresh:
             argv.append("--fresh")
         return argv
 
@@ -321,7 +314,7 @@ class DevStack:
             ca_base64=base64.b64encode(ca_pem).decode(),
             endpoint=admin.url,
             key_json=self.controlplane_key.read_text(),
-            tunnel=self.tunnel,
+            tunnel=self.options.tunnel,
             task_image=self.task_image,
         )
 
@@ -339,22 +332,25 @@ class DevStack:
         """
         self.dir.mkdir(parents=True, exist_ok=True)
         records = {n: r for n, r in self.records().items() if is_running(r)}
-        if "sandbox" in records and self.running_tunnel() != self.tunnel:
+        if "sandbox" in records and self.running_tunnel() != self.options.tunnel:
             now = "with" if self.running_tunnel() else "without"
             raise DevError(
                 f"the stack runs {now} the tunnel; `levers9 dev down` first to change that"
             )
-        if "sandbox" in records and self.fresh:
+        if "sandbox" in records and self.options.fresh:
             raise DevError("the sandbox runs; `levers9 dev down` first, then `dev up --fresh`")
         ports = {
-            "ecr": [(self.ecr_port, "--ecr-port")],
-            "gar": [(self.gar_port, "--gar-port")],
-            "moto": [(self.moto_port, "--moto-port")],
-            "sandbox": [(self.sandbox_port, "--sandbox-port")],
-            "temporal": [(self.temporal_port, "--temporal-port"), (self.ui_port, "--ui-port")],
+            "ecr": [(self.options.ecr_port, "--ecr-port")],
+            "gar": [(self.options.gar_port, "--gar-port")],
+            "moto": [(self.options.moto_port, "--moto-port")],
+            "sandbox": [(self.options.sandbox_port, "--sandbox-port")],
+            "temporal": [
+                (self.options.temporal_port, "--temporal-port"),
+                (self.options.ui_port, "--ui-port"),
+            ],
             "worker": [
-                (self.gateway_port, "--gateway-port"),
-                (self.endpoints_port, "--endpoints-port"),
+                (self.options.gateway_port, "--gateway-port"),
+                (self.options.endpoints_port, "--endpoints-port"),
             ],
         }
         for name, wanted in ports.items():
@@ -384,7 +380,7 @@ class DevStack:
 
     def _start_missing(self, records: dict[str, ProcessRecord], progress: Progress) -> None:
         started = set()
-        for name, port in (("ecr", self.ecr_port), ("gar", self.gar_port)):
+        for name, port in (("ecr", self.options.ecr_port), ("gar", self.options.gar_port)):
             if name not in records:
                 progress(f"starting the registry for {REGISTRIES[name]} on {HOST}:{port}")
                 config = registries.write_config(self.registry_dir(name), port)
@@ -394,9 +390,11 @@ class DevStack:
                 self._save(records)
                 wait_ready(records[name], functools.partial(registries.ready, address), progress)
         if "moto" not in records:
-            progress(f"starting moto (the controlplane's AWS) on {HOST}:{self.moto_port}")
-            endpoint = aws.endpoint_url(self.moto_port)
-            records["moto"] = spawn(self.dir, "moto", aws.moto_argv(self.moto_port), endpoint, {})
+            progress(f"starting moto (the controlplane's AWS) on {HOST}:{self.options.moto_port}")
+            endpoint = aws.endpoint_url(self.options.moto_port)
+            records["moto"] = spawn(
+                self.dir, "moto", aws.moto_argv(self.options.moto_port), endpoint, {}
+            )
             self._save(records)
             wait_ready(records["moto"], functools.partial(aws.moto_ready, endpoint), progress)
             started.add("moto")
@@ -409,10 +407,10 @@ class DevStack:
                 f" NAT {seeded.nat_ip}, ECR repository {aws.ECR_REPOSITORY}"
             )
         if "sandbox" not in records:
-            progress(f"starting the sandbox cluster on {HOST}:{self.sandbox_port}")
+            progress(f"starting the sandbox cluster on {HOST}:{self.options.sandbox_port}")
             with contextlib.suppress(FileNotFoundError):
                 (self.sandbox_dir / "sandbox.json").unlink()
-            address = f"https://{HOST}:{self.sandbox_port}"
+            address = f"https://{HOST}:{self.options.sandbox_port}"
             records["sandbox"] = spawn(self.dir, "sandbox", self._sandbox_argv(), address, {})
             self._save(records)
             wait_ready(records["sandbox"], self._sandbox_ready, progress)
@@ -421,9 +419,13 @@ class DevStack:
         if started & {"moto", "sandbox"}:
             self._egress_from_aws(records["moto"].address, progress)
         if "temporal" not in records:
-            progress(f"starting the Temporal dev server on {HOST}:{self.temporal_port}")
+            progress(f"starting the Temporal dev server on {HOST}:{self.options.temporal_port}")
             records["temporal"] = spawn(
-                self.dir, "temporal", self._temporal_argv(), f"{HOST}:{self.temporal_port}", {}
+                self.dir,
+                "temporal",
+                self._temporal_argv(),
+                f"{HOST}:{self.options.temporal_port}",
+                {},
             )
             self._save(records)
             wait_ready(records["temporal"], self._temporal_ready, progress)
