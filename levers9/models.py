@@ -16,6 +16,7 @@ from levers9.core.endpoints import EndpointSpec, EndpointState
 from levers9.core.observation import Fingerprints
 from levers9.core.placement import Placement, PoolState, QueueSpot
 from levers9.core.task_reports import TaskPhase
+from levers9.core.workspaces import WorkspaceState
 from levers9.providers.joined import ClusterState
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
@@ -451,6 +452,13 @@ class ClusterInput(_Record):
     """ClusterWorkflow's argument: the join, and its state across continue-as-new."""
 
     state: ClusterState
+    max_history_events: int = Field(default=1_000, ge=20)
+
+
+class WorkspaceInput(_Record):
+    """WorkspaceWorkflow's argument: the workspace, and its state across continue-as-new."""
+
+    state: WorkspaceState
     max_history_events: int = Field(default=1_000, ge=20)
 
 

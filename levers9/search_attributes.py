@@ -10,4 +10,6 @@ POOL_NAME = SearchAttributeKey.for_keyword("PoolName")
 NODE_NAME = SearchAttributeKey.for_keyword("NodeName")
 WORKER_STATE = SearchAttributeKey.for_keyword("WorkerState")
 GPU_TYPE = SearchAttributeKey.for_keyword("GpuType")
-SEARCH_ATTRIBUTES = (POOL_NAME, NODE_NAME, WORKER_STATE, GPU_TYPE)
+WORKSPACE = SearchAttributeKey.for_keyword("Levers9Workspace")
+"""The workspace a task (and the workspace's own record) belongs to."""
+SEARCH_ATTRIBUTES = (POOL_NAME, NODE_NAME, WORKER_STATE, GPU_TYPE, WORKSPACE)

@@ -16,6 +16,7 @@ from workflows.pool_ops import ImageRecopyWorkflow, RemovePoolWorkflow
 from workflows.reconcile_pool import ReconcilePoolWorkflow
 from workflows.task import TaskWorkflow
 from workflows.worker import WorkerWorkflow
+from workflows.workspace import WorkspaceWorkflow
 
 WORKFLOWS = [
     ReconcilePoolWorkflow,
@@ -29,6 +30,7 @@ WORKFLOWS = [
     EgressAllowlistWorkflow,
     ImageRecopyWorkflow,
     RemovePoolWorkflow,
+    WorkspaceWorkflow,
 ]
 """What the controlplane's Temporal worker hosts. AttachClusterWorkflow runs on the task queue
 of the `levers9 gke attach` process, with the operator's credentials."""
@@ -58,4 +60,5 @@ __all__ = [
     "RemovePoolWorkflow",
     "TaskWorkflow",
     "WorkerWorkflow",
+    "WorkspaceWorkflow",
 ]

@@ -23,6 +23,7 @@ from levers9.rpc.channel import gateway_channel
 from levers9.task_wire import record_from_message, submit_request
 
 T = TypeVar("T")
+S = TypeVar("S")
 PORT_CHUNK = 64 * 1024
 CALL_TIMEOUT_S = 10.0
 """Past any honest answer of the gateway (a wait adds its own seconds)."""
@@ -79,13 +80,24 @@ def _translate(exc: aio.AioRpcError, address: str, connected: bool = True) -> Ex
 async def _tasks(
     settings: ControlplaneSettings,
 ) -> AsyncIterator[tuple[gateway_pb2_grpc.TasksAsyncStub, tuple[tuple[str, str]]]]:
-    """The gateway's Tasks stub and the operator token's metadata; a failed call inside is
+    """The gateway's Tasks stub and the token's metadata; a failed call inside is
     GatewayUnavailable or GatewayRefused."""
+    async with gateway_stub(settings, gateway_pb2_grpc.TasksStub) as (stub, metadata):
+        yield stub, metadata
+
+
+@asynccontextmanager
+async def gateway_stub(
+    settings: ControlplaneSettings, make: Callable[[grpc.aio.Channel], S]
+) -> AsyncIterator[tuple[S, tuple[tuple[str, str]]]]:
+    """A stub of one of the gateway's services (`make`: its class) and the metadata of the
+    CLI's token (the operator's, or a workspace's); a failed call inside is GatewayUnavailable
+    or GatewayRefused."""
     metadata = _metadata(settings)
     address = settings.cli_gateway_address()
     async with gateway_channel(address, _credentials(settings)) as channel:
         try:
-            yield gateway_pb2_grpc.TasksStub(channel), metadata
+            yield make(channel), metadata
         except aio.AioRpcError as exc:
             # A gateway that drops the connection attempt (no route, a balancer without
             # backends) ends the call at its deadline: that, too, is one that did not answer.

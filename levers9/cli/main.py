@@ -69,6 +69,10 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.cluster",
         "Clusters joined through an agent that dials out: nothing to allow-list, no key.",
     ),
+    "workspace": _Entry(
+        "levers9.cli.workspace",
+        "Workspaces: a team's share of the controlplane, its quota and its tokens.",
+    ),
     "gke": _Entry("levers9.cli.gke", "The cloud side of GKE pools."),
     "egress": _Entry("levers9.cli.egress", "The controlplane's egress IPs on GKE allowlists."),
     "image": _Entry("levers9.cli.image", "The worker image in the pools' registries."),

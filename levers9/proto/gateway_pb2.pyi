@@ -852,3 +852,383 @@ class ClusterRelayData(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterRelayData: _TypeAlias = ClusterRelayData  # noqa: Y015
+
+@_typing.final
+class Workspace(_message.Message):
+    """`levers9 workspace ...`: workspaces (WorkspaceWorkflow's records) and their tokens. Operator
+    calls, all but GetWorkspace, which a workspace token may make for its own workspace (another
+    workspace answers NOT_FOUND, as one that does not exist). A workspace token on an operator
+    call: PERMISSION_DENIED.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GPU_QUOTA_FIELD_NUMBER: _builtins.int
+    MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    LIVE_TOKENS_FIELD_NUMBER: _builtins.int
+    RUNNING_TASKS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    gpu_quota: _builtins.int
+    """unset: no quota"""
+    max_queued: _builtins.int
+    """unset: no bound"""
+    live_tokens: _builtins.int
+    running_tasks: _builtins.int
+    """its tasks queued, placed or running"""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        gpu_quota: _builtins.int | None = ...,
+        max_queued: _builtins.int | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        live_tokens: _builtins.int = ...,
+        running_tasks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "gpu_quota", b"gpu_quota", "live_tokens", b"live_tokens", "max_queued", b"max_queued", "name", b"name", "running_tasks", b"running_tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
+    _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
+    _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
+    _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+
+Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class WorkspaceTokenRecord(_message.Message):
+    """A token's record: never the token, nor its hash."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    LAST_USED_AT_FIELD_NUMBER: _builtins.int
+    REVOKED_AT_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.str
+    label: _builtins.str
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: never"""
+
+    @_builtins.property
+    def last_used_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: never used"""
+
+    @_builtins.property
+    def revoked_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: not revoked"""
+
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.str = ...,
+        label: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        last_used_at: _timestamp_pb2.Timestamp | None = ...,
+        revoked_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "last_used_at", b"last_used_at", "revoked_at", b"revoked_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expires_at", b"expires_at", "label", b"label", "last_used_at", b"last_used_at", "revoked_at", b"revoked_at", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspaceTokenRecord: _TypeAlias = WorkspaceTokenRecord  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GPU_QUOTA_FIELD_NUMBER: _builtins.int
+    MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    gpu_quota: _builtins.int
+    max_queued: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        gpu_quota: _builtins.int | None = ...,
+        max_queued: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
+    _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
+    _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
+    _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+
+Global___CreateWorkspaceRequest: _TypeAlias = CreateWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class GetWorkspaceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWorkspaceRequest: _TypeAlias = GetWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspacesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspacesRequest: _TypeAlias = ListWorkspacesRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspacesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workspaces(self) -> _containers.RepeatedCompositeFieldContainer[Global___Workspace]: ...
+    def __init__(
+        self,
+        *,
+        workspaces: _abc.Iterable[Global___Workspace] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspaces", b"workspaces"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspacesResponse: _TypeAlias = ListWorkspacesResponse  # noqa: Y015
+
+@_typing.final
+class SetWorkspaceRequest(_message.Message):
+    """Only the limits given change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    GPU_QUOTA_FIELD_NUMBER: _builtins.int
+    MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    gpu_quota: _builtins.int
+    max_queued: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        gpu_quota: _builtins.int | None = ...,
+        max_queued: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
+    _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
+    _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
+    _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+
+Global___SetWorkspaceRequest: _TypeAlias = SetWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWorkspaceRequest(_message.Message):
+    """Refused (FAILED_PRECONDITION) while the workspace has running tasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWorkspaceRequest: _TypeAlias = DeleteWorkspaceRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWorkspaceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWorkspaceResponse: _TypeAlias = DeleteWorkspaceResponse  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_SECONDS_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    label: _builtins.str
+    expires_in_seconds: _builtins.int
+    """0: never expires"""
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        label: _builtins.str = ...,
+        expires_in_seconds: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_seconds", b"expires_in_seconds", "label", b"label", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkspaceTokenRequest: _TypeAlias = CreateWorkspaceTokenRequest  # noqa: Y015
+
+@_typing.final
+class CreateWorkspaceTokenResponse(_message.Message):
+    """`token`: given here once; the controlplane keeps only its secret's SHA-256."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    @_builtins.property
+    def record(self) -> Global___WorkspaceTokenRecord: ...
+    def __init__(
+        self,
+        *,
+        token: _builtins.str = ...,
+        record: Global___WorkspaceTokenRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["record", b"record", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWorkspaceTokenResponse: _TypeAlias = CreateWorkspaceTokenResponse  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceTokensRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceTokensRequest: _TypeAlias = ListWorkspaceTokensRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkspaceTokensResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkspaceTokenRecord]: ...
+    def __init__(
+        self,
+        *,
+        tokens: _abc.Iterable[Global___WorkspaceTokenRecord] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkspaceTokensResponse: _TypeAlias = ListWorkspaceTokensResponse  # noqa: Y015
+
+@_typing.final
+class RevokeWorkspaceTokenRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    token_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        token_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["token_id", b"token_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeWorkspaceTokenRequest: _TypeAlias = RevokeWorkspaceTokenRequest  # noqa: Y015
+
+@_typing.final
+class RevokeWorkspaceTokenResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeWorkspaceTokenResponse: _TypeAlias = RevokeWorkspaceTokenResponse  # noqa: Y015

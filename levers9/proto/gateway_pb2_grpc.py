@@ -730,3 +730,376 @@ class Clusters:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkspacesStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CreateWorkspace = channel.unary_unary(
+                '/levers9.v1.Workspaces/CreateWorkspace',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+                _registered_method=True)
+        self.GetWorkspace = channel.unary_unary(
+                '/levers9.v1.Workspaces/GetWorkspace',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.GetWorkspaceRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+                _registered_method=True)
+        self.ListWorkspaces = channel.unary_unary(
+                '/levers9.v1.Workspaces/ListWorkspaces',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspacesRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspacesResponse.FromString,
+                _registered_method=True)
+        self.SetWorkspace = channel.unary_unary(
+                '/levers9.v1.Workspaces/SetWorkspace',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.SetWorkspaceRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+                _registered_method=True)
+        self.DeleteWorkspace = channel.unary_unary(
+                '/levers9.v1.Workspaces/DeleteWorkspace',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.CreateWorkspaceToken = channel.unary_unary(
+                '/levers9.v1.Workspaces/CreateWorkspaceToken',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenResponse.FromString,
+                _registered_method=True)
+        self.ListWorkspaceTokens = channel.unary_unary(
+                '/levers9.v1.Workspaces/ListWorkspaceTokens',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeWorkspaceToken = channel.unary_unary(
+                '/levers9.v1.Workspaces/RevokeWorkspaceToken',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.FromString,
+                _registered_method=True)
+
+
+class WorkspacesServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def CreateWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaces(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWorkspace(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWorkspaceToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkspaceTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeWorkspaceToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkspacesServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CreateWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorkspace,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.Workspace.SerializeToString,
+            ),
+            'GetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorkspace,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.GetWorkspaceRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.Workspace.SerializeToString,
+            ),
+            'ListWorkspaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaces,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspacesRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspacesResponse.SerializeToString,
+            ),
+            'SetWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkspace,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.SetWorkspaceRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.Workspace.SerializeToString,
+            ),
+            'DeleteWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWorkspace,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceResponse.SerializeToString,
+            ),
+            'CreateWorkspaceToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorkspaceToken,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenResponse.SerializeToString,
+            ),
+            'ListWorkspaceTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkspaceTokens,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensResponse.SerializeToString,
+            ),
+            'RevokeWorkspaceToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeWorkspaceToken,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'levers9.v1.Workspaces', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('levers9.v1.Workspaces', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Workspaces:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def CreateWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/CreateWorkspace',
+            levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/GetWorkspace',
+            levers9_dot_proto_dot_gateway__pb2.GetWorkspaceRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/ListWorkspaces',
+            levers9_dot_proto_dot_gateway__pb2.ListWorkspacesRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.ListWorkspacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/SetWorkspace',
+            levers9_dot_proto_dot_gateway__pb2.SetWorkspaceRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.Workspace.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/DeleteWorkspace',
+            levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.DeleteWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorkspaceToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/CreateWorkspaceToken',
+            levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.CreateWorkspaceTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkspaceTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/ListWorkspaceTokens',
+            levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.ListWorkspaceTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeWorkspaceToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/RevokeWorkspaceToken',
+            levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -241,3 +241,88 @@ class ClustersServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_ClustersServicer_to_server(servicer: ClustersServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class WorkspacesStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> WorkspacesAsyncStub: ...
+    CreateWorkspace: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceRequest, _gateway_pb2.Workspace]
+    GetWorkspace: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetWorkspaceRequest, _gateway_pb2.Workspace]
+    ListWorkspaces: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspacesRequest, _gateway_pb2.ListWorkspacesResponse]
+    SetWorkspace: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SetWorkspaceRequest, _gateway_pb2.Workspace]
+    DeleteWorkspace: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.DeleteWorkspaceRequest, _gateway_pb2.DeleteWorkspaceResponse]
+    CreateWorkspaceToken: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceTokenRequest, _gateway_pb2.CreateWorkspaceTokenResponse]
+    ListWorkspaceTokens: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspaceTokensRequest, _gateway_pb2.ListWorkspaceTokensResponse]
+    RevokeWorkspaceToken: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RevokeWorkspaceTokenRequest, _gateway_pb2.RevokeWorkspaceTokenResponse]
+
+@_typing.type_check_only
+class WorkspacesAsyncStub(WorkspacesStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    CreateWorkspace: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceRequest, _gateway_pb2.Workspace]  # type: ignore[assignment]
+    GetWorkspace: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetWorkspaceRequest, _gateway_pb2.Workspace]  # type: ignore[assignment]
+    ListWorkspaces: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspacesRequest, _gateway_pb2.ListWorkspacesResponse]  # type: ignore[assignment]
+    SetWorkspace: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SetWorkspaceRequest, _gateway_pb2.Workspace]  # type: ignore[assignment]
+    DeleteWorkspace: _aio.UnaryUnaryMultiCallable[_gateway_pb2.DeleteWorkspaceRequest, _gateway_pb2.DeleteWorkspaceResponse]  # type: ignore[assignment]
+    CreateWorkspaceToken: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceTokenRequest, _gateway_pb2.CreateWorkspaceTokenResponse]  # type: ignore[assignment]
+    ListWorkspaceTokens: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspaceTokensRequest, _gateway_pb2.ListWorkspaceTokensResponse]  # type: ignore[assignment]
+    RevokeWorkspaceToken: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RevokeWorkspaceTokenRequest, _gateway_pb2.RevokeWorkspaceTokenResponse]  # type: ignore[assignment]
+
+class WorkspacesServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def CreateWorkspace(
+        self,
+        request: _gateway_pb2.CreateWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.Workspace, _abc.Awaitable[_gateway_pb2.Workspace]]: ...
+
+    @_abc_1.abstractmethod
+    def GetWorkspace(
+        self,
+        request: _gateway_pb2.GetWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.Workspace, _abc.Awaitable[_gateway_pb2.Workspace]]: ...
+
+    @_abc_1.abstractmethod
+    def ListWorkspaces(
+        self,
+        request: _gateway_pb2.ListWorkspacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListWorkspacesResponse, _abc.Awaitable[_gateway_pb2.ListWorkspacesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetWorkspace(
+        self,
+        request: _gateway_pb2.SetWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.Workspace, _abc.Awaitable[_gateway_pb2.Workspace]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteWorkspace(
+        self,
+        request: _gateway_pb2.DeleteWorkspaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.DeleteWorkspaceResponse, _abc.Awaitable[_gateway_pb2.DeleteWorkspaceResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateWorkspaceToken(
+        self,
+        request: _gateway_pb2.CreateWorkspaceTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CreateWorkspaceTokenResponse, _abc.Awaitable[_gateway_pb2.CreateWorkspaceTokenResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListWorkspaceTokens(
+        self,
+        request: _gateway_pb2.ListWorkspaceTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListWorkspaceTokensResponse, _abc.Awaitable[_gateway_pb2.ListWorkspaceTokensResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RevokeWorkspaceToken(
+        self,
+        request: _gateway_pb2.RevokeWorkspaceTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RevokeWorkspaceTokenResponse, _abc.Awaitable[_gateway_pb2.RevokeWorkspaceTokenResponse]]: ...
+
+def add_WorkspacesServicer_to_server(servicer: WorkspacesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,265 @@
+"""`levers9.v1.Workspaces`: workspaces and their tokens, for `levers9 workspace ...`.
+
+Every call is the operator's but GetWorkspace, which a workspace token makes for its own
+workspace (another workspace is NOT_FOUND, as one that does not exist). A workspace token on an
+operator call: PERMISSION_DENIED naming the operator. CreateWorkspaceToken makes the token here
+(256 random bits), tells the workspace's record only the SHA-256 of its secret, and answers the
+token once; it is in no log line, no history, no memo.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from levers9.core.workspaces import (
+    MAX_LABEL_CHARS,
+    TOKEN_ID_CHARS,
+    WorkspaceLimits,
+    WorkspaceState,
+    WorkspaceToken,
+    name_problem,
+    token_digest,
+    workspace_token,
+)
+from levers9.gateway.errors import Unauthenticated
+from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
+from levers9.logs import get_logger
+from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.records.workspaces import TemporalWorkspaceRecords, WorkspaceExists
+
+MAX_EXPIRY = timedelta(days=3650)
+Context = grpc.aio.ServicerContext[Any, Any]
+
+log = get_logger(__name__)
+
+
+def _timestamp(moment: datetime | None) -> Timestamp | None:
+    if moment is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromDatetime(moment.astimezone(UTC))
+    return stamp
+
+
+def token_message(token: WorkspaceToken) -> gateway_pb2.WorkspaceTokenRecord:
+    """A token's record as the wire carries it: never its hash."""
+    return gateway_pb2.WorkspaceTokenRecord(
+        token_id=token.token_id,
+        label=token.label,
+        created_at=_timestamp(token.created_at),
+        expires_at=_timestamp(token.expires_at),
+        last_used_at=_timestamp(token.last_used_at),
+        revoked_at=_timestamp(token.revoked_at),
+    )
+
+
+class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
+    def __init__(self, records: TemporalWorkspaceRecords, authority: Authority) -> None:
+        self._records = records
+        self._authority = authority
+
+    async def _identify(self, context: Context) -> Identity:
+        try:
+            return await self._authority.identify(context.invocation_metadata() or ())
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+            raise  # abort raises; for the type checker
+
+    async def _operator(self, context: Context, call: str) -> None:
+        identity = await self._identify(context)
+        try:
+            operator_only(identity, call)
+        except Forbidden as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+
+    @staticmethod
+    async def _name(context: Context, name: str, field: str = "name") -> None:
+        problem = name_problem(name)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
+
+    async def _state(self, context: Context, name: str) -> WorkspaceState:
+        state = await self._records.get(name)
+        if state is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {name}")
+        assert state is not None
+        return state
+
+    async def _message(self, state: WorkspaceState) -> gateway_pb2.Workspace:
+        now = datetime.now(UTC)
+        return gateway_pb2.Workspace(
+            name=state.name,
+            gpu_quota=state.gpu_quota,
+            max_queued=state.max_queued,
+            created_at=_timestamp(state.created_at),
+            live_tokens=sum(1 for t in state.tokens if t.live(now)),
+            running_tasks=await self._records.running_tasks(state.name),
+        )
+
+    @staticmethod
+    async def _limits(
+        context: Context,
+        request: gateway_pb2.CreateWorkspaceRequest | gateway_pb2.SetWorkspaceRequest,
+    ) -> WorkspaceLimits:
+        given = {}
+        for field in ("gpu_quota", "max_queued"):
+            if request.HasField(field):
+                value = getattr(request, field)
+                if value < 0:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {value} is below 0"
+                    )
+                given[field] = value
+        return WorkspaceLimits(**given)
+
+    async def CreateWorkspace(
+        self, request: gateway_pb2.CreateWorkspaceRequest, context: Context
+    ) -> gateway_pb2.Workspace:
+        await self._operator(context, "creating a workspace")
+        await self._name(context, request.name)
+        limits = await self._limits(context, request)
+        state = WorkspaceState(
+            name=request.name,
+            gpu_quota=limits.gpu_quota,
+            max_queued=limits.max_queued,
+            created_at=datetime.now(UTC),
+        )
+        try:
+            await self._records.create(state)
+        except WorkspaceExists as exc:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        log.info("workspace created", workspace=state.name)
+        return await self._message(state)
+
+    async def GetWorkspace(
+        self, request: gateway_pb2.GetWorkspaceRequest, context: Context
+    ) -> gateway_pb2.Workspace:
+        identity = await self._identify(context)
+        await self._name(context, request.name)
+        if not identity.sees(request.name):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
+        return await self._message(await self._state(context, request.name))
+
+    async def ListWorkspaces(
+        self, request: gateway_pb2.ListWorkspacesRequest, context: Context
+    ) -> gateway_pb2.ListWorkspacesResponse:
+        await self._operator(context, "listing workspaces")
+        states = await self._records.list()
+        return gateway_pb2.ListWorkspacesResponse(
+            workspaces=[await self._message(state) for state in states]
+        )
+
+    async def SetWorkspace(
+        self, request: gateway_pb2.SetWorkspaceRequest, context: Context
+    ) -> gateway_pb2.Workspace:
+        await self._operator(context, "changing a workspace")
+        await self._name(context, request.name)
+        limits = await self._limits(context, request)
+        if limits.gpu_quota is None and limits.max_queued is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "nothing to set: give gpu_quota or max_queued"
+            )
+        state = await self._records.set_limits(request.name, limits)
+        if state is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
+        assert state is not None
+        log.info(
+            "workspace changed",
+            workspace=state.name,
+            gpu_quota=state.gpu_quota,
+            max_queued=state.max_queued,
+        )
+        return await self._message(state)
+
+    async def DeleteWorkspace(
+        self, request: gateway_pb2.DeleteWorkspaceRequest, context: Context
+    ) -> gateway_pb2.DeleteWorkspaceResponse:
+        await self._operator(context, "deleting a workspace")
+        await self._name(context, request.name)
+        await self._state(context, request.name)
+        running = await self._records.running_tasks(request.name)
+        if running:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"workspace {request.name} has {running} running task(s): cancel them first"
+                f" (`levers9 task list` shows them), then delete it",
+            )
+        if not await self._records.delete(request.name):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
+        self._authority.forget(request.name)
+        log.info("workspace deleted", workspace=request.name)
+        return gateway_pb2.DeleteWorkspaceResponse()
+
+    async def CreateWorkspaceToken(
+        self, request: gateway_pb2.CreateWorkspaceTokenRequest, context: Context
+    ) -> gateway_pb2.CreateWorkspaceTokenResponse:
+        await self._operator(context, "making a workspace token")
+        await self._name(context, request.workspace, "workspace")
+        if len(request.label) > MAX_LABEL_CHARS or not request.label.isprintable():
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"label: printable text of at most {MAX_LABEL_CHARS} characters",
+            )
+        if not 0 <= request.expires_in_seconds <= MAX_EXPIRY.total_seconds():
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"expires_in_seconds: 0 (never) to {int(MAX_EXPIRY.total_seconds())}",
+            )
+        now = datetime.now(UTC)
+        secret = secrets.token_urlsafe(32)  # 256 bits
+        token_id = secrets.token_hex(TOKEN_ID_CHARS // 2)
+        record = WorkspaceToken(
+            token_id=token_id,
+            label=request.label,
+            digest=token_digest(secret),
+            created_at=now,
+            expires_at=(
+                now + timedelta(seconds=request.expires_in_seconds)
+                if request.expires_in_seconds
+                else None
+            ),
+        )
+        refusal = await self._records.add_token(request.workspace, record)
+        if refusal is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.workspace}")
+        if refusal:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        log.info(
+            "workspace token created",
+            workspace=request.workspace,
+            token_id=token_id,
+            label=request.label,
+        )
+        return gateway_pb2.CreateWorkspaceTokenResponse(
+            token=workspace_token(request.workspace, token_id, secret),
+            record=token_message(record),
+        )
+
+    async def ListWorkspaceTokens(
+        self, request: gateway_pb2.ListWorkspaceTokensRequest, context: Context
+    ) -> gateway_pb2.ListWorkspaceTokensResponse:
+        await self._operator(context, "listing a workspace's tokens")
+        await self._name(context, request.workspace, "workspace")
+        state = await self._state(context, request.workspace)
+        return gateway_pb2.ListWorkspaceTokensResponse(
+            tokens=[token_message(t) for t in state.tokens]
+        )
+
+    async def RevokeWorkspaceToken(
+        self, request: gateway_pb2.RevokeWorkspaceTokenRequest, context: Context
+    ) -> gateway_pb2.RevokeWorkspaceTokenResponse:
+        await self._operator(context, "revoking a workspace token")
+        await self._name(context, request.workspace, "workspace")
+        refusal = await self._records.revoke_token(request.workspace, request.token_id)
+        if refusal is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.workspace}")
+        if refusal:
+            await context.abort(grpc.StatusCode.NOT_FOUND, refusal)
+        self._authority.forget(request.workspace)
+        log.info("workspace token revoked", workspace=request.workspace, token_id=request.token_id)
+        return gateway_pb2.RevokeWorkspaceTokenResponse()
