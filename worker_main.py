@@ -226,6 +226,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
             *(name for name, pool in values.pools.items() if pool.simulated_gpus),
             *(s.spec.name for s in joined if s.spec.simulated_gpus),
         ],
+        runtimes={name: pool.offered_runtimes for name, pool in values.pools.items()},
     )
     log.info(
         "reconcile schedules in place",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings
+from levers9.contract import DEFAULT_RUNTIME
 from levers9.errors import Unreachable
 from levers9.logs import get_logger, quiet_sdk_messages
 from levers9.models import (
@@ -57,6 +58,9 @@ VALUES, JOINED = "values", "joined"
 MEMO_SIMULATED_GPUS = "levers9.simulatedGpus"
 """True when the pool's values say `simulatedGpus: true` (the sandbox): `levers9 pool check`
 reads it to tell a simulated pool's empty container from a broken driver's."""
+MEMO_RUNTIMES = "levers9.runtimes"
+"""The runtimes the pool's tasks may name (its `runtimes`, `runtime` first): a submit naming
+another is refused at once. A memo without it (a join, an older schedule): the default's."""
 RECONCILE_RUN_TIMEOUT = timedelta(minutes=2)
 PASS_POLL_S = 1.0
 
@@ -271,6 +275,28 @@ async def unknown_pool(client: Client, task_queue: str, pool_name: str) -> str |
     return no_such_pool(pool_name, await pool_names(client, task_queue))
 
 
+async def pool_runtimes(client: Client, task_queue: str, pool_name: str) -> tuple[str, ...] | None:
+    """The runtimes a task of the pool may name (its schedule's memo), None when this
+    controlplane reconciles no such pool."""
+    memo = await schedule_memo(client, pool_name)
+    if memo is None or memo.get(MEMO_TASK_QUEUE) != task_queue:
+        return None
+    offered = memo.get(MEMO_RUNTIMES)
+    if not isinstance(offered, list) or not offered:
+        return (DEFAULT_RUNTIME,)
+    return tuple(str(name) for name in offered)
+
+
+def runtime_not_offered(pool_name: str, runtime: str, offered: Sequence[str]) -> str | None:
+    """Why a task of the pool may not name `runtime` ("": the pool's own), or None."""
+    if not runtime or runtime in offered:
+        return None
+    return (
+        f"pool {pool_name} does not offer runtime {runtime}: it offers {', '.join(offered)}"
+        f" (config.worker.pools.{pool_name}.runtimes lists what its tasks may name)"
+    )
+
+
 def no_such_pool(pool_name: str, pools: Iterable[str]) -> str:
     return (
         f"no pool {pool_name} on this controlplane (`levers9 pool list` shows"
@@ -285,6 +311,7 @@ async def ensure_reconcile_schedule(
     source: str = JOINED,
     *,
     simulated_gpus: bool = False,
+    runtimes: Sequence[str] = (DEFAULT_RUNTIME,),
 ) -> bool:
     """Creates `reconcile:<pool>` (True), or updates it keeping an operator's pause (False).
     `source` (values or joined) and `simulated_gpus` are kept in its memo; a schedule whose memo
@@ -295,6 +322,7 @@ async def ensure_reconcile_schedule(
         MEMO_TASK_QUEUE: settings.task_queue,
         MEMO_SOURCE: source,
         MEMO_SIMULATED_GPUS: simulated_gpus,
+        MEMO_RUNTIMES: list(runtimes),
     }
     try:
         await client.create_schedule(schedule_id, schedule, memo=memo)
@@ -303,10 +331,11 @@ async def ensure_reconcile_schedule(
         handle = client.get_schedule_handle(schedule_id)
         described = await handle.describe()
         kept = await described.memo()
-        if (kept.get(MEMO_SOURCE), kept.get(MEMO_SIMULATED_GPUS, False)) != (
-            source,
-            simulated_gpus,
-        ):
+        if (
+            kept.get(MEMO_SOURCE),
+            kept.get(MEMO_SIMULATED_GPUS, False),
+            kept.get(MEMO_RUNTIMES, [DEFAULT_RUNTIME]),
+        ) != (source, simulated_gpus, list(runtimes)):
             # A schedule's memo cannot be updated: make it again, as it stood.
             await handle.delete()
             state = described.schedule.state
@@ -353,13 +382,15 @@ async def sync_reconcile_schedules(
     keep: Iterable[str] = (),
     joined: Iterable[str] = (),
     simulated_gpus: Iterable[str] = (),
+    runtimes: Mapping[str, Sequence[str]] | None = None,
 ) -> ScheduleSync:
     """Creates or updates `reconcile:<pool>` per pool; deletes those of pools no longer here.
 
     Pools in `keep` (in the values but not loadable, say a typo) keep their schedule as it is:
     a bad edit must not read as "pool removed". Pools in `joined` were made by `levers9
     cluster join`, the others by the values (the schedule's memo says which); pools in
-    `simulated_gpus` say `simulatedGpus: true` (memo too). Only schedules
+    `simulated_gpus` say `simulatedGpus: true` (memo too), and `runtimes` holds the runtimes
+    each pool's tasks may name (memo; a pool not in it: the default's). Only schedules
     that this controlplane's task queue owns (a memo) are deleted, so two controlplanes sharing
     a namespace leave each other alone. An operator's pause survives an update.
     """
@@ -370,7 +401,12 @@ async def sync_reconcile_schedules(
     for schedule_id, pool_name in wanted.items():
         source = JOINED if pool_name in joined else VALUES
         if await ensure_reconcile_schedule(
-            client, pool_name, settings, source, simulated_gpus=pool_name in simulated
+            client,
+            pool_name,
+            settings,
+            source,
+            simulated_gpus=pool_name in simulated,
+            runtimes=(runtimes or {}).get(pool_name, (DEFAULT_RUNTIME,)),
         ):
             created.append(schedule_id)
         else:

@@ -27,7 +27,7 @@ from levers9.cli.runtime import settings_from_env
 from levers9.cli.task_access import Answer, answered, last_answer, print_last, tasks_for
 from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
-from levers9.contract import DNS_LABEL, task_input_problem
+from levers9.contract import DNS_LABEL, task_input_problem, task_runtime_problem
 from levers9.core.placement import QUOTA
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
@@ -215,11 +215,21 @@ def run(
             help="seconds from SIGTERM to SIGKILL when it is stopped (0: the worker's 10)",
         ),
     ] = 0,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="runc, or runsc (gVisor) where the pool offers it (default: the pool's runtime)",
+        ),
+    ] = "",
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     refused = task_input_problem(command, {})
     if refused is not None:
         raise typer.BadParameter(refused, param_hint="CMD")
+    refused = task_runtime_problem(runtime)
+    if refused is not None:
+        raise typer.BadParameter(refused, param_hint="--runtime")
     settings = settings_from_env()
     task = TaskInput(
         task_id=new_task_id(),
@@ -231,6 +241,7 @@ def run(
         cpu_millis=_quantity("--cpus", cpus, bytes_=False),
         ports=_ports(port or []),
         stop_grace_seconds=stop_grace,
+        runtime=runtime,
     )
     if detach:
         answered(tasks_for(settings).submit(task))

@@ -81,13 +81,18 @@ class TemporalTasks:
 
     async def submit(self, task: TaskInput) -> None:
         from levers9.records.tasks import start_task
-        from levers9.temporal import unknown_pool
+        from levers9.temporal import pool_runtimes, runtime_not_offered, unknown_pool
 
         client = await self.client()
-        problem = await unknown_pool(client, self._settings.task_queue, task.pool_name)
-        if problem is not None:  # as the gateway refuses it: it would wait forever
-            raise typer.BadParameter(problem, param_hint="--pool")
-        await start_task(client, self._settings.task_queue, task)
+        queue = self._settings.task_queue
+        offered = await pool_runtimes(client, queue, task.pool_name)
+        if offered is None:  # as the gateway refuses it: it would wait forever
+            problem = await unknown_pool(client, queue, task.pool_name)
+            raise typer.BadParameter(problem or "no such pool", param_hint="--pool")
+        problem = runtime_not_offered(task.pool_name, task.runtime, offered)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint="--runtime")
+        await start_task(client, queue, task)
 
     async def record(self, task_id: str, wait_s: float = 0.0) -> TaskRecord | None:
         """Asks the record first (within QUERY_WITHIN_S: a controlplane that is down is said

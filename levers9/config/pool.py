@@ -279,7 +279,11 @@ class PoolConfig(_Model):
     host_network: bool = Field(default=True, alias="hostNetwork")
     runtime: Runtime = DEFAULT_RUNTIME
     """How the pool's workers run its tasks (`levers9.worker.runtimes`): `runc`, a task in its
-    image (a task of none as a process of the worker); `process`, every task as a process."""
+    image (a task of none as a process of the worker); `runsc`, a task in its image in a gVisor
+    sandbox; `process`, every task as a process."""
+    runtimes: list[Runtime] | None = None
+    """The runtimes its tasks may name (`levers9 run --runtime runsc`), `runtime` among them (the
+    one a task that names none runs in); unset: `runtime` alone."""
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
     worker_resources: WorkerResources = Field(
         default_factory=WorkerResources, alias="workerResources"
@@ -314,6 +318,37 @@ class PoolConfig(_Model):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("empty: list the runtimes tasks may name (runc, runsc), or unset it")
+        for name in value:
+            problem = runtime_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
+        twice = sorted({n for n in value if value.count(n) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _runtimes_hold_the_runtime(self) -> PoolConfig:
+        if self.runtimes is not None and self.runtime not in self.runtimes:
+            raise ValueError(
+                f"runtimes: [{', '.join(self.runtimes)}] does not hold runtime {self.runtime} (what"
+                f" a task that names none runs in): add {self.runtime} to runtimes, or set runtime"
+                f" to one of them"
+            )
+        return self
+
+    @property
+    def offered_runtimes(self) -> tuple[str, ...]:
+        """The runtimes a task of this pool may name, `runtime` first."""
+        return tuple(dict.fromkeys([self.runtime, *(self.runtimes or ())]))
 
     @model_validator(mode="after")
     def _process_runs_no_image(self) -> PoolConfig:

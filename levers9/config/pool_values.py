@@ -12,7 +12,7 @@ but the models, so a workflow may build one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -40,6 +40,7 @@ def pool_values(
     simulated_gpus: bool | None = None,
     task_image: str | None = None,
     node_paths: bool = False,
+    runtimes: Sequence[str] | None = None,
 ) -> PoolConfig:
     """A pool's block with only what is given set (`as_values` writes those, no default).
 
@@ -58,6 +59,7 @@ def pool_values(
         task_image: `taskDefaults.image`, where a task that names none runs; None: unset.
         node_paths: write `imagesPath`, `durableDisksPath` and `cache` (the schema's defaults),
             as the spec's block shows them to a user who pastes it.
+        runtimes: `runtimes`, those a task may name (`runtime`, runc, among them); None: unset.
     """
     written = {"flavor", "endpoint", "namespace", "node_selector", "worker_image"}
     written |= {"ca_certificate"} if ca_certificate is not None else set()
@@ -76,6 +78,7 @@ def pool_values(
     written |= {"host_network"} if tunnel else set()
     written |= {"simulated_gpus"} if simulated_gpus is not None else set()
     written |= {"task_defaults"} if task_image is not None else set()
+    written |= {"runtimes"} if runtimes is not None else set()
     return PoolConfig.model_construct(
         _written(PoolConfig, written),
         mode="external",
@@ -86,6 +89,7 @@ def pool_values(
         task_defaults=TaskDefaults.model_construct(image=task_image),
         kubernetes=kubernetes,
         simulated_gpus=bool(simulated_gpus),
+        runtimes=None if runtimes is None else list(runtimes),
     )
 
 

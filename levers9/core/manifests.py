@@ -70,6 +70,8 @@ class WorkerJobSpec:
     """The pool's `imageCacheSize`; 0: the worker's default."""
     runtime: str = DEFAULT_RUNTIME
     """The pool's `runtime`: what the agent runs its tasks with (`levers9.worker.runtimes`)."""
+    runtimes: tuple[str, ...] = ()
+    """The pool's `runtimes`: those its tasks may name (`runtime` among them); (): it alone."""
     default_image: str = ""
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
@@ -114,6 +116,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
         ("LEVERS9_RUNTIME", spec.runtime),
     ]
+    if set(spec.runtimes) - {spec.runtime}:
+        plain.append(("LEVERS9_RUNTIMES", ",".join(spec.runtimes)))
     if spec.advertised_host:
         plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))
     if spec.gateway_tls:

@@ -22,6 +22,8 @@ POOL_NAME = "gke-rtx6000"
 GPU_TYPE = "RTXPro6000"
 PROJECT = "demo"
 REGION = "us-central1"
+RUNTIMES = ("runc", "runsc")
+"""What the dev pool offers: runc, and gVisor (deploy/dev/install-tools.sh installs runsc)."""
 
 
 def pool(
@@ -31,6 +33,7 @@ def pool(
     tunnel: bool = False,
     simulated_gpus: bool | None = None,
     task_image: str | None = None,
+    runtimes: tuple[str, ...] | None = None,
 ) -> PoolConfig:
     """The spec's pool, as the one builder makes it (`levers9.config.pool_values`), pointing at
     the sandbox."""
@@ -46,6 +49,7 @@ def pool(
         simulated_gpus=simulated_gpus,
         task_image=task_image,
         node_paths=True,
+        runtimes=runtimes,
     )
 
 
@@ -71,11 +75,17 @@ def write(
 ) -> list[Path]:
     """Writes the two values files for the sandbox at `endpoint` with its CA and key. Beyond the
     spec's block: `simulatedGpus: true` (the sandbox's cards are simulated, so the GPU check
-    expects its container to see none) and, with `task_image`, `taskDefaults: {image: ...}`
-    (where a task that names no image runs)."""
+    expects its container to see none), `runtimes: [runc, runsc]` (`levers9 run --runtime runsc`
+    runs a task in gVisor) and, with `task_image`, `taskDefaults: {image: ...}` (where a task
+    that names no image runs)."""
     values = directory / "values.yaml"
     block = pool(
-        ca_base64, endpoint, tunnel=tunnel, simulated_gpus=True, task_image=task_image or None
+        ca_base64,
+        endpoint,
+        tunnel=tunnel,
+        simulated_gpus=True,
+        task_image=task_image or None,
+        runtimes=RUNTIMES,
     )
     pools = {POOL_NAME: as_values(block)}
     values.write_text(yaml.safe_dump({"config": {"worker": {"pools": pools}}}, sort_keys=False))

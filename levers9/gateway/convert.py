@@ -18,6 +18,7 @@ from levers9.contract import (
     MAX_TASK_INPUT_BYTES,
     ready_path_problem,
     task_input_problem,
+    task_runtime_problem,
 )
 from levers9.core.image_reference import DIGEST, ImageReference, ImageReferenceError
 from levers9.core.task_reports import TaskPhase, TaskReport, TaskState
@@ -114,6 +115,9 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         problem = "needs a port to probe (ports is empty)"
     if problem is not None:
         raise InvalidRequest("task.ready_path", problem)
+    problem = task_runtime_problem(spec.runtime)
+    if problem is not None:
+        raise InvalidRequest("task.runtime", problem)
     if not 0 <= spec.stop_grace_seconds <= MAX_STOP_GRACE_S:
         raise InvalidRequest(
             "task.stop_grace_seconds",

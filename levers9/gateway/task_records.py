@@ -16,7 +16,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from levers9.models import TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
 from levers9.records.found import or_none
 from levers9.records.tasks import cancel_task, start_task, task_ended, task_page, task_record
-from levers9.temporal import unknown_pool
+from levers9.temporal import no_such_pool, pool_names, pool_runtimes, runtime_not_offered
 
 KNOWN_POOL_TTL_S = 5.0
 
@@ -28,8 +28,9 @@ class TaskRecords(Protocol):
     async def start(self, task: TaskInput) -> None:
         """Starts the task's record; a second start of the same id starts nothing."""
 
-    async def unknown_pool(self, pool_name: str) -> str | None:
-        """Why a task naming the pool is refused (no such pool, naming those there are)."""
+    async def refusal(self, pool_name: str, runtime: str) -> tuple[str, str] | None:
+        """Why a task naming the pool and the runtime is refused: (the field, the problem): no
+        such pool (naming those there are), a runtime it does not offer (naming those it does)."""
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         """The record once the task has ended, or as it is after `timeout_s`."""
@@ -52,7 +53,7 @@ class TemporalTaskRecords:
     def __init__(self, client: Client, task_queue: str) -> None:
         self._client = client
         self._task_queue = task_queue
-        self._known: dict[str, float] = {}
+        self._known: dict[str, tuple[float, tuple[str, ...]]] = {}
 
     async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
         return await task_record(self._client, task_id, where_queued=where_queued)
@@ -61,16 +62,23 @@ class TemporalTaskRecords:
         with contextlib.suppress(WorkflowAlreadyStartedError):
             await start_task(self._client, self._task_queue, task)
 
-    async def unknown_pool(self, pool_name: str) -> str | None:
+    async def refusal(self, pool_name: str, runtime: str) -> tuple[str, str] | None:
         """A burst of submits to one pool describes its schedule once per KNOWN_POOL_TTL_S;
         a refusal is always from a fresh read."""
         seen = self._known.get(pool_name)
-        if seen is not None and time.monotonic() - seen < KNOWN_POOL_TTL_S:
-            return None
-        problem = await unknown_pool(self._client, self._task_queue, pool_name)
-        if problem is None:
-            self._known[pool_name] = time.monotonic()
-        return problem
+        if (
+            seen is None
+            or time.monotonic() - seen[0] >= KNOWN_POOL_TTL_S
+            or (runtime and runtime not in seen[1])
+        ):
+            offered = await pool_runtimes(self._client, self._task_queue, pool_name)
+            if offered is None:
+                pools = await pool_names(self._client, self._task_queue)
+                return "pool_name", no_such_pool(pool_name, pools)
+            seen = (time.monotonic(), offered)
+            self._known[pool_name] = seen
+        problem = runtime_not_offered(pool_name, runtime, seen[1])
+        return None if problem is None else ("task.runtime", problem)
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)

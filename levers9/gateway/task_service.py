@@ -214,9 +214,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             task = submitted_task(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        problem = await self._records.unknown_pool(task.pool_name)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pool_name: {problem}")
+        refused = await self._records.refusal(task.pool_name, task.runtime)
+        if refused is not None:
+            field, problem = refused
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
 

@@ -32,6 +32,7 @@ SPECS = st.builds(
     ports=st.lists(st.one_of(INT32, st.integers(1, 65535)), max_size=3),
     ready_path=st.one_of(TEXT, st.just(""), st.just("/health")),
     stop_grace_seconds=st.one_of(INT32, st.integers(0, 60)),
+    runtime=st.one_of(TEXT, st.sampled_from(["", "runc", "runsc"])),
 )
 SUBMITS = st.builds(
     gateway_pb2.SubmitTaskRequest,
@@ -88,6 +89,7 @@ WELL_FORMED = st.builds(
         ports=st.lists(st.integers(1, 65535), unique=True, min_size=1, max_size=3),
         ready_path=st.sampled_from(["", "/", "/health?ready=1"]),
         stop_grace_seconds=st.integers(0, 3600),
+        runtime=st.sampled_from(["", "runc", "runsc"]),
     ),
 )
 

@@ -339,6 +339,9 @@ async def test_task_api_checks_every_field_and_the_token(cp: Controlplane) -> No
         (submit(gpu_indices=[0]), "task.gpu_indices: the placement picks the cards"),
         (submit(env={"a.b": ""}), "task.env: 'a.b' is not a variable name"),
         (submit(ready_path="/health"), "task.ready_path: needs a port to probe"),
+        (submit(runtime="kata"), "task.runtime: unknown runtime 'kata': use one of runc, runsc"),
+        (submit(runtime="process"), "task.runtime: unknown runtime 'process'"),
+        (submit(runtime="runsc"), f"task.runtime: pool {POOL} does not offer runtime runsc"),
     ]
     async with aio.insecure_channel(cp.settings.gateway_advertised_address) as channel:
         stub = gateway_pb2_grpc.TasksStub(channel)

@@ -2,17 +2,19 @@
 - against the Temporal dev server and a real gateway: a pool this controlplane does not
   reconcile is refused at submit (through the gateway, and straight through Temporal without a
   token), naming the pools there are, and nothing is started; `pool remove` of such a pool
-  removes nothing and says so; Ctrl-C on a foreground `run` says the task goes on and how to
-  cancel it, and leaves it as it was;
-- with nothing to reach: an argument that is not UTF-8, a --gpus past the gateway's bound, a
+  removes nothing and says so; a runtime the pool does not offer is refused at submit the same
+  two ways, naming those it offers, and one it offers is taken; Ctrl-C on a foreground `run`
+  says the task goes on and how to cancel it, and leaves it as it was;
+- with nothing to reach: an argument that is not UTF-8, a --runtime that is none, a --gpus
+  past the gateway's bound, a
   --memory below the 6 MiB floor or with an exponent no node has, a bad --log-level, a command
   and environment over the one 128 KiB limit, an environment variable that is no variable
   name: each a message and exit status 2, never a traceback, and refused before anything is
   dialled;
 - `task get` of a task not ended never reads `(never ran)`.
 
-The controlplane here is its gateway and one reconcile schedule (paused: nothing polls its task
-queue), which is all the refusals read.
+The controlplane here is its gateway and two reconcile schedules (paused: nothing polls its
+task queue; one pool offers runc only, the other runc and runsc), which is all the refusals read.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ pytestmark = pytest.mark.integration
 
 SECRET = "door-refusals-secret-0123456789"
 POOL = "door-pool"
+GVISOR_POOL = "door-gvisor"
+"""Offers runc and runsc (`runtimes: [runc, runsc]`)."""
 LEVERS9 = Path(sys.executable).parent / "levers9"
 
 
@@ -77,8 +81,12 @@ async def plane(
         {"temporalAddress": address, "taskQueue": task_queue}
     )
     await ensure_reconcile_schedule(client, POOL, settings, source=VALUES)
-    schedule = client.get_schedule_handle(reconcile_schedule_id(POOL))
-    await schedule.pause()
+    await ensure_reconcile_schedule(
+        client, GVISOR_POOL, settings, source=VALUES, runtimes=("runc", "runsc")
+    )
+    schedules = [client.get_schedule_handle(reconcile_schedule_id(p)) for p in (POOL, GVISOR_POOL)]
+    for schedule in schedules:
+        await schedule.pause()
     gateway = Gateway(
         TemporalWorkerRecords(client),
         SecretStr(SECRET),
@@ -104,7 +112,8 @@ async def plane(
         yield Plane(with_token, task_queue, base)
     finally:
         await gateway.stop(grace=0)
-        await schedule.delete()
+        for schedule in schedules:
+            await schedule.delete()
 
 
 async def _tasks(dev_env: WorkflowEnvironment, task_queue: str, pool: str) -> list[str]:
@@ -121,7 +130,8 @@ async def test_run_on_a_pool_that_is_not_there_is_refused_naming_the_pools(
     assert done.returncode != 0, said
     assert "Traceback" not in said
     assert (
-        "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-pool)" in said
+        "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-gvisor, door-pool)"
+        in said
     ), said
     assert "submitted" not in said
     # The pool that is there is taken (the check refuses by name, not everything).
@@ -137,13 +147,43 @@ async def test_run_on_a_pool_that_is_not_there_is_refused_naming_the_pools(
     await dev_env.client.get_workflow_handle(f"task:{task_id}").terminate("test done")
 
 
+@pytest.mark.parametrize("token", [True, False], ids=["gateway", "temporal"])
+async def test_a_runtime_the_pool_does_not_offer_is_refused_naming_those_it_does(
+    plane: Plane, dev_env: WorkflowEnvironment, token: bool
+) -> None:
+    args = ("--runtime", "runsc", "--wait", "5", "--", "dmesg")
+    before = await _tasks(dev_env, plane.task_queue, POOL)
+    done = await plane.cli("run", "--pool", POOL, *args, token=token)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "Traceback" not in said
+    assert (
+        "pool door-pool does not offer runtime runsc: it offers runc"
+        " (config.worker.pools.door-pool.runtimes lists what its tasks may name)"
+    ) in " ".join(said.split()), said
+    assert "submitted" not in said
+    taken = await plane.cli("run", "--pool", GVISOR_POOL, "--detach", *args[:2], "--", "dmesg")
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    task_id = taken.stdout.strip().splitlines()[-1]
+
+    async def listed() -> bool:
+        return f"task:{task_id}" in await _tasks(dev_env, plane.task_queue, GVISOR_POOL)
+
+    await eventually(listed)  # what was started is listed by now; the refused one never was
+    assert await _tasks(dev_env, plane.task_queue, POOL) == before
+    await dev_env.client.get_workflow_handle(f"task:{task_id}").terminate("test done")
+
+
 async def test_pool_remove_of_a_pool_that_is_not_there_removes_nothing(
     plane: Plane, dev_env: WorkflowEnvironment
 ) -> None:
     done = await plane.cli("pool", "remove", "--pool", "nosuchpool")
     said = done.stdout + done.stderr
     assert done.returncode == 1, said
-    assert "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-pool)" in said
+    assert (
+        "no pool nosuchpool on this controlplane (`levers9 pool list` shows door-gvisor, door-pool)"
+        in said
+    )
     assert "removed" not in said
     assert "kubectl delete namespace" not in said
     assert "Traceback" not in said
@@ -185,6 +225,10 @@ def _levers9(*args: str | bytes) -> subprocess.CompletedProcess[str]:
             "error: argument 9 (b'K=\\xff') is not UTF-8 text",
         ),
         (("task", "get", b"\xff"), "error: argument 3 (b'\\xff') is not UTF-8 text"),
+        (
+            ("run", "--pool", "p", "--runtime", "bogus", "--", "true"),
+            "Invalid value for --runtime: unknown runtime 'bogus': use one of runc, runsc",
+        ),
         (
             ("run", "--pool", "p", "--memory", "1", "--", "true"),
             "Invalid value for --memory: '1': 1 bytes is below the 6Mi a container needs to"

@@ -168,6 +168,33 @@ def test_a_runtime_that_is_not_built_is_refused_naming_the_field(
     assert error.startswith(f"{PREFIX}.runtime: {expected}"), error
 
 
+def test_runtimes_offers_more_than_the_runtime_and_holds_it() -> None:
+    block = spec_pool(credentials=key_json())
+    assert parse_pool("gke-rtx6000", block).offered_runtimes == ("runc",)
+    block["runtimes"] = ["runsc", "runc"]
+    assert parse_pool("gke-rtx6000", block).offered_runtimes == ("runc", "runsc")
+
+
+@pytest.mark.parametrize(
+    ("runtimes", "expected"),
+    [
+        (["runc", "kata"], ".runtimes: unknown runtime 'kata': use one of process, runc, runsc"),
+        ([], ".runtimes: empty: list the runtimes tasks may name (runc, runsc), or unset it"),
+        (["runc", "runsc", "runc"], ".runtimes: runc listed twice"),
+        (
+            ["runsc"],
+            ": runtimes: [runsc] does not hold runtime runc (what a task that names none runs"
+            " in): add runc to runtimes, or set runtime to one of them",
+        ),
+    ],
+)
+def test_a_wrong_runtimes_is_refused_naming_the_field(runtimes: list[str], expected: str) -> None:
+    block = spec_pool(credentials=key_json())
+    block["runtimes"] = runtimes
+    [error] = _pool_errors(block)
+    assert error.startswith(f"{PREFIX}{expected}"), error
+
+
 def test_runtime_process_refuses_a_default_image() -> None:
     block = spec_pool(credentials=key_json())
     block["runtime"] = "process"

@@ -185,10 +185,16 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
 
 
 @pytest.mark.parametrize(
-    ("values", "expected"), [({}, "runc"), ({"runtime": "process"}, "process")]
+    ("values", "expected", "offered"),
+    [
+        ({}, "runc", ("runc",)),
+        ({"runtime": "process"}, "process", ("process",)),
+        ({"runtime": "runsc"}, "runsc", ("runsc",)),
+        ({"runtimes": ["runsc", "runc"]}, "runc", ("runc", "runsc")),
+    ],
 )
 def test_the_pools_runtime_reaches_the_worker_through_its_environment(
-    values: dict[str, str], expected: str
+    values: dict[str, Any], expected: str, offered: tuple[str, ...]
 ) -> None:
     from activities.kube import worker_spec
     from levers9.config import parse_pool, parse_settings
@@ -203,5 +209,7 @@ def test_the_pools_runtime_reaches_the_worker_through_its_environment(
     ]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env["LEVERS9_RUNTIME"] == expected
+    assert ("LEVERS9_RUNTIMES" in env) == (len(offered) > 1), "only when it offers others"
     env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
-    assert WorkerSettings.from_env({**env, "LEVERS9_WORKER_TOKEN": "l9w1.t"}).runtime == expected
+    settings = WorkerSettings.from_env({**env, "LEVERS9_WORKER_TOKEN": "l9w1.t"})
+    assert (settings.runtime, settings.offered_runtimes()) == (expected, offered)

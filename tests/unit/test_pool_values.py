@@ -154,7 +154,11 @@ def test_the_dev_values_file_holds_the_same_map(tmp_path: Path, task_image: str 
         tunnel=True,
         task_image=task_image,
     )
-    expected = {**_attach_block_by_hand(tunnel=True), "simulatedGpus": True}
+    expected = {
+        **_attach_block_by_hand(tunnel=True),
+        "simulatedGpus": True,
+        "runtimes": ["runc", "runsc"],
+    }
     if task_image:
         expected["taskDefaults"] = {"image": task_image}
     assert yaml.safe_load(values.read_text()) == {
