@@ -95,6 +95,15 @@ class Registry:
     def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         return self.store.get(resource, _ns(resource, namespace), name)
 
+    def find(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """`get`, or None where there is no such object (404)."""
+        try:
+            return self.get(resource, namespace, name)
+        except errors.ApiError as error:
+            if error.code == 404:
+                return None
+            raise
+
     def list(
         self,
         resource: Resource,

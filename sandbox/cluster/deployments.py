@@ -35,9 +35,9 @@ from sandbox.cluster.objects import (
     set_condition,
     uid_of,
 )
+from sandbox.cluster.owned import owned, owners_named
 from sandbox.patch import PatchType
 from sandbox.resources import DEPLOYMENTS, REPLICA_SETS
-from sandbox.selectors import LabelSelector
 from sandbox.store import StoredEvent, rfc3339
 
 if TYPE_CHECKING:
@@ -93,35 +93,25 @@ class DeploymentController(Controller[Key]):
         self.queue.add((event.namespace, event.name))
 
     def _on_replica_set(self, event: StoredEvent) -> None:
-        for ref in meta(event.object()).get("ownerReferences") or ():
-            if ref.get("controller") and ref.get("kind") == "Deployment":
-                self.queue.add((event.namespace, str(ref.get("name"))))
+        for name in owners_named(event.object(), "Deployment"):
+            self.queue.add((event.namespace, name))
 
     def reconcile(self, key: Key) -> float | None:
         namespace, name = key
-        try:
-            deployment = self.registry.get(DEPLOYMENTS, namespace, name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return None
-            raise
-        if meta(deployment).get("deletionTimestamp"):
+        deployment = self.registry.find(DEPLOYMENTS, namespace, name)
+        if deployment is None or meta(deployment).get("deletionTimestamp"):
             return None
         spec = deployment.get("spec") or {}
-        selector = LabelSelector.from_object(spec.get("selector"))
-        owned = [
-            rs
-            for rs in self.registry.list(REPLICA_SETS, namespace, label_selector=selector).items()
-            if controller_uid(rs) == uid_of(deployment)
-        ]
+        replica_sets = owned(self.registry, REPLICA_SETS, deployment)
         digest = template_hash(spec.get("template") or {})
         new = next(
-            (rs for rs in owned if (meta(rs).get("labels") or {}).get(HASH_LABEL) == digest), None
+            (rs for rs in replica_sets if (meta(rs).get("labels") or {}).get(HASH_LABEL) == digest),
+            None,
         )
         created = new is None
         if new is None:
-            new = self._create_replica_set(deployment, digest, owned)
-        old = [rs for rs in owned if uid_of(rs) != uid_of(new)]
+            new = self._create_replica_set(deployment, digest, replica_sets)
+        old = [rs for rs in replica_sets if uid_of(rs) != uid_of(new)]
         self._scale(deployment, new, old)
         self._annotate(deployment, _revision(new))
         self._write_status(deployment, new, old, created)

@@ -31,7 +31,6 @@ from sandbox.cluster.objects import (
     Obj,
     condition,
     condition_true,
-    controller_uid,
     is_active,
     is_terminal,
     is_terminating,
@@ -43,11 +42,11 @@ from sandbox.cluster.objects import (
     set_condition,
     uid_of,
 )
+from sandbox.cluster.owned import create_pod, delete_pod, owned, owners_named
 from sandbox.options import DeleteOptions
 from sandbox.patch import PatchType
 from sandbox.resources import JOBS, PODS
 from sandbox.scenario import Timing
-from sandbox.selectors import LabelSelector
 from sandbox.store import StoredEvent, rfc3339
 
 if TYPE_CHECKING:
@@ -100,9 +99,8 @@ class JobController(Controller[Key]):
 
     def _on_pod(self, event: StoredEvent) -> None:
         pod = event.object()
-        for ref in meta(pod).get("ownerReferences") or ():
-            if ref.get("controller") and ref.get("kind") == "Job":
-                self.queue.add(("job", event.namespace, str(ref.get("name"))))
+        for name in owners_named(pod, "Job"):
+            self.queue.add(("job", event.namespace, name))
         if event.type != "DELETED" and TRACKING_FINALIZER in (meta(pod).get("finalizers") or ()):
             self.queue.add(("pod", event.namespace, event.name))
 
@@ -111,13 +109,10 @@ class JobController(Controller[Key]):
         if kind == "pod":
             self._release_orphan(namespace, name)
             return None
-        try:
-            job = self.registry.get(JOBS, namespace, name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return None
-            raise
-        pods = self._pods(job)
+        job = self.registry.find(JOBS, namespace, name)
+        if job is None:
+            return None
+        pods = owned(self.registry, PODS, job)
         if is_terminating(job):
             for pod in pods:
                 self._release(pod)
@@ -125,12 +120,6 @@ class JobController(Controller[Key]):
         return self._sync(job, pods)
 
     # -- one Job -----------------------------------------------------------------------------
-
-    def _pods(self, job: Obj) -> list[Obj]:
-        selector = LabelSelector.from_object((job.get("spec") or {}).get("selector"))
-        page = self.registry.list(PODS, meta(job)["namespace"], label_selector=selector)
-        uid = uid_of(job)
-        return [p for p in page.items() if controller_uid(p) == uid]
 
     def _sync(self, job: Obj, pods: list[Obj]) -> float | None:
         spec = job.get("spec") or {}
@@ -321,29 +310,11 @@ class JobController(Controller[Key]):
         }
         if not pod["metadata"]["annotations"]:
             del pod["metadata"]["annotations"]
-        try:
-            created = self.registry.create(PODS, pod, namespace=namespace)
-        except errors.ApiError as error:
-            # e.g. admission's 403 for a missing service account; retried with back-off.
-            self._events.warning(job, "FailedCreate", f"Error creating: {error.message}")
-            raise
-        self._events.normal(job, "SuccessfulCreate", f"Created pod: {name_of(created)}")
-        return created
+        return create_pod(self.registry, self._events, job, pod)
 
     def _delete_pods(self, job: Obj, pods: list[Obj]) -> None:
         for pod in pods:
-            try:
-                self.registry.delete(
-                    PODS,
-                    meta(pod)["namespace"],
-                    name_of(pod),
-                    DeleteOptions(precondition_uid=uid_of(pod)),
-                )
-            except errors.ApiError as error:
-                if error.code not in (404, 409):
-                    raise
-                continue
-            self._events.normal(job, "SuccessfulDelete", f"Deleted pod: {name_of(pod)}")
+            delete_pod(self.registry, self._events, job, pod)
 
     def _expire(self, job: Obj, status: dict[str, Any]) -> float | None:
         ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
@@ -399,12 +370,9 @@ class JobController(Controller[Key]):
 
     def _release_orphan(self, namespace: str, name: str) -> None:
         """A tracked pod whose Job is gone (or is another Job now) keeps no finalizer."""
-        try:
-            pod = self.registry.get(PODS, namespace, name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return
-            raise
+        pod = self.registry.find(PODS, namespace, name)
+        if pod is None:
+            return
         ref = next(
             (
                 r
@@ -414,14 +382,9 @@ class JobController(Controller[Key]):
             None,
         )
         if ref is not None:
-            try:
-                job = self.registry.get(JOBS, namespace, str(ref.get("name")))
-            except errors.ApiError as error:
-                if error.code != 404:
-                    raise
-            else:
-                if uid_of(job) == ref.get("uid") and not is_terminating(job):
-                    return  # its Job tracks it
+            job = self.registry.find(JOBS, namespace, str(ref.get("name")))
+            if job is not None and uid_of(job) == ref.get("uid") and not is_terminating(job):
+                return  # its Job tracks it
         self._release(pod)
 
 

@@ -229,12 +229,9 @@ class Kubelet:
                 await asyncio.wait_for(self._wake.wait(), self.timing.heartbeat_seconds)
 
     def _post_status(self) -> None:
-        try:
-            node = self.registry.get(NODES, None, self.name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return  # deregistered: the cluster stops this kubelet
-            raise
+        node = self.registry.find(NODES, None, self.name)
+        if node is None:
+            return  # deregistered: the cluster stops this kubelet
         now = rfc3339(self.registry.store.now())
         status = node_status(node.get("status") or {}, self.spec, self._cluster, self._ready, now)
         status["images"] = [

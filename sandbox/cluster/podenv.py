@@ -155,14 +155,11 @@ def _env_from(ctx: PodContext, namespace: str, source: Mapping[str, Any]) -> dic
 def _read_data(
     ctx: PodContext, resource: Any, namespace: str, name: str, label: str, optional: bool
 ) -> dict[str, str] | None:
-    try:
-        obj = ctx.registry.get(resource, namespace, name)
-    except errors.ApiError as error:
-        if error.code == 404:
-            if optional:
-                return None
-            raise ConfigError(f'{label} "{name}" not found') from None
-        raise
+    obj = ctx.registry.find(resource, namespace, name)
+    if obj is None:
+        if optional:
+            return None
+        raise ConfigError(f'{label} "{name}" not found')
     if resource is SECRETS:
         return {
             k: base64.b64decode(v).decode(errors="replace")

@@ -426,13 +426,8 @@ class PodWorker:
             return
         registry = self._kubelet.registry
         for _ in range(_STATUS_RETRIES):
-            try:
-                pod = registry.get(PODS, self.namespace, self.name)
-            except errors.ApiError as error:
-                if error.code == 404:
-                    return
-                raise
-            if uid_of(pod) != self.uid:
+            pod = registry.find(PODS, self.namespace, self.name)
+            if pod is None or uid_of(pod) != self.uid:
                 return
             status = self._status(pod.get("status") or {})
             if status == pod.get("status"):

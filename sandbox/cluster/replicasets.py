@@ -13,13 +13,11 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import errors
 from sandbox.cluster.controller import Controller, Watched
 from sandbox.cluster.events import EventRecorder
 from sandbox.cluster.objects import (
     Obj,
     condition,
-    controller_uid,
     is_active,
     meta,
     name_of,
@@ -29,9 +27,8 @@ from sandbox.cluster.objects import (
     pod_ready,
     uid_of,
 )
-from sandbox.options import DeleteOptions
+from sandbox.cluster.owned import create_pod, delete_pod, owned, owners_named
 from sandbox.resources import PODS, REPLICA_SETS
-from sandbox.selectors import LabelSelector
 from sandbox.store import StoredEvent
 
 if TYPE_CHECKING:
@@ -90,26 +87,16 @@ class ReplicaSetController(Controller[Key]):
     def _on_pod(self, event: StoredEvent) -> None:
         if event.type == "DELETED":
             self._sequence.pop(event.uid, None)
-        for ref in meta(event.object()).get("ownerReferences") or ():
-            if ref.get("controller") and ref.get("kind") == "ReplicaSet":
-                self.queue.add((event.namespace, str(ref.get("name"))))
+        for name in owners_named(event.object(), "ReplicaSet"):
+            self.queue.add((event.namespace, name))
 
     def reconcile(self, key: Key) -> float | None:
         namespace, name = key
-        try:
-            rs = self.registry.get(REPLICA_SETS, namespace, name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return None
-            raise
-        if meta(rs).get("deletionTimestamp"):
+        rs = self.registry.find(REPLICA_SETS, namespace, name)
+        if rs is None or meta(rs).get("deletionTimestamp"):
             return None
-        spec = rs.get("spec") or {}
-        selector = LabelSelector.from_object(spec.get("selector"))
-        page = self.registry.list(PODS, namespace, label_selector=selector)
-        pods = [p for p in page.items() if controller_uid(p) == uid_of(rs)]
-        active = [p for p in pods if is_active(p)]
-        wanted = int(spec.get("replicas", 1))
+        active = [p for p in owned(self.registry, PODS, rs) if is_active(p)]
+        wanted = int((rs.get("spec") or {}).get("replicas", 1))
         if len(active) < wanted:
             active += [self._create_pod(rs) for _ in range(wanted - len(active))]
         elif len(active) > wanted:
@@ -117,7 +104,7 @@ class ReplicaSetController(Controller[Key]):
                 active, key=lambda p: _deletion_rank(p, self._sequence.get(uid_of(p), 0))
             )
             for pod in ranked[: len(active) - wanted]:
-                self._delete_pod(rs, pod)
+                delete_pod(self.registry, self._events, rs, pod)
             active = ranked[len(active) - wanted :]
         return self._write_status(rs, active)
 
@@ -134,30 +121,10 @@ class ReplicaSetController(Controller[Key]):
         }
         if tmeta.get("annotations"):
             pod["metadata"]["annotations"] = tmeta["annotations"]
-        try:
-            created = self.registry.create(PODS, pod, namespace=meta(rs)["namespace"])
-        except errors.ApiError as error:
-            # e.g. admission's 403 for a missing service account; retried with back-off.
-            self._events.warning(rs, "FailedCreate", f"Error creating: {error.message}")
-            raise
+        created = create_pod(self.registry, self._events, rs, pod)
         self._next += 1
         self._sequence[uid_of(created)] = self._next
-        self._events.normal(rs, "SuccessfulCreate", f"Created pod: {name_of(created)}")
         return created
-
-    def _delete_pod(self, rs: Obj, pod: Obj) -> None:
-        try:
-            self.registry.delete(
-                PODS,
-                meta(pod)["namespace"],
-                name_of(pod),
-                DeleteOptions(precondition_uid=uid_of(pod)),
-            )
-        except errors.ApiError as error:
-            if error.code not in (404, 409):
-                raise
-            return
-        self._events.normal(rs, "SuccessfulDelete", f"Deleted pod: {name_of(pod)}")
 
     def _write_status(self, rs: Obj, active: list[Obj]) -> float | None:
         spec = rs.get("spec") or {}

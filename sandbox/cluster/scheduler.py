@@ -145,13 +145,8 @@ class Scheduler(Controller[PodKey]):
 
     def reconcile(self, key: PodKey) -> float | None:
         namespace, name = key
-        try:
-            pod = self.registry.get(PODS, namespace, name)
-        except errors.ApiError as error:
-            if error.code == 404:
-                return None
-            raise
-        if not _wants_scheduling(pod):
+        pod = self.registry.find(PODS, namespace, name)
+        if pod is None or not _wants_scheduling(pod):
             return None
         request = pod_requests(pod)
         request[PODS_RESOURCE] = Fraction(1)
