@@ -76,10 +76,10 @@ from sandbox.continuation import (
 from sandbox.resources import Resource, extract_fields
 from sandbox.selectors import FieldSelector, LabelSelector
 from sandbox.store_table import Entry, Table
+from sandbox.watches import EventType, matches
 from sandbox.watches import StoredEvent as StoredEvent
 from sandbox.watches import Watch as Watch
 from sandbox.watches import dumps as dumps
-from sandbox.watches import matches
 
 Listener = Callable[["StoredEvent"], None]
 
@@ -326,21 +326,7 @@ class Store:
         table.add_key(key, ns, entry)
         self._uids[entry.uid] = (resource, key)
         self._link_owners(resource, key, (), entry.owners)
-        self._commit(
-            table,
-            StoredEvent(
-                "ADDED",
-                resource,
-                ns,
-                name,
-                self._rv,
-                entry.uid,
-                entry.raw,
-                entry.labels,
-                entry.fields,
-                owners=entry.owners,
-            ),
-        )
+        self._commit(table, self._event("ADDED", resource, ns, name, entry))
         return stored
 
     def update(
@@ -369,24 +355,7 @@ class Store:
         table.entries[key] = entry
         table.reindex(key, old.fields, entry.fields)
         self._link_owners(resource, key, old.owners, entry.owners)
-        self._commit(
-            table,
-            StoredEvent(
-                "MODIFIED",
-                resource,
-                ns,
-                name,
-                self._rv,
-                entry.uid,
-                entry.raw,
-                entry.labels,
-                entry.fields,
-                old.raw,
-                old.labels,
-                old.fields,
-                entry.owners,
-            ),
-        )
+        self._commit(table, self._event("MODIFIED", resource, ns, name, entry, before=old))
         return stored
 
     def delete(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
@@ -402,24 +371,8 @@ class Store:
         self._rv += 1
         final: dict[str, Any] = json.loads(old.raw)
         final["metadata"]["resourceVersion"] = str(self._rv)
-        raw = dumps(final)
         self._commit(
-            table,
-            StoredEvent(
-                "DELETED",
-                resource,
-                ns,
-                name,
-                self._rv,
-                old.uid,
-                raw,
-                old.labels,
-                old.fields,
-                old.raw,
-                old.labels,
-                old.fields,
-                old.owners,
-            ),
+            table, self._event("DELETED", resource, ns, name, old, before=old, raw=dumps(final))
         )
         return final
 
@@ -544,6 +497,35 @@ class Store:
                 resource, self._history_limit, self._history_seconds, floor=self._compacted
             )
         return table
+
+    def _event(
+        self,
+        type_: EventType,
+        resource: Resource,
+        ns: str,
+        name: str,
+        entry: Entry,
+        *,
+        before: Entry | None = None,
+        raw: bytes | None = None,
+    ) -> StoredEvent:
+        """The event of a change committed at this version: `entry` as stored (`raw`: as the
+        event shows it instead), `before` as it was."""
+        return StoredEvent(
+            type_,
+            resource,
+            ns,
+            name,
+            self._rv,
+            entry.uid,
+            entry.raw if raw is None else raw,
+            entry.labels,
+            entry.fields,
+            None if before is None else before.raw,
+            None if before is None else before.labels,
+            None if before is None else before.fields,
+            entry.owners,
+        )
 
     def _entry(self, resource: Resource, obj: dict[str, Any], meta: dict[str, Any]) -> Entry:
         owners = tuple(str(ref.get("uid")) for ref in meta.get("ownerReferences") or ())
