@@ -41,7 +41,6 @@ class Resource:
     version: str
     plural: str
     kind: str
-    singular: str
     namespaced: bool
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
@@ -65,6 +64,10 @@ class Resource:
     def api_version(self) -> str:
         """`v1` for the core group, `group/version` otherwise."""
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
 
     @property
     def list_kind(self) -> str:
@@ -110,7 +113,6 @@ NAMESPACES = Resource(
     version="v1",
     plural="namespaces",
     kind="Namespace",
-    singular="namespace",
     namespaced=False,
     short_names=("ns",),
     subresources=(_status("Namespace"),),
@@ -124,7 +126,6 @@ NODES = Resource(
     version="v1",
     plural="nodes",
     kind="Node",
-    singular="node",
     namespaced=False,
     short_names=("no",),
     subresources=(_status("Node"),),
@@ -136,7 +137,6 @@ PODS = Resource(
     version="v1",
     plural="pods",
     kind="Pod",
-    singular="pod",
     namespaced=True,
     short_names=("po",),
     categories=("all",),
@@ -165,7 +165,6 @@ SECRETS = Resource(
     version="v1",
     plural="secrets",
     kind="Secret",
-    singular="secret",
     namespaced=True,
     field_labels=_labels(type=("type", "")),
     storage_version_hash="S6u1pOWzb84=",
@@ -175,7 +174,6 @@ CONFIG_MAPS = Resource(
     version="v1",
     plural="configmaps",
     kind="ConfigMap",
-    singular="configmap",
     namespaced=True,
     short_names=("cm",),
     storage_version_hash="qFsyl6wFWjQ=",
@@ -185,7 +183,6 @@ SERVICES = Resource(
     version="v1",
     plural="services",
     kind="Service",
-    singular="service",
     namespaced=True,
     short_names=("svc",),
     categories=("all",),
@@ -197,7 +194,6 @@ SERVICE_ACCOUNTS = Resource(
     version="v1",
     plural="serviceaccounts",
     kind="ServiceAccount",
-    singular="serviceaccount",
     namespaced=True,
     short_names=("sa",),
     # TokenRequest (`kubectl create token`): a token for the account, never stored.
@@ -211,7 +207,6 @@ EVENTS = Resource(
     version="v1",
     plural="events",
     kind="Event",
-    singular="event",
     namespaced=True,
     short_names=("ev",),
     field_labels=_labels(
@@ -234,7 +229,6 @@ DEPLOYMENTS = Resource(
     version="v1",
     plural="deployments",
     kind="Deployment",
-    singular="deployment",
     namespaced=True,
     short_names=("deploy",),
     categories=("all",),
@@ -250,7 +244,6 @@ REPLICA_SETS = Resource(
     version="v1",
     plural="replicasets",
     kind="ReplicaSet",
-    singular="replicaset",
     namespaced=True,
     short_names=("rs",),
     categories=("all",),
@@ -266,7 +259,6 @@ DAEMON_SETS = Resource(
     version="v1",
     plural="daemonsets",
     kind="DaemonSet",
-    singular="daemonset",
     namespaced=True,
     short_names=("ds",),
     categories=("all",),
@@ -279,7 +271,6 @@ JOBS = Resource(
     version="v1",
     plural="jobs",
     kind="Job",
-    singular="job",
     namespaced=True,
     categories=("all",),
     subresources=(_status("Job"),),
@@ -295,76 +286,45 @@ LEASES = Resource(
     version="v1",
     plural="leases",
     kind="Lease",
-    singular="lease",
     namespaced=True,
     storage_version_hash="gqkMMb/YqFM=",
 )
 RBAC_GROUP = "rbac.authorization.k8s.io"
-ROLES = Resource(
-    group=RBAC_GROUP,
-    version="v1",
-    plural="roles",
-    kind="Role",
-    singular="role",
-    namespaced=True,
-    storage_version_hash="7FuwZcIIItM=",
-)
-ROLE_BINDINGS = Resource(
-    group=RBAC_GROUP,
-    version="v1",
-    plural="rolebindings",
-    kind="RoleBinding",
-    singular="rolebinding",
-    namespaced=True,
-    storage_version_hash="eGsCzGH6b1g=",
-)
-CLUSTER_ROLES = Resource(
-    group=RBAC_GROUP,
-    version="v1",
-    plural="clusterroles",
-    kind="ClusterRole",
-    singular="clusterrole",
-    namespaced=False,
-    storage_version_hash="bYE5ZWDrJ44=",
-)
-CLUSTER_ROLE_BINDINGS = Resource(
-    group=RBAC_GROUP,
-    version="v1",
-    plural="clusterrolebindings",
-    kind="ClusterRoleBinding",
-    singular="clusterrolebinding",
-    namespaced=False,
-    storage_version_hash="48tpQ8gZHFc=",
-)
-# What a caller asks about itself (`kubectl auth whoami`, `kubectl auth can-i`): created,
-# answered, never stored.
-SELF_SUBJECT_REVIEWS = Resource(
-    group="authentication.k8s.io",
-    version="v1",
-    plural="selfsubjectreviews",
-    kind="SelfSubjectReview",
-    singular="selfsubjectreview",
-    namespaced=False,
-    verbs=("create",),
-)
-SELF_SUBJECT_ACCESS_REVIEWS = Resource(
-    group="authorization.k8s.io",
-    version="v1",
-    plural="selfsubjectaccessreviews",
-    kind="SelfSubjectAccessReview",
-    singular="selfsubjectaccessreview",
-    namespaced=False,
-    verbs=("create",),
-)
-SELF_SUBJECT_RULES_REVIEWS = Resource(
-    group="authorization.k8s.io",
-    version="v1",
-    plural="selfsubjectrulesreviews",
-    kind="SelfSubjectRulesReview",
-    singular="selfsubjectrulesreview",
-    namespaced=False,
-    verbs=("create",),
-)
+
+
+def _rbac(kind: str, plural: str, namespaced: bool, storage_version_hash: str) -> Resource:
+    return Resource(
+        group=RBAC_GROUP,
+        version="v1",
+        plural=plural,
+        kind=kind,
+        namespaced=namespaced,
+        storage_version_hash=storage_version_hash,
+    )
+
+
+ROLES = _rbac("Role", "roles", True, "7FuwZcIIItM=")
+ROLE_BINDINGS = _rbac("RoleBinding", "rolebindings", True, "eGsCzGH6b1g=")
+CLUSTER_ROLES = _rbac("ClusterRole", "clusterroles", False, "bYE5ZWDrJ44=")
+CLUSTER_ROLE_BINDINGS = _rbac("ClusterRoleBinding", "clusterrolebindings", False, "48tpQ8gZHFc=")
+
+
+def _review(group: str, kind: str) -> Resource:
+    """What a caller asks about itself (`kubectl auth whoami`, `kubectl auth can-i`):
+    created, answered, never stored."""
+    return Resource(
+        group=group,
+        version="v1",
+        plural=f"{kind.lower()}s",
+        kind=kind,
+        namespaced=False,
+        verbs=("create",),
+    )
+
+
+SELF_SUBJECT_REVIEWS = _review("authentication.k8s.io", "SelfSubjectReview")
+SELF_SUBJECT_ACCESS_REVIEWS = _review("authorization.k8s.io", "SelfSubjectAccessReview")
+SELF_SUBJECT_RULES_REVIEWS = _review("authorization.k8s.io", "SelfSubjectRulesReview")
 
 BUILTIN_RESOURCES: tuple[Resource, ...] = (
     NAMESPACES,
