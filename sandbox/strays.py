@@ -3,14 +3,16 @@
 
 Each agent keeps its work dir under its node's `WORK_ROOT` (levers9.contract), which the sandbox
 maps to `<state>/nodes/<node>/var/lib/levers9/work/<worker-id>/`: its runc root (`runc/`), a
-record per container (`containers/`), its tasks (`tasks/*/task.json`) and its pid and start time
-(`agent.json`). The containers' shims run in sessions of their own, so an agent that was
-SIGKILLed (the sandbox's kubelet does so to an agent slow to stop) leaves them running, with
-their cgroups (`/levers9/l9-<task>`) and their overlays.
+record per container (`containers/`), its tasks (`tasks/*/task.json`), each task's network
+(`networks/*/`: the namespace's bind mount and its slirp4netns' pid and start time) and its pid
+and start time (`agent.json`). The containers' shims (and the slirp4netns) run in sessions of
+their own, so an agent that was SIGKILLed (the sandbox's kubelet does so to an agent slow to
+stop) leaves them running, with their cgroups (`/levers9/l9-<task>`) and their overlays.
 
 A stray is what no running agent looks after: an agent of a stack that is down, a container of
 a runc root whose agent is gone, the cgroup of a task of such a work dir, a task that ran as a
-process of such an agent (`processes/`), and any mount under the stack's state dir (overlays,
+process of such an agent (`processes/`), the slirp4netns of a task network of such a work dir
+(`networks/`), and any mount under the stack's state dir (overlays,
 FUSE volumes) but those in a running agent's work dir.
 """
 
@@ -36,9 +38,9 @@ RUNC_TIMEOUT_S = 30.0
 @dataclass(frozen=True)
 class Stray:
     kind: str
-    """"agent", "container", "process", "cgroup" or "mount"."""
+    """"agent", "container", "process", "network", "cgroup" or "mount"."""
     name: str
-    """Its pid, container id, task id (a process), cgroup directory or mount point."""
+    """Its pid, container id, task id (a process, a network), cgroup directory or mount point."""
     where: str
     """The work dir (runc root) it was found in, or the mount's filesystem type."""
     pid: int | None = None
@@ -69,6 +71,9 @@ def find(state_dir: Path, *, stack_running: bool) -> list[Stray]:
         strays += [
             Stray("process", task, str(work.path), pid) for task, pid in _processes(work.path)
         ]
+        strays += [
+            Stray("network", task, str(work.path), pid) for task, pid in _networks(work.path)
+        ]
         tasks = {name.removeprefix("l9-") for name, _ in containers} | _task_ids(work.path)
         strays += [
             Stray("cgroup", str(directory), str(work.path))
@@ -94,7 +99,7 @@ def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]
         if stray.kind == "agent" and stray.pid is not None:
             _kill(stray.pid)
     for stray in strays:
-        if stray.kind == "process" and stray.pid is not None:
+        if stray.kind in ("process", "network") and stray.pid is not None:
             _kill(stray.pid, group=True)
     for stray in strays:
         if stray.kind == "container":
@@ -157,6 +162,20 @@ def _processes(work: Path) -> list[tuple[str, int]]:
             pid, start = int(kept["pid"]), int(kept["start"])
             if _start_ticks(pid) == start:
                 found.append((str(kept.get("task_id", record.stem)), pid))
+    return found
+
+
+def _networks(work: Path) -> list[tuple[str, int]]:
+    """(task id, pid) of the slirp4netns of every task network of the work dir, still running
+    (its namespace's bind mount is a mount under the state dir, a stray of its own)."""
+    found = []
+    for folder in sorted((work / "networks").glob("*/")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            kept = json.loads((folder / "slirp4netns.json").read_text())
+            pid, start = int(kept["pid"]), int(kept["start"])
+            if _start_ticks(pid) == start:
+                task_id = (folder / "task_id").read_text() if (folder / "task_id").exists() else ""
+                found.append((task_id or folder.name, pid))
     return found
 
 

@@ -1,11 +1,14 @@
 """`sandbox.strays` over a dev stack's state dir: a task a killed agent ran as its process is a
 stray (with the stack down or up), removing it kills its process group; a running agent's work
-dir holds none while the stack runs, and the agent itself is one once the stack is down."""
+dir holds none while the stack runs, and the agent itself is one once the stack is down; a task
+network a killed agent left is one too (its slirp4netns killed, its namespace unmounted)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 
 from levers9.contract import AGENT_FILE, WORK_ROOT
 from levers9.worker.process_runtime import start_ticks
+from levers9.worker.task_network import TaskNetworks
 from sandbox import strays
 
 
@@ -62,3 +66,21 @@ def test_a_running_agents_work_dir_holds_no_stray_while_the_stack_runs(
         ("agent", os.getpid()),
         ("process", sleeper.pid),
     ]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+@pytest.mark.skipif(shutil.which("slirp4netns") is None, reason="deploy/dev/install-tools.sh")
+async def test_a_killed_agents_task_network_is_a_stray_and_removed(tmp_path: Path) -> None:
+    work = _work_dir(tmp_path, "w1")
+    network = await TaskNetworks(work / "networks").create("t1")
+    slirp = json.loads((network.netns.parent / "slirp4netns.json").read_text())["pid"]
+    found = strays.find(tmp_path, stack_running=True)
+    assert sorted((s.kind, s.name) for s in found) == [
+        ("mount", str(network.netns)),
+        ("network", "t1"),
+    ]
+    assert [s.pid for s in found if s.kind == "network"] == [slirp]
+    assert await asyncio.to_thread(strays.remove, tmp_path, found, lambda _: None) == []
+    assert start_ticks(slirp) is None, "its slirp4netns is gone"
+    assert strays.find(tmp_path, stack_running=False) == []
