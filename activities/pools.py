@@ -6,6 +6,8 @@ clients, the settings); every step is idempotent (a second delete of a thing gon
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TypeVar
 
 from kubernetes import client as k8s
 from pydantic import BaseModel
@@ -19,6 +21,8 @@ from levers9.config import ControlplaneSettings
 from levers9.models import MACHINE_WORKFLOW, WORKER_WORKFLOW, reconcile_schedule_id
 from levers9.providers.gke import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.records.found import delivered, is_running
+
+T = TypeVar("T")
 
 
 class PoolRecords(BaseModel):
@@ -107,10 +111,7 @@ class PoolActivities:
                         raise
             return names
 
-        try:
-            return await asyncio.to_thread(delete)
-        except (k8s.ApiException, UnknownPool) as exc:
-            raise kube_error(exc, "delete the pool's worker Jobs", pool_name) from None
+        return await self._in_cluster(pool_name, "delete the pool's worker Jobs", delete)
 
     @activity.defn
     async def delete_pool_namespace(self, pool_name: str) -> bool:
@@ -125,10 +126,15 @@ class PoolActivities:
                 raise
             return True
 
+        return await self._in_cluster(pool_name, "delete the pool's namespace", delete)
+
+    async def _in_cluster(self, pool_name: str, doing: str, call: Callable[[], T]) -> T:
+        """`call` (blocking Kubernetes calls) off the event loop; its API errors and an unknown
+        pool as `kube_error` says (permanent ones non-retryable, with the fix)."""
         try:
-            return await asyncio.to_thread(delete)
+            return await asyncio.to_thread(call)
         except (k8s.ApiException, UnknownPool) as exc:
-            raise kube_error(exc, "delete the pool's namespace", pool_name) from None
+            raise kube_error(exc, doing, pool_name) from None
 
     @activity.defn
     async def ensure_egress_workflow(self, start: EgressStart) -> bool:
