@@ -9,8 +9,9 @@ GPU check's task) on its PATH, built once per machine and kept under the user's 
 the cached layout and its tag. It is the dev stack's default task image and the benchmarks' image.
 
 `busybox`: Debian's static busybox as `/bin/busybox` with its applets linked (`sh`, `cat`,
-`ps`, `ls`, ...), an `Env` and `Cmd` of its own, a working directory and a user, so what a
-runtime must honour of an image's config is all there. It builds in about a second.
+`ps`, `ls`, ...), an `Env` and `Cmd` of its own, a working directory owned by its user (uid
+1000), so what a runtime must honour of an image's config and files is all there. It builds in
+about a second.
 """
 
 from __future__ import annotations
@@ -172,6 +173,9 @@ def build_busybox(layout: Path, tag: str = "busybox", marker: str = "") -> Path:
         )
         (rootfs / "etc" / "group").write_text("root:x:0:\ntask:x:1000:\n")
         (rootfs / "etc" / "levers9-marker").write_text(marker)
+        # The image's user owns its working directory, as images give their user one: a runtime
+        # must keep that owner (a user namespace shifts it, it does not lose it).
+        os.chown(rootfs / "work", 1000, 1000)
         _run("umoci", "repack", "--image", f"{layout}:{tag}", str(bundle))
     _run(
         "umoci",

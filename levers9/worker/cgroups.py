@@ -1,5 +1,5 @@
-"""A runc container's cgroups: where they are, whether the kernel's OOM killer struck there, and
-their removal when runc left them behind.
+"""A runc container's cgroups: where they are, whether the kernel's OOM killer struck there or a
+fork was refused at the pids limit, and their removal when runc left them behind.
 
 Each container's cgroup is `/levers9/l9-<task>` in every hierarchy (cgroup v1's per controller,
 v2's unified one). The runc runtime reads an OOM kill there before it deletes the container and
@@ -37,6 +37,26 @@ def oom_killed(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool
                 if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
                     return True
     return False
+
+
+def pids_limited(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The task's pids limit when a fork of the task's cgroup was refused at it (its
+    `pids.events` says `max N`, N > 0: cgroup v1's pids hierarchy or v2's), else 0. Read
+    before the container is deleted."""
+    relative = cgroup_path(task_id).lstrip("/")
+    for folder in (
+        cgroup_root / "pids" / relative,
+        cgroup_root / relative,
+        cgroup_root / "unified" / relative,
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            events = dict(
+                line.split(" ", 1) for line in (folder / "pids.events").read_text().splitlines()
+            )
+            if int(events.get("max", "0")) > 0:
+                limit = (folder / "pids.max").read_text().strip()
+                return int(limit) if limit.isdigit() else 1
+    return 0
 
 
 def cgroup_dirs(task_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[Path]:

@@ -6,7 +6,17 @@ NOFILE limit and whether resolv.conf exists):
 - its own PID, mount, IPC and UTS namespaces, and the network namespace of its own the agent
   made for it (levers9.worker.task_network: `network`, joined by path; its resolv.conf names
   the namespace's DNS); without one, the agent's: the host's, or the pod's on the pod network;
-- runc's default capabilities, `noNewPrivileges`, and memory, CPU and pids limits (`Limits`);
+- a user namespace of its own (`UserNamespace`: its 0 is an unprivileged id of the node, a
+  range of its own, levers9.worker.id_ranges), where its root is owned by the range (the image
+  cache's shifted roots) or, when the image gives no shifted root, read-only to it with a tmpfs
+  `/tmp`; joined by path, it comes with the task's network namespace made in it (a network
+  namespace the node's root made is not the task's to enter or mount a sysfs over: without
+  one of its own, `/sys` is the node's, bound read-only);
+- runc's default capabilities, `noNewPrivileges`, the default seccomp profile of the container
+  ecosystem for those capabilities (levers9.worker.seccomp, or the pool's
+  `taskSeccompProfile`), runc's masked and read-only paths of /proc and /sys, and memory, CPU and
+  pids limits (`Limits`: a memory limit always, `DEFAULT_MEMORY_BYTES` when neither the task
+  nor the pool gives one);
 - device nodes for its cards only, from the worker's CDI spec (levers9.worker.cdi):
   `/dev/nvidiaN` for each of its indices, plus `/dev/nvidiactl`, `/dev/nvidia-uvm`,
   `/dev/nvidia-uvm-tools` and `/dev/nvidia-modeset` when the node has them, with cgroup device
@@ -34,21 +44,61 @@ from levers9.worker.cdi import DRIVER_ROOT, DeviceNode
 from levers9.worker.cgroups import cgroup_path
 from levers9.worker.images import ImageConfig
 from levers9.worker.runtime import ContainerSpec, StartError, visible_devices
+from levers9.worker.seccomp import oci_seccomp
 
 TASK_MOUNT = "/levers9"
 """The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
 NOFILE = 1_048_576
 SHM_DEFAULT_BYTES = 8 * 1024**3
 """/dev/shm's cap without a memory limit (tmpfs: nothing is reserved)."""
+DEFAULT_MEMORY_BYTES = 16 * 1024**3
+"""A task's memory limit when neither it (`--memory`) nor its pool (`taskDefaults.memory`) sets
+one: a task that leaks is killed (`OOMKilled`) before it takes the node's memory."""
+DEFAULT_DISK_BYTES = 20 * 1024**3
+"""The cap on a task's writable layer (what it writes outside its mounts): past it a write
+fails with ENOSPC and the task's failure says `disk full`."""
+CAPABILITIES = ("CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE")
+"""runc's default capabilities (`runc spec`): every set of the task's process."""
+MASKED_PATHS = (
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+)
+"""runc's defaults (`runc spec`): /dev/null or an empty read-only tmpfs over each."""
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+"""runc's defaults (`runc spec`): remounted read-only."""
 
 
 @dataclass(frozen=True)
 class Limits:
     """Per container; None: unlimited."""
 
-    memory_bytes: int | None = None
+    memory_bytes: int | None = DEFAULT_MEMORY_BYTES
     cpus: float | None = None
     pids: int | None = 32768
+    disk_bytes: int = DEFAULT_DISK_BYTES
+    """The writable layer's size (levers9.worker.runc_runtime makes it a filesystem of it)."""
+
+
+@dataclass(frozen=True)
+class UserNamespace:
+    """The task's user namespace: its ids 0..size-1 are the node's host_id.. (id_ranges)."""
+
+    host_id: int
+    size: int
+    shifted_root: bool = True
+    """Its root is owned by the range (else by the node's root: read-only to the task, which
+    gets a tmpfs /tmp)."""
+    path: Path | None = None
+    """The namespace, made beforehand with the task's network namespace in it, to join
+    (levers9.worker.id_ranges.make_namespaces); None: runc makes one."""
 
 
 DEFAULT_LIMITS = Limits()
@@ -64,10 +114,13 @@ def container_config(
     limits: Limits = DEFAULT_LIMITS,
     resolv_conf: Path | None = Path("/etc/resolv.conf"),
     network: Path | None = None,
+    user_namespace: UserNamespace | None = None,
+    seccomp: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The task's OCI runtime config, from the image's (`base`: umoci's) and the task (pure).
     `devices` and `mounts` (host path, container path; read-only) are its CDI edits; `network`
-    the network namespace it joins (None: the agent's)."""
+    the network namespace it joins (None: the agent's); `user_namespace` its ids (None: the
+    node's own); `seccomp` its profile in the Docker/containers form (None: no filter)."""
     config: dict[str, Any] = json.loads(json.dumps(base))
     process = config["process"]
     if spec.command:
@@ -89,6 +142,9 @@ def container_config(
     process["env"] = [f"{k}={v}" for k, v in env.items()]
     process["terminal"] = False
     process["noNewPrivileges"] = True
+    process["capabilities"] = {
+        kind: list(CAPABILITIES) for kind in ("bounding", "effective", "permitted", "ambient")
+    }
     # As many as the agent may open (Docker gives 1048576), not umoci's 1024: data loaders and
     # NCCL open many files; above the agent's own hard limit runc's init is refused.
     nofile = min(NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
@@ -110,6 +166,10 @@ def container_config(
     if resolv_conf is not None and resolv_conf.exists():
         binds.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
     config["mounts"] = binds
+    for mount in binds:
+        if mount.get("destination") == "/sys":
+            options = [o for o in mount.get("options") or [] if o not in ("rw", "ro")]
+            mount["options"] = [*options, "ro"]
 
     linux = config.setdefault("linux", {})
     linux["cgroupsPath"] = cgroup_path(spec.task_id)
@@ -120,18 +180,23 @@ def container_config(
         if not any(n.get("type") == kind for n in namespaces):
             namespaces.append({"type": kind})
     linux["namespaces"] = namespaces
-    linux["devices"] = [
-        {
-            "path": d.path,
-            "type": "c",
-            "major": d.major,
-            "minor": d.minor,
-            "fileMode": 0o666,
-            "uid": 0,
-            "gid": 0,
-        }
-        for d in devices
-    ]
+    linux["maskedPaths"] = sorted(set(linux.get("maskedPaths") or ()) | set(MASKED_PATHS))
+    linux["readonlyPaths"] = sorted(set(linux.get("readonlyPaths") or ()) | set(READONLY_PATHS))
+    if user_namespace is not None:
+        _in_user_namespace(config, user_namespace, devices)
+    else:
+        linux["devices"] = [
+            {
+                "path": d.path,
+                "type": "c",
+                "major": d.major,
+                "minor": d.minor,
+                "fileMode": 0o666,
+                "uid": 0,
+                "gid": 0,
+            }
+            for d in devices
+        ]
     resources = linux.setdefault("resources", {})
     resources["devices"] = [
         {"allow": False, "access": "rwm"},
@@ -147,7 +212,51 @@ def container_config(
         resources["cpu"] = {"quota": int(limits.cpus * period), "period": period}
     if limits.pids is not None:
         resources["pids"] = {"limit": limits.pids}
+    if seccomp is not None:
+        linux["seccomp"] = oci_seccomp(seccomp, process["capabilities"]["bounding"])
     return config
+
+
+def _in_user_namespace(
+    config: dict[str, Any], ids: UserNamespace, devices: Sequence[DeviceNode]
+) -> None:
+    """The user namespace, its id maps, its cards' device nodes bound from the node's (no
+    mknod in a user namespace) and, on a root it does not own, a tmpfs /tmp."""
+    linux = config["linux"]
+    joined = {"path": str(ids.path)} if ids.path is not None else {}
+    linux["namespaces"].append({"type": "user", **joined})
+    mapping = [{"containerID": 0, "hostID": ids.host_id, "size": ids.size}]
+    linux["uidMappings"], linux["gidMappings"] = mapping, [dict(m) for m in mapping]
+    linux["devices"] = []
+    network = [n for n in linux["namespaces"] if n["type"] == "network"]
+    if not network or (network[0].get("path") and ids.path is None):
+        # sysfs mounts only over a network namespace the user namespace owns (one runc makes,
+        # or one made in the namespace joined): else the node's /sys, bound read-only
+        # (recursively: a user namespace may not bind a mount without the mounts below it;
+        # runc's cgroup mount covers the node's cgroups, and what else is below is the node
+        # root's, not the task's to write).
+        for mount in config["mounts"]:
+            if mount.get("destination") == "/sys":
+                mount.update(type="bind", source="/sys", options=["rbind", *mount["options"]])
+    for d in devices:
+        config["mounts"].append(
+            {
+                "type": "bind",
+                "source": d.host_path,
+                "destination": d.path,
+                "options": ["bind", "nosuid", "noexec"],
+            }
+        )
+    if not ids.shifted_root:
+        config["root"]["readonly"] = True
+        config["mounts"].append(
+            {
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "destination": "/tmp",
+                "options": ["nosuid", "nodev", "mode=1777"],
+            }
+        )
 
 
 def _bind(source: str, destination: str, read_only: bool) -> dict[str, Any]:
