@@ -9,7 +9,9 @@ The cloud around it: up starts the two registries (ECR's and Artifact Registry's
 the worker image in the first, moto seeded with the EKS controlplane whose first node's public IP
 is the sandbox's egress IP, and the GCP APIs; the egress IP is not on the authorized networks, so
 reconcile reports the spec's 403, until `attach-gke-pool.sh` (run from the env file, as the issue
-says) copies the image and appends the IPs; `levers9 sandbox replace-eks-nodes` moves it off
+says) copies the image and appends the IPs; then a task run with `--runtime runsc` (the dev pool
+offers runc and runsc) runs in gVisor: its `dmesg` is gVisor's boot, `task exec` runs inside the
+same sandbox, and a port is refused naming the fix; `levers9 sandbox replace-eks-nodes` moves it off
 the allow-list again; a restart pushes nothing again but reseeds moto.
 """
 
@@ -165,6 +167,42 @@ def test_until_attach_reconcile_is_refused_and_attach_fixes_it(dev: Dev) -> None
     # Reconcile is admitted now: workers come up on every machine.
     listed = _workers_available(dev, within=90)
     assert listed is None, f"workers not available after attach: {listed}"
+
+
+def test_a_task_runs_in_gvisor_with_runtime_runsc(dev: Dev) -> None:
+    """The issue's command on the dev stack: `levers9 run --runtime runsc -- dmesg`."""
+    assert _workers_available(dev, within=90) is None
+    run = ("run", "--pool", "gke-rtx6000", "--gpus", "0", "--runtime", "runsc")
+    done = dev.run(*run, "--", "dmesg", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Starting gVisor..." in done.stdout, done.stdout
+    task_id = done.stdout.split()[1]
+    record = json.loads(dev.run("task", "get", task_id, "-o", "json").stdout)
+    assert record["host"] == "runsc"
+    plain = dev.run("run", "--pool", "gke-rtx6000", "--gpus", "0", "--", "dmesg", timeout=180)
+    assert "Starting gVisor..." not in plain.stdout, "runc stays the pool's default"
+
+    started = dev.run(*run, "--detach", "--", "sleep", "120")
+    assert started.returncode == 0, started.stderr
+    sleeper = started.stdout.split()[-1]
+    try:
+
+        def running() -> bool:
+            got = dev.run("task", "get", sleeper, "-o", "json")
+            return got.returncode == 0 and json.loads(got.stdout)["state"] == "running"
+
+        until(running, within=120, what=f"task {sleeper} running", poll=0.5)
+        script = "dmesg | head -1; tr '\\0' ' ' </proc/1/cmdline"
+        inside = dev.run("exec", sleeper, "--", "sh", "-c", script)
+        assert inside.returncode == 0, inside.stdout + inside.stderr
+        assert "Starting gVisor..." in inside.stdout
+        assert "sleep 120" in inside.stdout, "the exec runs beside the task, in its sandbox"
+    finally:
+        dev.run("task", "cancel", sleeper)
+    ported = dev.run(*run, "--port", "8000", "--", "sleep", "5", timeout=180)
+    assert ported.returncode == 1
+    assert "cannot publish a task's ports" in ported.stdout + ported.stderr
+    assert "--runtime runc" in ported.stdout + ported.stderr
 
 
 def _attach(dev: Dev) -> subprocess.CompletedProcess[str]:
