@@ -40,6 +40,7 @@ from levers9.process import exit_now
 from levers9.providers.joined import ClusterState, pool_block
 from levers9.records.clusters import joined_clusters
 from levers9.records.workers import TemporalWorkerRecords
+from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc import tls
 from levers9.temporal import (
     connect,
@@ -178,6 +179,7 @@ def serving(
         replicas=relaying,
         tunnelled=tunnelled,
         clusters=clusters,
+        workspaces=TemporalWorkspaceRecords(client, settings.task_queue),
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,
         token_generation=settings.worker_token_generation,

@@ -16,7 +16,7 @@ from levers9.core.endpoints import EndpointSpec, EndpointState
 from levers9.core.observation import Fingerprints
 from levers9.core.placement import Placement, PoolState, QueueSpot
 from levers9.core.task_reports import TaskPhase
-from levers9.core.workspaces import WorkspaceState
+from levers9.core.workspaces import DEFAULT_WORKSPACE, WorkspaceState
 from levers9.providers.joined import ClusterState
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
@@ -329,6 +329,8 @@ class TaskInput(_Record):
     to every process of its container (`--stop-grace`); 0: the worker's 10 s."""
     runtime: str = ""
     """The runtime it runs in (`--runtime runsc`), one its pool offers; "": the pool's."""
+    workspace: str = DEFAULT_WORKSPACE
+    """The workspace it belongs to: the submitting token's (the operator's: `default`)."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""
@@ -356,6 +358,8 @@ class TaskRecord(_Record):
     state: str
     """queued, placed, running, succeeded, failed, cancelled, lost"""
     created_at: datetime
+    workspace: str = DEFAULT_WORKSPACE
+    """The workspace it belongs to; another workspace's token finds no such task."""
     worker_id: str | None = None
     node_name: str | None = None
     address: str | None = None
@@ -393,6 +397,7 @@ class TaskRecord(_Record):
             created_at=at,
             ports=task.ports,
             endpoint=task.endpoint,
+            workspace=task.workspace,
         )
 
 

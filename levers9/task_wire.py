@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from levers9.core.placement import QueueSpot
 from levers9.core.task_reports import TaskPhase
+from levers9.core.workspaces import DEFAULT_WORKSPACE
 from levers9.models import TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 
@@ -48,8 +49,10 @@ def task_spec(task: TaskInput, gpu_indices: Sequence[int] = ()) -> worker_pb2.Ta
 
 
 def task_input(spec: worker_pb2.TaskSpec, *, pool_name: str, gpus: int) -> TaskInput:
-    """The task a TaskSpec describes, to run on `gpus` cards of a worker of `pool_name`."""
-    return from_message(spec, TaskInput, pool_name=pool_name, gpus=gpus)
+    """The task a TaskSpec describes, to run on `gpus` cards of a worker of `pool_name` (no
+    workspace on the wire: `default`'s)."""
+    workspace = spec.workspace or DEFAULT_WORKSPACE
+    return from_message(spec, TaskInput, pool_name=pool_name, gpus=gpus, workspace=workspace)
 
 
 def submit_request(task: TaskInput) -> gateway_pb2.SubmitTaskRequest:
@@ -65,8 +68,9 @@ def record_message(record: TaskRecord) -> gateway_pb2.TaskRecord:
 
 
 def record_from_message(message: gateway_pb2.TaskRecord) -> TaskRecord:
-    """The record a GetTaskRecord answer carries, as the controlplane holds it."""
-    return from_message(message, TaskRecord)
+    """The record a GetTaskRecord answer carries, as the controlplane holds it (no workspace
+    on the wire, from a gateway older than workspaces: `default`)."""
+    return from_message(message, TaskRecord, workspace=message.workspace or DEFAULT_WORKSPACE)
 
 
 def to_message(model: BaseModel, cls: type[M]) -> M:
@@ -95,11 +99,11 @@ def to_message(model: BaseModel, cls: type[M]) -> M:
 
 
 def from_message(message: Message, cls: type[B], **given: Any) -> B:
-    """`cls` from every field `message` declares that `cls` has too, and `given`; an unset
-    optional field or message is None."""
+    """`cls` from every field `message` declares that `cls` has too, and `given` (which wins
+    over the message's field of its name); an unset optional field or message is None."""
     fields: dict[str, Any] = dict(given)
     for field in message.DESCRIPTOR.fields:
-        if field.name not in cls.model_fields:
+        if field.name not in cls.model_fields or field.name in given:
             continue
         value = getattr(message, field.name)
         if _is_map(field):

@@ -120,6 +120,10 @@ class Authority:
         self._tell_used(workspace, token_id)
         return Identity(workspace, token_id)
 
+    async def workspace_exists(self, workspace: str) -> bool:
+        """Whether `workspace` runs (as this replica read it within the cache's bound)."""
+        return self._workspaces is not None and await self._record(workspace) is not None
+
     def forget(self, workspace: str) -> None:
         """Drops this replica's cached record of `workspace` (it changed here)."""
         self._records.pop(workspace, None)

@@ -20,14 +20,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
 from levers9.gateway.clusters import ClusterHub
+from levers9.gateway.roles import Authority
 from levers9.gateway.service import GatewayService
 from levers9.gateway.task_records import TaskRecords
 from levers9.gateway.task_service import TasksService
 from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
+from levers9.gateway.workspace_service import WorkspacesService
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.records.workers import WorkerRecords
+from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc.malformed import MalformedRequests
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
@@ -59,6 +62,7 @@ class Gateway:
         replicas: Replicas | None = None,
         tunnelled: Mapping[str, bool] | None = None,
         clusters: ClusterHub | None = None,
+        workspaces: TemporalWorkspaceRecords | None = None,
         operator_generation: int = 1,
         ca_generation: int = 1,
         token_generation: int = 1,
@@ -84,11 +88,17 @@ class Gateway:
         )
         self.records, self.task_records, self.tunnels = records, tasks, tunnels
         self.clusters = clusters
+        self.authority = Authority(secret, operator_generation, workspaces)
+        """Who calls the CLI's services: the operator, or a workspace by its token."""
+        self._workspaces = (
+            WorkspacesService(workspaces, self.authority) if workspaces is not None else None
+        )
         self._tasks = (
             TasksService(
                 tasks,
                 secret,
                 replicas,
+                authority=self.authority,
                 operator_generation=operator_generation,
                 ca_generation=ca_generation,
                 token_generation=token_generation,
@@ -125,6 +135,8 @@ class Gateway:
             gateway_pb2_grpc.add_TasksServicer_to_server(self._tasks, server)
         if self.clusters is not None:
             gateway_pb2_grpc.add_ClustersServicer_to_server(self.clusters, server)
+        if self._workspaces is not None:
+            gateway_pb2_grpc.add_WorkspacesServicer_to_server(self._workspaces, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()

@@ -42,9 +42,14 @@ class TaskRecords(Protocol):
         """The worker's record now (its route: address, replica queue and address)."""
 
     async def page(
-        self, pool_name: str | None, page_size: int, page_token: bytes
+        self,
+        pool_name: str | None,
+        page_size: int,
+        page_token: bytes,
+        workspace: str | None = None,
     ) -> tuple[list[TaskRecord], bytes]:
-        """One page of task records and the next page's token (empty: the last)."""
+        """One page of task records (of one workspace when given) and the next page's token
+        (empty: the last)."""
 
 
 class TemporalTaskRecords:
@@ -87,9 +92,15 @@ class TemporalTaskRecords:
         return await cancel_task(self._client, task_id, reason)
 
     async def page(
-        self, pool_name: str | None, page_size: int, page_token: bytes
+        self,
+        pool_name: str | None,
+        page_size: int,
+        page_token: bytes,
+        workspace: str | None = None,
     ) -> tuple[list[TaskRecord], bytes]:
-        return await task_page(self._client, self._task_queue, pool_name, page_size, page_token)
+        return await task_page(
+            self._client, self._task_queue, pool_name, page_size, page_token, workspace
+        )
 
     async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
         handle = self._client.get_workflow_handle(worker_workflow_id(pool_name, worker_id))

@@ -45,9 +45,10 @@ from grpc import aio
 from pydantic import SecretStr
 
 from levers9.contract import PORT_CONNECTED_HEADER
-from levers9.gateway.auth import bearer_token
+from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.gateway.convert import check_pool_name, check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
+from levers9.gateway.roles import Authority, Identity
 from levers9.gateway.task_records import TaskRecords
 from levers9.gateway.task_upstream import (
     Replicas,
@@ -58,12 +59,12 @@ from levers9.gateway.task_upstream import (
     feed,
 )
 from levers9.logs import get_logger
-from levers9.models import TERMINAL, TaskRecord, WorkerRecord
+from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_wire import record_message
-from levers9.tokens import command_metadata, operator_token, operator_token_matches
+from levers9.tokens import command_metadata, operator_token
 
 PLACEMENT_POLL_S = (0.02, 0.5)
 """How often a follower re-reads the record of a task not placed yet: from the first value,
@@ -105,27 +106,24 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         operator_generation: int = 1,
         ca_generation: int = 1,
         token_generation: int = 1,
+        authority: Authority | None = None,
     ) -> None:
         self._records = records
+        self._authority = authority or Authority(secret, operator_generation)
         self._secret = secret
         self._replicas = replicas
         self._operator_generation = operator_generation
         self._ca_generation = ca_generation
         self._token_generation = token_generation
 
-    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    async def _authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> Identity:
+        """The caller (the operator, or a workspace by one of its tokens); UNAUTHENTICATED
+        saying why not."""
         try:
-            token = bearer_token(context.invocation_metadata() or ())
+            return await self._authority.identify(context.invocation_metadata() or ())
         except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        if not operator_token_matches(
-            self._secret.get_secret_value(), token, self._operator_generation
-        ):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "operator token does not match this controlplane's secret: use the token"
-                " `levers9 dev up` wrote (LEVERS9_API_TOKEN_FILE), or LEVERS9_API_TOKEN",
-            )
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
+            raise  # abort raises; for the type checker
 
     @staticmethod
     async def _task_id(context: grpc.aio.ServicerContext[Any, Any], task_id: str) -> None:
@@ -209,11 +207,12 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         request: gateway_pb2.SubmitTaskRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.SubmitTaskResponse:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         try:
             task = submitted_task(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        task = await self._in_workspace(task, identity, context)
         refused = await self._records.refusal(task.pool_name, task.runtime)
         if refused is not None:
             field, problem = refused
@@ -221,18 +220,60 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
 
+    async def _in_workspace(
+        self, task: TaskInput, identity: Identity, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> TaskInput:
+        """The task in the caller's workspace: a workspace token's own, whatever the request
+        says; the operator's, the one it names (which must exist) or `default`."""
+        if not identity.operator:
+            return task.model_copy(update={"workspace": identity.own_workspace})
+        if task.workspace == DEFAULT_WORKSPACE:
+            return task
+        problem = name_problem(task.workspace)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task.workspace: {problem}")
+        if not await self._authority.workspace_exists(task.workspace):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"task.workspace: no workspace {task.workspace} (`levers9 workspace list`)",
+            )
+        return task
+
+    async def _own(
+        self,
+        identity: Identity,
+        task_id: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        missing: str,
+        where_queued: bool = False,
+    ) -> TaskRecord:
+        """The task's record when the caller may see it; NOT_FOUND with `missing` when there
+        is no such task or it is another workspace's: the same answer, so ids cannot be
+        probed."""
+        record = await self._records.get(task_id, where_queued=where_queued)
+        if record is None or not identity.sees(record.workspace):
+            await context.abort(grpc.StatusCode.NOT_FOUND, missing)
+        assert record is not None
+        return record
+
     async def GetTaskRecord(
         self,
         request: gateway_pb2.GetTaskRecordRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.GetTaskRecordResponse:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         await self._task_id(context, request.task_id)
         wait = request.wait_seconds
         if not math.isfinite(wait) or wait < 0:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "wait_seconds: a number of seconds, 0 or more"
             )
+        if not identity.operator:
+            seen = await self._own(
+                identity, request.task_id, context, f"no task {request.task_id}", wait == 0
+            )
+            if wait == 0:
+                return gateway_pb2.GetTaskRecordResponse(record=record_message(seen))
         if wait > 0:
             record = await self._records.ended(request.task_id, min(wait, MAX_WAIT_S))
         else:
@@ -246,7 +287,9 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         request: gateway_pb2.ListTasksRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.ListTasksResponse:
-        await self._authorize(context)
+        identity = await self._authorize(context)
+        # The page token is bound to the pool and to the caller's workspace (no '/' in either).
+        scope = f"{request.pool_name}/{identity.workspace or ''}"
         try:
             if request.pool_name:
                 check_pool_name(request.pool_name)
@@ -256,9 +299,12 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                     f"{request.page_size} is not 0 (meaning {LIST_PAGE_SIZE}) to"
                     f" {MAX_LIST_PAGE_SIZE} records",
                 )
-            sent, token = self._read_cursor(request.pool_name, request.page_token)
+            sent, token = self._read_cursor(scope, request.page_token)
             records, next_token = await self._records.page(
-                request.pool_name or None, request.page_size or LIST_PAGE_SIZE, token
+                request.pool_name or None,
+                request.page_size or LIST_PAGE_SIZE,
+                token,
+                identity.workspace,
             )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
@@ -266,11 +312,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         for i, record in enumerate(records[sent:]):
             message = record_message(record)
             if i and reply.ByteSize() + message.ByteSize() + 16 > MAX_LIST_PAGE_BYTES:
-                reply.next_page_token = self._cursor(request.pool_name, sent + i, token)
+                reply.next_page_token = self._cursor(scope, sent + i, token)
                 return reply
             reply.records.append(message)
         if next_token:
-            reply.next_page_token = self._cursor(request.pool_name, 0, next_token)
+            reply.next_page_token = self._cursor(scope, 0, next_token)
         return reply
 
     def _mac(self, pool_name: str, sent: bytes, token: bytes) -> bytes:
@@ -301,26 +347,30 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         request: gateway_pb2.CancelTaskRecordRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> gateway_pb2.CancelTaskRecordResponse:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         await self._task_id(context, request.task_id)
         if len(request.reason) > MAX_REASON_CHARS:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"reason: at most {MAX_REASON_CHARS} characters"
             )
+        missing = f"no running task {request.task_id} (it may have ended)"
+        if not identity.operator:
+            await self._own(identity, request.task_id, context, missing)
         if not await self._records.cancel(request.task_id, request.reason):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no running task {request.task_id} (it may have ended)"
-            )
+            await context.abort(grpc.StatusCode.NOT_FOUND, missing)
         return gateway_pb2.CancelTaskRecordResponse()
 
     async def _running(
-        self, context: grpc.aio.ServicerContext[Any, Any], task_id: str, needs: str
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        identity: Identity,
+        task_id: str,
+        needs: str,
     ) -> TaskRecord:
-        """The record of a running task (placed on its worker); aborts saying why not."""
+        """The record of a running task (placed on its worker) the caller may see; aborts
+        saying why not."""
         await self._task_id(context, task_id)
-        record = await self._records.get(task_id)
-        if record is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id}")
+        record = await self._own(identity, task_id, context, f"no task {task_id}")
         if record.state != "running" or record.worker_id is None or record.address is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -361,7 +411,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         request_iterator: AsyncIterator[worker_pb2.ExecRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.ExecResponse]:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         first = await anext(request_iterator, None)
         if first is None or not first.HasField("start"):
             await context.abort(
@@ -372,7 +422,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._task_id(context, start.task_id)
         if not start.command:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command: missing")
-        record = await self._running(context, start.task_id, "exec needs its container")
+        record = await self._running(context, identity, start.task_id, "exec needs its container")
         requests = _prepend(first, request_iterator)
         async for response in self._relay_stream(record, context, lambda up: up.exec(requests)):
             yield response
@@ -382,7 +432,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         request_iterator: AsyncIterator[worker_pb2.PortForwardRequest],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.PortForwardResponse]:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         first = await anext(request_iterator, None)
         if first is None or not first.HasField("start"):
             await context.abort(
@@ -394,7 +444,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"port: {start.port} is not a TCP port"
             )
-        record = await self._running(context, start.task_id, "its ports are closed")
+        record = await self._running(context, identity, start.task_id, "its ports are closed")
         if start.port not in record.ports:
             published = ", ".join(map(str, record.ports)) or "none"
             await context.abort(
@@ -424,10 +474,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
     async def StreamTaskLogs(
         self, request: gateway_pb2.StreamTaskLogsRequest, context: Context
     ) -> AsyncIterator[worker_pb2.LogChunk]:
-        await self._authorize(context)
+        identity = await self._authorize(context)
         if not request.task_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_id is required")
-        record = await self._placed(request.task_id, request.follow, context)
+        record = await self._placed(identity, request.task_id, request.follow, context)
         if record is None or record.worker_id is None or record.address is None:
             return  # ended without ever running: there is no output to relay
         upstream = worker_pb2.StreamLogsRequest(
@@ -456,14 +506,14 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 " shows the record's tail",
             )
 
-    async def _placed(self, task_id: str, follow: bool, context: Context) -> TaskRecord | None:
+    async def _placed(
+        self, identity: Identity, task_id: str, follow: bool, context: Context
+    ) -> TaskRecord | None:
         """The record once the task runs on its worker (placed is not enough: the worker knows
         the task only once RunTask got through); None when it ended without running."""
         pause, longest = PLACEMENT_POLL_S
         while True:
-            record = await self._records.get(task_id)
-            if record is None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"no task {task_id}")
+            record = await self._own(identity, task_id, context, f"no task {task_id}")
             if record.address is not None and record.state not in ("queued", "placed"):
                 return record
             if record.state in TERMINAL or not follow:

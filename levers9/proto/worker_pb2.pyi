@@ -84,6 +84,7 @@ class TaskSpec(_message.Message):
     READY_PATH_FIELD_NUMBER: _builtins.int
     STOP_GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     RUNTIME_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -99,6 +100,10 @@ class TaskSpec(_message.Message):
     """
     runtime: _builtins.str
     """The runtime it runs in (`runc`, `runsc`: one its pool offers); "": the pool's `runtime`."""
+    workspace: _builtins.str
+    """The workspace it belongs to (the controlplane sets it from the submitter's token; the
+    operator's: "default"; "" from an older controlplane: "default").
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -127,10 +132,11 @@ class TaskSpec(_message.Message):
         ready_path: _builtins.str = ...,
         stop_grace_seconds: _builtins.int = ...,
         runtime: _builtins.str = ...,
+        workspace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

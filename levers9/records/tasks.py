@@ -28,7 +28,8 @@ from levers9.models import (
 )
 from levers9.records.found import NoQueryAnswer, delivered, or_none, query_within
 from levers9.records.listing import memo_records, pool_clause
-from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES
+from levers9.records.workspaces import workspace_clause
+from levers9.search_attributes import POOL_NAME, SEARCH_ATTRIBUTES, WORKSPACE
 
 OURS = frozenset(key.name for key in SEARCH_ATTRIBUTES)
 """The search attributes a last recorded state shows (not Temporal's own: BuildIds, ...)."""
@@ -43,7 +44,12 @@ async def start_task(client: Client, task_queue: str, task: TaskInput) -> None:
         task,
         id=task_workflow_id(task.task_id),
         task_queue=task_queue,
-        search_attributes=TypedSearchAttributes([SearchAttributePair(POOL_NAME, task.pool_name)]),
+        search_attributes=TypedSearchAttributes(
+            [
+                SearchAttributePair(POOL_NAME, task.pool_name),
+                SearchAttributePair(WORKSPACE, task.workspace),
+            ]
+        ),
         memo={"record": queued.model_dump(mode="json")},
     )
 
@@ -150,13 +156,20 @@ async def list_tasks(client: Client, task_queue: str, pool_name: str | None) -> 
 
 
 async def task_page(
-    client: Client, task_queue: str, pool_name: str | None, page_size: int, page_token: bytes
+    client: Client,
+    task_queue: str,
+    pool_name: str | None,
+    page_size: int,
+    page_token: bytes,
+    workspace: str | None = None,
 ) -> tuple[list[TaskRecord], bytes]:
     """One visibility page of task records (`page_token` empty: the first) and the token of
-    the next (empty: this was the last). A pool name that is not a DNS label is ValueError
-    naming `pool` (`pool_clause`): the gateway refuses it first, naming `pool_name`."""
+    the next (empty: this was the last), of one workspace's tasks when it is given. A pool or
+    workspace name that is not a DNS label is ValueError naming it (`pool_clause`,
+    `workspace_clause`): the gateway refuses it first."""
+    where = workspace_clause(workspace) if workspace is not None else ""
     listed = client.list_workflows(
-        f"{_tasks_query(pool_name)} AND TaskQueue='{task_queue}'",
+        f"{_tasks_query(pool_name)}{where} AND TaskQueue='{task_queue}'",
         page_size=page_size,
         next_page_token=page_token or None,
     )

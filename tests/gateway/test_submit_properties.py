@@ -90,6 +90,8 @@ WELL_FORMED = st.builds(
         ready_path=st.sampled_from(["", "/", "/health?ready=1"]),
         stop_grace_seconds=st.integers(0, 3600),
         runtime=st.sampled_from(["", "runc", "runsc"]),
+        # "" on the wire is `default` (an older client's): a well-formed submit names one.
+        workspace=st.sampled_from(["default", "team-a"]),
     ),
 )
 
