@@ -42,6 +42,20 @@ def pod_manifest(name: str, labels: dict[str, str] | None = None) -> dict[str, A
     }
 
 
+def job_manifest(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox:1.36"}],
+                }
+            }
+        },
+    }
+
+
 def seed_pod(
     registry: Registry,
     namespace: str,

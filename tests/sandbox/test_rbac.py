@@ -35,7 +35,15 @@ from sandbox.resources import (
 from sandbox.server import LOOPBACK, Sandbox, SandboxOptions, start_sandbox
 from sandbox.serviceaccounts import TOKEN_MOUNT_PATH
 from tests.sandbox.cluster.kit import CPU_NODE, PYTHON_IMAGE, fast_scenario, wait_for
-from tests.sandbox.factories import Api, api_client, pod_manifest, seed_pod, status_of, unique
+from tests.sandbox.factories import (
+    Api,
+    api_client,
+    job_manifest,
+    pod_manifest,
+    seed_pod,
+    status_of,
+    unique,
+)
 
 Call = Callable[..., Any]
 Kubectl = Callable[..., str]
@@ -78,6 +86,18 @@ def token(sandbox: Sandbox, sandbox_call: Call, namespace: str, account: str) ->
 @pytest.fixture
 def as_token(sandbox: Sandbox, ca_file: Path) -> Callable[[str], client.ApiClient]:
     return lambda token: api_client(sandbox.url, ca_file, token)
+
+
+@pytest.fixture
+def agent_client(token: str, as_token: Callable[[str], client.ApiClient]) -> client.ApiClient:
+    """A client that calls as the account `agent` of the test's namespace."""
+    return as_token(token)
+
+
+@pytest.fixture
+def agent_lists_pods(rbac_api: Api, namespace: str) -> None:
+    """The account `agent` may list the pods of the test's namespace."""
+    grant(rbac_api, namespace, [rule([""], ["pods"], ["list"])])
 
 
 def core_api(api: client.ApiClient) -> Api:
@@ -139,20 +159,6 @@ def unauthorized(call: Callable[[], Any]) -> None:
     assert status_of(raised.value)["message"] == "Unauthorized"
 
 
-def job_manifest(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "main", "image": "busybox:1.36"}],
-                }
-            }
-        },
-    }
-
-
 # -- grants and denials -------------------------------------------------------------------------
 
 
@@ -161,17 +167,17 @@ def test_a_granted_list_works_and_an_ungranted_create_is_forbidden(
     sandbox_call: Call,
     rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     sandbox_call(seed_pod, sandbox.registry, namespace, "model-0")
     grant(rbac_api, namespace, [rule([""], ["pods"], ["get", "list", "watch"])])
-    agent = as_token(token)
-    listed = core_api(agent).list_namespaced_pod(namespace)
+    listed = core_api(agent_client).list_namespaced_pod(namespace)
     assert [p.metadata.name for p in listed.items] == ["model-0"]
-    assert core_api(agent).read_namespaced_pod("model-0", namespace).metadata.name
+    assert core_api(agent_client).read_namespaced_pod("model-0", namespace).metadata.name
 
-    status = forbidden(lambda: batch_api(agent).create_namespaced_job(namespace, job_manifest("j")))
+    status = forbidden(
+        lambda: batch_api(agent_client).create_namespaced_job(namespace, job_manifest("j"))
+    )
     assert status == {
         "kind": "Status",
         "apiVersion": "v1",
@@ -185,7 +191,7 @@ def test_a_granted_list_works_and_an_ungranted_create_is_forbidden(
         "details": {"group": "batch", "kind": "jobs"},
         "code": 403,
     }
-    deleting = forbidden(lambda: core_api(agent).delete_namespaced_pod("model-0", namespace))
+    deleting = forbidden(lambda: core_api(agent_client).delete_namespaced_pod("model-0", namespace))
     assert deleting["message"] == (
         f'pods "model-0" is forbidden: User "{user(namespace)}" cannot delete resource "pods" '
         f'in API group "" in the namespace "{namespace}"'
@@ -197,11 +203,10 @@ def test_a_namespaced_grant_does_not_reach_another_namespace(
     rbac_api: Api,
     namespace: str,
     other_namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     grant(rbac_api, namespace, [rule([""], ["pods"], ["*"])])
-    core = core_api(as_token(token))
+    core = core_api(agent_client)
     assert core.list_namespaced_pod(namespace).items == []
     elsewhere = forbidden(lambda: core.list_namespaced_pod(other_namespace))
     assert elsewhere["message"] == (
@@ -225,9 +230,8 @@ def test_a_cluster_role_binding_grants_cluster_wide_reads(
     rbac_api: Api,
     namespace: str,
     other_namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
     cluster_bindings: list[str],
+    agent_client: client.ApiClient,
 ) -> None:
     sandbox_call(seed_pod, sandbox.registry, other_namespace, "elsewhere")
     name = unique("reader")
@@ -245,7 +249,7 @@ def test_a_cluster_role_binding_grants_cluster_wide_reads(
             "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": namespace}],
         }
     )
-    core = core_api(as_token(token))
+    core = core_api(agent_client)
     assert [p.metadata.name for p in core.list_namespaced_pod(other_namespace).items] == [
         "elsewhere"
     ]
@@ -260,8 +264,7 @@ def test_a_role_binding_to_a_cluster_role_grants_it_in_its_namespace_only(
     rbac_api: Api,
     namespace: str,
     other_namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     # The bootstrapped `edit` (aggregated from system:aggregate-to-edit and -view), bound in
     # one namespace, and a Group subject naming every account of the namespace.
@@ -275,7 +278,7 @@ def test_a_role_binding_to_a_cluster_role_grants_it_in_its_namespace_only(
             ],
         },
     )
-    batch = batch_api(as_token(token))
+    batch = batch_api(agent_client)
     batch.create_namespaced_job(namespace, job_manifest("allowed"))
     assert [j.metadata.name for j in batch.list_namespaced_job(namespace).items] == ["allowed"]
     forbidden(lambda: batch.create_namespaced_job(other_namespace, job_manifest("refused")))
@@ -287,8 +290,7 @@ def test_subresources_resource_names_and_missing_roles(
     core: Api,
     rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     sandbox_call(seed_pod, sandbox.registry, namespace, "p")
     for name in ("allowed", "other"):
@@ -301,7 +303,7 @@ def test_subresources_resource_names_and_missing_roles(
             rule([""], ["configmaps"], ["get", "watch", "list"], resourceNames=["allowed"]),
         ],
     )
-    agent = core_api(as_token(token))
+    agent = core_api(agent_client)
     agent.read_namespaced_pod("p", namespace)
     logs = forbidden(lambda: agent.read_namespaced_pod_log("p", namespace))
     assert logs["message"] == (
@@ -344,8 +346,7 @@ def test_discovery_is_open_and_other_paths_are_not(
 def test_escalation_is_refused(
     rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     grant(
         rbac_api,
@@ -355,7 +356,7 @@ def test_escalation_is_refused(
             rule([""], ["pods"], ["get", "list"]),
         ],
     )
-    agent = rbac_of(as_token(token))
+    agent = rbac_of(agent_client)
     # What it holds, it may hand on ...
     agent.create_namespaced_role(
         namespace, {"metadata": {"name": "readers"}, "rules": [rule([""], ["pods"], ["list"])]}
@@ -418,15 +419,13 @@ def test_escalation_is_refused(
 # -- tokens -------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("agent_lists_pods")
 def test_a_token_for_a_deleted_service_account_is_unauthorized(
     core: Api,
-    rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
-    grant(rbac_api, namespace, [rule([""], ["pods"], ["list"])])
-    agent = core_api(as_token(token))
+    agent = core_api(agent_client)
     agent.list_namespaced_pod(namespace)
     core.delete_namespaced_service_account("agent", namespace)
     unauthorized(lambda: agent.list_namespaced_pod(namespace))
@@ -435,16 +434,15 @@ def test_a_token_for_a_deleted_service_account_is_unauthorized(
     unauthorized(lambda: agent.list_namespaced_pod(namespace))
 
 
+@pytest.mark.usefixtures("agent_lists_pods")
 def test_expired_foreign_and_wrong_audience_tokens_are_unauthorized(
     sandbox: Sandbox,
     sandbox_call: Call,
     core: Api,
-    rbac_api: Api,
     namespace: str,
     token: str,
     as_token: Callable[[str], client.ApiClient],
 ) -> None:
-    grant(rbac_api, namespace, [rule([""], ["pods"], ["list"])])
     expired = sandbox_call(
         sandbox.service_account_token, namespace, "agent", expiration_seconds=-120
     )
@@ -466,16 +464,15 @@ def test_expired_foreign_and_wrong_audience_tokens_are_unauthorized(
     unauthorized(lambda: core_api(as_token(forged)).list_namespaced_pod(namespace))
 
 
+@pytest.mark.usefixtures("agent_lists_pods")
 def test_token_request_claims_and_a_token_bound_to_a_pod(
     sandbox: Sandbox,
     sandbox_call: Call,
     core: Api,
-    rbac_api: Api,
     namespace: str,
     account: str,
     as_token: Callable[[str], client.ApiClient],
 ) -> None:
-    grant(rbac_api, namespace, [rule([""], ["pods"], ["list"])])
     core.create_namespaced_pod(
         namespace,
         {
@@ -604,22 +601,20 @@ subjects:
     kubectl(*as_agent, "get", "nodes", ok=False)
 
 
+@pytest.mark.usefixtures("agent_lists_pods")
 def test_authorized_networks_do_not_apply_to_service_accounts(
     sandbox: Sandbox,
     sandbox_call: Call,
     core: Api,
-    rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
-    grant(rbac_api, namespace, [rule([""], ["pods"], ["list"])])
     sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24"]})
     # The admin's kubectl (the workstation) and the controlplane's egress are outside ...
     refused = forbidden(lambda: core.list_namespaced_pod(namespace))
     assert "master authorized networks" in refused["message"]
     # ... while a pod calls from inside the cluster.
-    assert core_api(as_token(token)).list_namespaced_pod(namespace).items == []
+    assert core_api(agent_client).list_namespaced_pod(namespace).items == []
 
 
 # -- pods and their accounts --------------------------------------------------------------------
@@ -918,8 +913,7 @@ def test_self_subject_access_reviews_with_the_official_client(
     admin_client: client.ApiClient,
     rbac_api: Api,
     namespace: str,
-    token: str,
-    as_token: Callable[[str], client.ApiClient],
+    agent_client: client.ApiClient,
 ) -> None:
     grant(rbac_api, namespace, [rule(["batch"], ["jobs"], ["create"])])
 
@@ -931,12 +925,11 @@ def test_self_subject_access_reviews_with_the_official_client(
         )
         return bool(answer.status.allowed)
 
-    agent = as_token(token)
-    assert review(agent, "create", namespace)
-    assert not review(agent, "delete", namespace)
-    assert not review(agent, "create", "default")
+    assert review(agent_client, "create", namespace)
+    assert not review(agent_client, "delete", namespace)
+    assert not review(agent_client, "create", "default")
     assert review(admin_client, "delete", "default")
-    authorization: Api = client.AuthorizationV1Api(agent)
+    authorization: Api = client.AuthorizationV1Api(agent_client)
     rules = authorization.create_self_subject_rules_review({"spec": {"namespace": namespace}})
     assert {"verbs": ["create"], "api_groups": ["batch"], "resources": ["jobs"]} in [
         {k: v for k, v in r.to_dict().items() if v is not None} for r in rules.status.resource_rules

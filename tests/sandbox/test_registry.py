@@ -14,7 +14,7 @@ from sandbox.options import DeleteOptions
 from sandbox.patch import PatchType
 from sandbox.registry import Registry
 from sandbox.resources import DEPLOYMENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
-from tests.sandbox.factories import pod_manifest, seed_node, seed_pod
+from tests.sandbox.factories import job_manifest, pod_manifest, seed_node, seed_pod
 
 NS = "levers9"
 
@@ -24,20 +24,6 @@ def registry() -> Registry:
     registry = Registry()
     registry.create(NAMESPACES, {"metadata": {"name": NS}})
     return registry
-
-
-def job_manifest(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "w", "image": "worker:latest"}],
-                }
-            }
-        },
-    }
 
 
 def owned_by(obj: dict[str, Any]) -> dict[str, Any]:
