@@ -72,6 +72,12 @@ def token_for(ca_file: Path) -> Callable[..., str]:
 
 
 @pytest.fixture
+def developer_token(mint_key: Callable[..., dict[str, str]], token_for: Callable[..., str]) -> str:
+    """An access token of a new account with the developer role."""
+    return token_for(mint_key(DEVELOPER))
+
+
+@pytest.fixture
 def core_as(sandbox: Sandbox, ca_file: Path) -> Callable[[str], Api]:
     return lambda token: client.CoreV1Api(api_client(sandbox.url, ca_file, token))
 
@@ -267,18 +273,16 @@ def test_forbidden_names_the_email_when_the_token_carries_it(
 def test_egress_ip_outside_authorized_networks_is_forbidden(
     sandbox: Sandbox,
     sandbox_call: Call,
-    mint_key: Callable[..., dict[str, str]],
-    token_for: Callable[..., str],
+    developer_token: str,
     core_as: Callable[[str], Api],
     core: Api,
 ) -> None:
-    token = token_for(mint_key(DEVELOPER))
     sandbox_call(
         sandbox.policy.update,
         {"authorizedNetworks": ["198.51.100.0/24"], "workstationIp": "198.51.100.10"},
     )
     with pytest.raises(client.ApiException) as caught:
-        core_as(token).list_namespace()
+        core_as(developer_token).list_namespace()
     message = forbidden_body(caught.value)["message"]
     assert "203.0.113.10" in message
     assert "master authorized networks (198.51.100.0/24)" in message
@@ -291,17 +295,15 @@ def test_egress_ip_outside_authorized_networks_is_forbidden(
     sandbox_call(
         sandbox.policy.update, {"authorizedNetworks": ["198.51.100.0/24", "203.0.113.10/32"]}
     )
-    assert core_as(token).list_namespace().items
+    assert core_as(developer_token).list_namespace().items
 
 
 def test_egress_ip_outside_authorized_networks_times_out_in_timeout_mode(
     sandbox: Sandbox,
     sandbox_call: Call,
-    mint_key: Callable[..., dict[str, str]],
-    token_for: Callable[..., str],
+    developer_token: str,
     core_as: Callable[[str], Api],
 ) -> None:
-    token = token_for(mint_key(DEVELOPER))
     sandbox_call(
         sandbox.policy.update,
         {
@@ -311,7 +313,7 @@ def test_egress_ip_outside_authorized_networks_times_out_in_timeout_mode(
         },
     )
     with pytest.raises(urllib3.exceptions.HTTPError):
-        core_as(token).list_namespace(_request_timeout=0.5)
+        core_as(developer_token).list_namespace(_request_timeout=0.5)
 
 
 def test_static_tokens_are_subject_to_authorized_networks(
@@ -346,32 +348,30 @@ def test_an_expired_token_is_unauthorized_from_an_allowed_network(
     sandbox: Sandbox,
     sandbox_call: Call,
     http: Callable[..., urllib3.BaseHTTPResponse],
-    mint_key: Callable[..., dict[str, str]],
-    token_for: Callable[..., str],
+    developer_token: str,
     core_as: Callable[[str], Api],
 ) -> None:
-    token = token_for(mint_key(DEVELOPER))
     sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["203.0.113.10/32"]})
-    assert core_as(token).list_namespace().items
+    assert core_as(developer_token).list_namespace().items
     expired = http("POST", "/_sandbox/tokens/expire")
     assert expired.status == 200
     assert json.loads(expired.data)["expired"] >= 1
     with pytest.raises(client.ApiException) as caught:
-        core_as(token).list_namespace()
+        core_as(developer_token).list_namespace()
     assert caught.value.status == 401
     assert status_of(caught.value) == UNAUTHORIZED
     # In timeout mode too: an allowed source gets its answer, the 401, not a dropped packet.
     sandbox_call(sandbox.policy.update, {"networkDenial": "timeout", "timeoutHoldSeconds": 30})
     with pytest.raises(client.ApiException) as held:
-        core_as(token).list_namespace(_request_timeout=5)
+        core_as(developer_token).list_namespace(_request_timeout=5)
     assert held.value.status == 401
     # From a source off the networks, the token does not matter: the network refuses first.
     sandbox_call(sandbox.policy.update, {"authorizedNetworks": ["10.0.0.0/8"]})
     with pytest.raises(urllib3.exceptions.HTTPError):
-        core_as(token).list_namespace(_request_timeout=0.5)
+        core_as(developer_token).list_namespace(_request_timeout=0.5)
     sandbox_call(sandbox.policy.update, {"networkDenial": "forbidden"})
     with pytest.raises(client.ApiException) as refused:
-        core_as(token).list_namespace()
+        core_as(developer_token).list_namespace()
     assert forbidden_body(refused.value)["message"].startswith("Forbidden: the request came")
 
 
