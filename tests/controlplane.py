@@ -134,12 +134,16 @@ class Controlplane:
             ),
         }
 
-    async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The `levers9` CLI in its own process, as that user runs it."""
+    async def cli(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The `levers9` CLI in its own process, as that user runs it; `token`: with that
+        token (a workspace's) instead of the operator's."""
+        env = self.cli_env()
+        if token is not None:
+            env["LEVERS9_API_TOKEN"] = token
         return await asyncio.to_thread(
             subprocess.run,
             [str(Path(sys.executable).parent / "levers9"), *args],
-            env=self.cli_env(),
+            env=env,
             capture_output=True,
             text=True,
             timeout=180,

@@ -128,10 +128,15 @@ class Fallback:
     gateway cannot be reached (said once, on stderr). A query there that no Temporal worker
     answers is ControlplaneUnreachable; `last_recorded` reads what Temporal holds then."""
 
-    def __init__(self, settings: ControlplaneSettings, gateway: bool = True) -> None:
+    def __init__(
+        self, settings: ControlplaneSettings, gateway: bool = True, *, temporal: bool = True
+    ) -> None:
+        """`temporal` False: the gateway alone (a workspace token: a workspace sees its tasks
+        only as the gateway shows them, never Temporal's whole namespace)."""
         self._settings = settings
         self._gateway: Tasks | None = GatewayTasks(settings) if gateway else None
         self._temporal = TemporalTasks(settings)
+        self._temporal_allowed = temporal
         self._gateway_failed = False
 
     async def _ask(self, call: Callable[[Tasks], Awaitable[T]]) -> T:
@@ -139,6 +144,8 @@ class Fallback:
             try:
                 return await call(self._gateway)
             except GatewayUnavailable as exc:
+                if not self._temporal_allowed:
+                    raise GatewayOnly(str(exc)) from None
                 errors.print(f"asking Temporal directly: {exc}", highlight=False)
                 self._gateway = None
                 self._gateway_failed = True
@@ -189,14 +196,23 @@ def answered(call: Coroutine[Any, Any, T]) -> T:
     exit status 1, not a traceback."""
     try:
         return asyncio.run(call)
-    except GatewayRefused as exc:
+    except (GatewayRefused, GatewayOnly) as exc:
         fail([str(exc)])
         raise typer.Exit(1) from None
 
 
+class GatewayOnly(Exception):
+    """The gateway did not answer a workspace token, which has nowhere else to ask."""
+
+
 def tasks_for(settings: ControlplaneSettings) -> Fallback:
-    """The gateway when the command holds an operator token, else Temporal."""
-    return Fallback(settings, gateway=settings.operator_token() is not None)
+    """The gateway when the command holds a token, else Temporal; with a workspace's token,
+    the gateway alone."""
+    from levers9.core.workspaces import parse_token
+
+    token = settings.operator_token()
+    workspace = token is not None and parse_token(token.get_secret_value()) is not None
+    return Fallback(settings, gateway=token is not None, temporal=not workspace)
 
 
 @dataclass(frozen=True)

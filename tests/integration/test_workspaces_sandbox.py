@@ -1,0 +1,233 @@
+"""Two teams on one pool, driven by the real CLI as each team runs it: the operator makes
+workspaces `team-a` and `team-b` and a token for each (`levers9 workspace ...`); team A runs a
+serving task with its token. Team B's token, on that task, gets exactly what a missing task
+gets from `task get`, `task logs`, `exec`, `port-forward` and `task cancel`, and nothing
+changes (the task still runs, B's exec never ran in it); `task list` shows each team its own
+tasks only; a workspace token on an operator command (`workspace list`, `workspace delete`) is
+PERMISSION_DENIED naming the operator; `workspace delete` is refused while the workspace has a
+running task; a revoked token is refused (UNAUTHENTICATED) within the cache's bound. Then no
+token (operator or workspace) appears in any workflow history, memo or search attribute of the
+controlplane, in its log lines, or in any Kubernetes object of the sandbox.
+
+The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.gateway.roles import TOKEN_CACHE_TTL_S
+from levers9.records.tasks import task_record
+from levers9.temporal import connect
+from levers9.tokens import operator_token
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
+from tests.factories import HTTP_TASK
+from tests.gateway.test_workspaces import decoded_history
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 60
+
+
+@dataclass
+class Teams:
+    cp: Controlplane
+    a: str
+    """team-a's token"""
+    b: str
+    """team-b's token"""
+    task_a: str = ""
+    """team-a's serving task"""
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+async def teams(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Teams]:
+    async with reconciling(dev_env.client, tmp_path_factory.mktemp("workspaces")) as plane:
+        await eventually(lambda: workers_available(plane), within=WITHIN)
+        tokens = []
+        for team in ("team-a", "team-b"):
+            _ok(await plane.cli("workspace", "create", team, "--gpu-quota", "2"))
+            made = await plane.cli("workspace", "token", "create", team, "--name", "ci")
+            tokens.append(_ok(made).strip())
+            assert "shown once" in made.stderr
+        yield Teams(plane, *tokens)
+
+
+async def test_a_team_runs_with_its_token_and_its_task_carries_its_workspace(teams: Teams) -> None:
+    cp = teams.cp
+    done = await cp.cli(
+        "run", "--pool", POOL, "--gpus", "0", "--detach", "--port", "8080",
+        "--", "python", "-c", HTTP_TASK,
+        token=teams.a,
+    )  # fmt: skip
+    teams.task_a = _ok(done).strip()
+    client = await connect(cp.settings)
+
+    async def ready() -> bool:
+        record = await task_record(client, teams.task_a)
+        return record is not None and record.ready
+
+    await eventually(ready, within=WITHIN)
+    got = json.loads(_ok(await cp.cli("task", "get", teams.task_a, "-o", "json", token=teams.a)))
+    assert got["workspace"] == "team-a"
+    listed = [
+        execution.id
+        async for execution in client.list_workflows(
+            f"Levers9Workspace='team-a' AND WorkflowType='TaskWorkflow'"
+            f" AND TaskQueue='{cp.settings.task_queue}'"
+        )
+    ]
+    assert listed == [f"task:{teams.task_a}"]
+    shown = json.loads(_ok(await cp.cli("workspace", "get", "team-a", "-o", "json", token=teams.a)))
+    assert (shown["gpu_quota"], shown["running_tasks"]) == (2, 1)
+
+
+async def test_another_teams_task_answers_as_a_missing_one_and_nothing_changes(
+    teams: Teams,
+) -> None:
+    cp, task = teams.cp, teams.task_a
+    missing = f"t{uuid.uuid4().hex[:10]}"
+    for command in (
+        ["task", "get"],
+        ["task", "logs"],
+        ["task", "cancel"],
+        ["exec", "{id}", "--", "touch", "/tmp/from-team-b"],
+        ["port-forward", "{id}", "8080"],
+    ):
+
+        def args(task_id: str, command: list[str] = command) -> list[str]:
+            if "{id}" in command:
+                return [task_id if a == "{id}" else a for a in command]
+            return [*command, task_id]
+
+        theirs = await cp.cli(*args(task), token=teams.b)
+        none = await cp.cli(*args(missing), token=teams.b)
+        assert theirs.returncode == none.returncode == 1, command
+        assert theirs.stdout == none.stdout.replace(missing, task), command
+        assert theirs.stderr == none.stderr.replace(missing, task), command
+        assert f"no task {task}" in theirs.stderr or "no running task" in theirs.stderr
+    record = json.loads(_ok(await cp.cli("task", "get", task, "-o", "json", token=teams.a)))
+    assert record["state"] == "running"
+    assert "cancel" not in json.dumps(record["phases"])
+    # B's exec never ran: the file it would have made is not there.
+    absent = await cp.cli("exec", task, "--", "test", "-e", "/tmp/from-team-b", token=teams.a)
+    assert absent.returncode == 1, absent.stdout + absent.stderr
+    present = await cp.cli("exec", task, "--", "test", "-e", "/proc/self", token=teams.a)
+    assert present.returncode == 0, present.stdout + present.stderr  # the check could pass
+
+
+async def test_task_list_shows_each_team_its_own(teams: Teams) -> None:
+    cp = teams.cp
+    done = await cp.cli(
+        "run", "--pool", POOL, "--gpus", "0", "--", "echo", "b", token=teams.b
+    )  # fmt: skip
+    _ok(done)
+    as_a = json.loads(_ok(await cp.cli("task", "list", "-o", "json", token=teams.a)))
+    as_b = json.loads(_ok(await cp.cli("task", "list", "-o", "json", token=teams.b)))
+    operator = json.loads(_ok(await cp.cli("task", "list", "-o", "json")))
+    assert [r["task_id"] for r in as_a] == [teams.task_a]
+    assert [r["workspace"] for r in as_b] == ["team-b"]
+    assert sorted(r["workspace"] for r in operator) == ["team-a", "team-b"]
+
+
+async def test_a_workspace_token_on_an_operator_command_is_permission_denied(
+    teams: Teams,
+) -> None:
+    cp = teams.cp
+    for args in (
+        ["workspace", "list"],
+        ["workspace", "delete", "team-b"],
+        ["workspace", "set", "team-a", "--gpu-quota", "64"],
+        ["workspace", "token", "create", "team-a"],
+    ):
+        done = await cp.cli(*args, token=teams.a)
+        assert done.returncode == 1, args
+        assert "PERMISSION_DENIED" in done.stderr, args
+        assert "operator" in done.stderr, args
+    other = await cp.cli("workspace", "get", "team-b", token=teams.a)
+    assert other.returncode == 1
+    assert "NOT_FOUND: no workspace team-b" in other.stderr
+    shown = json.loads(_ok(await cp.cli("workspace", "get", "team-a", "-o", "json")))
+    assert shown["gpu_quota"] == 2  # the set above changed nothing
+
+
+async def test_a_workspace_with_a_running_task_is_not_deleted(teams: Teams) -> None:
+    cp = teams.cp
+    refused = await cp.cli("workspace", "delete", "team-a")
+    assert refused.returncode == 1
+    assert "has 1 running task(s): cancel them first" in refused.stderr
+    listed = json.loads(_ok(await cp.cli("workspace", "list", "-o", "json")))
+    assert [w["name"] for w in listed].count("team-a") == 1
+    _ok(await cp.cli("task", "cancel", teams.task_a, token=teams.a))
+    _ok(await cp.cli("workspace", "delete", "team-a"))
+    after = json.loads(_ok(await cp.cli("workspace", "list", "-o", "json")))
+    assert "team-a" not in [w["name"] for w in after]
+    gone = await cp.cli("task", "list", token=teams.a)
+    assert gone.returncode == 1
+    assert "UNAUTHENTICATED" in gone.stderr
+
+
+async def test_a_revoked_token_is_refused_within_the_bound(teams: Teams) -> None:
+    cp = teams.cp
+    tokens = json.loads(_ok(await cp.cli("workspace", "token", "list", "team-b", "-o", "json")))
+    assert [t["label"] for t in tokens] == ["ci"]
+    assert "lastUsedAt" in tokens[0]  # team B used it above
+    _ok(await cp.cli("workspace", "token", "revoke", "team-b", tokens[0]["tokenId"]))
+
+    async def refused() -> bool:
+        done = await cp.cli("task", "list", token=teams.b)
+        return done.returncode == 1 and "revoked" in done.stderr
+
+    await eventually(refused, within=TOKEN_CACHE_TTL_S + 10)
+    done = await cp.cli("task", "list", token=teams.b)
+    assert "UNAUTHENTICATED" in done.stderr
+    assert teams.b not in done.stderr
+
+
+async def test_no_token_is_in_any_history_memo_log_or_kubernetes_object(
+    teams: Teams, log_lines: io.StringIO
+) -> None:
+    """Made and used while this test's log lines are captured, and by the tests before."""
+    cp = teams.cp
+    _ok(await cp.cli("workspace", "create", "team-c"))
+    token_c = _ok(await cp.cli("workspace", "token", "create", "team-c")).strip()
+    _ok(await cp.cli("run", "--pool", POOL, "--gpus", "0", "--", "true", token=token_c))
+    secrets = {
+        "operator": operator_token(TOKEN_SECRET),
+        "team-a": teams.a,
+        "team-b": teams.b,
+        "team-c": token_c,
+    }
+    secrets.update({f"{name} secret": token.rsplit(".", 1)[1] for name, token in secrets.items()})
+    del secrets["operator secret"]
+    client = await connect(cp.settings)
+    texts: dict[str, str] = {"log lines": log_lines.getvalue()}
+    query = f"TaskQueue='{cp.settings.task_queue}'"
+    async for execution in client.list_workflows(query):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        texts[f"history {execution.id}"] = decoded_history((await handle.fetch_history()).to_json())
+        texts[f"memo {execution.id}"] = json.dumps(await execution.memo(), default=str)
+        texts[f"search attributes {execution.id}"] = str(execution.typed_search_attributes)
+    kinds = "secrets,configmaps,pods,jobs,deployments,serviceaccounts,events"
+    texts["kubernetes objects"] = await cp.kubectl("get", kinds, "-A", "-o", "json")
+    assert any(t.startswith("history workspace:team-c") for t in texts)  # the scan saw them
+    assert len(texts["kubernetes objects"]) > 1000
+    for where, text in texts.items():
+        for name, secret in secrets.items():
+            assert secret not in text, f"{name} token in {where}"
