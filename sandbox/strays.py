@@ -1,18 +1,19 @@
-"""What the dev stack's worker agents left on this machine: `levers9 dev status` lists it,
-`levers9 dev down` removes it.
+"""What the dev stack's worker agents left on this machine: `levers9 dev status` lists it, `levers9
+dev down` removes it.
 
 Each agent keeps its work dir under its node's `WORK_ROOT` (levers9.contract), which the sandbox
-maps to `<state>/nodes/<node>/var/lib/levers9/work/<worker-id>/`: its runc root (`runc/`), a
-record per container (`containers/`), its tasks (`tasks/*/task.json`), each task's network
-(`networks/*/`: the namespace's bind mount and its slirp4netns' pid and start time) and its pid
-and start time (`agent.json`). The containers' shims (and the slirp4netns) run in sessions of
-their own, so an agent that was SIGKILLed (the sandbox's kubelet does so to an agent slow to
-stop) leaves them running, with their cgroups (`/levers9/l9-<task>`) and their overlays.
+maps to `<state>/nodes/<node>/var/lib/levers9/work/<worker-id>/`: its runc root (`runc/`) and
+runsc root (`runsc/`: gVisor's sandboxes), a record per container (`containers/`), its tasks
+(`tasks/*/task.json`), each task's network (`networks/*/`: the namespace's bind mount and its
+slirp4netns' pid and start time) and its pid and start time (`agent.json`). The containers'
+shims (and the slirp4netns) run in sessions of their own, so an agent that was SIGKILLed (the
+sandbox's kubelet does so to an agent slow to stop) leaves them running, with their cgroups
+(`/levers9/l9-<task>`) and their overlays.
 
-A stray is what no running agent looks after: an agent of a stack that is down, a container of
-a runc root whose agent is gone, the cgroup of a task of such a work dir, a task that ran as a
-process of such an agent (`processes/`), the slirp4netns of a task network of such a work dir
-(`networks/`), and any mount under the stack's state dir (overlays,
+A stray is what no running agent looks after: an agent of a stack that is down, a container of a
+runc root (a sandbox of a runsc root) whose agent is gone, the cgroup of a task of such a work
+dir, a task that ran as a process of such an agent (`processes/`), the slirp4netns of a task
+network of such a work dir (`networks/`), and any mount under the stack's state dir (overlays,
 FUSE volumes) but those in a running agent's work dir.
 """
 
@@ -33,12 +34,15 @@ from levers9.worker.cgroups import cgroup_dirs, remove_cgroups
 
 KILL_WITHIN_S = 10.0
 RUNC_TIMEOUT_S = 30.0
+RUNSC = "runsc"
+"""gVisor's runtime: its root beside runc's, its command line runc's."""
 
 
 @dataclass(frozen=True)
 class Stray:
     kind: str
-    """"agent", "container", "process", "network", "cgroup" or "mount"."""
+    """"agent", "container" (runc's), "sandbox" (runsc's), "process", "network", "cgroup" or
+    "mount"."""
     name: str
     """Its pid, container id, task id (a process, a network), cgroup directory or mount point."""
     where: str
@@ -68,6 +72,9 @@ def find(state_dir: Path, *, stack_running: bool) -> list[Stray]:
             strays.append(Stray("agent", str(work.agent), str(work.path), work.agent))
         containers = _containers(work.path)
         strays += [Stray("container", name, str(work.path), pid) for name, pid in containers]
+        sandboxes = _containers(work.path, RUNSC)
+        strays += [Stray("sandbox", name, str(work.path), pid) for name, pid in sandboxes]
+        containers += sandboxes
         strays += [
             Stray("process", task, str(work.path), pid) for task, pid in _processes(work.path)
         ]
@@ -102,8 +109,9 @@ def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]
         if stray.kind in ("process", "network") and stray.pid is not None:
             _kill(stray.pid, group=True)
     for stray in strays:
-        if stray.kind == "container":
-            runc = ["runc", "--root", str(Path(stray.where) / "runc")]
+        if stray.kind in ("container", "sandbox"):
+            binary = RUNSC if stray.kind == "sandbox" else "runc"
+            runc = [binary, "--root", str(Path(stray.where) / binary)]
             _run([*runc, "kill", "--all", stray.name, "KILL"])
             _run([*runc, "delete", "--force", stray.name])
             remove_cgroups(stray.name.removeprefix("l9-"))
@@ -141,11 +149,11 @@ def _start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def _containers(work: Path) -> list[tuple[str, int | None]]:
-    """(id, pid) of every container in the work dir's runc root."""
-    if not (work / "runc").is_dir():
+def _containers(work: Path, runtime: str = "runc") -> list[tuple[str, int | None]]:
+    """(id, pid) of every container in the work dir's root of `runtime` (runc, runsc)."""
+    if not (work / runtime).is_dir():
         return []
-    listed = _run(["runc", "--root", str(work / "runc"), "list", "--format", "json"])
+    listed = _run([runtime, "--root", str(work / runtime), "list", "--format", "json"])
     try:
         entries = json.loads(listed or "null") or []
     except ValueError:

@@ -1,7 +1,8 @@
 """`sandbox.strays` over a dev stack's state dir: a task a killed agent ran as its process is a
 stray (with the stack down or up), removing it kills its process group; a running agent's work
 dir holds none while the stack runs, and the agent itself is one once the stack is down; a task
-network a killed agent left is one too (its slirp4netns killed, its namespace unmounted)."""
+network a killed agent left is one too (its slirp4netns killed, its namespace unmounted), and
+so is a gVisor sandbox of its runsc root (killed and deleted with runsc)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,27 @@ async def test_a_killed_agents_task_network_is_a_stray_and_removed(tmp_path: Pat
     assert await asyncio.to_thread(strays.remove, tmp_path, found, lambda _: None) == []
     assert start_ticks(slirp) is None, "its slirp4netns is gone"
     assert strays.find(tmp_path, stack_running=False) == []
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="runsc needs root")
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="deploy/dev/install-tools.sh")
+def test_a_killed_agents_gvisor_sandbox_is_a_stray_and_removed(tmp_path: Path) -> None:
+    work = _work_dir(tmp_path, "w1")
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs" / "bin").mkdir(parents=True)
+    shutil.copy("/bin/busybox", bundle / "rootfs" / "bin" / "busybox")
+    subprocess.run(["runsc", "spec", "--", "/bin/busybox", "sleep", "1000"], cwd=bundle, check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"]["terminal"] = False
+    (bundle / "config.json").write_text(json.dumps(config))
+    runsc = ["runsc", "--root", str(work / "runsc"), "--network=none"]
+    subprocess.run([*runsc, "run", "--detach", "--bundle", str(bundle), "l9-t1"], check=True)
+    try:
+        found = strays.find(tmp_path, stack_running=True)
+        assert [(s.kind, s.name) for s in found if s.kind == "sandbox"] == [("sandbox", "l9-t1")]
+        assert strays.remove(tmp_path, found, lambda _: None) == []
+        listed = subprocess.run([*runsc, "list", "-q"], capture_output=True, text=True)
+        assert listed.stdout.split() == [], "the sandbox is gone"
+    finally:
+        subprocess.run([*runsc, "delete", "--force", "l9-t1"], capture_output=True)
