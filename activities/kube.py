@@ -393,6 +393,7 @@ def worker_spec(
         image_cache_bytes=pool.image_cache_bytes,
         runtime=pool.runtime,
         runtimes=pool.offered_runtimes,
+        task_network_allow=tuple(pool.task_network.allow),
         default_image=pool.task_defaults.image or "",
         default_memory_bytes=pool.task_defaults.memory_bytes,
         default_cpu_millis=pool.task_defaults.cpu_millis,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
@@ -239,6 +240,29 @@ class TaskDefaults(_Model):
         return millicores(self.cpus) if self.cpus else 0
 
 
+class TaskNetwork(_Model):
+    """What a pool's tasks may reach besides the public internet. Each task has a network of
+    its own (levers9.worker.task_network): by default it reaches neither the node nor
+    link-local (169.254/16: no metadata server), private (10/8, 172.16/12, 192.168/16,
+    100.64/10, fc00::/7) or another task's addresses."""
+
+    allow: list[str] = Field(default_factory=list)
+    """CIDRs its tasks may reach though private or link-local (`10.8.0.0/16`, a cluster's model
+    store); the node's own addresses stay out of reach even inside one."""
+
+    @field_validator("allow")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=True)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{item!r} is not a CIDR ({exc}); write a network such as 10.8.0.0/16"
+                ) from None
+        return value
+
+
 class WorkerResources(_Model):
     """What the worker pod requests besides its cards (the agent, image pulls, unpacking): so
     it is Burstable, never BestEffort, and not the first pod the kubelet evicts. A node whose
@@ -285,6 +309,7 @@ class PoolConfig(_Model):
     """The runtimes its tasks may name (`levers9 run --runtime runsc`), `runtime` among them (the
     one a task that names none runs in); unset: `runtime` alone."""
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
+    task_network: TaskNetwork = Field(default_factory=TaskNetwork, alias="taskNetwork")
     worker_resources: WorkerResources = Field(
         default_factory=WorkerResources, alias="workerResources"
     )

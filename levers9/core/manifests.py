@@ -72,6 +72,8 @@ class WorkerJobSpec:
     """The pool's `runtime`: what the agent runs its tasks with (`levers9.worker.runtimes`)."""
     runtimes: tuple[str, ...] = ()
     """The pool's `runtimes`: those its tasks may name (`runtime` among them); (): it alone."""
+    task_network_allow: tuple[str, ...] = ()
+    """The pool's `taskNetwork.allow`: CIDRs its tasks may reach beyond the public internet."""
     default_image: str = ""
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
@@ -118,6 +120,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
     ]
     if set(spec.runtimes) - {spec.runtime}:
         plain.append(("LEVERS9_RUNTIMES", ",".join(spec.runtimes)))
+    if spec.task_network_allow:
+        plain.append(("LEVERS9_TASK_NETWORK_ALLOW", ",".join(spec.task_network_allow)))
     if spec.advertised_host:
         plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))
     if spec.gateway_tls:

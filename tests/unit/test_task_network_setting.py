@@ -1,0 +1,45 @@
+"""The pool's `taskNetwork.allow`: CIDRs checked in the values (a bad one names the field), carried
+to the worker by its Job's environment (`LEVERS9_TASK_NETWORK_ALLOW`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from activities.kube import worker_spec
+from levers9.config import ConfigError, parse_pool, parse_settings
+from levers9.core.manifests import worker_job
+from levers9.models import WorkerJobInput
+from tests.factories import key_json, spec_pool
+
+POOL = "gke-rtx6000"
+
+
+def _worker_env(block: dict[str, Any]) -> dict[str, str]:
+    pool = parse_pool(POOL, block)
+    job_input = WorkerJobInput(pool_name=POOL, worker_id="a1b2c3d4", gpus=1)
+    job = worker_job(worker_spec(job_input, pool, parse_settings({})))
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_the_allowed_cidrs_reach_the_agent() -> None:
+    block = spec_pool(credentials=key_json())
+    assert "LEVERS9_TASK_NETWORK_ALLOW" not in _worker_env(block), "none by default"
+    block["taskNetwork"] = {"allow": ["10.8.0.0/16", "fd12::/16"]}
+    env = _worker_env(block)
+    assert env["LEVERS9_TASK_NETWORK_ALLOW"] == "10.8.0.0/16,fd12::/16"
+
+
+@pytest.mark.parametrize("bad", ["10.1.2.3/8", "10.0.0.0/33", "model-store"])
+def test_a_bad_cidr_is_refused_naming_the_field(bad: str) -> None:
+    block = spec_pool(credentials=key_json())
+    block["taskNetwork"] = {"allow": ["10.8.0.0/16", bad]}
+    with pytest.raises(ConfigError) as caught:
+        parse_pool(POOL, block)
+    [error] = caught.value.errors
+    assert error.startswith(
+        f"config.worker.pools.{POOL}.taskNetwork.allow: {bad!r} is not a CIDR ("
+    ), error
+    assert error.endswith("write a network such as 10.8.0.0/16"), error
