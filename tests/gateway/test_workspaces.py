@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,17 +27,23 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.core.workspaces import parse_token, workspace_workflow_id
+from levers9.core.workspaces import (
+    WORKSPACE_WORKFLOW,
+    WorkspaceState,
+    parse_token,
+    workspace_workflow_id,
+)
 from levers9.gateway.roles import TOKEN_CACHE_TTL_S
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_records import TemporalTaskRecords
+from levers9.models import WorkspaceInput
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc import bearer
 from levers9.tokens import operator_token
 from tests.gateway.conftest import LOOPBACK
-from tests.waiting import eventually
+from tests.waiting import eventually, signals_handled
 from workflows import RUNNER
 from workflows.workspace import WorkspaceWorkflow
 
@@ -351,3 +358,39 @@ async def test_an_expired_token_is_refused_and_a_forged_one_too(plane: Plane) ->
         )
         assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
         assert token not in (refused.details() or "")
+
+
+async def test_the_record_continues_as_new_and_keeps_its_tokens(
+    plane: Plane, task_queue: str
+) -> None:
+    """A history cap of 20 events: tokens added and used in bursts (each handled before the
+    next) make it continue as new several times; the record keeps every token and the last
+    use, and the gateway still checks them against it."""
+    name = _name()
+    state = WorkspaceState(name=name, gpu_quota=1, created_at=datetime.now(UTC))
+    await plane.client.start_workflow(
+        WORKSPACE_WORKFLOW,
+        WorkspaceInput(state=state, max_history_events=20),
+        id=workspace_workflow_id(name),
+        task_queue=task_queue,
+        memo={"record": state.model_dump(mode="json")},
+    )
+    tokens = [await _token(plane, name, label=f"t{i}") for i in range(3)]
+    handle = plane.client.get_workflow_handle(workspace_workflow_id(name))
+    for _burst in range(4):
+        for token in tokens:
+            parsed = parse_token(token)
+            assert parsed is not None
+            await handle.signal("token_used", parsed[1])
+        await signals_handled(plane.client, handle.id)
+    runs = [e async for e in plane.client.list_workflows(f"WorkflowId = '{handle.id}'")]
+    assert len(runs) > 2
+    kept = await TemporalWorkspaceRecords(plane.client, task_queue).get(name)
+    assert kept is not None
+    assert [t.label for t in kept.tokens] == ["t0", "t1", "t2"]
+    assert all(t.last_used_at is not None for t in kept.tokens)
+    assert kept.gpu_quota == 1
+    for token in tokens:
+        await plane.first.tasks.ListTasks(
+            gateway_pb2.ListTasksRequest(), metadata=bearer.metadata(token), timeout=10
+        )
