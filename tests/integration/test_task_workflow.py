@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -233,11 +233,21 @@ async def _started(handle: WorkflowHandle[Any, Any]) -> None:
     assert record.state == "running", record
 
 
-async def _run_for(
-    env: WorkflowEnvironment, task_queue: str, running: timedelta
-) -> tuple[TaskRecord, int, list[str], int]:
-    """A task that runs for `running`, its end reported by its worker (the gateway's signal):
-    its record, its history's length, the pool's releases, and GetTask's liveness checks."""
+@dataclass
+class RunningTask:
+    cluster: Cluster
+    stand_in: WorkflowHandle[Any, Any]
+    """The pool's stand-in: what it was given back."""
+    handle: WorkflowHandle[Any, Any]
+    task: TaskInput
+
+
+@contextlib.asynccontextmanager
+async def _running_task(
+    env: WorkflowEnvironment, task_queue: str, **task_fields: Any
+) -> AsyncIterator[RunningTask]:
+    """A task running on `w1` (which keeps running it until it reports), placed by a stand-in
+    for its pool, with the Temporal worker polling until the block ends."""
     cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, keeps_running=True)
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     task_id = uuid.uuid4().hex[:12]
@@ -250,22 +260,32 @@ async def _run_for(
         stand_in = await env.client.start_workflow(
             PoolStandIn.run, id=pool_workflow_id(pool), task_queue=task_queue
         )
+        task = TaskInput(task_id=task_id, pool_name=pool, command=("train",), **task_fields)
         handle = await env.client.start_workflow(
-            TaskWorkflow.run,
-            TaskInput(task_id=task_id, pool_name=pool, command=("train",)),
-            id=f"task:{task_id}",
-            task_queue=task_queue,
+            TaskWorkflow.run, task, id=f"task:{task_id}", task_queue=task_queue
         )
         await _started(handle)
+        yield RunningTask(cluster, stand_in, handle, task)
+        with contextlib.suppress(RPCError):  # the time-skipping server may have ended it
+            await stand_in.terminate("test done")
+
+
+async def _run_for(
+    env: WorkflowEnvironment, task_queue: str, running: timedelta
+) -> tuple[TaskRecord, int, list[str], int]:
+    """A task that runs for `running`, its end reported by its worker (the gateway's signal):
+    its record, its history's length, the pool's releases, and GetTask's liveness checks."""
+    async with _running_task(env, task_queue) as running_task:
+        task, handle = running_task.task, running_task.handle
         await env.sleep(running)  # its running time, by the server's clock
-        end = TaskReport(pool_name=pool, worker_id="w1", task_id=task_id, state="succeeded")
+        end = TaskReport(
+            pool_name=task.pool_name, worker_id="w1", task_id=task.task_id, state="succeeded"
+        )
         await handle.signal(TaskWorkflow.report, end)
         record = await handle.result()
         events = len((await handle.fetch_history()).events)
-        released = await stand_in.query(PoolStandIn.releases)
-        with contextlib.suppress(RPCError):  # the time-skipping server may have ended it
-            await stand_in.terminate("test done")
-    return record, events, released, cluster.polls
+        released = await running_task.stand_in.query(PoolStandIn.releases)
+    return record, events, released, running_task.cluster.polls
 
 
 async def test_a_task_history_does_not_grow_with_its_running_time(
@@ -293,25 +313,9 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
     """A worker that reports `running` again and again (progress without end): the record
     passes its history cap, continues as new with what it holds, and still ends once, its
     cards released once, by the run that sees the end."""
-    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, keeps_running=True)
-    pool = f"pool-{uuid.uuid4().hex[:6]}"
-    task_id = uuid.uuid4().hex[:12]
-    async with Worker(
-        time_env.client,
-        task_queue=task_queue,
-        workflows=[TaskWorkflow, PoolStandIn],
-        activities=cluster.activities(),
-    ):
-        stand_in = await time_env.client.start_workflow(
-            PoolStandIn.run, id=pool_workflow_id(pool), task_queue=task_queue
-        )
-        handle = await time_env.client.start_workflow(
-            TaskWorkflow.run,
-            TaskInput(task_id=task_id, pool_name=pool, command=("train",), max_history_events=60),
-            id=f"task:{task_id}",
-            task_queue=task_queue,
-        )
-        await _started(handle)
+    async with _running_task(time_env, task_queue, max_history_events=60) as running_task:
+        pool, task_id = running_task.task.pool_name, running_task.task.task_id
+        handle, stand_in, cluster = running_task.handle, running_task.stand_in, running_task.cluster
         progress = TaskReport(pool_name=pool, worker_id="w1", task_id=task_id, state="running")
         for n in range(120):
             await handle.signal(TaskWorkflow.report, progress)
@@ -337,8 +341,6 @@ async def test_a_record_flooded_with_reports_continues_as_new_and_releases_once(
             runs.append(len(history.events))
             last = history.events[-1].workflow_execution_continued_as_new_event_attributes
             run_id = last.new_execution_run_id or None
-        with contextlib.suppress(RPCError):
-            await stand_in.terminate("test done")
     assert (record.state, record.exit_code, record.worker_id) == ("succeeded", 0, "w1")
     assert record.phases[0].name == "placement", "the record carried across runs"
     assert released == [task_id], "its cards given back exactly once, by the last run"
