@@ -45,7 +45,9 @@ one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`, and
 offers as `LEVERS9_RUNTIMES`)."""
 DEFAULT_RUNTIME = "runc"
 TASK_RUNTIMES = ("runc", "runsc")
-"""What a task may ask for (`levers9 run --runtime`), where its pool offers it (`runtimes`)."""
+"""What a pool may set (`runtime`, `runtimes`) and a task ask for (`levers9 run --runtime`,
+where its pool offers it). Not `process`: it runs tasks outside any sandbox, so it is the agent's
+own tests' runtime (`LEVERS9_RUNTIME=process` on an agent they start), never a pool's."""
 
 
 def runtime_problem(name: str) -> str | None:
@@ -53,6 +55,16 @@ def runtime_problem(name: str) -> str | None:
     if name in RUNTIMES:
         return None
     return f"unknown runtime {name!r:.40}: use one of {', '.join(RUNTIMES)}"
+
+
+def pool_runtime_problem(name: str) -> str | None:
+    """What is wrong with `name` as a pool's `runtime` (or one of its `runtimes`), or None."""
+    if name == "process":
+        return (
+            "process runs tasks as processes of the worker, outside any sandbox: it is the"
+            " agent's own tests' runtime, never a pool's; use runc or runsc"
+        )
+    return task_runtime_problem(name) if name else "unknown runtime '': use one of runc, runsc"
 
 
 def task_runtime_problem(name: str) -> str | None:

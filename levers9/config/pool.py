@@ -26,7 +26,13 @@ from pydantic import (
     model_validator,
 )
 
-from levers9.contract import DEFAULT_RUNTIME, DNS_LABEL, RUNTIMES, label_problem, runtime_problem
+from levers9.contract import (
+    DEFAULT_RUNTIME,
+    DNS_LABEL,
+    TASK_RUNTIMES,
+    label_problem,
+    pool_runtime_problem,
+)
 from levers9.providers.flavors import Flavor, flavor_rules
 
 PROVIDER: Final = "kubernetes"
@@ -182,8 +188,9 @@ def _positive_quantity(value: str) -> str:
     return value
 
 
-Runtime = Annotated[str, WithJsonSchema({"enum": list(RUNTIMES)})]
-"""A pool's `runtime`: one of levers9.contract.RUNTIMES (a reserved name is refused saying so)."""
+Runtime = Annotated[str, WithJsonSchema({"enum": list(TASK_RUNTIMES)})]
+"""A pool's `runtime`: one of levers9.contract.TASK_RUNTIMES (`process`, the agent's tests' own,
+is refused saying so)."""
 
 
 class TaskDefaults(_Model):
@@ -304,7 +311,7 @@ class PoolConfig(_Model):
     runtime: Runtime = DEFAULT_RUNTIME
     """How the pool's workers run its tasks (`levers9.worker.runtimes`): `runc`, a task in its
     image (a task of none as a process of the worker); `runsc`, a task in its image in a gVisor
-    sandbox; `process`, every task as a process."""
+    sandbox. Never `process` (the agent's own tests' runtime)."""
     runtimes: list[Runtime] | None = None
     """The runtimes its tasks may name (`levers9 run --runtime runsc`), `runtime` among them (the
     one a task that names none runs in); unset: `runtime` alone."""
@@ -339,7 +346,7 @@ class PoolConfig(_Model):
     @field_validator("runtime")
     @classmethod
     def _known_runtime(cls, value: str) -> str:
-        problem = runtime_problem(value)
+        problem = pool_runtime_problem(value)
         if problem is not None:
             raise ValueError(problem)
         return value
@@ -352,7 +359,7 @@ class PoolConfig(_Model):
         if not value:
             raise ValueError("empty: list the runtimes tasks may name (runc, runsc), or unset it")
         for name in value:
-            problem = runtime_problem(name)
+            problem = pool_runtime_problem(name)
             if problem is not None:
                 raise ValueError(problem)
         twice = sorted({n for n in value if value.count(n) > 1})
@@ -374,15 +381,6 @@ class PoolConfig(_Model):
     def offered_runtimes(self) -> tuple[str, ...]:
         """The runtimes a task of this pool may name, `runtime` first."""
         return tuple(dict.fromkeys([self.runtime, *(self.runtimes or ())]))
-
-    @model_validator(mode="after")
-    def _process_runs_no_image(self) -> PoolConfig:
-        if self.runtime == "process" and self.task_defaults.image:
-            raise ValueError(
-                "runtime: process runs tasks as processes of the worker, never in an image:"
-                " unset taskDefaults.image, or use runtime: runc"
-            )
-        return self
 
     @model_validator(mode="after")
     def _host_network_needs_tunnel(self) -> PoolConfig:

@@ -145,18 +145,25 @@ def test_host_network_false_needs_tunnel() -> None:
     assert parse_pool("gke-rtx6000", block).host_network is False
 
 
-def test_runtime_defaults_to_runc_and_takes_process() -> None:
+def test_runtime_defaults_to_runc_and_takes_runsc() -> None:
     block = spec_pool(credentials=key_json())
     assert parse_pool("gke-rtx6000", block).runtime == "runc"
-    block["runtime"] = "process"
-    assert parse_pool("gke-rtx6000", block).runtime == "process"
+    block["runtime"] = "runsc"
+    assert parse_pool("gke-rtx6000", block).runtime == "runsc"
+
+
+PROCESS_REFUSED = (
+    "process runs tasks as processes of the worker, outside any sandbox: it is the agent's own"
+    " tests' runtime, never a pool's; use runc or runsc"
+)
 
 
 @pytest.mark.parametrize(
     ("runtime", "expected"),
     [
-        ("kata", "unknown runtime 'kata': use one of process, runc, runsc"),
-        ("", "unknown runtime '': use one of process, runc, runsc"),
+        ("kata", "unknown runtime 'kata': use one of runc, runsc"),
+        ("", "unknown runtime '': use one of runc, runsc"),
+        ("process", PROCESS_REFUSED),
     ],
 )
 def test_a_runtime_that_is_not_built_is_refused_naming_the_field(
@@ -178,7 +185,8 @@ def test_runtimes_offers_more_than_the_runtime_and_holds_it() -> None:
 @pytest.mark.parametrize(
     ("runtimes", "expected"),
     [
-        (["runc", "kata"], ".runtimes: unknown runtime 'kata': use one of process, runc, runsc"),
+        (["runc", "kata"], ".runtimes: unknown runtime 'kata': use one of runc, runsc"),
+        (["runc", "process"], f".runtimes: {PROCESS_REFUSED}"),
         ([], ".runtimes: empty: list the runtimes tasks may name (runc, runsc), or unset it"),
         (["runc", "runsc", "runc"], ".runtimes: runc listed twice"),
         (
@@ -193,17 +201,6 @@ def test_a_wrong_runtimes_is_refused_naming_the_field(runtimes: list[str], expec
     block["runtimes"] = runtimes
     [error] = _pool_errors(block)
     assert error.startswith(f"{PREFIX}{expected}"), error
-
-
-def test_runtime_process_refuses_a_default_image() -> None:
-    block = spec_pool(credentials=key_json())
-    block["runtime"] = "process"
-    block["taskDefaults"] = {"image": "us-docker.pkg.dev/p/r/torch:2.5"}
-    [error] = _pool_errors(block)
-    assert error == (
-        f"{PREFIX}: runtime: process runs tasks as processes of the worker, never in an image:"
-        " unset taskDefaults.image, or use runtime: runc"
-    )
 
 
 @pytest.mark.parametrize(

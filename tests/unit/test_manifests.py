@@ -188,7 +188,6 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
     ("values", "expected", "offered"),
     [
         ({}, "runc", ("runc",)),
-        ({"runtime": "process"}, "process", ("process",)),
         ({"runtime": "runsc"}, "runsc", ("runsc",)),
         ({"runtimes": ["runsc", "runc"]}, "runc", ("runc", "runsc")),
     ],
