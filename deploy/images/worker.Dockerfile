@@ -40,12 +40,13 @@ FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="levers9-worker" \
       org.opencontainers.image.description="levers9 worker agent for GPU nodes of a Kubernetes pool"
 
-# The container host: runc runs each task in its image, umoci unpacks a cached image and makes
-# its runtime config, skopeo pulls images into the node's cache (levers9/worker/runc_runtime.py,
-# images.py). Pinned to bookworm's upstream versions; the globs accept Debian's rebuilds.
+# The container host: runc runs each task in its image, runsc (gVisor) a task of a pool that
+# offers it, umoci unpacks a cached image and makes its runtime config, skopeo pulls images into
+# the node's cache (levers9/worker/runc_runtime.py, runsc_runtime.py, images.py). Pinned to
+# bookworm's upstream versions; the globs accept Debian's rebuilds.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-       "runc=1.1.5+ds1-*" "umoci=0.4.7+ds-*" "skopeo=1.9.3+ds1-*" \
+       "runc=1.1.5+ds1-*" "runsc=0.0~20221219.0-*" "umoci=0.4.7+ds-*" "skopeo=1.9.3+ds1-*" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=builder /opt/venv /opt/venv

@@ -347,6 +347,7 @@ def worker_pod(gateway: str = "203.0.113.10:7443") -> dict[str, Any]:
     ("program", "version"),
     [
         ("runc", r"runc version 1\.1\.5\b"),
+        ("runsc", r"runsc version 0\.0~20221219\b"),
         ("umoci", r"umoci version 0\.4\.7\b"),
         ("skopeo", r"skopeo version 1\.9\.3\b"),
     ],
@@ -354,8 +355,8 @@ def worker_pod(gateway: str = "203.0.113.10:7443") -> dict[str, Any]:
 def test_worker_runs_its_container_host(
     program: str, version: str, buildah: Buildah, images: dict[Path, Built], tmp_path: Path
 ) -> None:
-    """The runc runtime runs runc and umoci, the image cache skopeo: the image's PATH finds
-    them and they run."""
+    """The runc runtime runs runc and umoci, the runsc runtime runsc, the image cache skopeo:
+    the image's PATH finds them and they run."""
     out = run(buildah, images[WORKER], [program, "--version"], tmp_path)
     assert re.search(version, out), out
 
