@@ -133,6 +133,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             await self._records.create(state)
         except WorkspaceExists as exc:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        self._authority.forget(state.name)  # this replica may remember it as absent
         log.info("workspace created", workspace=state.name)
         return await self._message(state)
 

@@ -37,7 +37,7 @@ from levers9.gateway.roles import TOKEN_CACHE_TTL_S
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_records import TemporalTaskRecords
 from levers9.models import WorkspaceInput
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc import bearer
@@ -394,3 +394,20 @@ async def test_the_record_continues_as_new_and_keeps_its_tokens(
         await plane.first.tasks.ListTasks(
             gateway_pb2.ListTasksRequest(), metadata=bearer.metadata(token), timeout=10
         )
+
+
+@pytest.mark.parametrize(
+    ("workspace", "problem"),
+    [("no-such-team", "task.workspace: no workspace no-such-team"), ("Team", "task.workspace: ")],
+)
+async def test_the_operator_submits_only_into_a_workspace_that_exists(
+    plane: Plane, workspace: str, problem: str
+) -> None:
+    spec = worker_pb2.TaskSpec(task_id=f"t-{uuid.uuid4().hex[:8]}", command=["true"])
+    spec.workspace = workspace
+    request = gateway_pb2.SubmitTaskRequest(pool_name="gke-rtx6000", task=spec)
+    refused = await _status(
+        plane.first.tasks.SubmitTask(request, metadata=plane.operator, timeout=10)
+    )
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (refused.details() or "").startswith(problem)
