@@ -164,3 +164,23 @@ async def test_each_runtime_sweeps_only_its_own_containers(
         assert await asyncio.wait_for(started.wait(), 30) == 128 + 9
     finally:
         await started.stop(0)
+
+
+async def test_an_agent_started_after_this_one_adopts_its_sandbox(
+    runtime: RunscRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    first = await runtime.start(_spec(tmp_path, image[1], "sleep", "60"), lambda _: None)
+    # What an agent started on the same work dir builds (the first one SIGKILLed, say).
+    again = RunscRuntime(_cache(image, tmp_path), tmp_path / "work" / "runsc")
+    adopted = await again.adopt("t", lambda _: None, 0)
+    try:
+        assert adopted is not None
+        assert adopted.host == "runsc"
+        process = await again.exec(adopted, ["cat", "/etc/levers9-marker"])
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+        assert (process.returncode, out) == (0, b"runc")
+    finally:
+        code = await asyncio.wait_for((adopted or first).stop(grace_s=1), 30)
+    assert code in (128 + 15, 128 + 9)
+    await asyncio.wait_for(first.wait(), 30)
+    assert await _listed("runsc", tmp_path / "work" / "runsc") == []
