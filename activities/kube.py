@@ -394,6 +394,7 @@ def worker_spec(
         runtime=pool.runtime,
         runtimes=pool.offered_runtimes,
         task_network_allow=tuple(pool.task_network.allow),
+        task_seccomp_profile=pool.task_seccomp_profile or "",
         default_image=pool.task_defaults.image or "",
         default_memory_bytes=pool.task_defaults.memory_bytes,
         default_cpu_millis=pool.task_defaults.cpu_millis,

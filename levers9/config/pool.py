@@ -317,6 +317,10 @@ class PoolConfig(_Model):
     one a task that names none runs in); unset: `runtime` alone."""
     task_defaults: TaskDefaults = Field(default_factory=TaskDefaults, alias="taskDefaults")
     task_network: TaskNetwork = Field(default_factory=TaskNetwork, alias="taskNetwork")
+    task_seccomp_profile: str | None = Field(default=None, alias="taskSeccompProfile")
+    """The node path of the seccomp profile (Docker's format) its runc tasks run under; unset:
+    moby's default, which the agent carries (levers9/worker/seccomp/). The worker Job mounts it
+    read-only; the agent refuses to start on a file that is not a profile, naming this field."""
     worker_resources: WorkerResources = Field(
         default_factory=WorkerResources, alias="workerResources"
     )
@@ -336,10 +340,10 @@ class PoolConfig(_Model):
 
         return whole(self.image_cache_size)
 
-    @field_validator("images_path", "durable_disks_path")
+    @field_validator("images_path", "durable_disks_path", "task_seccomp_profile")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not PurePosixPath(value).is_absolute():
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not PurePosixPath(value).is_absolute():
             raise ValueError("must be an absolute path on the node (COS keeps / read-only)")
         return value
 

@@ -74,6 +74,9 @@ class WorkerJobSpec:
     """The pool's `runtimes`: those its tasks may name (`runtime` among them); (): it alone."""
     task_network_allow: tuple[str, ...] = ()
     """The pool's `taskNetwork.allow`: CIDRs its tasks may reach beyond the public internet."""
+    task_seccomp_profile: str = ""
+    """The pool's `taskSeccompProfile`: the node path of its tasks' seccomp profile, mounted
+    read-only at the same path; "": the agent's default (moby's)."""
     default_image: str = ""
     """The pool's `taskDefaults`: what a task that names no image, memory or CPUs gets."""
     default_memory_bytes: int = 0
@@ -122,6 +125,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         plain.append(("LEVERS9_RUNTIMES", ",".join(spec.runtimes)))
     if spec.task_network_allow:
         plain.append(("LEVERS9_TASK_NETWORK_ALLOW", ",".join(spec.task_network_allow)))
+    if spec.task_seccomp_profile:
+        plain.append(("LEVERS9_TASK_SECCOMP_PROFILE", spec.task_seccomp_profile))
     if spec.advertised_host:
         plain.append(("LEVERS9_ADVERTISED_HOST", spec.advertised_host))
     if spec.gateway_tls:
@@ -162,6 +167,11 @@ def _volumes(spec: WorkerJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     mounts = [
         ("images", spec.images_path, "DirectoryOrCreate", False),
         ("durable-disks", spec.durable_disks_path, "DirectoryOrCreate", False),
+        *(
+            [("seccomp-profile", spec.task_seccomp_profile, "File", True)]
+            if spec.task_seccomp_profile
+            else []
+        ),
         ("device-plugins", DEVICE_PLUGIN_DIR, "Directory", True),
     ]
     volumes = [
