@@ -58,6 +58,8 @@ Key = tuple[str, str, str]  # ("job" | "pod", namespace, name)
 _COMPLETED = ("CompletionsReached", "Reached expected number of succeeded pods")
 _BACKOFF = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
 _DEADLINE = ("DeadlineExceeded", "Job was active longer than specified deadline")
+_TARGET_OF = {"Failed": "FailureTarget", "Complete": "SuccessCriteriaMet"}
+"""The condition each end of a Job is set as first, while its pods still stop."""
 
 
 def _finished_as(pod: Obj) -> str | None:
@@ -144,41 +146,16 @@ class JobController(Controller[Key]):
         again: float | None = None
         ending = self._ending(job, status, failed)
         if ending is not None:
-            set_condition(
-                conditions, "FailureTarget", "True", now, reason=ending[0], message=ending[1]
-            )
-            self._delete_pods(job, active)
-            active = []
-            if (
-                not terminating
-                and not _uncounted(status)
-                and set_condition(
-                    conditions, "Failed", "True", now, reason=ending[0], message=ending[1]
-                )
-            ):
+            if self._finish(job, status, active, terminating, now, "Failed", ending):
                 self._events.warning(job, ending[0], ending[1])
+            active = []
         elif (completions is not None and succeeded >= int(completions)) or (
             completions is None and succeeded > 0 and not active
         ):
-            set_condition(
-                conditions,
-                "SuccessCriteriaMet",
-                "True",
-                now,
-                reason=_COMPLETED[0],
-                message=_COMPLETED[1],
-            )
-            self._delete_pods(job, active)
-            active = []
-            if (
-                not terminating
-                and not _uncounted(status)
-                and set_condition(
-                    conditions, "Complete", "True", now, reason=_COMPLETED[0], message=_COMPLETED[1]
-                )
-            ):
+            if self._finish(job, status, active, terminating, now, "Complete", _COMPLETED):
                 status["completionTime"] = now
                 self._events.normal(job, "Completed", "Job completed")
+            active = []
         else:
             wanted = 0 if suspended else int(spec.get("parallelism", 1))
             if completions is not None:
@@ -262,6 +239,30 @@ class JobController(Controller[Key]):
                 loop = asyncio.get_running_loop()
                 self._failed_at[uid_of(job)] = (status["failed"], loop.time())
         return job
+
+    def _finish(
+        self,
+        job: Obj,
+        status: dict[str, Any],
+        active: list[Obj],
+        terminating: list[Obj],
+        now: str,
+        final: str,
+        why: tuple[str, str],
+    ) -> bool:
+        """The Job's end in the controller's two steps: its target condition (FailureTarget
+        before Failed, SuccessCriteriaMet before Complete) with its active pods deleted, then
+        `final` once no pod is terminating or uncounted. True when `final` is set now."""
+        conditions = status.setdefault("conditions", [])
+        reason, message = why
+        target = _TARGET_OF[final]
+        set_condition(conditions, target, "True", now, reason=reason, message=message)
+        self._delete_pods(job, active)
+        return (
+            not terminating
+            and not _uncounted(status)
+            and set_condition(conditions, final, "True", now, reason=reason, message=message)
+        )
 
     def _ending(self, job: Obj, status: dict[str, Any], failed: int) -> tuple[str, str] | None:
         target = condition(job, "FailureTarget")
