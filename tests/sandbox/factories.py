@@ -42,6 +42,22 @@ def pod_manifest(name: str, labels: dict[str, str] | None = None) -> dict[str, A
     }
 
 
+def deployment_manifest(name: str, image: str = "i", **spec: Any) -> dict[str, Any]:
+    """A Deployment of pods labelled `app: NAME`, one container `c` of `image`; `spec` (e.g.
+    replicas) beside its selector and template."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            **spec,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": image}]},
+            },
+        },
+    }
+
+
 def job_manifest(name: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name},

@@ -14,7 +14,14 @@ from kubernetes import client, watch
 
 from sandbox.resources import PODS
 from sandbox.server import Sandbox
-from tests.sandbox.factories import HISTORY, Api, pod_manifest, seed_pod, status_of
+from tests.sandbox.factories import (
+    HISTORY,
+    Api,
+    deployment_manifest,
+    pod_manifest,
+    seed_pod,
+    status_of,
+)
 
 Call = Callable[..., Any]
 
@@ -218,20 +225,7 @@ def test_watch_bookmarks(core: Api, namespace: str) -> None:
 
 
 def test_scale_subresource(apps: Api, namespace: str) -> None:
-    apps.create_namespaced_deployment(
-        namespace,
-        {
-            "metadata": {"name": "model"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "model"}},
-                "template": {
-                    "metadata": {"labels": {"app": "model"}},
-                    "spec": {"containers": [{"name": "c", "image": "i"}]},
-                },
-            },
-        },
-    )
+    apps.create_namespaced_deployment(namespace, deployment_manifest("model", replicas=2))
     scale = apps.read_namespaced_deployment_scale("model", namespace)
     assert (scale.spec.replicas, scale.status.selector) == (2, "app=model")
     apps.patch_namespaced_deployment_scale("model", namespace, {"spec": {"replicas": 1}})

@@ -14,7 +14,7 @@ import pytest
 from sandbox.kubeconfig import write_kubeconfig
 from sandbox.resources import DAEMON_SETS, DEPLOYMENTS, JOBS, NODES, PODS
 from sandbox.server import Sandbox
-from tests.sandbox.factories import jwt_assertion, seed_node, seed_pod, unique
+from tests.sandbox.factories import deployment_manifest, jwt_assertion, seed_node, seed_pod, unique
 
 Call = Callable[..., Any]
 Kubectl = Callable[..., str]
@@ -122,17 +122,7 @@ def test_scale_deployment(
     sandbox_call(
         sandbox.registry.create,
         DEPLOYMENTS,
-        {
-            "metadata": {"name": "model"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": {"app": "model"}},
-                "template": {
-                    "metadata": {"labels": {"app": "model"}},
-                    "spec": {"containers": [{"name": "c", "image": "vllm"}]},
-                },
-            },
-        },
+        deployment_manifest("model", "vllm", replicas=2),
         namespace=namespace,
     )
     out = kubectl("-n", namespace, "scale", "deploy", "model", "--replicas=1")

@@ -14,7 +14,13 @@ from sandbox.options import DeleteOptions
 from sandbox.patch import PatchType
 from sandbox.registry import Registry
 from sandbox.resources import DEPLOYMENTS, JOBS, NAMESPACES, NODES, PODS, SECRETS
-from tests.sandbox.factories import job_manifest, pod_manifest, seed_node, seed_pod
+from tests.sandbox.factories import (
+    deployment_manifest,
+    job_manifest,
+    pod_manifest,
+    seed_node,
+    seed_pod,
+)
 
 NS = "levers9"
 
@@ -195,20 +201,7 @@ def test_pod_spec_is_immutable_except_images(registry: Registry) -> None:
 
 
 def test_scale_subresource(registry: Registry) -> None:
-    registry.create(
-        DEPLOYMENTS,
-        {
-            "metadata": {"name": "d"},
-            "spec": {
-                "selector": {"matchLabels": {"app": "d"}},
-                "template": {
-                    "metadata": {"labels": {"app": "d"}},
-                    "spec": {"containers": [{"name": "c", "image": "i"}]},
-                },
-            },
-        },
-        namespace=NS,
-    )
+    registry.create(DEPLOYMENTS, deployment_manifest("d"), namespace=NS)
     scale = registry.patch(
         DEPLOYMENTS, NS, "d", {"spec": {"replicas": 3}}, PatchType.MERGE, subresource="scale"
     )
