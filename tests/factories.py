@@ -146,6 +146,14 @@ async def add_gpu_node(
     await cluster.add_node(NodeSpec.model_validate({**spec, "gpus": {"count": gpus}}))
 
 
+SERVE_H = (
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
+    " H).serve_forever()\n"
+)
+"""The end of a task's HTTP server script: handler class H without an access log, served on
+the task's published port (`$LEVERS9_HOST:$PORT`)."""
 HTTP_TASK = (
     "import http.server, os, time\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -169,11 +177,7 @@ HTTP_TASK = (
     "        self.send_response(200)\n"
     "        self.send_header('Content-Length', str(len(body)))\n"
     "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
-    " H).serve_forever()\n"
+    "        self.wfile.write(body)\n" + SERVE_H
 )
 """A task that serves HTTP on `$LEVERS9_HOST:$PORT` (its published port): `/slow?s=N` answers
 after N s, `/die` exits before answering, `/half` dies mid-body, `/env` shows

@@ -26,7 +26,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -48,6 +48,7 @@ from levers9.tokens import operator_token
 from sandbox import registries, task_images
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
 from tests.factories import HTTP_TASK as SERVE
+from tests.factories import SERVE_H
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -55,6 +56,8 @@ pytestmark = pytest.mark.integration
 WITHIN = 60
 GAR_HOST = "us-central1-docker.pkg.dev"
 IMAGE = f"{GAR_HOST}/demo/tasks/busybox:served"
+SLEEPER = ("python", "-c", "import time; time.sleep(3600)")
+"""A replica that never gets ready: its port never accepts."""
 
 
 class StallingProxy:
@@ -151,14 +154,23 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {operator_token(TOKEN_SECRET)}"}
 
 
-async def _create(cp: Controlplane, name: str, port: int, *args: str, serve: str = SERVE) -> None:
+async def _created(
+    cp: Controlplane, name: str, port: int, *args: str, command: Sequence[str]
+) -> str:
+    """`levers9 endpoint create NAME` (on POOL, no card, `args`) serving `command`, which must
+    succeed; its stdout."""
     done = await cp.cli(
         "endpoint", "create", name, "--pool", POOL, "--gpus", "0", "--port", str(port), *args,
-        "--", "python", "-c", serve,
+        "--", *command,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"endpoint {name} created: {_url(cp, name)}" in done.stdout
-    assert "curl -m 1500" in done.stdout
+    return done.stdout
+
+
+async def _create(cp: Controlplane, name: str, port: int, *args: str, serve: str = SERVE) -> None:
+    stdout = await _created(cp, name, port, *args, command=("python", "-c", serve))
+    assert f"endpoint {name} created: {_url(cp, name)}" in stdout
+    assert "curl -m 1500" in stdout
 
 
 async def _view(cp: Controlplane, name: str) -> EndpointView:
@@ -190,13 +202,18 @@ async def _get(
         return response.status, await response.text(), response.headers.get("x-levers9-replica", "")
 
 
+async def _get_once(url: str, wait_s: float = 120) -> tuple[int, str, str]:
+    """`_get` in a session of its own."""
+    async with aiohttp.ClientSession() as session:
+        return await _get(session, url, wait_s)
+
+
 async def test_the_first_request_at_zero_is_held_through_the_cold_start(cp: Controlplane) -> None:
     await _create(cp, "cold", 8101)
     view = await _view(cp, "cold")
     assert view.replicas == []
     assert view.spec.min_replicas == 0
-    async with aiohttp.ClientSession() as session:
-        status, body, replica = await _get(session, _url(cp, "cold", "first?x=1"))
+    status, body, replica = await _get_once(_url(cp, "cold", "first?x=1"))
     assert status == 200, body
     assert body == f"hello from {replica} /first?x=1"
     view = await _view(cp, "cold")
@@ -228,14 +245,9 @@ async def test_a_request_is_held_through_a_slow_image_pull(
     )
     proxy.delay = 2.0
     try:
-        done = await cp.cli(
-            "endpoint", "create", "pull", "--pool", POOL, "--gpus", "0", "--port", "8105",
-            "--image", IMAGE, "--", "sh", "-c", serve,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
+        await _created(cp, "pull", 8105, "--image", IMAGE, command=("sh", "-c", serve))
         before = proxy.connections
-        async with aiohttp.ClientSession() as session:
-            status, body, replica = await _get(session, _url(cp, "pull"), wait_s=300)
+        status, body, replica = await _get_once(_url(cp, "pull"), wait_s=300)
     finally:
         proxy.delay = 0.0
     assert status == 200, body + await _why(cp, "pull")
@@ -334,6 +346,17 @@ async def test_a_replica_dying_mid_request_is_a_clear_502_never_a_hang(cp: Contr
     assert any(first in message and "failed" in message for message in ended), ended
 
 
+READ_BODY = (
+    "        body = b''\n"
+    "        if self.headers.get('Transfer-Encoding') == 'chunked':\n"
+    "            while size := int(self.rfile.readline().split(b';')[0], 16):\n"
+    "                body += self.rfile.read(size)\n"
+    "                self.rfile.readline()\n"
+    "            self.rfile.readline()\n"
+    "        else:\n"
+    "            body = self.rfile.read(int(self.headers['Content-Length']))\n"
+)
+"""In a handler's do_POST: `body`, the request's whole body, chunked or by length."""
 VARIETY = (
     "import hashlib, http.server, json, os\n"
     "class H(http.server.BaseHTTPRequestHandler):\n"
@@ -371,15 +394,8 @@ VARIETY = (
     "        self.send_header('Content-Length', '1234')\n"
     "        self.end_headers()\n"
     "    def do_POST(self):\n"
-    "        body = b''\n"
-    "        if self.headers.get('Transfer-Encoding') == 'chunked':\n"
-    "            while size := int(self.rfile.readline().split(b';')[0], 16):\n"
-    "                body += self.rfile.read(size)\n"
-    "                self.rfile.readline()\n"
-    "            self.rfile.readline()\n"
-    "        else:\n"
-    "            body = self.rfile.read(int(self.headers['Content-Length']))\n"
-    "        framing = 'chunked' if self.headers.get('Transfer-Encoding') else 'length'\n"
+    + READ_BODY
+    + "        framing = 'chunked' if self.headers.get('Transfer-Encoding') else 'length'\n"
     "        digest = hashlib.sha256(body).hexdigest()\n"
     "        self._send(200, f'{len(body)} {digest} {framing}'.encode())\n"
     "    def log_message(self, *args):\n"
@@ -451,8 +467,7 @@ async def test_requests_need_the_operator_token_and_a_known_endpoint(cp: Control
 
 async def test_blackwell_replicas_get_the_triton_attention_backend(cp: Controlplane) -> None:
     """The pool's gpuType is RTX PRO 6000 (compute capability 12): the page's vLLM row."""
-    async with aiohttp.ClientSession() as session:
-        status, body, _ = await _get(session, _url(cp, "cold", "env"))
+    status, body, _ = await _get_once(_url(cp, "cold", "env"))
     assert (status, body) == (200, "TRITON_ATTN")
 
 
@@ -515,21 +530,8 @@ COUNTING = (
     "            time.sleep(3600)\n"
     "        self._send(f\"{seen['heads']} {seen['bodies']}\".encode())\n"
     "    def do_POST(self):\n"
-    "        seen['heads'] += 1\n"
-    "        body = b''\n"
-    "        if self.headers.get('Transfer-Encoding') == 'chunked':\n"
-    "            while size := int(self.rfile.readline().split(b';')[0], 16):\n"
-    "                body += self.rfile.read(size)\n"
-    "                self.rfile.readline()\n"
-    "            self.rfile.readline()\n"
-    "        else:\n"
-    "            body = self.rfile.read(int(self.headers['Content-Length']))\n"
-    "        seen['bodies'] += 1\n"
-    "        self._send(str(len(body)).encode())\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
-    " H).serve_forever()\n"
+    "        seen['heads'] += 1\n" + READ_BODY + "        seen['bodies'] += 1\n"
+    "        self._send(str(len(body)).encode())\n" + SERVE_H
 )
 """A replica that counts the POSTs whose head it read and those whose whole body it read (GET
 answers `<heads> <bodies>`), answers a POST with its body's length, `/hang` never, and
@@ -539,13 +541,11 @@ answers `<heads> <bodies>`), answers a POST with its body's length, `/hang` neve
 @pytest.fixture(scope="module")
 async def limits(cp: Controlplane) -> AsyncIterator[str]:
     """The endpoint `limits`: one replica kept ready (COUNTING), a request timeout of 3 s."""
-    done = await cp.cli(
-        "endpoint", "create", LIMITS, "--pool", POOL, "--gpus", "0", "--port", "8107",
-        "--min-replicas", "1", "--request-timeout", f"{REQUEST_TIMEOUT_S}s",
-        "--", "python", "-c", COUNTING,
+    stdout = await _created(
+        cp, LIMITS, 8107, "--min-replicas", "1", "--request-timeout", f"{REQUEST_TIMEOUT_S}s",
+        command=("python", "-c", COUNTING),
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"curl -m {REQUEST_TIMEOUT_S} " in done.stdout
+    assert f"curl -m {REQUEST_TIMEOUT_S} " in stdout
 
     async def ready() -> bool:
         return bool((await _view(cp, LIMITS)).replicas_ready())
@@ -631,13 +631,8 @@ async def test_the_time_held_through_a_cold_start_counts_toward_the_request_time
 ) -> None:
     """A replica that never gets ready (its port never accepts): the request, held for it,
     is answered 504 at its request timeout, long before the cold start timeout."""
-    done = await cp.cli(
-        "endpoint", "create", "unready", "--pool", POOL, "--gpus", "0", "--port", "8108",
-        "--request-timeout", "1s", "--", "python", "-c", "import time; time.sleep(3600)",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    async with aiohttp.ClientSession() as session:
-        status, body, replica = await _get(session, _url(cp, "unready"), wait_s=60)
+    await _created(cp, "unready", 8108, "--request-timeout", "1s", command=SLEEPER)
+    status, body, replica = await _get_once(_url(cp, "unready"), wait_s=60)
     assert status == 504, body
     assert replica == ""
     assert body.startswith(
@@ -654,13 +649,8 @@ async def test_no_replica_ready_within_the_cold_start_timeout_is_a_503_saying_so
 ) -> None:
     """The troubleshooting row `503 endpoint E: no replica ready after N s`: a replica that
     never gets ready, a cold start timeout shorter than the request timeout."""
-    done = await cp.cli(
-        "endpoint", "create", "never", "--pool", POOL, "--gpus", "0", "--port", "8109",
-        "--cold-start-timeout", "2", "--", "python", "-c", "import time; time.sleep(3600)",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    async with aiohttp.ClientSession() as session:
-        status, body, replica = await _get(session, _url(cp, "never"), wait_s=60)
+    await _created(cp, "never", 8109, "--cold-start-timeout", "2", command=SLEEPER)
+    status, body, replica = await _get_once(_url(cp, "never"), wait_s=60)
     assert status == 503, body
     assert replica == ""
     assert body == (
@@ -859,8 +849,7 @@ async def test_a_websocket_handshake_is_refused_501_and_never_wakes_a_replica(
     assert cold.startswith(b"HTTP/1.1 501 Not Implemented\r\n"), cold
     assert cold.endswith(refused), cold
     assert b"x-levers9-replica" not in cold.lower()
-    async with aiohttp.ClientSession() as session:
-        status, body, replica = await _get(session, _url(cp, "ws", "plain"))
+    status, body, replica = await _get_once(_url(cp, "ws", "plain"))
     assert status == 200, body
     view = await _view(cp, "ws")
     assert view.cold_starts == 1, "the handshake started no replica; the plain GET did"
@@ -887,12 +876,8 @@ async def test_a_public_endpoint_serves_without_the_token_and_never_passes_one_o
     Authorization header a caller sends still never reaches the replica; the same server
     created without it is refused 401."""
     for name, port, public in (("open", 8111, ("--public",)), ("closed", 8112, ())):
-        done = await cp.cli(
-            "endpoint", "create", name, "--pool", POOL, "--gpus", "0", "--port", str(port),
-            *public, "--", "python", "-c", VARIETY,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert ("Authorization" in done.stdout) is not bool(public), done.stdout
+        stdout = await _created(cp, name, port, *public, command=("python", "-c", VARIETY))
+        assert ("Authorization" in stdout) is not bool(public), stdout
     async with aiohttp.ClientSession() as session:
         async with session.get(_url(cp, "open", "anyone")) as response:
             assert response.status == 200, await response.text()
@@ -925,11 +910,7 @@ READY_PATH = (
     "        self.send_response(status)\n"
     "        self.send_header('Content-Length', str(len(body)))\n"
     "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ['LEVERS9_HOST'], int(os.environ['PORT'])),"
-    " H).serve_forever()\n"
+    "        self.wfile.write(body)\n" + SERVE_H
 )
 """A replica that listens at once and answers `/health` 503 to its first FAIL_FIRST probes,
 then 200 (printing each); any other path answers the statuses `/health` gave so far."""
