@@ -37,6 +37,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from levers9.contract import DNS_LABEL, KUBE_TARGET
+from levers9.core.workspaces import parse_token
 from levers9.gateway.auth import bearer_token
 from levers9.gateway.cluster_relay import (
     RELAY_OPENED,
@@ -423,6 +424,12 @@ class ClusterHub(gateway_pb2_grpc.ClustersServicer):
         except Unauthenticated as exc:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         secret = self._secret.get_secret_value()
+        if parse_token(token) is not None:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "RelayKube is the operator's (one replica to another): a workspace token may"
+                " only run, read and stop its own workspace's tasks",
+            )
         if not operator_token_matches(secret, token, self._operator_generation):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,

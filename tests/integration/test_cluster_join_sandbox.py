@@ -39,6 +39,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.kube_clients import KubeClients
 from levers9.config import ControlplaneSettings
+from levers9.core.workspaces import workspace_token
 from levers9.gateway.cluster_relay import RELAY_OPENED, relay_metadata
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 from levers9.records.listing import list_worker_records
@@ -276,7 +277,7 @@ async def test_the_agents_rbac_denies_what_the_join_did_not_grant(plane: Plane) 
 async def test_relay_kube_serves_another_replica_with_the_operator_token(plane: Plane) -> None:
     """`Clusters/RelayKube`, as a replica without the agent's session calls this one (which
     holds it): one HTTP connection to the cluster's API; refused without the operator token,
-    and for a cluster whose session is not held here."""
+    and for a cluster whose session is not held here; a workspace token is PERMISSION_DENIED."""
     address = plane.settings.gateway_advertised_address
     request = b"GET /api/v1/namespaces/levers9/pods HTTP/1.1\r\n"
     request += b"Host: k\r\nConnection: close\r\n\r\n"
@@ -298,6 +299,7 @@ async def test_relay_kube_serves_another_replica_with_the_operator_token(plane: 
         assert b'"kind":"PodList"' in answer.replace(b" ", b"")
         for token, cluster, code in (
             ("not-the-operator-token", NAME, grpc.StatusCode.UNAUTHENTICATED),
+            (workspace_token("team-a", "abc", "secret"), NAME, grpc.StatusCode.PERMISSION_DENIED),
             (operator_token(TOKEN_SECRET), "elsewhere", grpc.StatusCode.FAILED_PRECONDITION),
         ):
             # The refusal may end the call before the request is even written: then the write
