@@ -58,6 +58,12 @@ def render(
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
+def refused(values: Path, setting: str) -> str:
+    """`helm template` of the chart with `values` and `--set setting`, which must fail: what
+    helm said."""
+    return helm("template", "t", str(CHART), "-f", str(values), "--set", setting, ok=False)
+
+
 def find(docs: Sequence[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
     matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
     assert len(matches) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in matches]}"

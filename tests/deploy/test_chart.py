@@ -21,7 +21,7 @@ from levers9.devstack import values as devvalues
 from levers9.gateway.server import SERVICE_NAME
 from levers9.rpc import tls
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
-from tests.deploy.chart import CHART, ROOT, find, helm, render, secret_data, write_json
+from tests.deploy.chart import CHART, ROOT, find, helm, refused, render, secret_data, write_json
 
 K8S_VERSION = "1.33.0"
 CA = base64.b64encode(mint_certificate_authority().ca_pem).decode()
@@ -283,16 +283,7 @@ def test_the_gateway_speaks_tls_by_default_with_a_certificate_the_chart_makes(
     # Plaintext only when asked.
     plaintext = render([pool_values], "--set", "gatewayTls.plaintext=true")
     assert not [d for d in plaintext if "gateway-tls" in json.dumps(d)]
-    error = helm(
-        "template",
-        "t",
-        str(CHART),
-        "-f",
-        str(pool_values),
-        "--set",
-        "config.controlplane.gatewayAdvertisedAddress=",
-        ok=False,
-    )
+    error = refused(pool_values, "config.controlplane.gatewayAdvertisedAddress=")
     assert "must name the address workers dial" in error
 
 
@@ -368,22 +359,13 @@ def test_the_generated_token_secret_is_made_once_and_an_existing_one_replaces_it
 def test_the_schema_refuses_bad_values_naming_the_field(
     pool_values: Path, setting: str, named: str
 ) -> None:
-    error = helm("template", "t", str(CHART), "-f", str(pool_values), "--set", setting, ok=False)
+    error = refused(pool_values, setting)
     assert "don't meet the specifications of the schema" in error
     assert named in error, error
 
 
 def test_gateway_listen_must_use_the_gateway_port(pool_values: Path) -> None:
-    error = helm(
-        "template",
-        "t",
-        str(CHART),
-        "-f",
-        str(pool_values),
-        "--set",
-        "config.controlplane.gatewayListen=0.0.0.0:9999",
-        ok=False,
-    )
+    error = refused(pool_values, "config.controlplane.gatewayListen=0.0.0.0:9999")
     assert (
         "config.controlplane.gatewayListen 0.0.0.0:9999 must listen on gateway.port (7443)" in error
     )
