@@ -17,7 +17,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sandbox.routing import RequestInfo
 
@@ -26,8 +26,21 @@ _VERBS = frozenset(
 )
 
 
+class StagedRule:
+    """What every staged rule has: an id, how often it may fire (`times`; None: every time)
+    and how often it has."""
+
+    id: int
+    times: int | None
+    fired: int
+
+    @property
+    def exhausted(self) -> bool:
+        return self.times is not None and self.fired >= self.times
+
+
 @dataclass
-class FaultRule:
+class FaultRule(StagedRule):
     """One staged fault; `fired` counts how often it has matched."""
 
     id: int
@@ -41,10 +54,6 @@ class FaultRule:
     retry_after_seconds: int | None = None
     message: str | None = None
     fired: int = 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.times is not None and self.fired >= self.times
 
     def matches(self, info: RequestInfo) -> bool:
         if not info.is_resource_request or self.exhausted:
@@ -71,12 +80,7 @@ class FaultRule:
         }
 
 
-class _Rule(Protocol):
-    id: int
-    fired: int
-
-
-RuleT = TypeVar("RuleT", bound=_Rule)
+RuleT = TypeVar("RuleT", bound=StagedRule)
 
 
 class StagedRules(Generic[RuleT]):

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.faults import StagedRules
+from sandbox.faults import StagedRule, StagedRules
 
 
 @dataclass
-class GcpFaultRule:
+class GcpFaultRule(StagedRule):
     """One staged fault; `fired` counts how often it has matched."""
 
     id: int
@@ -31,10 +31,6 @@ class GcpFaultRule:
     retry_after_seconds: int | None = None
     message: str | None = None
     fired: int = 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.times is not None and self.fired >= self.times
 
     def matches(self, method: str, path: str) -> bool:
         if self.exhausted or self.method not in ("*", method.upper()):
