@@ -266,7 +266,11 @@ def token_list(
         lambda stub, md: stub.ListWorkspaceTokens(request, metadata=md, timeout=CALL_TIMEOUT_S)
     )
     if output is Output.json:
-        render([MessageToDict(t) for t in reply.tokens], TOKEN_COLUMNS, output)
+        render(
+            [MessageToDict(t, preserving_proto_field_name=True) for t in reply.tokens],
+            TOKEN_COLUMNS,
+            output,
+        )
         return
     now = datetime.now(UTC)
     render([_token_row(t, now) for t in reply.tokens], TOKEN_COLUMNS, output, f"{workspace}")

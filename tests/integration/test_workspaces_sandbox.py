@@ -49,6 +49,11 @@ class Teams:
     """team-a's serving task"""
 
 
+def _cells(line: str) -> list[str]:
+    """A table row's cells (rich draws the columns apart with │)."""
+    return [cell.strip() for cell in line.split("│")]
+
+
 def _ok(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -167,6 +172,20 @@ async def test_a_workspace_token_on_an_operator_command_is_permission_denied(
     assert shown["gpu_quota"] == 2  # the set above changed nothing
 
 
+async def test_the_tables_show_workspaces_and_tokens(teams: Teams) -> None:
+    cp = teams.cp
+    table = _ok(await cp.cli("workspace", "list"))
+    assert "GPU QUOTA" in table
+    assert [_cells(line)[:2] for line in table.splitlines() if "team-" in line] == [
+        ["team-a", "2"],
+        ["team-b", "2"],
+    ]
+    tokens = _ok(await cp.cli("workspace", "token", "list", "team-a"))
+    [row] = [_cells(line) for line in tokens.splitlines() if " ci " in line]
+    assert row[2] == "live"
+    assert teams.a not in tokens
+
+
 async def test_a_workspace_with_a_running_task_is_not_deleted(teams: Teams) -> None:
     cp = teams.cp
     refused = await cp.cli("workspace", "delete", "team-a")
@@ -187,8 +206,8 @@ async def test_a_revoked_token_is_refused_within_the_bound(teams: Teams) -> None
     cp = teams.cp
     tokens = json.loads(_ok(await cp.cli("workspace", "token", "list", "team-b", "-o", "json")))
     assert [t["label"] for t in tokens] == ["ci"]
-    assert "lastUsedAt" in tokens[0]  # team B used it above
-    _ok(await cp.cli("workspace", "token", "revoke", "team-b", tokens[0]["tokenId"]))
+    assert "last_used_at" in tokens[0]  # team B used it above
+    _ok(await cp.cli("workspace", "token", "revoke", "team-b", tokens[0]["token_id"]))
 
     async def refused() -> bool:
         done = await cp.cli("task", "list", token=teams.b)
