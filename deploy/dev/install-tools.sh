@@ -16,7 +16,8 @@
 #                    namespace (levers9/worker: task isolation)
 #   nftables         the rules inside a task's namespace that keep it off the node, link-local,
 #                    private ranges and other tasks
-#   runsc            gVisor, the pool's `runtime: runsc` (a user-space kernel per task)
+#   runsc            gVisor, a pool's `runtime: runsc` (a user-space kernel per task): the dev
+#                    pool offers it (levers9/devstack/values.py RUNTIMES: `--runtime runsc`)
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
