@@ -25,10 +25,9 @@ import tty as termios_tty
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from levers9.worker.cdi import DRIVER_ROOT
 from levers9.worker.images import ImageCache
-from levers9.worker.runc_config import DEFAULT_LIMITS, Limits
 from levers9.worker.runc_container import RuncContainer
 from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import Container, ContainerSpec, StartError, exec_stdio
@@ -53,27 +52,10 @@ class RunscRuntime(RuncRuntime):
     host = HOST
     RUN_FLAGS = ()
 
-    def __init__(
-        self,
-        images: ImageCache,
-        state_dir: Path,
-        *,
-        dev_root: Path = Path("/dev"),
-        driver_root: Path = Path(DRIVER_ROOT),
-        limits: Limits = DEFAULT_LIMITS,
-        runsc: str = "runsc",
-        umoci: str = "umoci",
-    ) -> None:
-        super().__init__(
-            images,
-            state_dir,
-            dev_root=dev_root,
-            driver_root=driver_root,
-            cards=(),
-            limits=limits,
-            runc=runsc,
-            umoci=umoci,
-        )
+    def __init__(self, images: ImageCache, state_dir: Path, **options: Any) -> None:
+        """RuncRuntime's, with no cards (NO_GPUS) and runsc as its binary unless `runc` names
+        another."""
+        super().__init__(images, state_dir, **{"runc": "runsc", **options, "cards": ()})
 
     def _runc_argv(self, *args: str) -> list[str]:
         """`runsc --root <state> --platform=ptrace --network=none ARGS`."""
