@@ -21,7 +21,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
-from levers9.core.placement import Placement
+from levers9.core.placement import Placement, Share
 from levers9.core.quantity import binary_text
 from levers9.core.task_reports import TaskReport
 from levers9.gateway.convert import TunnelEndpoint, task_report
@@ -37,6 +37,7 @@ from levers9.models import (
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
 from levers9.records.found import is_running, or_none
 from levers9.records.listing import machine_records
+from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_wire import task_spec
 from levers9.telemetry import span
@@ -55,6 +56,10 @@ CANCEL_TIMEOUT_S = 45.0
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 UNREACHABLE = f"Worker{grpc.StatusCode.UNAVAILABLE.name}"
+
+
+SHARE_TTL_S = 2.0
+"""How long a workspace's quota read for a request serves the next ones (a burst reads it once)."""
 
 
 class Largest(NamedTuple):
@@ -140,6 +145,9 @@ class TaskActivities:
         self._largest: dict[str, tuple[float, Largest]] = {}
         """By pool: when its machine records were read, and the most one has."""
         self._batches = RequestBatches(self._signal_requests)
+        self._workspaces = TemporalWorkspaceRecords(client, settings.task_queue)
+        self._shares: dict[str, tuple[float, Share | None]] = {}
+        """By workspace: when its record was read, and its quota and weight."""
 
     def _address(self, input: WorkerTaskInput) -> str:
         """Where the worker answers: a tunnelled worker's current session on this replica
@@ -190,8 +198,23 @@ class TaskActivities:
                 f" {binary_text(request.memory_bytes)}: the largest has"
                 f" {binary_text(largest.memory_bytes)} allocatable"
             )
-        await self._batches.add(request)
+        share = await self._share(request.workspace)
+        await self._batches.add(request.model_copy(update={"share": share}))
         return ""
+
+    async def _share(self, workspace: str) -> Share | None:
+        """The workspace's quota (and weight) from its record, read at most once per
+        SHARE_TTL_S: the pool applies the newest a request brings, so `workspace set` reaches
+        the queue with the workspace's next request. None for a workspace without a record
+        (the operator's `default`: no quota)."""
+        cached = self._shares.get(workspace)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < SHARE_TTL_S:
+            return cached[1]
+        state = await self._workspaces.get(workspace)
+        share = None if state is None else Share(quota=state.gpu_quota)
+        self._shares[workspace] = (now, share)
+        return share
 
     async def _signal_requests(self, pool_name: str, requests: list[PlaceRequest]) -> None:
         await self._client.start_workflow(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from levers9.core.capacity import NodeCapacity
 from levers9.core.endpoints import EndpointSpec, EndpointState
 from levers9.core.observation import Fingerprints
-from levers9.core.placement import Placement, PoolState, QueueSpot
+from levers9.core.placement import Placement, PoolState, QueueSpot, Share
 from levers9.core.task_reports import TaskPhase
 from levers9.core.workspaces import DEFAULT_WORKSPACE, WorkspaceState
 from levers9.providers.joined import ClusterState
@@ -250,6 +250,11 @@ class PlaceRequest(_Record):
     memory_bytes: int = 0
     """Its container's memory limit (0: none of its own): refused at once when no machine of
     the pool has that much allocatable."""
+    workspace: str = DEFAULT_WORKSPACE
+    borrow: bool = False
+    share: Share | None = None
+    """Its workspace's quota and weight as the request's activity read them (None: not read):
+    the pool takes the newest."""
 
 
 class WorkerSlotInput(_Record):
@@ -331,6 +336,9 @@ class TaskInput(_Record):
     """The runtime it runs in (`--runtime runsc`), one its pool offers; "": the pool's."""
     workspace: str = DEFAULT_WORKSPACE
     """The workspace it belongs to: the submitting token's (the operator's: `default`)."""
+    borrow: bool = False
+    """It may run past its workspace's GPU quota on cards nobody within quota waits for
+    (`--borrow`); the first work taken back when a task within quota waits."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""
@@ -360,6 +368,8 @@ class TaskRecord(_Record):
     created_at: datetime
     workspace: str = DEFAULT_WORKSPACE
     """The workspace it belongs to; another workspace's token finds no such task."""
+    borrowed: bool = False
+    """Placed past its workspace's quota (`--borrow`): the first taken back."""
     worker_id: str | None = None
     node_name: str | None = None
     address: str | None = None

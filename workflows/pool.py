@@ -89,8 +89,16 @@ class PoolWorkflow:
         not 10,000, so that the pool's history and its continue-as-new keep up)."""
         for request in requests:
             since = request.created_at or workflow.now()
+            if request.share is not None:
+                self._state.set_share(request.workspace, request.share.quota, request.share.weight)
             self._state.request(
-                request.task_id, request.gpus, since, notify=True, ports=request.ports
+                request.task_id,
+                request.gpus,
+                since,
+                notify=True,
+                ports=request.ports,
+                workspace=request.workspace,
+                borrow=request.borrow,
             )
         self._changed = True
 
@@ -109,6 +117,12 @@ class PoolWorkflow:
     @workflow.query
     def queue_spot(self, task_id: str) -> QueueSpot | None:
         return self._state.spot(task_id)
+
+    @workflow.query
+    def waiting_count(self, workspace: str) -> int:
+        """How many of the workspace's tasks wait (a workspace's max-queued is checked
+        against it at submit)."""
+        return self._state.waiting_in(workspace)
 
     @workflow.run
     async def run(self, input: PoolInput) -> None:
@@ -139,6 +153,27 @@ class PoolWorkflow:
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)
+        for placement, workspace in self._state.reclaim():
+            # Its record ends it as cancelled with this reason; its cards come back by
+            # `release` once nothing runs on them, and go to the task within quota.
+            self._telling += 1
+            reclaimer = asyncio.create_task(
+                self._take_back(placement, f"preempted: reclaimed by workspace {workspace}")
+            )
+            self._tellers.add(reclaimer)
+            reclaimer.add_done_callback(self._tellers.discard)
+
+    async def _take_back(self, placement: Placement, reason: str) -> None:
+        handle = workflow.get_external_workflow_handle(task_workflow_id(placement.task_id))
+        try:
+            await handle.signal("cancel", reason)
+        except FailureError:
+            self._state.release(placement.task_id)  # its record ended already
+            self._changed = True
+        finally:
+            self._telling -= 1
+            if self._telling == 0:
+                self._changed = True
 
     def _tell(self) -> None:
         """Signals `placed` to each task that asked by signal and has been placed since."""

@@ -209,6 +209,8 @@ class TaskWorkflow:
             created_at=self._record.created_at,
             ports=input.ports,
             memory_bytes=input.memory_bytes,
+            workspace=input.workspace,
+            borrow=input.borrow,
         )
         self._offered = None
         self._queued = True
@@ -270,6 +272,7 @@ class TaskWorkflow:
             tls=placement.tls,
             gpu_indices=placement.gpu_indices,
             phases=(TaskPhase(name="placement", at=workflow.now()),),
+            **({"borrowed": True} if placement.borrowed else {}),
         )
         on_worker = WorkerTaskInput(
             pool_name=input.pool_name,

@@ -155,7 +155,8 @@ def print_result(record: TaskRecord) -> None:
             if record.state in TERMINAL
             else ""
         )
-        + f" worker={record.worker_id} node={record.node_name}",
+        + f" worker={record.worker_id} node={record.node_name}"
+        + (" borrowed" if record.borrowed else ""),
         highlight=False,
     )
     if record.reason:
@@ -222,6 +223,13 @@ def run(
             help="runc, or runsc (gVisor) where the pool offers it (default: the pool's runtime)",
         ),
     ] = "",
+    borrow: Annotated[
+        bool,
+        typer.Option(
+            "--borrow",
+            help="may run past the workspace's GPU quota on idle cards; taken back first",
+        ),
+    ] = False,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     refused = task_input_problem(command, {})
@@ -242,6 +250,7 @@ def run(
         ports=_ports(port or []),
         stop_grace_seconds=stop_grace,
         runtime=runtime,
+        borrow=borrow,
     )
     if detach:
         answered(tasks_for(settings).submit(task))

@@ -119,6 +119,8 @@ class PoolState(BaseModel):
     """Tasks that asked by signal (`request`) and are told their placement by signal."""
     shares: dict[str, Share] = Field(default_factory=dict)
     """Workspace -> its quota and weight (absent: no quota, weight 1)."""
+    reclaiming: dict[str, str] = Field(default_factory=dict)
+    """Borrowed task -> the workspace it is taken back for, until it is released."""
     _waiting_ids: set[str] | None = PrivateAttr(default=None)
 
     def _ids(self) -> set[str]:
@@ -202,6 +204,9 @@ class PoolState(BaseModel):
                 )
         return None
 
+    def waiting_in(self, workspace: str) -> int:
+        return sum(1 for w in self.waiting if w.workspace == workspace)
+
     def set_share(self, workspace: str, quota: int | None, weight: float = 1.0) -> None:
         """The workspace's quota (None: no bound) and weight, from its record."""
         self.shares[workspace] = Share(quota=quota, weight=weight)
@@ -221,13 +226,15 @@ class PoolState(BaseModel):
         weight = self.shares.get(workspace, Share()).weight
         return held.get(workspace, 0) / weight if weight > 0 else float("inf")
 
-    def reclaim(self) -> list[Placement]:
-        """Borrowed work to take back, newest first, so that the first task within its quota
-        that waits and cannot fit gets a worker: on the worker where the fewest borrowed tasks
-        free enough cards. Empty when none waits for them or taking them back would not do."""
+    def reclaim(self) -> list[tuple[Placement, str]]:
+        """Borrowed work to take back, newest first, each with the workspace it is taken back
+        for: so that the first task within its quota that waits and cannot fit gets a worker,
+        on the worker where the fewest borrowed tasks free enough cards (those being taken back
+        already count as freed). Marked `reclaiming` until released; empty when none waits for
+        them or taking them back would not do."""
         held = self.held()
         borrowed = sorted(
-            (p for p in self.placed.values() if p.borrowed),
+            (p for p in self.placed.values() if p.borrowed and p.task_id not in self.reclaiming),
             key=lambda p: (p.since or datetime.min, p.task_id),
             reverse=True,
         )
@@ -238,9 +245,12 @@ class PoolState(BaseModel):
                 continue
             best: list[Placement] | None = None
             for slot in self.placeable():
-                if not slot.could_hold(waiting.gpus) or len(slot.devices) < waiting.gpus:
+                if len(slot.devices) < waiting.gpus:
                     continue
-                free = len(slot.free())
+                freeing = sum(
+                    len(cards) for task_id, cards in slot.busy.items() if task_id in self.reclaiming
+                )
+                free = len(slot.free()) + freeing
                 taken: list[Placement] = []
                 for placement in borrowed:
                     if free >= waiting.gpus:
@@ -251,10 +261,13 @@ class PoolState(BaseModel):
                 if free >= waiting.gpus and taken and (best is None or len(taken) < len(best)):
                     best = taken
             if best:
-                return best
+                for placement in best:
+                    self.reclaiming[placement.task_id] = waiting.workspace
+                return [(placement, waiting.workspace) for placement in best]
         return []
 
     def release(self, task_id: str) -> None:
+        self.reclaiming.pop(task_id, None)
         placement = self.placed.pop(task_id, None)
         if placement and placement.worker_id in self.slots:
             self.slots[placement.worker_id].busy.pop(task_id, None)

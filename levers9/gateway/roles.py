@@ -124,6 +124,11 @@ class Authority:
         """Whether `workspace` runs (as this replica read it within the cache's bound)."""
         return self._workspaces is not None and await self._record(workspace) is not None
 
+    async def workspace(self, workspace: str) -> WorkspaceState | None:
+        """The workspace's record (its limits), as this replica read it within the cache's
+        bound; None when it does not run."""
+        return None if self._workspaces is None else await self._record(workspace)
+
     def forget(self, workspace: str) -> None:
         """Drops this replica's cached record of `workspace` (it changed here)."""
         self._records.pop(workspace, None)

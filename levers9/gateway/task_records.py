@@ -13,7 +13,13 @@ from typing import Protocol
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from levers9.models import TaskInput, TaskRecord, WorkerRecord, worker_workflow_id
+from levers9.models import (
+    TaskInput,
+    TaskRecord,
+    WorkerRecord,
+    pool_workflow_id,
+    worker_workflow_id,
+)
 from levers9.records.found import or_none
 from levers9.records.tasks import cancel_task, start_task, task_ended, task_page, task_record
 from levers9.temporal import no_such_pool, pool_names, pool_runtimes, runtime_not_offered
@@ -31,6 +37,9 @@ class TaskRecords(Protocol):
     async def refusal(self, pool_name: str, runtime: str) -> tuple[str, str] | None:
         """Why a task naming the pool and the runtime is refused: (the field, the problem): no
         such pool (naming those there are), a runtime it does not offer (naming those it does)."""
+
+    async def waiting(self, pool_name: str, workspace: str) -> int:
+        """How many of the workspace's tasks wait in the pool's queue."""
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         """The record once the task has ended, or as it is after `timeout_s`."""
@@ -84,6 +93,11 @@ class TemporalTaskRecords:
             self._known[pool_name] = seen
         problem = runtime_not_offered(pool_name, runtime, seen[1])
         return None if problem is None else ("task.runtime", problem)
+
+    async def waiting(self, pool_name: str, workspace: str) -> int:
+        handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
+        count: int | None = await or_none(handle.query("waiting_count", workspace, result_type=int))
+        return count or 0
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)

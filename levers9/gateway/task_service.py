@@ -217,8 +217,28 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if refused is not None:
             field, problem = refused
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
+        await self._within_max_queued(task, context)
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def _within_max_queued(
+        self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Refuses the submit (RESOURCE_EXHAUSTED, nothing started) when its workspace keeps as
+        many tasks waiting in the pool as its max-queued allows."""
+        if task.workspace == DEFAULT_WORKSPACE:
+            return
+        state = await self._authority.workspace(task.workspace)
+        if state is None or state.max_queued is None:
+            return
+        waiting = await self._records.waiting(task.pool_name, task.workspace)
+        if waiting >= state.max_queued:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"workspace {task.workspace} has {waiting} tasks waiting in pool"
+                f" {task.pool_name}, its max-queued ({state.max_queued}): submit again once some"
+                f" start, or raise it (levers9 workspace set {task.workspace} --max-queued N)",
+            )
 
     async def _in_workspace(
         self, task: TaskInput, identity: Identity, context: grpc.aio.ServicerContext[Any, Any]

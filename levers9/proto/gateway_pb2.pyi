@@ -508,6 +508,7 @@ class TaskRecord(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     pool_name: _builtins.str
     gpus: _builtins.int
@@ -529,6 +530,8 @@ class TaskRecord(_message.Message):
     endpoint: _builtins.str
     workspace: _builtins.str
     """the workspace it belongs to"""
+    borrowed: _builtins.bool
+    """placed past its workspace's quota (--borrow)"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -573,10 +576,11 @@ class TaskRecord(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         queue: Global___TaskQueueSpot | None = ...,
         workspace: _builtins.str = ...,
+        borrowed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "borrowed", b"borrowed", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
     _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015

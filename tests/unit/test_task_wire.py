@@ -41,6 +41,7 @@ EVERY_FIELD = TaskInput(
     ready_path="/health",
     stop_grace_seconds=30,
     runtime="runsc",
+    borrow=True,
 )
 
 
@@ -102,6 +103,7 @@ EVERY_RECORD_FIELD = TaskRecord(
     ports=(8080,),
     ready=True,
     endpoint="chat",
+    borrowed=True,
     finished_at=CREATED + timedelta(seconds=3),
     queue=QueueSpot(position=1, waiting=2, gpus=4, most_free=3, workers=5),
 )

@@ -1,0 +1,200 @@
+"""GPU quotas, fair share and borrowing, end to end: the operator makes two workspaces, `small`
+(quota 1) and `large` (quota 3), on the sandbox's pool (5 free cards: 1 + 2 + 2 of the 4-card
+node a model server shares), and each team submits with its own token through the CLI.
+
+- Eight one-card tasks each, all at once: the records show, at every instant a task was placed,
+  neither workspace holding past its quota, and each reaching it (the queue gives freed cards
+  to the workspace below its share); a task over quota says `quota` in `task get`.
+- `small` borrows every free card (`--borrow`), then `large` asks for two cards within its
+  quota: the newest borrowed tasks are taken back (`preempted: reclaimed by workspace large`),
+  `large`'s task runs on the cards they free, and the borrowed tasks not taken back finish.
+- A workspace keeping its `--max-queued` waiting is refused at submit, nothing started.
+
+The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.models import TERMINAL, TaskRecord
+from levers9.records.tasks import task_record
+from levers9.temporal import connect
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 90
+QUOTAS = {"small": 1, "large": 3}
+
+
+@dataclass
+class Teams:
+    cp: Controlplane
+    client: Client
+    tokens: dict[str, str]
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+async def teams(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Teams]:
+    async with reconciling(dev_env.client, tmp_path_factory.mktemp("quotas")) as plane:
+        await eventually(lambda: workers_available(plane), within=WITHIN)
+        tokens = {}
+        for team, quota in QUOTAS.items():
+            _ok(await plane.cli("workspace", "create", team, "--gpu-quota", str(quota)))
+            made = await plane.cli("workspace", "token", "create", team, "--name", "ci")
+            tokens[team] = _ok(made).strip()
+        yield Teams(plane, await connect(plane.settings), tokens)
+
+
+async def _submit(
+    teams: Teams, team: str, *command: str, gpus: int = 1, borrow: bool = False
+) -> str:
+    flags = ["--borrow"] if borrow else []
+    done = await teams.cp.cli(
+        "run", "--pool", POOL, "--gpus", str(gpus), "--detach", *flags, "--", *command,
+        token=teams.tokens[team],
+    )  # fmt: skip
+    return _ok(done).strip()
+
+
+async def _records(teams: Teams, ids: list[str]) -> dict[str, TaskRecord]:
+    found = {}
+    for task_id in ids:
+        record = await task_record(teams.client, task_id)
+        assert record is not None, task_id
+        found[task_id] = record
+    return found
+
+
+async def _ended(teams: Teams, ids: list[str]) -> dict[str, TaskRecord]:
+    async def all_ended() -> bool:
+        return all(r.state in TERMINAL for r in (await _records(teams, ids)).values())
+
+    await eventually(all_ended, within=WITHIN * 2)
+    return await _records(teams, ids)
+
+
+def _placed_at(record: TaskRecord) -> datetime:
+    [at] = [p.at for p in record.phases if p.name == "placement" and p.at is not None]
+    return at
+
+
+def _held_at(records: list[TaskRecord], at: datetime) -> dict[str, int]:
+    """Cards each workspace's tasks held at `at`, by their records (from placement to end: the
+    pool frees them only after the record ends, so this never counts more than it held)."""
+    held: dict[str, int] = {}
+    for record in records:
+        if record.finished_at is None or not record.phases:
+            continue
+        if _placed_at(record) <= at < record.finished_at:
+            held[record.workspace] = held.get(record.workspace, 0) + record.gpus
+    return held
+
+
+async def test_quotas_hold_at_every_step_and_each_workspace_reaches_its_own(teams: Teams) -> None:
+    ids: dict[str, list[str]] = {team: [] for team in QUOTAS}
+
+    async def submit_eight(team: str) -> None:
+        for _ in range(8):
+            ids[team].append(await _submit(teams, team, "sleep", "3"))
+
+    # The two teams at once, each its own tasks in order.
+    await asyncio.gather(*(submit_eight(team) for team in QUOTAS))
+    # `small`'s last task waits on its quota (one card; seven ahead of it of three seconds).
+    shown = _ok(await teams.cp.cli("task", "get", ids["small"][-1], token=teams.tokens["small"]))
+    assert "reason: quota (workspace small holds its GPU quota" in shown, shown
+    records = await _ended(teams, ids["small"] + ids["large"])
+    assert {r.state for r in records.values()} == {"succeeded"}, {
+        t: (r.state, r.reason) for t, r in records.items()
+    }
+    ended = list(records.values())
+    peaks = dict.fromkeys(QUOTAS, 0)
+    for record in ended:
+        held = _held_at(ended, _placed_at(record))
+        for team, quota in QUOTAS.items():
+            assert held.get(team, 0) <= quota, (team, held, record.task_id)
+            peaks[team] = max(peaks[team], held.get(team, 0))
+    assert peaks == QUOTAS, "each workspace reached its quota while both had work waiting"
+    # Within a workspace, first in first out: its tasks were placed in the order submitted.
+    for team in QUOTAS:
+        placed = sorted(ids[team], key=lambda t: _placed_at(records[t]))
+        assert placed == ids[team], team
+
+
+async def test_borrowed_work_is_taken_back_newest_first_for_a_workspace_within_quota(
+    teams: Teams,
+) -> None:
+    borrowed = [await _submit(teams, "small", "sleep", "15", borrow=True) for _ in range(5)]
+
+    async def all_running() -> bool:
+        records = await _records(teams, borrowed)
+        return all(r.state == "running" for r in records.values())
+
+    await eventually(all_running, within=WITHIN)
+    running = await _records(teams, borrowed)
+    assert sum(r.borrowed for r in running.values()) == 4, "one within its quota, four borrowed"
+    shown = _ok(await teams.cp.cli("task", "get", borrowed[-1], token=teams.tokens["small"]))
+    assert " borrowed" in shown
+    owner = await _submit(teams, "large", "sleep", "1", gpus=2)
+    records = await _ended(teams, [*borrowed, owner])
+    assert records[owner].state == "succeeded", records[owner].reason
+    taken = [t for t in borrowed if records[t].state == "cancelled"]
+    assert taken, {t: (r.state, r.reason) for t, r in records.items()}
+    for task_id in taken:
+        assert records[task_id].borrowed
+        assert "preempted: reclaimed by workspace large" in records[task_id].reason
+    # The newest borrowed tasks were the ones taken back; the others finished their work.
+    kept = [t for t in borrowed if t not in taken]
+    assert {records[t].state for t in kept} == {"succeeded"}
+    kept_borrowed = [records[t].created_at for t in kept if records[t].borrowed]
+    if kept_borrowed:
+        assert max(kept_borrowed) < min(records[t].created_at for t in taken)
+    last_freed = max(records[t].finished_at or records[t].created_at for t in taken)
+    assert _placed_at(records[owner]) >= last_freed
+
+
+async def test_max_queued_refuses_the_submit_and_starts_nothing(teams: Teams) -> None:
+    _ok(await teams.cp.cli("workspace", "set", "small", "--max-queued", "1"))
+    # `small` holds its one card with a long task, then one waits: the third is refused.
+    first = await _submit(teams, "small", "sleep", "20")
+    second = await _submit(teams, "small", "sleep", "1")
+
+    async def second_waits() -> bool:
+        records = await _records(teams, [first, second])
+        return records[first].state == "running" and records[second].state == "queued"
+
+    await eventually(second_waits, within=WITHIN)
+    before = json.loads(
+        _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
+    )
+    refused = await teams.cp.cli(
+        "run", "--pool", POOL, "--detach", "--", "true", token=teams.tokens["small"]
+    )
+    assert refused.returncode != 0
+    assert "max-queued (1)" in refused.stderr + refused.stdout
+    assert "levers9 workspace set small --max-queued" in refused.stderr + refused.stdout
+    after = json.loads(
+        _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
+    )
+    assert len(after) == len(before), "nothing was started"
+    _ok(await teams.cp.cli("task", "cancel", first, token=teams.tokens["small"]))
+    records = await _ended(teams, [first, second])
+    assert records[second].state == "succeeded"
