@@ -21,6 +21,7 @@ import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import FailureError
 from temporalio.workflow import ParentClosePolicy
 
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         Load,
         ReplicaEnvironment,
     )
+    from levers9.core.workspaces import DEFAULT_WORKSPACE
     from levers9.models import (
         ENDPOINT_WORKFLOW,
         TASK_WORKFLOW,
@@ -42,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
         TaskInput,
         task_workflow_id,
     )
+    from levers9.search_attributes import WORKSPACE
 
 DELETE_WAIT = timedelta(minutes=2)
 """How long `delete` waits for the replicas' records to say they ended."""
@@ -137,6 +140,13 @@ class EndpointWorkflow:
             ports=(spec.port,),
             ready_path=spec.ready_path,
             endpoint=spec.name,
+            workspace=spec.workspace,
+        )
+        # A workspace's replica is listed under it (Levers9Workspace), as its tasks are.
+        attributes = (
+            TypedSearchAttributes([SearchAttributePair(WORKSPACE, spec.workspace)])
+            if spec.workspace != DEFAULT_WORKSPACE
+            else None
         )
         await workflow.start_child_workflow(
             TASK_WORKFLOW,
@@ -145,6 +155,7 @@ class EndpointWorkflow:
             task_queue=workflow.info().task_queue,
             parent_close_policy=ParentClosePolicy.ABANDON,
             static_summary=f"replica of endpoint {spec.name}",
+            search_attributes=attributes,
         )
         self._state.started(task_id, workflow.now())
 

@@ -26,6 +26,7 @@ from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
 from levers9.core.endpoints import EndpointSpec, EndpointView
 from levers9.core.image_reference import ImageReference, ImageReferenceError
+from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.records.endpoints import (
@@ -38,6 +39,7 @@ from levers9.records.endpoints import (
     recorded_endpoints,
 )
 from levers9.records.found import QUERY_WITHIN_S, NoQueryAnswer
+from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.temporal import connect, list_reconcile_schedules, no_such_pool
 
 app = typer.Typer(
@@ -120,9 +122,19 @@ def create(
     public: Annotated[
         bool, typer.Option("--public", help="requests need no operator token")
     ] = False,
+    workspace: Annotated[
+        str,
+        typer.Option(
+            "--workspace",
+            help="the workspace it belongs to: its tokens reach it, its quota counts its replicas",
+        ),
+    ] = DEFAULT_WORKSPACE,
 ) -> None:
     """Create an endpoint: prints its URL. Its first request starts a replica (at zero)."""
     _check(name, pool, image, command)
+    named = name_problem(workspace)
+    if named is not None:
+        raise typer.BadParameter(named, param_hint="--workspace")
     request_timeout_s = duration(request_timeout, "--request-timeout")
     if min_replicas > max_replicas:
         raise typer.BadParameter(
@@ -152,6 +164,7 @@ def create(
         cold_start_timeout_seconds=cold_start_timeout,
         request_timeout_seconds=request_timeout_s,
         public=public,
+        workspace=workspace,
     )
     settings = settings_from_env()
     try:
@@ -201,6 +214,10 @@ async def _create(settings: ControlplaneSettings, spec: EndpointSpec) -> None:
     pools = {row.pool for row in await list_reconcile_schedules(settings)}
     if spec.pool_name not in pools:
         raise LookupError(no_such_pool(spec.pool_name, pools))
+    if spec.workspace != DEFAULT_WORKSPACE:
+        records = TemporalWorkspaceRecords(client, settings.task_queue)
+        if await records.get(spec.workspace) is None:
+            raise LookupError(f"no workspace {spec.workspace} (`levers9 workspace list`)")
     await create_endpoint(client, settings.task_queue, spec)
 
 

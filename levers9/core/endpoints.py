@@ -30,6 +30,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from levers9.core.workspaces import DEFAULT_WORKSPACE
+
 LOAD_STALE = timedelta(seconds=30)
 """A gateway repeats its report every 10 s while it holds requests; older ones are dropped."""
 FAILING_AFTER = 3
@@ -70,7 +72,11 @@ class EndpointSpec(BaseModel):
     start included (the page's `curl -m 1500`): then 504, or a cut transfer once the response
     has begun."""
     public: bool = False
-    """Requests need no token; else `Authorization: Bearer <operator token>`."""
+    """Requests need no token; else `Authorization: Bearer <token>`, the operator's or one of
+    the endpoint's workspace."""
+    workspace: str = DEFAULT_WORKSPACE
+    """The workspace it belongs to: its replicas are that workspace's tasks (its quota counts
+    their cards), and only its tokens (and the operator's) reach it."""
 
 
 class Replica(BaseModel):

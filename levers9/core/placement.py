@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from levers9.core.workspaces import DEFAULT_WORKSPACE
+
 
 class Slot(BaseModel):
     """An available worker: its cards, and which task holds which."""
@@ -49,8 +51,6 @@ class Slot(BaseModel):
         return [card for card in self.devices if card not in held]
 
 
-DEFAULT_WORKSPACE = "default"
-"""The workspace of work that names none (the operator's)."""
 QUOTA = "quota"
 """Why a task waits while its workspace holds its quota (QueueSpot.reason)."""
 

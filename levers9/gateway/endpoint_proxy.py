@@ -3,7 +3,8 @@
 Each controlplane replica serves it beside its gateway (`endpointsListen`, TLS with the
 gateway's certificate when it has one). A request:
 
-1. is authorized: `Authorization: Bearer <operator token>` unless the endpoint is `public`
+1. is authorized: `Authorization: Bearer <token>`, the operator's or one of the endpoint's
+   workspace (another workspace's finds no such endpoint, 404), unless the endpoint is `public`
    (the header never reaches the replica); a WebSocket handshake is then refused 501 (not
    proxied), before any replica is woken;
 2. finds a ready replica of the endpoint (its view, `EndpointWorkflow`'s query `view`, read
@@ -70,6 +71,7 @@ from levers9.gateway.endpoint_messages import (
     whole,
 )
 from levers9.gateway.endpoint_views import EndpointBook, EndpointState, EndpointViews
+from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.replica_streams import (
     BodyRefused,
     Exchange,
@@ -177,7 +179,7 @@ class EndpointProxy:
             view = endpoint.view
             assert view is not None
             if not view.spec.public:
-                self._authorize(request)
+                await self._authorize(request, name, view.spec.workspace)
             refuse_websocket(name, request)
             self._check_length(name, request)
             await expect_continue(request)
@@ -272,17 +274,25 @@ class EndpointProxy:
                     ) from None
                 endpoint = await self._views.endpoint(name, fresh=True)
 
-    def _authorize(self, request: web.BaseRequest) -> None:
+    async def _authorize(self, request: web.BaseRequest, name: str, workspace: str) -> None:
+        """The operator's token, or one of the endpoint's own workspace; another workspace's
+        token finds no such endpoint (404, as a missing one), so names cannot be probed."""
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Refused(
                 401,
-                "this endpoint needs `Authorization: Bearer <operator token>`"
-                " (the file LEVERS9_API_TOKEN_FILE names), or create it --public",
+                "this endpoint needs `Authorization: Bearer <token>`: the operator's (the file"
+                " LEVERS9_API_TOKEN_FILE names) or one of its workspace's, or create it --public",
             )
-        if not hmac.compare_digest(self._operator_token.get_secret_value(), token.strip()):
-            raise Refused(401, "the bearer token is not this controlplane's operator token")
+        if hmac.compare_digest(self._operator_token.get_secret_value(), token.strip()):
+            return
+        try:
+            identity = await self._tasks.authority.identify([("authorization", header)])
+        except Unauthenticated as refused:
+            raise Refused(401, f"the bearer token is refused: {refused.message}") from None
+        if not identity.sees(workspace):
+            raise Refused(404, f"no endpoint {name}: `levers9 endpoint list` shows them")
 
     # -- to a replica ------------------------------------------------------------------------
 

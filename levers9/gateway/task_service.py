@@ -110,6 +110,8 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
     ) -> None:
         self._records = records
         self._authority = authority or Authority(secret, operator_generation)
+        self.authority = self._authority
+        """Who a bearer token is (the endpoints' front asks it too)."""
         self._secret = secret
         self._replicas = replicas
         self._operator_generation = operator_generation

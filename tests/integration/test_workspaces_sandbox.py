@@ -21,6 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
@@ -149,6 +150,39 @@ async def test_task_list_shows_each_team_its_own(teams: Teams) -> None:
     assert [r["task_id"] for r in as_a] == [teams.task_a]
     assert [r["workspace"] for r in as_b] == ["team-b"]
     assert sorted(r["workspace"] for r in operator) == ["team-a", "team-b"]
+
+
+async def test_an_endpoint_of_a_workspace_answers_its_own_tokens_and_no_other(
+    teams: Teams,
+) -> None:
+    """The operator makes team-a an endpoint (`--workspace team-a`): team-a's token and the
+    operator's reach it; team-b's gets exactly what a missing endpoint gets (404), so names
+    cannot be probed; its replica is team-a's task."""
+    cp = teams.cp
+    _ok(
+        await cp.cli(
+            "endpoint", "create", "chat-a", "--pool", POOL, "--gpus", "0", "--port", "8080",
+            "--min-replicas", "1", "--workspace", "team-a", "--", "python", "-c", HTTP_TASK,
+        )
+    )  # fmt: skip
+    base = cp.settings.endpoints_base_url()
+
+    async def get(session: aiohttp.ClientSession, url: str, token: str) -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(60)) as r:
+            return r.status, await r.text()
+
+    async with aiohttp.ClientSession() as session:
+        own = await get(session, f"{base}/chat-a/hi", teams.a)
+        assert own[0] == 200, own
+        assert (await get(session, f"{base}/chat-a/hi", operator_token(TOKEN_SECRET)))[0] == 200
+        theirs = await get(session, f"{base}/chat-a/hi", teams.b)
+        missing = await get(session, f"{base}/chat-z/hi", teams.b)
+    assert theirs[0] == missing[0] == 404
+    assert theirs[1] == missing[1].replace("chat-z", "chat-a")
+    replicas = json.loads(_ok(await cp.cli("task", "list", "-o", "json", token=teams.a)))
+    assert [r["endpoint"] for r in replicas if r["endpoint"]] == ["chat-a"]
+    _ok(await cp.cli("endpoint", "delete", "chat-a"))
 
 
 async def test_a_workspace_token_on_an_operator_command_is_permission_denied(
