@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -42,7 +41,7 @@ from levers9.temporal import sync_reconcile_schedules
 from levers9.tokens import operator_token
 from sandbox.scenario import Images, Scenario
 from sandbox.serve import RunningSandbox, start
-from tests.factories import free_port
+from tests.factories import free_port, run_levers9
 from tests.waiting import eventually
 from worker_main import serving
 
@@ -140,14 +139,7 @@ class Controlplane:
         env = self.cli_env()
         if token is not None:
             env["LEVERS9_API_TOKEN"] = token
-        return await asyncio.to_thread(
-            subprocess.run,
-            [str(Path(sys.executable).parent / "levers9"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        return await run_levers9(env, *args)
 
     def admin_api(self) -> k8s.ApiClient:
         return admin_api(self.sandbox)

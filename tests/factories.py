@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
 import functools
@@ -9,6 +10,9 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +88,25 @@ def private_values(pool_name: str = "gke-rtx6000") -> dict[str, Any]:
 _PORT_BLOCK = 2500
 _PORT_BASE = 20000
 _handed_out: set[int] = set()
+
+
+LEVERS9 = Path(sys.executable).parent / "levers9"
+"""This environment's `levers9` CLI."""
+
+
+async def run_levers9(
+    env: Mapping[str, str], *args: str, within_s: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """`levers9 ARGS` in a process of its own with `env`, as a user runs it, off the event
+    loop (the sandbox and the controlplane may be on it)."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [str(LEVERS9), *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=within_s,
+    )
 
 
 def free_port() -> int:

@@ -20,10 +20,8 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 
@@ -33,11 +31,10 @@ from levers9.records.tasks import start_task, task_record
 from levers9.tokens import operator_token
 from sandbox.scenario import NodeSpec
 from tests.controlplane import POOL
-from tests.factories import HTTP_TASK
+from tests.factories import HTTP_TASK, run_levers9
 from tests.reliability.world import TOKEN_SECRET, World
 from tests.waiting import eventually
 
-BIN = Path(sys.executable).parent
 JOINED = "joined"
 JOINED_NODE = "gke-joined-l4"
 JOINED_SELECTOR = "cloud.google.com/gke-accelerator=nvidia-l4"
@@ -58,14 +55,7 @@ class Made:
 
 async def cli(w: World, *args: str, replica: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**w.cli_env(replica or next(iter(w.replicas))), "KUBECONFIG": _kubeconfig(w)}
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return await run_levers9(env, *args)
 
 
 def _kubeconfig(w: World) -> str:

@@ -19,23 +19,21 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from levers9.errors import CONTROLPLANE_UNREACHABLE_EXIT
 from levers9.models import TASK_WORKFLOW, TaskInput, task_workflow_id
 from tests.controlplane import POOL
+from tests.factories import run_levers9
 from tests.reliability.world import World, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
-BIN = Path(sys.executable).parent
 REPLICA = "crashy"
 """The one replica world() starts."""
 SLACK_S = 30
@@ -57,14 +55,7 @@ async def _cli(
     env = w.cli_env(REPLICA)
     if gateway is not None:
         env["LEVERS9_GATEWAY_ADDRESS"] = gateway
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=wait + SLACK_S,
-    )
+    return await run_levers9(env, *args, within_s=wait + SLACK_S)
 
 
 def _said_unreachable(

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -26,12 +24,11 @@ from levers9.models import TERMINAL, TaskInput, WorkerRecord
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL
+from tests.factories import run_levers9
 from tests.reliability.world import SETTLE_S, World, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +39,7 @@ async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]
 
 
 async def _cli(w: World, replica: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run,
-        [str(BIN / "levers9"), *args],
-        env=w.cli_env(replica),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return await run_levers9(w.cli_env(replica), *args, within_s=120)
 
 
 async def _workers(w: World) -> list[WorkerRecord]:
