@@ -62,7 +62,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sandbox import errors
@@ -326,7 +326,7 @@ class Store:
         table.add_key(key, ns, entry)
         self._uids[entry.uid] = (resource, key)
         self._link_owners(resource, key, (), entry.owners)
-        self._commit(table, self._event("ADDED", resource, ns, name, entry))
+        self._commit(table, self._event("ADDED", resource, key, entry, None))
         return stored
 
     def update(
@@ -355,7 +355,7 @@ class Store:
         table.entries[key] = entry
         table.reindex(key, old.fields, entry.fields)
         self._link_owners(resource, key, old.owners, entry.owners)
-        self._commit(table, self._event("MODIFIED", resource, ns, name, entry, before=old))
+        self._commit(table, self._event("MODIFIED", resource, key, entry, old))
         return stored
 
     def delete(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
@@ -371,9 +371,8 @@ class Store:
         self._rv += 1
         final: dict[str, Any] = json.loads(old.raw)
         final["metadata"]["resourceVersion"] = str(self._rv)
-        self._commit(
-            table, self._event("DELETED", resource, ns, name, old, before=old, raw=dumps(final))
-        )
+        shown = replace(old, raw=dumps(final))
+        self._commit(table, self._event("DELETED", resource, key, shown, old))
         return final
 
     # -- a saved cluster (`sandbox.persist`) -------------------------------------------------
@@ -499,18 +498,11 @@ class Store:
         return table
 
     def _event(
-        self,
-        type_: EventType,
-        resource: Resource,
-        ns: str,
-        name: str,
-        entry: Entry,
-        *,
-        before: Entry | None = None,
-        raw: bytes | None = None,
+        self, type_: EventType, resource: Resource, key: str, entry: Entry, before: Entry | None
     ) -> StoredEvent:
-        """The event of a change committed at this version: `entry` as stored (`raw`: as the
-        event shows it instead), `before` as it was."""
+        """The event of a change to the object at `key` committed at this version: `entry` as
+        the event shows it, `before` as it was."""
+        ns, name = _split(resource, key)
         return StoredEvent(
             type_,
             resource,
@@ -518,7 +510,7 @@ class Store:
             name,
             self._rv,
             entry.uid,
-            entry.raw if raw is None else raw,
+            entry.raw,
             entry.labels,
             entry.fields,
             None if before is None else before.raw,

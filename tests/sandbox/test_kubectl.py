@@ -14,7 +14,14 @@ import pytest
 from sandbox.kubeconfig import write_kubeconfig
 from sandbox.resources import DAEMON_SETS, DEPLOYMENTS, JOBS, NODES, PODS
 from sandbox.server import Sandbox
-from tests.sandbox.factories import deployment_manifest, jwt_assertion, seed_node, seed_pod, unique
+from tests.sandbox.factories import (
+    deployment_manifest,
+    job_manifest,
+    jwt_assertion,
+    seed_node,
+    seed_pod,
+    unique,
+)
 
 Call = Callable[..., Any]
 Kubectl = Callable[..., str]
@@ -136,21 +143,7 @@ def test_delete_all_jobs_takes_their_pods(
 ) -> None:
     def seed() -> None:
         for name in ("worker-a", "worker-b"):
-            job = sandbox.registry.create(
-                JOBS,
-                {
-                    "metadata": {"name": name},
-                    "spec": {
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "containers": [{"name": "w", "image": "worker"}],
-                            }
-                        }
-                    },
-                },
-                namespace=namespace,
-            )
+            job = sandbox.registry.create(JOBS, job_manifest(name), namespace=namespace)
             seed_pod(
                 sandbox.registry,
                 namespace,
