@@ -25,6 +25,7 @@ from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.worker.cgroups import cgroup_dirs
 from levers9.worker.paths import MOUNTS_ENV, ROOT_ENV
+from levers9.worker.task_network import TaskNetworks
 from sandbox.cluster.kubelet import make_device_nodes
 from sandbox.registries import LocalRegistry
 from tests.worker.kit import AUTH, POD_UID, TOKEN, write_checkpoint
@@ -45,7 +46,8 @@ KEPT = (
 
 @pytest.fixture
 def work(tmp_path: Path) -> Iterator[Path]:
-    """The agents' work dir; whatever a failed test left in its runc root is removed after."""
+    """The agents' work dir; whatever a failed test left in its runc root (and its tasks'
+    networks) is removed after."""
     work = tmp_path / "work"
     yield work
     _remove_containers(work)
@@ -253,5 +255,7 @@ def _remove_containers(work: Path) -> None:
         subprocess.run(
             ["runc", "--root", str(work / "runc"), "delete", "--force", name], check=False
         )
+    if (work / "networks").is_dir():  # their slirp4netns run in sessions of their own
+        TaskNetworks(work / "networks").sweep(keep=())
     for line in _mounts_under(work).splitlines():
         subprocess.run(["umount", "-l", line.split()[1]], check=False)
