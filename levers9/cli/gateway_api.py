@@ -46,8 +46,8 @@ def _metadata(settings: ControlplaneSettings) -> tuple[tuple[str, str]]:
     token = settings.operator_token()
     if token is None:
         raise GatewayUnavailable(
-            "no operator token: set LEVERS9_API_TOKEN or LEVERS9_API_TOKEN_FILE"
-            " (`levers9 dev up` writes one)"
+            "no token: levers9 login --token TOKEN, or set LEVERS9_TOKEN (or"
+            " LEVERS9_API_TOKEN / LEVERS9_API_TOKEN_FILE); `levers9 dev up` writes the operator's"
         )
     return bearer.metadata(token.get_secret_value())
 
@@ -67,7 +67,8 @@ def _translate(exc: aio.AioRpcError, address: str, connected: bool = True) -> Ex
     if unanswered:
         return GatewayUnavailable(
             f"the gateway at {address} did not answer ({details});"
-            " set LEVERS9_GATEWAY_ADDRESS to where it listens"
+            " levers9 login --controlplane HOST:PORT, or set LEVERS9_GATEWAY_ADDRESS, to where"
+            " it listens"
         )
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return GatewayUnavailable(f"the gateway at {address} is older than this CLI ({details})")
@@ -260,3 +261,22 @@ async def stream_task_logs(
     tail = decoder.decode(b"", final=True)
     if tail:
         yield tail
+
+
+async def who_am_i(settings: ControlplaneSettings) -> gateway_pb2.WhoAmIResponse:
+    """Who the settings' token makes the caller (UNAUTHENTICATED for a bad one:
+    GatewayUnavailable saying why)."""
+    async with gateway_stub(settings, gateway_pb2_grpc.WorkspacesStub) as (stub, metadata):
+        reply: gateway_pb2.WhoAmIResponse = await stub.WhoAmI(
+            gateway_pb2.WhoAmIRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
+        )
+        return reply
+
+
+async def pool_names(settings: ControlplaneSettings) -> list[str]:
+    """The pools a task may name, as the gateway lists them for any token."""
+    async with gateway_stub(settings, gateway_pb2_grpc.WorkspacesStub) as (stub, metadata):
+        reply = await stub.ListPoolNames(
+            gateway_pb2.ListPoolNamesRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
+        )
+        return list(reply.pool_names)

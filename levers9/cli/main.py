@@ -73,6 +73,20 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.workspace",
         "Workspaces: a team's share of the controlplane, its quota and its tokens.",
     ),
+    "login": _Entry(
+        "levers9.cli.profile",
+        "Check a token with the controlplane, then keep it as a profile, made current.",
+        attr="login",
+    ),
+    "whoami": _Entry(
+        "levers9.cli.profile",
+        "Who this command runs as: the workspace or operator, the controlplane, the token's label.",
+        attr="whoami",
+    ),
+    "profile": _Entry(
+        "levers9.cli.profile",
+        "Profiles: which controlplane and token the CLI uses (levers9 login writes them).",
+    ),
     "gke": _Entry("levers9.cli.gke", "The cloud side of GKE pools."),
     "egress": _Entry("levers9.cli.egress", "The controlplane's egress IPs on GKE allowlists."),
     "image": _Entry("levers9.cli.image", "The worker image in the pools' registries."),
@@ -154,6 +168,13 @@ def _main(
     log_level: str = typer.Option(
         "WARNING", "--log-level", help=f"log level of this command: {', '.join(LOG_LEVELS)}"
     ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        envvar="LEVERS9_PROFILE",
+        help="the profile (levers9 login) this command runs as, instead of the current one",
+        show_envvar=True,
+    ),
 ) -> None:
     from levers9 import logs
     from levers9.cli.runtime import honour_dev_env
@@ -162,6 +183,8 @@ def _main(
         raise typer.BadParameter(
             f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
         )
+    if profile:  # the environment carries it to the subcommand (and a levers9 it starts)
+        os.environ["LEVERS9_PROFILE"] = profile
     honour_dev_env()
     logs.setup(log_level)
 

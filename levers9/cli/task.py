@@ -23,6 +23,7 @@ import typer
 
 from levers9.cli.gateway_api import GatewayUnavailable, stream_task_logs
 from levers9.cli.output import Output, ago, console, errors, fail, render
+from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import settings_from_env
 from levers9.cli.task_access import Answer, answered, last_answer, print_last, tasks_for
 from levers9.cli.unreachable import down
@@ -186,7 +187,10 @@ def print_result(record: TaskRecord) -> None:
 
 def run(
     command: Annotated[list[str], typer.Argument(help="the command, after --")],
-    pool: Annotated[str, typer.Option("--pool", help="the pool to run on")],
+    pool: Annotated[
+        str | None,
+        typer.Option("--pool", help="the pool to run on (default: the only one, if one)"),
+    ] = None,
     gpus: Annotated[
         int, typer.Option("--gpus", min=0, max=MAX_GPUS, help="cards of one worker")
     ] = 1,
@@ -241,7 +245,7 @@ def run(
     settings = settings_from_env()
     task = TaskInput(
         task_id=new_task_id(),
-        pool_name=pool,
+        pool_name=chosen_pool(settings, pool),
         command=tuple(command),
         gpus=gpus,
         image=image,

@@ -62,6 +62,14 @@ from levers9.devstack.processes import (
 )
 from levers9.files import write_private
 from levers9.home import state_home
+from levers9.profiles import (
+    DEV_PROFILE,
+    Profile,
+    ProfileError,
+    config_path,
+    read_profiles,
+    write_profiles,
+)
 from levers9.tokens import operator_token
 from sandbox import aws, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
@@ -114,7 +122,7 @@ class DevStack:
         self.options = options or DevOptions()
         self.task_image: str | None = None
         """The pool's default task image once `up` pushed it (None: tasks without `--image`
-        run as processes of the worker)."""
+        run in the worker's own image)."""
 
     @property
     def sandbox_dir(self) -> Path:
@@ -444,6 +452,33 @@ class DevStack:
             self._save(records)
             wait_ready(records["worker"], self._worker_ready, progress)
         self._save(records)
+        self._write_profile(progress)
+
+    def _write_profile(self, progress: Progress) -> None:
+        """The `dev` profile (`levers9.profiles`): this stack's gateway, its CA and the operator
+        token, made current when no other profile is, as kind makes its kubeconfig context."""
+        path = config_path()
+        try:
+            profiles = read_profiles(path)
+        except ProfileError as exc:
+            progress(f"profile {DEV_PROFILE} not written: {exc}")
+            return
+        profile = Profile(
+            controlplane=f"{HOST}:{self.options.gateway_port}",
+            tls=True,
+            ca_file=self.gateway_tls()["ca"],
+            token=self.api_token_file.read_text().strip(),
+        )
+        current = profiles.current in (None, DEV_PROFILE)
+        write_profiles(path, profiles.with_profile(DEV_PROFILE, profile, current=current))
+        progress(
+            f"profile {DEV_PROFILE} written to {path}"
+            + (
+                " (current)"
+                if current
+                else f"; {profiles.current} stays current: levers9 profile use {DEV_PROFILE}"
+            )
+        )
 
     def _forget_previous_cluster(self, progress: Progress) -> None:
         """A sandbox that starts afresh (not from its saved cluster: a first start, `--fresh`,
@@ -481,7 +516,12 @@ class DevStack:
     def _push_worker_image(self, ecr: str, progress: Progress) -> None:
         """The worker build in `ecr` (pushed when `ecr` lacks its digest). Copying it into
         `gar`, where the cluster pulls from, is attach's job (and recopy's)."""
-        image = worker_image.build(self.dir / "images" / "worker")
+        try:  # a runnable image: a task that names none may run in it (no taskDefaults.image)
+            base: Path | None = task_images.python_image(progress)[0]
+        except task_images.TaskImageError as exc:
+            progress(f"the worker image holds no Python (tasks cannot run in it): {exc}")
+            base = None
+        image = worker_image.build(self.dir / "images" / "worker", base=base)
         source = f"{ecr}/{worker_image.REPOSITORY}:{worker_image.TAG}"
         if (
             registries.manifest_digest(ecr, worker_image.REPOSITORY, worker_image.TAG)
@@ -497,7 +537,7 @@ class DevStack:
             layout, tag = task_images.python_image(progress)
             digest = registries.push_layout(layout, f"{gar}/{TASK_IMAGE_REPOSITORY}:{tag}", tag)
         except (task_images.TaskImageError, registries.RegistryError) as exc:
-            progress(f"no default task image, tasks without --image run as processes: {exc}")
+            progress(f"no default task image, tasks without --image run in the worker's: {exc}")
             return None
         reference = f"{GAR_HOST}/{TASK_IMAGE_REPOSITORY}:{tag}"
         progress(f"the pool's default task image is {reference}@{digest}")

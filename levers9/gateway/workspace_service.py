@@ -264,3 +264,24 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         self._authority.forget(request.workspace)
         log.info("workspace token revoked", workspace=request.workspace, token_id=request.token_id)
         return gateway_pb2.RevokeWorkspaceTokenResponse()
+
+    async def WhoAmI(
+        self, request: gateway_pb2.WhoAmIRequest, context: Context
+    ) -> gateway_pb2.WhoAmIResponse:
+        identity = await self._identify(context)
+        if identity.workspace is None:
+            return gateway_pb2.WhoAmIResponse(operator=True, label="operator")
+        # The token checked out against this record a moment ago (the replica's cache).
+        state = await self._authority.workspace(identity.workspace)
+        kept = state.token(identity.token_id) if state is not None else None
+        return gateway_pb2.WhoAmIResponse(
+            workspace=identity.workspace,
+            token_id=identity.token_id,
+            label=kept.label if kept is not None else "",
+        )
+
+    async def ListPoolNames(
+        self, request: gateway_pb2.ListPoolNamesRequest, context: Context
+    ) -> gateway_pb2.ListPoolNamesResponse:
+        await self._identify(context)
+        return gateway_pb2.ListPoolNamesResponse(pool_names=await self._records.pool_names())

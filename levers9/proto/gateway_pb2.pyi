@@ -1240,3 +1240,92 @@ class RevokeWorkspaceTokenResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeWorkspaceTokenResponse: _TypeAlias = RevokeWorkspaceTokenResponse  # noqa: Y015
+
+@_typing.final
+class WhoAmIRequest(_message.Message):
+    """`levers9 whoami` and `levers9 login`'s check of a token: who the caller's token makes it.
+    Any valid token may ask; a bad one is UNAUTHENTICATED, as on every call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WhoAmIRequest: _TypeAlias = WhoAmIRequest  # noqa: Y015
+
+@_typing.final
+class WhoAmIResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    operator: _builtins.bool
+    workspace: _builtins.str
+    """empty for the operator"""
+    token_id: _builtins.str
+    """empty for the operator"""
+    label: _builtins.str
+    """the token's label (its record's); "operator" for the operator"""
+    def __init__(
+        self,
+        *,
+        operator: _builtins.bool = ...,
+        workspace: _builtins.str = ...,
+        token_id: _builtins.str = ...,
+        label: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["label", b"label", "operator", b"operator", "token_id", b"token_id", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WhoAmIResponse: _TypeAlias = WhoAmIResponse  # noqa: Y015
+
+@_typing.final
+class ListPoolNamesRequest(_message.Message):
+    """The pools a task may name (their `reconcile:<pool>` schedules), sorted: what `levers9 run`
+    defaults `--pool` from. Any valid token may ask (a workspace reads, never changes, pools).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolNamesRequest: _TypeAlias = ListPoolNamesRequest  # noqa: Y015
+
+@_typing.final
+class ListPoolNamesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pool_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        pool_names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool_names", b"pool_names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolNamesResponse: _TypeAlias = ListPoolNamesResponse  # noqa: Y015

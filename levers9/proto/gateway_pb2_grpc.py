@@ -781,6 +781,16 @@ class WorkspacesStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/levers9.v1.Workspaces/WhoAmI',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.WhoAmIResponse.FromString,
+                _registered_method=True)
+        self.ListPoolNames = channel.unary_unary(
+                '/levers9.v1.Workspaces/ListPoolNames',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.ListPoolNamesRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.ListPoolNamesResponse.FromString,
+                _registered_method=True)
 
 
 class WorkspacesServicer:
@@ -834,6 +844,18 @@ class WorkspacesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPoolNames(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspacesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -876,6 +898,16 @@ def add_WorkspacesServicer_to_server(servicer, server):
                     servicer.RevokeWorkspaceToken,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.WhoAmIRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.WhoAmIResponse.SerializeToString,
+            ),
+            'ListPoolNames': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPoolNames,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.ListPoolNamesRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.ListPoolNamesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1094,6 +1126,60 @@ class Workspaces:
             '/levers9.v1.Workspaces/RevokeWorkspaceToken',
             levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.RevokeWorkspaceTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/WhoAmI',
+            levers9_dot_proto_dot_gateway__pb2.WhoAmIRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.WhoAmIResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPoolNames(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Workspaces/ListPoolNames',
+            levers9_dot_proto_dot_gateway__pb2.ListPoolNamesRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.ListPoolNamesResponse.FromString,
             options,
             channel_credentials,
             insecure,

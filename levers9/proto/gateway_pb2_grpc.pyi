@@ -255,6 +255,8 @@ class WorkspacesStub:
     CreateWorkspaceToken: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceTokenRequest, _gateway_pb2.CreateWorkspaceTokenResponse]
     ListWorkspaceTokens: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspaceTokensRequest, _gateway_pb2.ListWorkspaceTokensResponse]
     RevokeWorkspaceToken: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RevokeWorkspaceTokenRequest, _gateway_pb2.RevokeWorkspaceTokenResponse]
+    WhoAmI: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.WhoAmIRequest, _gateway_pb2.WhoAmIResponse]
+    ListPoolNames: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListPoolNamesRequest, _gateway_pb2.ListPoolNamesResponse]
 
 @_typing.type_check_only
 class WorkspacesAsyncStub(WorkspacesStub):
@@ -267,6 +269,8 @@ class WorkspacesAsyncStub(WorkspacesStub):
     CreateWorkspaceToken: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CreateWorkspaceTokenRequest, _gateway_pb2.CreateWorkspaceTokenResponse]  # type: ignore[assignment]
     ListWorkspaceTokens: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListWorkspaceTokensRequest, _gateway_pb2.ListWorkspaceTokensResponse]  # type: ignore[assignment]
     RevokeWorkspaceToken: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RevokeWorkspaceTokenRequest, _gateway_pb2.RevokeWorkspaceTokenResponse]  # type: ignore[assignment]
+    WhoAmI: _aio.UnaryUnaryMultiCallable[_gateway_pb2.WhoAmIRequest, _gateway_pb2.WhoAmIResponse]  # type: ignore[assignment]
+    ListPoolNames: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListPoolNamesRequest, _gateway_pb2.ListPoolNamesResponse]  # type: ignore[assignment]
 
 class WorkspacesServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -324,5 +328,19 @@ class WorkspacesServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.RevokeWorkspaceTokenRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.RevokeWorkspaceTokenResponse, _abc.Awaitable[_gateway_pb2.RevokeWorkspaceTokenResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WhoAmI(
+        self,
+        request: _gateway_pb2.WhoAmIRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.WhoAmIResponse, _abc.Awaitable[_gateway_pb2.WhoAmIResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPoolNames(
+        self,
+        request: _gateway_pb2.ListPoolNamesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListPoolNamesResponse, _abc.Awaitable[_gateway_pb2.ListPoolNamesResponse]]: ...
 
 def add_WorkspacesServicer_to_server(servicer: WorkspacesServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -8,6 +8,7 @@ so a token is checked even while no Temporal worker polls.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
@@ -25,6 +26,7 @@ from levers9.core.workspaces import (
 from levers9.models import TASK_WORKFLOW, WorkspaceInput
 from levers9.records.found import delivered, or_none
 from levers9.search_attributes import WORKSPACE
+from levers9.temporal import pool_names
 
 
 class WorkspaceExists(Exception):
@@ -131,3 +133,7 @@ class TemporalWorkspaceRecords:
         """Ends the workspace (its record says so when this returns); False when no such
         workspace runs."""
         return await delivered(self._handle(name).execute_update("delete"))
+
+    async def pool_names(self) -> builtins.list[str]:
+        """The pools a workspace's task may name: those this controlplane reconciles."""
+        return await pool_names(self._client, self._task_queue)
