@@ -14,7 +14,8 @@ A stray is what no running agent looks after: an agent of a stack that is down, 
 runc root (a sandbox of a runsc root) whose agent is gone, the cgroup of a task of such a work
 dir, a task that ran as a process of such an agent (`processes/`), the slirp4netns of a task
 network of such a work dir (`networks/`), and any mount under the stack's state dir (overlays,
-FUSE volumes) but those in a running agent's work dir.
+FUSE volumes, writable layers) but those in a running agent's work dir, and the tasks' roots
+(overlays under /run/levers9/roots) whose layers are under it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.contract import AGENT_FILE, WORK_ROOT
-from levers9.worker.cgroups import cgroup_dirs, remove_cgroups
+from levers9.worker.cgroups import TASK_ROOTS, cgroup_dirs, remove_cgroups
 
 KILL_WITHIN_S = 10.0
 RUNC_TIMEOUT_S = 30.0
@@ -92,6 +93,11 @@ def find(state_dir: Path, *, stack_running: bool) -> list[Stray]:
         Stray("mount", point, kind)
         for point, kind in _mounts_under(state_dir)
         if not any(Path(point).is_relative_to(t) for t in tended)
+    ]
+    strays += [
+        Stray("mount", point, "overlay")
+        for point, layers in _task_roots(state_dir)
+        if not any(str(t) in layers for t in tended)
     ]
     return strays
 
@@ -207,6 +213,21 @@ def _mounts_under(root: Path) -> list[tuple[str, str]]:
             kind = fields[fields.index("-") + 1]
             if point == prefix or point.startswith(prefix + "/"):
                 found.append((point, kind))
+    return found
+
+
+def _task_roots(state_dir: Path) -> list[tuple[str, str]]:
+    """(mount point, its layers) of every task root (TASK_ROOTS: mounted outside the work dir)
+    whose layers are under `state_dir`."""
+    prefix = str(state_dir.resolve()) + "/"
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")
+            layers = fields[-1]
+            if Path(point).parent == TASK_ROOTS and prefix in layers:
+                found.append((point, layers))
     return found
 
 

@@ -15,6 +15,11 @@ import signal
 import time
 from pathlib import Path
 
+TASK_ROOTS = Path("/run/levers9/roots")
+"""Where the runc runtime mounts each task's root (levers9.worker.runc_runtime.root_mount): not
+a cgroup, but like them a thing of the container's outside its work dir, which the stray sweep
+looks for here too."""
+
 
 def cgroup_path(task_id: str) -> str:
     """The container's cgroup, under one of ours (relative to each hierarchy's root)."""

@@ -49,6 +49,7 @@ class ProcessContainer:
     host = HOST
     image = None
     oom_killed = False
+    limit_hit = ""
     lost = ""
 
     def __init__(

@@ -60,6 +60,8 @@ class ContainerRecord:
     rootfs: Path
     host: str = HOST
     """The runtime that runs it (`runc`, `runsc`): they share the records' folder."""
+    user_ids: int = 0
+    """The node's id its user namespace's 0 is (levers9.worker.id_ranges); 0: none."""
 
     @property
     def container_id(self) -> str:
@@ -82,6 +84,7 @@ class ContainerRecord:
             image_digest=str(raw["image_digest"]),
             rootfs=Path(raw["rootfs"]),
             host=str(raw.get("host", HOST)),
+            user_ids=int(raw.get("user_ids", 0)),
         )
 
 
@@ -109,6 +112,7 @@ class RuncContainer:
         self.task_id = record.task_id
         self.image = image
         self.oom_killed = False
+        self.limit_hit = ""
         self.lost = ""
         self._runtime = runtime
         self._record = record
@@ -153,6 +157,7 @@ class RuncContainer:
         await drain(self._relay)
         code = _exit_status(self._record.exit)
         self.oom_killed = oom_killed(self.task_id)
+        self.limit_hit = self._runtime._limit_hit(self._record)
         await self._runtime._remove(self.id)
         self._release.close()
         self._runtime._forget(self.id)

@@ -1,10 +1,14 @@
 """The runc runtime (`host: "runc"`): each task in an OCI container of its own image.
 
 For each task: its image from the node's cache (`images.ImageCache`: pulled and unpacked once
-per digest), a bundle under the task's directory whose root is an overlay (the cached root
-filesystem read-only below, a writable layer of the task's own above), and a `config.json`
-made from the image by `umoci raw runtime-config`, then narrowed for the task
-(levers9.worker.runc_config: namespaces, limits, its cards' devices, the driver, its env).
+per digest, and once per digest and user-namespace range owned by that range), a bundle under
+the task's directory whose root is an overlay (the cached root filesystem read-only below, a
+writable layer of the task's own above, on a filesystem of its own of `Limits.disk_bytes`), and
+a `config.json` made from the image by `umoci raw runtime-config`, then narrowed for the task
+(levers9.worker.runc_config: namespaces, its user namespace and seccomp profile, limits, its
+cards' devices, the driver, its env). The task's range is claimed from the node's slots
+(levers9.worker.id_ranges) and held by its shim. A task's end names the limit it ran into
+(`_limit_hit`: pids, disk; the memory limit is the container's `oom_killed`).
 
 Each container runs under a shim of its own session, with a record beside the runc root
 (levers9.worker.runc_container): an agent that is SIGKILLed leaves its containers running, and
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -33,14 +38,15 @@ from levers9.core.image_reference import ImageReferenceError
 from levers9.logs import get_logger
 from levers9.worker import cdi
 from levers9.worker.cdi import DRIVER_ROOT
-from levers9.worker.cgroups import remove_cgroups
+from levers9.worker.cgroups import TASK_ROOTS, pids_limited, remove_cgroups
+from levers9.worker.id_ranges import FIRST_ID, IdRange, IdRanges, NoIdRange, slot_of
 from levers9.worker.images import (
     ImageCache,
     ImageConfig,
     ImagePullError,
     PulledImage,
 )
-from levers9.worker.runc_config import DEFAULT_LIMITS, Limits, container_config
+from levers9.worker.runc_config import DEFAULT_LIMITS, Limits, UserNamespace, container_config
 from levers9.worker.runc_container import HOST, SHIM, ContainerRecord, RuncContainer, container_id
 from levers9.worker.runtime import (
     Container,
@@ -49,9 +55,14 @@ from levers9.worker.runtime import (
     StartError,
     exec_stdio,
 )
+from levers9.worker.seccomp import DEFAULT_PROFILE, load_profile
 
 log = get_logger("levers9.worker")
 
+LAYER_FILE = "layer.ext4"
+"""The task's writable layer's filesystem, a sparse file in its bundle."""
+DISK_FULL_BELOW = 1024**2
+"""A writable layer with less than this free (or no inode) is full: the task's failure says so."""
 RUNNING_WITHIN_S = 30.0
 """How long runc may take to create a container before the start is a failure."""
 
@@ -65,6 +76,10 @@ class RuncRuntime:
     """What TaskStatus.host reports, and the tag of its containers' records."""
     RUN_FLAGS: tuple[str, ...] = ("--keep",)
     """`run --keep`: its cgroup stays until _remove, an OOM kill is read there first."""
+    USER_NAMESPACE = True
+    """Each task in a user namespace of its own range (levers9.worker.id_ranges)."""
+    SECCOMP = True
+    """Each task under the seccomp profile (levers9.worker.seccomp)."""
 
     def __init__(
         self,
@@ -77,14 +92,22 @@ class RuncRuntime:
         limits: Limits = DEFAULT_LIMITS,
         runc: str = "runc",
         umoci: str = "umoci",
+        seccomp_profile: Path | None = None,
+        id_ranges: IdRanges | None = None,
     ) -> None:
         """`cards`: the worker's (default: every `/dev/nvidiaN` of the node). Generates their
         CDI spec (levers9.worker.cdi) and writes it beside `state_dir`; raises cdi.CdiError
-        when it cannot (the worker then exits with `failed to generate CDI spec`)."""
+        when it cannot (the worker then exits with `failed to generate CDI spec`).
+        `seccomp_profile`: the tasks' (default: levers9.worker.seccomp's; SeccompProfileError
+        when it is not a profile). `id_ranges`: the node's user-namespace ranges (default:
+        under `userns/` beside `state_dir`; the agent passes the image cache's, which every
+        agent of the node shares)."""
         self._images = images
         self._state = state_dir
         self._limits = limits
         self._runc, self._umoci = runc, umoci
+        self._seccomp = load_profile(seccomp_profile or DEFAULT_PROFILE)
+        self._id_ranges = id_ranges or IdRanges(state_dir.parent / "userns")
         held = cdi.node_cards(dev_root) if cards is None else cards
         self._cdi = cdi.generate(dev_root, driver_root, held)
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -134,11 +157,16 @@ class RuncRuntime:
         except cdi.UnresolvableDevices as error:
             raise StartError(str(error)) from None
         base = await self._runtime_config(image, bundle)
+        ids = self._claim_ids()
+        if ids is not None:
+            release.callback(ids.release)
+        user_namespace, lower = await self._root(image, ids)
+        owner = ids.host_id if ids is not None else 0
         # The result folder is the container user's to write (the image's User, often not root).
         results = spec.result_path.parent
         results.mkdir(parents=True, exist_ok=True)
         user = base.get("process", {}).get("user", {})
-        os.chown(results, int(user.get("uid", 0)), int(user.get("gid", 0)))
+        os.chown(results, owner + int(user.get("uid", 0)), owner + int(user.get("gid", 0)))
         limits = dataclasses.replace(
             self._limits,
             memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
@@ -151,9 +179,14 @@ class RuncRuntime:
             edits.device_nodes,
             mounts=edits.mounts,
             limits=limits,
+            user_namespace=user_namespace,
+            seccomp=self._seccomp if self.SECCOMP else None,
         )
-        await self._overlay(image.rootfs, bundle)
-        release.callback(_unmount, bundle / "rootfs")
+        release.callback(_unmount_bundle, bundle)
+        await self._overlay(lower, bundle, limits.disk_bytes, owner)
+        if user_namespace is not None and not user_namespace.shifted_root:
+            await asyncio.to_thread(_mount_points, root_mount(bundle), config)
+        config["root"]["path"] = str(root_mount(bundle))
         (bundle / "config.json").write_text(json.dumps(config))
         log_path, exit_path = spec.work_dir.parent / "container.log", spec.work_dir.parent / "exit"
         exit_path.unlink(missing_ok=True)
@@ -172,7 +205,11 @@ class RuncRuntime:
             # Its own session: neither a signal to the agent's group nor the agent's end
             # reaches it; a restarted agent adopts the container (adopt).
             start_new_session=True,
+            # It (and its runc) holds the task's id range while the container runs.
+            pass_fds=(ids.fd,) if ids is not None else (),
         )
+        if ids is not None:
+            ids.release()
         record = ContainerRecord(
             task_id=spec.task_id,
             bundle=bundle,
@@ -183,6 +220,7 @@ class RuncRuntime:
             image_digest=image.digest,
             rootfs=image.rootfs,
             host=self.host,
+            user_ids=owner,
         )
         self._keep(record)
         container = RuncContainer(self, record, image, shim, output, 0, release)
@@ -194,8 +232,46 @@ class RuncRuntime:
             digest=image.digest,
             cached=image.cached,
             cards=list(spec.gpu_indices),
+            user_ids=owner,
         )
         return container
+
+    def _claim_ids(self) -> IdRange | None:
+        """The task's user-namespace range (None: this runtime gives none); StartError when
+        the node has none free. A range a record of this runtime names is skipped too (its
+        container outlived its shim)."""
+        if not self.USER_NAMESPACE:
+            return None
+        recorded = set()
+        for path in self._records.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                recorded.add(ContainerRecord.load(path.read_text()).user_ids)
+        try:
+            return self._id_ranges.claim(frozenset(slot_of(i) for i in recorded if i >= FIRST_ID))
+        except NoIdRange as error:
+            raise StartError(str(error)) from None
+
+    async def _root(
+        self, image: PulledImage, ids: IdRange | None
+    ) -> tuple[UserNamespace | None, Path]:
+        """The task's user namespace and the root below its writable layer: the image's root
+        shifted to its range by the image cache; an images source that shifts none (the GPU
+        check's) gives the image's own root, owned by the node's root and so read-only to the
+        task (which gets a tmpfs /tmp and its mount points made here)."""
+        if ids is None:
+            return None, image.rootfs
+        if isinstance(self._images, ImageCache):
+            try:
+                root = await self._images.shifted(image.digest, ids.host_id, ids.size)
+            except ImagePullError as error:
+                raise ImageUnavailable(str(error)) from None
+            return UserNamespace(ids.host_id, ids.size), root
+        log.warning(
+            "image root not shifted: read-only to the task",
+            image=image.reference,
+            images=type(self._images).__name__,
+        )
+        return UserNamespace(ids.host_id, ids.size, shifted_root=False), image.rootfs
 
     async def _running(self, container: RuncContainer) -> None:
         """Returns once runc has created the container (so `exec` finds it) or the container
@@ -244,7 +320,7 @@ class RuncRuntime:
         )
         release = contextlib.ExitStack()
         release.enter_context(self._images.in_use(record.image_digest))
-        release.callback(_unmount, record.bundle / "rootfs")
+        release.callback(_unmount_bundle, record.bundle)
         container = RuncContainer(self, record, image, None, output, offset, release)
         log.info(
             "container adopted",
@@ -270,7 +346,7 @@ class RuncRuntime:
             await self._signal(name, signal.SIGKILL)
             await self._remove(name)
             if bundle is not None:
-                await asyncio.to_thread(_unmount, bundle / "rootfs")
+                await asyncio.to_thread(_unmount_bundle, bundle)
             self._forget(name)
             log.warning("container swept", task_id=task_id, bundle=str(bundle or ""))
             swept.append(task_id)
@@ -333,10 +409,24 @@ class RuncRuntime:
         document: dict[str, Any] = json.loads(target.read_text())
         return document
 
-    async def _overlay(self, lower: Path, bundle: Path) -> None:
-        upper, work, root = bundle / "upper", bundle / "overlay-work", bundle / "rootfs"
-        for folder in (upper, work, root):
+    async def _overlay(self, lower: Path, bundle: Path, disk_bytes: int, owner: int) -> None:
+        """The task's root: an overlay of `lower` and its writable layer, which is a filesystem
+        of `disk_bytes` of its own (ext4 on a sparse file, loop-mounted: on disk rather than in
+        memory as a tmpfs would be, its size a hard cap that one task filling it cannot pass to
+        the node; made in about 0.02 s), its upper folder owned by `owner` (the task's root)."""
+        layer, image_file = bundle / "layer", bundle / LAYER_FILE
+        root = root_mount(bundle)
+        for folder in (layer, root):
             folder.mkdir(parents=True, exist_ok=True)
+        with image_file.open("wb") as sparse:
+            sparse.truncate(disk_bytes)
+        await _run("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image_file))
+        await _run("mount", "-o", "loop,nosuid,nodev", str(image_file), str(layer))
+        upper, work = layer / "upper", layer / "work"
+        for folder in (upper, work):
+            folder.mkdir(exist_ok=True)
+            os.chown(folder, owner, owner)
+        os.chmod(upper, os.stat(lower).st_mode & 0o7777)
         await _run(
             "mount",
             "-t",
@@ -346,6 +436,22 @@ class RuncRuntime:
             f"lowerdir={lower},upperdir={upper},workdir={work}",
             str(root),
         )
+
+    def _limit_hit(self, record: ContainerRecord) -> str:
+        """Which of its limits the ended container ran into, besides memory ("" for none): a
+        fork refused at its pids limit, its writable layer full. Read before its cgroup and
+        its layer go."""
+        limit = pids_limited(record.task_id)
+        if limit:
+            return f"pids limit: the task reached its limit of {limit} processes"
+        layer = record.bundle / "layer"
+        with contextlib.suppress(OSError):
+            if layer.is_mount():
+                room = os.statvfs(layer)
+                if room.f_bavail * room.f_frsize < DISK_FULL_BELOW or room.f_favail == 0:
+                    size = (record.bundle / LAYER_FILE).stat().st_size
+                    return f"disk full: the task filled its writable layer ({_size(size)})"
+        return ""
 
     async def _signal(self, container_id: str, sig: signal.Signals) -> None:
         """`sig` to every process in the container's cgroup (`runc kill --all`)."""
@@ -386,6 +492,32 @@ class RuncRuntime:
         )
 
 
+def _size(count: int) -> str:
+    """Bytes as the largest binary unit that keeps it at least 1 (`20 GiB`, `16 MiB`)."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} bytes"
+
+
+def _mount_points(root: Path, config: dict[str, Any]) -> None:
+    """Each mount's destination made in the task's root (a root the task does not own: runc,
+    in its user namespace, could not make them); a bound file's as an empty file."""
+    for mount in config.get("mounts") or ():
+        target = root / str(mount["destination"]).lstrip("/")
+        source = Path(str(mount.get("source", "")))
+        if mount.get("type") == "bind" and source.exists() and not source.is_dir():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch(exist_ok=True)
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+        for option in mount.get("options") or ():
+            if mount.get("type") == "tmpfs" and option.startswith("mode="):
+                # runc gives a tmpfs the mode of the folder it covers (the image's /tmp may
+                # be 0755): the folder takes the mode the mount asks for.
+                target.chmod(int(option.removeprefix("mode="), 8))
+
+
 async def _run(*argv: str) -> None:
     try:
         process = await asyncio.create_subprocess_exec(
@@ -397,6 +529,24 @@ async def _run(*argv: str) -> None:
     if process.returncode != 0:
         words = err.decode(errors="replace").strip().splitlines()
         raise StartError(f"{argv[0]} {argv[1]}: {words[-1] if words else 'failed'}")
+
+
+def root_mount(bundle: Path) -> Path:
+    """Where the task's root (its overlay) is mounted: under TASK_ROOTS, not in its bundle, whose
+    folders above may be closed to the task's ids (a 0700 work dir): runc binds the root from
+    inside the task's user namespace."""
+    return TASK_ROOTS / hashlib.sha256(str(bundle).encode()).hexdigest()[:16]
+
+
+def _unmount_bundle(bundle: Path) -> None:
+    """The task's overlay and its writable layer's filesystem (its file then deleted: the
+    loop device goes with the last reference)."""
+    _unmount(root_mount(bundle))
+    with contextlib.suppress(OSError):
+        root_mount(bundle).rmdir()
+    if (bundle / "layer").is_mount():
+        _unmount(bundle / "layer")
+    (bundle / LAYER_FILE).unlink(missing_ok=True)
 
 
 def _unmount(root: Path) -> None:

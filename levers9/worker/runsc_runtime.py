@@ -51,6 +51,9 @@ class RunscRuntime(RuncRuntime):
 
     host = HOST
     RUN_FLAGS = ()
+    USER_NAMESPACE = False
+    """gVisor's own kernel stands between the task and the node's; this runsc (2022) refuses
+    to join a user namespace by path (`gofer: error setting namespace of type user`)."""
 
     def __init__(self, images: ImageCache, state_dir: Path, **options: Any) -> None:
         """RuncRuntime's, with no cards (NO_GPUS) and runsc as its binary unless `runc` names

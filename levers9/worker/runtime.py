@@ -84,6 +84,12 @@ class Container(Protocol):
         ...
 
     @property
+    def limit_hit(self) -> str:
+        """Once it has exited: which of its limits other than memory it ran into ("pids limit:
+        ...", "disk full: ..."), "" when none."""
+        ...
+
+    @property
     def lost(self) -> str:
         """Once it has exited: why its exit status is not known ("" when it is)."""
         ...

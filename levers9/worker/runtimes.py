@@ -36,12 +36,14 @@ from levers9.contract import runtime_problem
 from levers9.logs import get_logger
 from levers9.worker.cdi import DRIVER_ROOT
 from levers9.worker.driver import DriverSetup
+from levers9.worker.id_ranges import IdRanges
 from levers9.worker.images import ImageCache
 from levers9.worker.paths import HostPaths
 from levers9.worker.process_runtime import ProcessRuntime
 from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runsc_runtime import RunscRuntime
 from levers9.worker.runtime import ByImage, ByRuntime, Container, ContainerSpec, Runtime, StartError
+from levers9.worker.seccomp import SeccompProfileError, load_profile
 from levers9.worker.settings import PREFIX, SettingsError, WorkerSettings
 
 log = get_logger("levers9.worker")
@@ -156,9 +158,30 @@ def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
         dev_root=context.paths.map("/dev"),
         driver_root=context.paths.map(DRIVER_ROOT),
         cards=context.cards,
+        seccomp_profile=_seccomp_profile(context),
+        # The node's: every agent of the node takes its tasks' id ranges from the same slots.
+        id_ranges=IdRanges(cache.root / "userns"),
     )
     log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(context.cards))
     return runtime, ""
+
+
+def _seccomp_profile(context: RuntimeContext) -> Path | None:
+    """The pool's `taskSeccompProfile` (None: the default), checked here: SettingsError naming
+    the setting when it is not a profile."""
+    settings = context.settings
+    if not settings.task_seccomp_profile:
+        return None
+    path = context.paths.map(settings.task_seccomp_profile)
+    try:
+        load_profile(path)
+    except SeccompProfileError as error:
+        raise SettingsError(
+            f"{PREFIX}TASK_SECCOMP_PROFILE (the pool's taskSeccompProfile, config.worker.pools."
+            f"{settings.pool_name}.taskSeccompProfile): {error}"
+        ) from None
+    log.info("task seccomp profile", path=settings.task_seccomp_profile)
+    return path
 
 
 def runsc(context: RuntimeContext) -> Runtime:

@@ -16,6 +16,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
 | `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default), `runsc`, `process` (see `runtimes`) |
 | `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
+| `LEVERS9_TASK_SECCOMP_PROFILE` | the pool's `taskSeccompProfile`: a node path; else the default |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
@@ -93,6 +94,9 @@ class WorkerSettings(BaseModel):
     runtimes: str = ""
     """The pool's `runtimes`, comma-separated: those its tasks may name (`runtime` among them);
     "": `runtime` only."""
+    task_seccomp_profile: str = ""
+    """The pool's `taskSeccompProfile`: the node path of the seccomp profile its runc tasks run
+    under ("": levers9.worker.seccomp's default)."""
     default_image: str = ""
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
     default_memory_bytes: int = Field(default=0, ge=0)

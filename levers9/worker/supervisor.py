@@ -346,6 +346,8 @@ class TaskManager:
             state, reason = SUCCEEDED, ""
         elif container.oom_killed:
             state, reason = FAILED, OOM_KILLED
+        elif container.limit_hit:
+            state, reason = FAILED, f"{container.limit_hit} (exited with code {code})"
         else:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
