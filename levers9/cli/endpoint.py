@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.output import Output, ago, console, fail, render
+from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import duration, environment, settings_from_env
 from levers9.cli.unreachable import down, no_temporal_worker, unreachable
 from levers9.config import ControlplaneSettings
@@ -89,8 +90,11 @@ def _check(name: str, pool: str, image: str, command: list[str]) -> None:
 def create(
     name: Annotated[str, typer.Argument(help="the endpoint's name (a DNS label)")],
     command: Annotated[list[str], typer.Argument(help="the replicas' command, after --")],
-    pool: Annotated[str, typer.Option("--pool", help="the pool its replicas run on")],
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="the port it serves")],
+    pool: Annotated[
+        str | None,
+        typer.Option("--pool", help="the pool its replicas run on (default: the only one, if one)"),
+    ] = None,
     image: Annotated[str, typer.Option("--image", help="container image")] = "",
     gpus: Annotated[int, typer.Option("--gpus", min=0, max=MAX_GPUS, help="cards per replica")] = 1,
     min_replicas: Annotated[int, typer.Option("--min-replicas", min=0)] = 0,
@@ -131,6 +135,8 @@ def create(
     ] = DEFAULT_WORKSPACE,
 ) -> None:
     """Create an endpoint: prints its URL. Its first request starts a replica (at zero)."""
+    settings = settings_from_env()
+    pool = chosen_pool(settings, pool)
     _check(name, pool, image, command)
     named = name_problem(workspace)
     if named is not None:
@@ -166,7 +172,6 @@ def create(
         public=public,
         workspace=workspace,
     )
-    settings = settings_from_env()
     try:
         asyncio.run(_create(settings, spec))
     except (EndpointExists, LookupError) as exc:

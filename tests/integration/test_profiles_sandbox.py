@@ -192,3 +192,12 @@ async def test_run_without_pool_runs_on_the_only_pool(team: Team) -> None:
     task_id = _ok(done).strip()
     got = json.loads(_ok(await team.cli("task", "get", task_id, "-o", "json")))
     assert (got["pool_name"], got["workspace"]) == (POOL, "team-a")
+
+
+async def test_endpoint_create_without_pool_takes_the_only_pool(team: Team) -> None:
+    done = await team.cli(
+        "--profile", "ops", "endpoint", "create", "only-pool", "--port", "8080",
+        "--", "python", "-c", "pass",
+    )  # fmt: skip
+    assert f"on pool {POOL}" in _ok(done)
+    _ok(await team.cli("--profile", "ops", "endpoint", "delete", "only-pool"))
