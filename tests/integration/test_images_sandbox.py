@@ -385,3 +385,32 @@ async def test_exec_runs_in_the_tasks_container(cp: Controlplane) -> None:
     ended = await cp.cli("exec", task_id, "--", "true")
     assert ended.returncode == 1
     assert f"task {task_id} is cancelled, not running" in ended.stderr
+
+
+SANDBOX = (
+    "echo sandbox; busybox grep ^Seccomp: /proc/self/status | busybox awk '{print $2}';"
+    " busybox head -1 /proc/self/uid_map | busybox awk '{print $1, $2}';"
+    " cat /sys/fs/cgroup/memory.max 2>/dev/null"
+    " || cat /sys/fs/cgroup/memory/memory.limit_in_bytes;"
+    " cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max"
+)
+"""What a task reads of its sandbox: its seccomp mode, its uid map's first line, its memory and
+pids limits (cgroup v2's files, else v1's)."""
+V1_UNLIMITED = "9223372036854771712"
+
+
+async def test_the_task_runs_in_its_sandbox(cp: Controlplane) -> None:
+    """As a user on the dev stack sees it (no --memory given): moby's seccomp profile, a user
+    namespace of its own range (not the identity map), a memory limit all the same, the pids
+    limit (levers9.worker.runc_config; tests/worker/test_runc_sandbox.py has the rest)."""
+    done = await cp.cli("run", "--pool", POOL, "--image", IMAGE, "--", "sh", "-c", SANDBOX)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    start = lines.index("sandbox")
+    seccomp, ids, memory, pids = lines[start + 1 : start + 5]
+    assert seccomp == "2", "a seccomp filter"
+    inside, node = ids.split()
+    assert (inside, int(node) >= 100_000) == ("0", True), f"not the identity map: {ids}"
+    assert memory.isdigit(), memory
+    assert memory != V1_UNLIMITED, "a memory limit though the task asked for none"
+    assert pids == "32768"
