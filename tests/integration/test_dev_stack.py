@@ -34,7 +34,7 @@ from activities.kube_clients import KubeClients
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
 from levers9.worker.cgroups import cgroup_dirs
-from sandbox import aws, registries, worker_image
+from sandbox import aws, registries, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
 from tests.waiting import until
@@ -130,8 +130,10 @@ def test_up_starts_the_cloud_around_the_sandbox(dev: Dev) -> None:
     assert env["LEVERS9_INSECURE_REGISTRIES"] == f"{ecr},{gar}"
     assert registries.ready(ecr)
     assert registries.ready(gar)
-    # The worker image: pushed to ECR; the project's registry has none until attach.
-    digest = worker_image.build(dev.home / "layout").digest
+    # The worker image, runnable (on the Python image): pushed to ECR; the project's registry
+    # has none until attach.
+    base, _ = task_images.python_image()
+    digest = worker_image.build(dev.home / "layout", base=base).digest
     assert registries.inspect_digest(env["LEVERS9_SOURCE_IMAGE"]) == digest
     assert registries.manifest_digest(gar, "demo/levers9/worker", "latest") is None
     # moto: the EKS nodes, tagged, with public IPs; the first is the sandbox's egress IP, and
@@ -294,6 +296,26 @@ def test_pool_list_reads_the_schedules(dev: Dev) -> None:
     [row] = json.loads(result.stdout)
     assert row["pool"] == "gke-rtx6000"
     assert row["every"] == "1s"
+
+
+def test_up_writes_the_dev_profile_the_cli_runs_as_anywhere(dev: Dev, tmp_path: Path) -> None:
+    """`dev up` writes profile `dev` (the gateway, its CA, the operator token), made current;
+    with only that file, and no env file, the CLI is the operator on this stack."""
+    config = dev.home / ".levers9" / "config"
+    assert config.stat().st_mode & 0o777 == 0o600
+    listed = dev.run("profile", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    [profile] = json.loads(listed.stdout)
+    assert (profile["name"], profile["current"], profile["token"]) == ("dev", True, "***")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "config").write_bytes(config.read_bytes())
+    (elsewhere / "config").chmod(0o600)
+    whoami = dev.run("whoami", "-o", "json", env={"LEVERS9_HOME": str(elsewhere)})
+    assert whoami.returncode == 0, whoami.stderr
+    shown = json.loads(whoami.stdout)
+    assert (shown["operator"], shown["profile"]) == (True, "dev")
+    assert shown["controlplane"] == dev.env["LEVERS9_GATEWAY_ADDRESS"]
 
 
 def test_second_up_changes_nothing(dev: Dev) -> None:
