@@ -9,6 +9,7 @@ expired one at once.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+import typer
 from google.protobuf.json_format import MessageToJson
 from pydantic import SecretStr
 from temporalio.client import Client
@@ -57,6 +59,7 @@ Metadata = tuple[tuple[str, str], ...]
 class Replica:
     workspaces: WorkspacesAsyncStub
     tasks: TasksAsyncStub
+    address: str
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Plane:
     client: Client
     replicas: tuple[Replica, Replica]
     operator: Metadata
+    task_queue: str
 
     @property
     def first(self) -> Replica:
@@ -85,7 +89,9 @@ async def _replica(client: Client, secret: SecretStr, task_queue: str) -> AsyncI
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             yield Replica(
-                gateway_pb2_grpc.WorkspacesStub(channel), gateway_pb2_grpc.TasksStub(channel)
+                gateway_pb2_grpc.WorkspacesStub(channel),
+                gateway_pb2_grpc.TasksStub(channel),
+                f"127.0.0.1:{port}",
             )
     finally:
         await gateway.stop(grace=0)
@@ -108,7 +114,10 @@ async def plane(
         first = await stack.enter_async_context(_replica(client, secret, task_queue))
         second = await stack.enter_async_context(_replica(client, secret, task_queue))
         yield Plane(
-            client, (first, second), bearer.metadata(operator_token(secret.get_secret_value()))
+            client,
+            (first, second),
+            bearer.metadata(operator_token(secret.get_secret_value())),
+            task_queue,
         )
 
 
@@ -411,3 +420,75 @@ async def test_the_operator_submits_only_into_a_workspace_that_exists(
     )
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (refused.details() or "").startswith(problem)
+
+
+async def test_whoami_names_the_operator_or_the_workspace_and_the_tokens_label(
+    plane: Plane,
+) -> None:
+    ws = plane.first.workspaces
+    me = await ws.WhoAmI(gateway_pb2.WhoAmIRequest(), metadata=plane.operator, timeout=10)
+    assert (me.operator, me.workspace, me.token_id, me.label) == (True, "", "", "operator")
+    name = await _create(plane)
+    token = await _token(plane, name, label="alice")
+    parsed = parse_token(token)
+    assert parsed is not None
+    them = await ws.WhoAmI(gateway_pb2.WhoAmIRequest(), metadata=bearer.metadata(token))
+    assert (them.operator, them.workspace, them.token_id, them.label) == (
+        False,
+        name,
+        parsed[1],
+        "alice",
+    )
+    forged = token.rsplit(".", 1)[0] + ".forged"
+    refused = await _status(
+        ws.WhoAmI(gateway_pb2.WhoAmIRequest(), metadata=bearer.metadata(forged))
+    )
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "forged" not in (refused.details() or "")
+
+
+async def test_any_token_lists_the_pools_and_run_takes_the_only_one(plane: Plane) -> None:
+    """ListPoolNames answers the reconcile schedules of this controlplane to a workspace token
+    too; the CLI's --pool default takes the only one, and names them all when there are more."""
+    from levers9.cli.pool_choice import chosen_pool
+    from levers9.config import ControlplaneSettings
+    from levers9.temporal import sync_reconcile_schedules
+
+    mine = bearer.metadata(await _token(plane, await _create(plane)))
+    ws = plane.first.workspaces
+    settings = ControlplaneSettings.model_validate(
+        {
+            "taskQueue": plane.task_queue,
+            "reconcileIntervalSeconds": 3600,  # no pass starts while the test runs
+            "gatewayAddress": plane.first.address,
+            "apiToken": mine[0][1].removeprefix("Bearer "),
+        }
+    )
+
+    async def listed() -> list[str]:
+        reply = await ws.ListPoolNames(gateway_pb2.ListPoolNamesRequest(), metadata=mine)
+        return list(reply.pool_names)
+
+    assert await listed() == []
+    with pytest.raises(typer.BadParameter, match="has no pool yet"):
+        await asyncio.to_thread(chosen_pool, settings, None)
+    suffix = uuid.uuid4().hex[:8]
+    only, other = f"only-{suffix}", f"other-{suffix}"
+    try:
+        await sync_reconcile_schedules(plane.client, [only], settings)
+        await eventually(lambda: _equal(listed(), [only]), within=30)
+        assert await asyncio.to_thread(chosen_pool, settings, None) == only
+        await sync_reconcile_schedules(plane.client, [only, other], settings)
+        await eventually(lambda: _equal(listed(), [only, other]), within=30)
+        with pytest.raises(typer.BadParameter) as refused:
+            await asyncio.to_thread(chosen_pool, settings, None)
+        assert f"give --pool NAME, one of this controlplane's pools: {only}, {other}" in str(
+            refused.value
+        )
+        assert await asyncio.to_thread(chosen_pool, settings, other) == other
+    finally:
+        await sync_reconcile_schedules(plane.client, [], settings)
+
+
+async def _equal(got: Any, wanted: list[str]) -> bool:
+    return bool(await got == wanted)
