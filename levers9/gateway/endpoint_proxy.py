@@ -79,6 +79,7 @@ from levers9.gateway.replica_streams import (
     ReplicaFailed,
     StaleStream,
 )
+from levers9.gateway.roles import Authority
 from levers9.gateway.task_service import TasksService
 from levers9.logs import get_logger
 from levers9.tokens import operator_token
@@ -124,6 +125,8 @@ class EndpointProxy:
     ) -> None:
         self._views = EndpointViews(book, gateway_id, clock=clock)
         self._tasks = tasks
+        self._authority: Authority | None = getattr(tasks, "authority", None)
+        """Who a workspace token is (the gateway's; None: the operator's token only)."""
         self._operator_token = SecretStr(
             operator_token(secret.get_secret_value(), operator_generation)
         )
@@ -287,8 +290,10 @@ class EndpointProxy:
             )
         if hmac.compare_digest(self._operator_token.get_secret_value(), token.strip()):
             return
+        if self._authority is None:
+            raise Refused(401, "the bearer token is not this controlplane's operator token")
         try:
-            identity = await self._tasks.authority.identify([("authorization", header)])
+            identity = await self._authority.identify([("authorization", header)])
         except Unauthenticated as refused:
             raise Refused(401, f"the bearer token is refused: {refused.message}") from None
         if not identity.sees(workspace):
