@@ -35,7 +35,7 @@ typecheck: $(STAMP)
 # Three processes on two cores: the suite mostly waits (timers, servers, polling), and a module
 # keeps its fixtures in one process (--dist loadscope).
 pytest: $(STAMP)
-	$(BIN)/pytest -n 3 --dist loadscope
+	$(BIN)/pytest -n 3 --dist loadscope --durations=30
 
 test: lint typecheck pytest
 
