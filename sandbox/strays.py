@@ -14,8 +14,8 @@ A stray is what no running agent looks after: an agent of a stack that is down, 
 runc root (a sandbox of a runsc root) whose agent is gone, the cgroup of a task of such a work
 dir, a task that ran as a process of such an agent (`processes/`), the slirp4netns of a task
 network of such a work dir (`networks/`), and any mount under the stack's state dir (overlays,
-FUSE volumes, writable layers) but those in a running agent's work dir, and the tasks' roots
-(overlays under /run/levers9/roots) whose layers are under it.
+FUSE volumes, writable layers, namespaces) but those in a running agent's work dir, and the
+tasks' roots (overlays under /run/levers9/roots) whose layers are under it.
 """
 
 from __future__ import annotations
@@ -126,6 +126,9 @@ def remove(state_dir: Path, strays: list[Stray], progress: Callable[[str], None]
             remove_cgroups(Path(stray.name).name.removeprefix("l9-"))
     for stray in sorted((s for s in strays if s.kind == "mount"), key=lambda s: -len(s.name)):
         _run(["umount", "-l", stray.name])
+        if Path(stray.name).parent == TASK_ROOTS:  # made for the mount: it goes with it
+            with contextlib.suppress(OSError):
+                Path(stray.name).rmdir()
     removed = {(s.kind, s.name) for s in strays}
     return [s for s in find(state_dir, stack_running=False) if (s.kind, s.name) in removed]
 

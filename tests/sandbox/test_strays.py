@@ -1,12 +1,14 @@
 """`sandbox.strays` over a dev stack's state dir: a task a killed agent ran as its process is a
 stray (with the stack down or up), removing it kills its process group; a running agent's work
 dir holds none while the stack runs, and the agent itself is one once the stack is down; a task
-network a killed agent left is one too (its slirp4netns killed, its namespace unmounted), and
-so is a gVisor sandbox of its runsc root (killed and deleted with runsc)."""
+network a killed agent left is one too (its slirp4netns killed, its namespace unmounted), so is
+a gVisor sandbox of its runsc root (killed and deleted with runsc), and so is a task's root
+mounted outside the work dir whose layers are in it (unmounted, its mount point removed)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from levers9.contract import AGENT_FILE, WORK_ROOT
+from levers9.worker.cgroups import TASK_ROOTS
 from levers9.worker.process_runtime import start_ticks
 from levers9.worker.task_network import TaskNetworks
 from sandbox import strays
@@ -109,3 +112,27 @@ def test_a_killed_agents_gvisor_sandbox_is_a_stray_and_removed(tmp_path: Path) -
         assert listed.stdout.split() == [], "the sandbox is gone"
     finally:
         subprocess.run([*runsc, "delete", "--force", "l9-t1"], capture_output=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting an overlay needs root")
+def test_a_killed_agents_task_root_is_a_stray_and_removed(tmp_path: Path) -> None:
+    """A task's root is mounted outside its work dir (TASK_ROOTS, levers9.worker.runc_runtime):
+    it is found by its layers, under the stack's state dir, and goes with its mount point."""
+    work = _work_dir(tmp_path, "w1")
+    layers = work / "tasks" / "t1" / "bundle"
+    for name in ("lower", "upper", "work"):
+        (layers / name).mkdir(parents=True)
+    point = TASK_ROOTS / f"test-{os.getpid()}-{tmp_path.name}"
+    point.mkdir(parents=True)
+    options = f"lowerdir={layers}/lower,upperdir={layers}/upper,workdir={layers}/work"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(point)], check=True)
+    try:
+        found = strays.find(tmp_path, stack_running=True)
+        assert [(s.kind, s.name) for s in found] == [("mount", str(point))]
+        assert strays.find(tmp_path / "nodes" / "node-b", stack_running=True) == [], "not theirs"
+        assert strays.remove(tmp_path, found, lambda _: None) == []
+        assert not point.exists(), "unmounted, and its mount point gone"
+    finally:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+        with contextlib.suppress(OSError):
+            point.rmdir()
