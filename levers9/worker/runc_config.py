@@ -244,7 +244,8 @@ def _in_user_namespace(
                 "type": "bind",
                 "source": d.host_path,
                 "destination": d.path,
-                "options": ["bind", "nosuid", "noexec"],
+                # As runc binds them itself: no noexec (a driver may map its device so).
+                "options": ["bind", "nosuid"],
             }
         )
     if not ids.shifted_root:
