@@ -2,8 +2,8 @@
 its tokens, through the gateway's Workspaces service with the operator token.
 
 `workspace token create` prints the token once: the controlplane keeps only the SHA-256 of its
-secret. Whoever holds it sets `LEVERS9_API_TOKEN` to it and runs, lists, reads and cancels the
-workspace's own tasks, and nothing else.
+secret. Whoever holds it keeps it as a profile (`levers9 login`) or sets `LEVERS9_TOKEN` to it,
+and runs, lists, reads and cancels the workspace's own tasks, and nothing else.
 """
 
 from __future__ import annotations
@@ -224,7 +224,8 @@ def token_create(
     )
     typer.echo(
         f"token {reply.record.token_id} of workspace {workspace} (expires: {expiry}): shown"
-        " once, keep it now; use it as LEVERS9_API_TOKEN",
+        f" once, keep it now: levers9 login --token - --profile {workspace} (reads it from"
+        " stdin), or LEVERS9_TOKEN in scripts",
         err=True,
     )
 

@@ -12,6 +12,7 @@ The tests of this module share one sandbox and one controlplane and run in order
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import subprocess
@@ -24,7 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.tokens import operator_token
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
-from tests.factories import run_levers9
+from tests.factories import LEVERS9, run_levers9
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -201,3 +202,20 @@ async def test_endpoint_create_without_pool_takes_the_only_pool(team: Team) -> N
     )  # fmt: skip
     assert f"on pool {POOL}" in _ok(done)
     _ok(await team.cli("--profile", "ops", "endpoint", "delete", "only-pool"))
+
+
+async def test_login_reads_the_token_from_stdin(team: Team) -> None:
+    """`--token -`: the token stays out of the shell's history and the process list."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(LEVERS9), "login", "--token", "-", "--profile", "piped"],
+        input=team.token + "\n",
+        env=team.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "as workspace team-a (token ci)" in _ok(done)
+    shown = json.loads(_ok(await team.cli("whoami", "-o", "json")))
+    assert (shown["profile"], shown["workspace"]) == ("piped", "team-a")
+    _ok(await team.cli("profile", "use", "team-a"))
