@@ -124,6 +124,12 @@ class Images(_Model):
     # Registry host -> the loopback `host:port` of a real registry standing in for it: images
     # on that host are pullable when that registry holds them (`present` is not consulted).
     mirrors: dict[str, str] = Field(default_factory=dict)
+    process_tasks: bool = False
+    """The agent's tests' knob, which no pool value can express: the kubelet adds
+    `LEVERS9_PROCESS_TASKS=true` to the containers it runs from `process` images, so a worker
+    agent there runs its tasks that name no image as processes of its own (outside any
+    container) instead of in the pool's default image. Only for tests whose point is the
+    controlplane (counting runs through host files, restarts, faults), never the product."""
 
     @field_validator("mirrors")
     @classmethod

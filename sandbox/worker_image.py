@@ -1,17 +1,21 @@
 """The worker image of the sandbox: a small but real OCI image, built here without a daemon.
 
 What the spec's cloud side does with the worker image is copy it, from the controlplane's ECR
-into the cluster project's Artifact Registry, and what GKE does is pull it. Both only need an
-image a registry accepts and serves; what is inside matters to no one in the sandbox (its
-kubelet runs the worker as a local process, the scenario's `images.process`). So the image is
-built in Python as an OCI image layout (the format `skopeo copy oci:<dir>:<tag>` reads): one
-gzip tar layer holding `/opt/levers9/VERSION`, an image config whose ENTRYPOINT is
-`levers9-worker` and whose `org.opencontainers.image.version` label is the package version, a
-manifest, and `index.json` naming it `latest`.
+into the cluster project's Artifact Registry, and what GKE does is pull it. The sandbox's kubelet
+runs the worker itself as a local process (the scenario's `images.process`), but a task that
+names no image on a pool without `taskDefaults.image` runs in a container of the worker's own
+image: so the dev stack builds it on the Python task image (`base`: sandbox/task_images.py's
+layout, mmdebstrap's Debian with python3, cached per machine), where `python3 -c`, `sh -c` and
+`sleep` run. Built in Python as an OCI image layout (the format `skopeo copy oci:<dir>:<tag>`
+reads): the base's layers (hard-linked), one gzip tar layer holding `/opt/levers9/VERSION`, an
+image config whose ENTRYPOINT is `levers9-worker` (which the agent never runs for a task: a
+task's command runs as given) and whose `org.opencontainers.image.version` label is the package
+version, a manifest, and `index.json` naming it `latest`. Without `base` (tests of the registries,
+where what is inside matters to no one) it is that one layer alone.
 
 The build is byte-for-byte reproducible (fixed timestamps and owners, gzip without a name or
-time), so one package version always has one digest: `levers9 dev up` pushes only when the
-registry's digest differs, and a rerun pushes nothing.
+time, the base's blobs as they are), so one package version on one base always has one digest:
+`levers9 dev up` pushes only when the registry's digest differs, and a rerun pushes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -77,30 +82,34 @@ def _blob(blobs: Path, data: bytes, media_type: str) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
 
-def build(directory: Path, version: str | None = None) -> WorkerImage:
-    """Writes the worker image's OCI layout to `directory` (replacing what is there)."""
+def build(directory: Path, version: str | None = None, base: Path | None = None) -> WorkerImage:
+    """Writes the worker image's OCI layout to `directory` (replacing what is there), on the
+    OCI layout `base` (its one image: sandbox.task_images.python_image's) when given."""
     version = version or package_version()
     shutil.rmtree(directory, ignore_errors=True)
     blobs = directory / "blobs" / "sha256"
     blobs.mkdir(parents=True)
+    layers, diff_ids, env = _base(base, blobs) if base is not None else ([], [], [])
     tar = _layer_tar(version)
-    layer = _blob(blobs, gzip.compress(tar, mtime=0), OCI_LAYER)
+    layers.append(_blob(blobs, gzip.compress(tar, mtime=0), OCI_LAYER))
+    diff_ids.append(f"sha256:{hashlib.sha256(tar).hexdigest()}")
     labels = {
         "org.opencontainers.image.title": "levers9-worker",
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.description": "the levers9 worker (sandbox build)",
     }
+    path = "PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     config = {
         "created": CREATED,
         "architecture": "amd64",
         "os": "linux",
         "config": {
             "Entrypoint": [ENTRYPOINT],
-            "Env": ["PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"],
+            "Env": [path, *(e for e in env if not e.startswith("PATH="))],
             "WorkingDir": "/",
             "Labels": labels,
         },
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(tar).hexdigest()}"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
         "history": [{"created": CREATED, "created_by": "sandbox.worker_image"}],
     }
     config_blob = _blob(blobs, _canonical(config), OCI_CONFIG)
@@ -108,7 +117,7 @@ def build(directory: Path, version: str | None = None) -> WorkerImage:
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": config_blob,
-        "layers": [layer],
+        "layers": layers,
         "annotations": {"org.opencontainers.image.version": version},
     }
     described = _blob(blobs, _canonical(manifest), OCI_MANIFEST)
@@ -118,6 +127,29 @@ def build(directory: Path, version: str | None = None) -> WorkerImage:
     (directory / "index.json").write_bytes(_canonical(index))
     (directory / "oci-layout").write_bytes(_canonical({"imageLayoutVersion": "1.0.0"}))
     return WorkerImage(directory, described["digest"], version)
+
+
+def _base(layout: Path, blobs: Path) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """The layers (descriptors), their diff ids and the Env of the one image in `layout`, its
+    layer blobs linked into `blobs`."""
+    source = layout / "blobs" / "sha256"
+    [described] = json.loads((layout / "index.json").read_text())["manifests"]
+    manifest = json.loads(_read_blob(source, described["digest"]))
+    config = json.loads(_read_blob(source, manifest["config"]["digest"]))
+    layers: list[dict[str, Any]] = []
+    for layer in manifest["layers"]:
+        name = layer["digest"].removeprefix("sha256:")
+        try:
+            os.link(source / name, blobs / name)
+        except OSError:  # another filesystem
+            shutil.copyfile(source / name, blobs / name)
+        layers.append({k: layer[k] for k in ("mediaType", "digest", "size")})
+    env = list(config.get("config", {}).get("Env") or [])
+    return layers, list(config["rootfs"]["diff_ids"]), env
+
+
+def _read_blob(blobs: Path, digest: str) -> bytes:
+    return (blobs / digest.removeprefix("sha256:")).read_bytes()
 
 
 def _canonical(document: dict[str, Any]) -> bytes:

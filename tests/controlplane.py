@@ -39,6 +39,7 @@ from levers9.records.listing import list_worker_records
 from levers9.rpc import tls
 from levers9.temporal import sync_reconcile_schedules
 from levers9.tokens import operator_token
+from sandbox import registries, task_images, worker_image
 from sandbox.scenario import Images, Scenario
 from sandbox.serve import RunningSandbox, start
 from tests.factories import free_port, run_levers9
@@ -49,12 +50,46 @@ POOL = devvalues.POOL_NAME
 TOKEN_SECRET = "test-token-secret-0123456789"
 
 
-def quick_scenario() -> Scenario:
+WORKER_IMAGE_HOST = "us-central1-docker.pkg.dev"
+"""The registry host of the pool's `workerImage` (the project's Artifact Registry)."""
+
+
+def push_worker_image(directory: Path, registry: str) -> None:
+    """The worker image the pool's Jobs name, built runnable (sandbox.worker_image on the Python
+    task image), pushed to `registry` standing in for the project's (`WORKER_IMAGE_HOST`)."""
+    base, _ = task_images.python_image()
+    image = worker_image.build(directory / "worker-image", base=base)
+    worker_image.push(image, registry, f"{devvalues.PROJECT}/{worker_image.REPOSITORY}")
+
+
+@contextmanager
+def worker_image_registry(directory: Path) -> Iterator[dict[str, Any]]:
+    """A real registry standing in for the project's, holding the worker image
+    (`push_worker_image`): there a task that names no image runs in a container of the worker's
+    own image, as on a real pool without `taskDefaults.image`. Yields the controlplane settings
+    that reach it (the pool's `registryMirrors` and `insecureRegistries`)."""
+    with registries.LocalRegistry(directory / "gar") as gar:
+        push_worker_image(directory, gar.address)
+        yield {
+            "registryMirrors": f"{WORKER_IMAGE_HOST}={gar.address}",
+            "insecureRegistries": gar.address,
+        }
+
+
+def quick_scenario(*, process_tasks: bool = False) -> Scenario:
     """The default scenario as attach leaves it (the egress IP on the authorized networks),
     with image pulls that take a moment, not seconds, and the pods of a deleted node collected
-    after 1 to 2 s, not GKE's 40 to 60 s."""
+    after 1 to 2 s, not GKE's 40 to 60 s. With `process_tasks`, the sandbox's knob that no pool
+    value can express (`images.processTasks`): the agents run tasks that name no image as
+    processes of their own, outside any container; only for modules whose point is the
+    controlplane, each saying why in its docstring."""
     base = Scenario.load()
-    images = Images(pull_seconds=0.2, present=base.images.present, process=base.images.process)
+    images = Images(
+        pull_seconds=0.2,
+        present=base.images.present,
+        process=base.images.process,
+        process_tasks=process_tasks,
+    )
     network = base.network.model_copy(
         update={"authorized_networks": (*base.network.authorized_networks, "127.0.0.1/32")}
     )
@@ -265,12 +300,36 @@ async def reconciling(
     scenario: Scenario | None = None,
     tunnel: bool = False,
     pool_settings: Mapping[str, object] | None = None,
+    *,
+    containers: bool = False,
     **settings: object,
 ) -> AsyncIterator[Controlplane]:
     """A controlplane on the sandbox with its Temporal worker, gateway and reconcile schedule
-    running, on a task queue of its own; everything stopped and ended afterwards."""
+    running, on a task queue of its own; everything stopped and ended afterwards. With
+    `containers`, the worker image in a registry of its own (`worker_image_registry`): tasks
+    that name no image run in containers of it, as a user's do on a real pool."""
     address = client.service_client.config.target_host
     task_queue = f"tq-{uuid.uuid4()}"
+    with contextlib.ExitStack() as stack:
+        if containers:
+            settings = {**stack.enter_context(worker_image_registry(directory)), **settings}
+        async with _reconciling(
+            client, directory, address, task_queue, scenario, tunnel, pool_settings, settings
+        ) as plane:
+            yield plane
+
+
+@asynccontextmanager
+async def _reconciling(
+    client: Client,
+    directory: Path,
+    address: str,
+    task_queue: str,
+    scenario: Scenario | None,
+    tunnel: bool,
+    pool_settings: Mapping[str, object] | None,
+    settings: Mapping[str, object],
+) -> AsyncIterator[Controlplane]:
     async with (
         controlplane(
             directory,

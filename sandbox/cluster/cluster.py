@@ -78,6 +78,7 @@ class Cluster:
             {ref: ProcessImage(p.entrypoint, p.cmd) for ref, p in scenario.images.process.items()},
             scenario.images.pull_seconds,
             scenario.images.mirrors,
+            process_tasks=scenario.images.process_tasks,
         )
         self._restored = nodes is not None
         self._specs: dict[str, NodeSpec] = {

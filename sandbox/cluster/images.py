@@ -97,6 +97,10 @@ class ProcessImage:
         return [*self.entrypoint, *(self.cmd if args is None else args)]
 
 
+PROCESS_TASKS_ENV = {"LEVERS9_PROCESS_TASKS": "true"}
+"""What the kubelet adds to a process container's environment under `images.processTasks`."""
+
+
 class ImageSet:
     """Which images can be pulled, how long a pull takes, which run as local processes."""
 
@@ -106,7 +110,10 @@ class ImageSet:
         process: Mapping[str, ProcessImage] | None = None,
         pull_seconds: float = 0.0,
         mirrors: Mapping[str, str] | None = None,
+        process_tasks: bool = False,
     ) -> None:
+        self.process_tasks = process_tasks
+        """The scenario's `images.processTasks`: process containers get `PROCESS_TASKS_ENV`."""
         self._present = {normalize(r) for r in present}
         self._process = {normalize(r): p for r, p in (process or {}).items()}
         self.pull_seconds = pull_seconds

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from levers9.logs import get_logger
 from sandbox import errors
 from sandbox.cluster import podenv, podstatus
+from sandbox.cluster.images import PROCESS_TASKS_ENV
 from sandbox.cluster.objects import Obj, is_terminal, meta, name_of, namespace_of, uid_of
 from sandbox.cluster.runtime import ContainerProcess, StartError
 from sandbox.options import DeleteOptions
@@ -309,6 +310,8 @@ class PodWorker:
                 self._waiting(status, "CreateContainerConfigError", str(error))
             else:
                 env.update(kubelet.device_env(self.uid, container["name"]))
+                if kubelet.images.process_tasks:
+                    env.update(PROCESS_TASKS_ENV)
                 scratch = kubelet.pod_dir(self.uid) / "containers" / container["name"]
                 scratch.mkdir(parents=True, exist_ok=True)
                 env.setdefault("HOME", str(scratch))

@@ -11,6 +11,11 @@ grant. Last, `cluster leave` without `--apply` removes the pool and prints the d
 everything in the cluster; a second join applied over it rolls the agent, whose new token
 works while the old one is refused; `cluster leave --apply` deletes what join installed. The
 tests of this module share one sandbox and one controlplane and run in order.
+
+Its tasks run as processes of the agent (`quick_scenario(process_tasks=True)`, the sandbox's knob
+no pool value can express): they only prove that the joined cluster's route works (the GPU check,
+an `echo` after each restart), and a joined pool names no registry mirror that could serve the
+worker image here; tests/integration/test_tasks_sandbox.py runs a user's tasks in containers.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ class Plane:
 def _unattached() -> Scenario:
     """The default scenario as `dev up` leaves it: the controlplane's egress IP is not on the
     cluster's authorized networks (nothing of the controlplane may dial the API)."""
-    base = quick_scenario()
+    base = quick_scenario(process_tasks=True)
     networks = Scenario.load().network.authorized_networks  # the admin's, not the egress
     network = base.network.model_copy(update={"authorized_networks": networks})
     return base.model_copy(update={"network": network})

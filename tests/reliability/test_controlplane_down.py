@@ -12,6 +12,11 @@ own process.
   and `endpoint get` show the endpoints as created: each with the notice and 69;
 - once the controlplane is back, what was told meanwhile happens: the task `run` left queued
   runs, the cancelled one ends cancelled.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is the controlplane going down and coming back, tasks queued and run
+meanwhile, not the container a task runs in (tests/integration/test_tasks_sandbox.py runs tasks as
+a user does, in containers).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ async def _state(w: World, task_id: str) -> str:
 
 @pytest.fixture(scope="module")
 async def down(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Down]:
-    async with world(tmp_path_factory.mktemp("down")) as w:
+    async with world(tmp_path_factory.mktemp("down"), process_tasks=True) as w:
         await settled(w)
         ran = await _cli(
             w, "run", "--pool", POOL, "--wait", "60", "--", "echo", "hello from the task", wait=60

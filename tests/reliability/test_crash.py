@@ -14,6 +14,11 @@ says so. What it cannot fix is the order in which concurrent events write those 
 
 Ten seeds share one world (dev server, sandbox, controlplane process), so each starts from what
 the previous ones left: nodes added and removed, workers winding up, tasks in flight.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is the controlplane under crash faults, each task's runs counted in a
+host file (w.task_command), not the container a task runs in
+(tests/integration/test_tasks_sandbox.py runs tasks as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ QUIET_S = 15.0
 
 @pytest.fixture(scope="module")
 async def crashy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    async with world(tmp_path_factory.mktemp("crash")) as started:
+    async with world(tmp_path_factory.mktemp("crash"), process_tasks=True) as started:
         await settled(started)
         yield started
 

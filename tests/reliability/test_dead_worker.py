@@ -13,6 +13,11 @@ minutes), so that nothing here is the TTL's doing (each bound is a minute at mos
 
 A blocker task holds the other two-card worker throughout, so that a two-card task can only go
 to the node under test (the one-card node cannot hold it).
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is a worker's death and its tasks' fates, each run counted in a host
+file (w.task_command), not the container a task runs in (tests/integration/test_tasks_sandbox.py
+runs tasks as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ CARDS = 2
 
 @pytest.fixture(scope="module")
 async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    async with world(tmp_path_factory.mktemp("dead-worker")) as started:
+    async with world(tmp_path_factory.mktemp("dead-worker"), process_tasks=True) as started:
         await settled(started)
         yield started
 

@@ -8,6 +8,11 @@ polling Temporal worker could answer).
 Then: `cluster join` under the name of a pool of the values is refused, naming it, and records
 nothing; a join recorded under such a name before that refusal existed is left without taking
 the values' pool (its schedule, workers and namespace stay, no removal starts).
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is records that survive a restart (restart_state.py counts runs in
+host files), not the container a task runs in (tests/integration/test_tasks_sandbox.py runs tasks
+as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    async with world(tmp_path_factory.mktemp("restart-records")) as started:
+    async with world(tmp_path_factory.mktemp("restart-records"), process_tasks=True) as started:
         await settled(started)
         yield started
 

@@ -4,6 +4,11 @@ cluster with a task running on it, running and queued tasks, an endpoint with a 
 pool; tests/reliability/restart_state.py), then both started again, as a rollout or a region
 failover does. Neither can lean on the other while starting: each comes up, and each kind of
 state comes back and keeps working, nothing run twice.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is records that survive a restart of both replicas (restart_state.py
+counts runs in host files), not the container a task runs in
+(tests/integration/test_tasks_sandbox.py runs tasks as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    async with world(tmp_path_factory.mktemp("restart-replicas"), replicas=2) as started:
+    async with world(
+        tmp_path_factory.mktemp("restart-replicas"), replicas=2, process_tasks=True
+    ) as started:
         await settled(started)
         yield started
 

@@ -11,6 +11,11 @@
 - The Temporal dev server is killed and restarted on the same sqlite file mid-flow: the task in
   flight completes once, the workflows resume and the reconcile schedule keeps firing.
 - Tunnel mode: after a gateway restart every worker opens its tunnel again and registers again.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is restarts of the controlplane, the gateway and Temporal, a task's
+runs counted in a host file (w.task_command), not the container a task runs in
+(tests/integration/test_tasks_sandbox.py runs tasks as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ TTL_MINUTES = "0.75"  # 45 s: a silent worker expires in the test, a restart und
 @pytest.fixture(scope="module")
 async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     async with world(
-        tmp_path_factory.mktemp("restarts"), LEVERS9_WORKER_RECORD_TTL_MINUTES=TTL_MINUTES
+        tmp_path_factory.mktemp("restarts"),
+        LEVERS9_WORKER_RECORD_TTL_MINUTES=TTL_MINUTES,
+        process_tasks=True,
     ) as started:
         await settled(started)
         yield started
@@ -229,7 +236,9 @@ async def _registrations(w: World, workers: dict[str, str]) -> Counter[str]:
 async def test_tunnel_workers_open_their_tunnels_again_after_a_gateway_restart(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    async with world(tmp_path_factory.mktemp("tunnel-restart"), tunnel=True) as w:
+    async with world(
+        tmp_path_factory.mktemp("tunnel-restart"), tunnel=True, process_tasks=True
+    ) as w:
         await settled(w)
         before = await _workers(w)
         registrations = await _registrations(w, before)

@@ -9,6 +9,11 @@ with whichever replica its connection reached).
 - kill -9 of the replica holding a busy worker's tunnel: the worker reconnects through the
   balancer to the other, the other carries every workflow (the task running there ends
   `succeeded`, having run once; tasks queued behind it run once each), and new tasks run.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is two replicas and the kill of one, each task's runs counted in a
+host file (w.task_command), not the container a task runs in
+(tests/integration/test_tasks_sandbox.py runs tasks as a user does, in containers).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
-    async with world(tmp_path_factory.mktemp("replicas"), tunnel=True, replicas=2) as started:
+    async with world(
+        tmp_path_factory.mktemp("replicas"), tunnel=True, replicas=2, process_tasks=True
+    ) as started:
         await settled(started)
         yield started
 

@@ -10,6 +10,11 @@ whichever replica its connection reached, and the other reaches the cluster's AP
 - kill -9 of the holder: the agent redials through the balancer to the other replica, whose
   route is then the latest; reconcile passes go on, the workers come back, a task succeeds; the
   killed replica started again reaches the cluster through the new holder.
+
+Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
+value can express): its point is two replicas holding a joined cluster's route, a task run to prove
+the route, not the container a task runs in (tests/integration/test_tasks_sandbox.py runs tasks as
+a user does, in containers).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ SERVING = "serving a relayed connection to the cluster's API"
 @pytest.fixture(scope="module")
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     directory = tmp_path_factory.mktemp("replicas-join")
-    async with world(directory, replicas=2, pools=False) as started:
+    async with world(directory, replicas=2, pools=False, process_tasks=True) as started:
         await _join(started)
         yield started
 

@@ -227,13 +227,22 @@ class World:
 
 @asynccontextmanager
 async def world(
-    directory: Path, *, tunnel: bool = False, replicas: int = 1, pools: bool = True, **settings: str
+    directory: Path,
+    *,
+    tunnel: bool = False,
+    replicas: int = 1,
+    pools: bool = True,
+    process_tasks: bool = False,
+    **settings: str,
 ) -> AsyncIterator[World]:
     """The dev server and worker_main started (and stopped afterwards), on a sandbox; with
-    `replicas=2`, two of them behind a Balancer; with `pools=False`, values without a pool."""
+    `replicas=2`, two of them behind a Balancer; with `pools=False`, values without a pool; with
+    `process_tasks`, the sandbox's knob (tests.controlplane.quick_scenario): tasks that name no
+    image run as processes of the agent, so `task_command` can count runs in a host file."""
     await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     key_file = directory / "gke-sa.json"
-    running = await start(quick_scenario(), directory / "sandbox", controlplane_key=key_file)
+    scenario = quick_scenario(process_tasks=process_tasks)
+    running = await start(scenario, directory / "sandbox", controlplane_key=key_file)
     values = devvalues.write(
         directory,
         ca_base64=base64.b64encode(running.sandbox.ca.ca_pem).decode(),

@@ -3,7 +3,12 @@ scenario's 2-GPU node, runs `levers9-worker` as the sandbox kubelet runs it (a l
 with the node's paths mapped), finds its cards `nvidia0`/`nvidia1` in the kubelet's
 checkpoint, logs the spec's two start lines, registers with a gateway on 127.0.0.1 at the
 node's external IP, serves TLS with the certificate its Secret carries (plaintext refused), and
-runs a task on the cards it was given."""
+runs a task on the cards it was given.
+
+Its task runs as a process of the agent (the scenario's `images.processTasks`, the sandbox's knob
+no pool value can express): the point is the agent as the kubelet runs it, its cards and its
+gateway, not the container a task runs in (tests/worker/test_worker_image_tasks.py,
+tests/integration/test_tasks_sandbox.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +43,11 @@ SPEC_LINES = (
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with Cluster(Registry(), fast_scenario(), tmp_path / "sandbox") as started:
+    scenario = fast_scenario()
+    # The sandbox's knob (images.processTasks): the task below runs as a process of the agent.
+    images = scenario.images.model_copy(update={"process_tasks": True})
+    scenario = scenario.model_copy(update={"images": images})
+    async with Cluster(Registry(), scenario, tmp_path / "sandbox") as started:
         yield started
 
 
