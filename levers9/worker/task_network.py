@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.logs import get_logger
+from levers9.worker.id_ranges import NamespaceError, make_namespaces
 from levers9.worker.process_runtime import start_ticks
 from levers9.worker.runtime import StartError
 
@@ -178,6 +179,12 @@ class TaskNetwork:
     """The namespace's nsfs bind mount: the container joins it by this path."""
     resolv_conf: Path
 
+    @property
+    def userns(self) -> Path:
+        """The task's user namespace, which owns the network namespace when `create` was given
+        the task's ids (levers9.worker.id_ranges.make_namespaces): the container joins both."""
+        return self.netns.with_name("userns")
+
 
 class TaskNetworks:
     """The task networks of this agent (see the module's docstring)."""
@@ -213,8 +220,10 @@ class TaskNetworks:
         folder = self.folder(task_id)
         return TaskNetwork(task_id, folder / "netns", folder / "resolv.conf")
 
-    async def create(self, task_id: str) -> TaskNetwork:
-        """The task's namespace, its rules, slirp4netns running for it. NetworkError."""
+    async def create(self, task_id: str, user_ids: tuple[int, int] | None = None) -> TaskNetwork:
+        """The task's namespace, its rules, slirp4netns running for it. NetworkError.
+        `user_ids` (the node's first id and how many): the namespace is made in a user
+        namespace of those ids (`TaskNetwork.userns`), for a container of that range."""
         self.remove(task_id)  # what a task of the same id left (a retried start)
         network = self.network(task_id)
         folder = network.netns.parent
@@ -223,7 +232,13 @@ class TaskNetworks:
         network.resolv_conf.write_text(resolv_conf(self._host_resolv))
         network.netns.touch()
         try:
-            await _run("unshare", f"--net={network.netns}", "true")
+            if user_ids is None:
+                await _run("unshare", f"--net={network.netns}", "true")
+            else:
+                try:
+                    await make_namespaces(network.userns, network.netns, *user_ids)
+                except NamespaceError as error:
+                    raise NetworkError(f"the task's network: {error}") from None
             rules = ruleset(self._allow, node_addresses() | self._node)
             await _run("nsenter", f"--net={network.netns}", self._nft, "-f", "-", stdin=rules)
             await self._slirp(network)
@@ -378,14 +393,16 @@ def _remove(folder: Path) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    netns = folder / "netns"
     libc = ctypes.CDLL(None, use_errno=True)
-    while _is_mounted_namespace(netns):
-        if libc.umount2(str(netns).encode(), MNT_DETACH) != 0:
-            code = ctypes.get_errno()
-            if code != errno.EINVAL:
-                log.error("task network left mounted", netns=str(netns), error=os.strerror(code))
-            break
+    for netns in (folder / "netns", folder / "userns"):
+        while _is_mounted_namespace(netns):
+            if libc.umount2(str(netns).encode(), MNT_DETACH) != 0:
+                code = ctypes.get_errno()
+                if code != errno.EINVAL:
+                    log.error(
+                        "task network left mounted", netns=str(netns), error=os.strerror(code)
+                    )
+                break
     shutil.rmtree(folder, ignore_errors=True)
 
 
