@@ -17,8 +17,8 @@ from typing import Annotated
 import typer
 
 from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, who_am_i
-from levers9.cli.output import Output, console, fail, render
-from levers9.cli.runtime import identity_from_env
+from levers9.cli.output import Output, console, errors, fail, render
+from levers9.cli.runtime import cli_state, identity_from_env
 from levers9.config import ControlplaneSettings
 from levers9.profiles import (
     DEFAULT_PROFILE,
@@ -44,6 +44,29 @@ COLUMNS = [
     ("controlplane", "CONTROLPLANE"),
     ("token", "TOKEN"),
 ]
+
+
+SHADOWING = (
+    "LEVERS9_TOKEN",
+    "LEVERS9_API_TOKEN",
+    "LEVERS9_API_TOKEN_FILE",
+    "LEVERS9_GATEWAY_ADDRESS",
+)
+
+
+def _warn_shadowed(name: str) -> None:
+    """Says which variables of this shell beat profile `name` (a sourced dev env file's, say)."""
+    state = cli_state()
+    shadowing = [key for key in SHADOWING if state.from_shell(key)]
+    if shadowing:
+        one = len(shadowing) == 1
+        errors.print(
+            f"note: {', '.join(shadowing)} set in this shell beat{'s' if one else ''} profile"
+            f" {name}: unset {'it' if one else 'them'} to run as it (levers9 whoami says what a"
+            " command runs as)",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _profiles() -> Profiles:
@@ -157,6 +180,7 @@ def login(
         f" profile {profile} written to {path} and now current",
         highlight=False,
     )
+    _warn_shadowed(profile)
 
 
 def whoami(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
@@ -237,3 +261,4 @@ def use(name: str) -> None:
         raise typer.Exit(1)
     write_profiles(config_path(), profiles.using(name))
     console.print(f"profile {name} is current", highlight=False)
+    _warn_shadowed(name)

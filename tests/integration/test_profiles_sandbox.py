@@ -176,6 +176,10 @@ async def test_levers9_token_overrides_the_profile_for_one_command(team: Team) -
             variable,
         )
     assert json.loads(_ok(await team.cli("whoami", "-o", "json")))["workspace"] == "team-a"
+    noted = await team.cli("profile", "use", "team-a", LEVERS9_API_TOKEN=operator)
+    _ok(noted)
+    assert "note: LEVERS9_API_TOKEN set in this shell beats profile team-a" in noted.stderr
+    assert operator not in noted.stdout + noted.stderr
 
 
 async def test_a_profile_file_others_may_read_is_refused_naming_the_fix(team: Team) -> None:
