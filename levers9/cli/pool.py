@@ -12,6 +12,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from levers9.cli.gateway_api import GatewayRefused
 from levers9.cli.output import Output, console, fail, render
+from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import duration, settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
@@ -78,8 +79,10 @@ async def _pools(settings: ControlplaneSettings) -> tuple[list[Any], set[str]]:
 
 @app.command()
 def check(
-    pool: Annotated[str, typer.Option("--pool")],
     gpu: Annotated[str, typer.Option("--gpu", help="the GPU type the pool should have")],
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="default: the only pool, if there is one")
+    ] = None,
     timeout: Annotated[str, typer.Option("--timeout", help="e.g. 15m, 90s")] = "15m",
 ) -> None:
     """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
@@ -87,6 +90,7 @@ def check(
     fails it, unless the pool's values say `simulatedGpus: true` (the sandbox)."""
     wait_s = duration(timeout, "--timeout")
     settings = settings_from_env()
+    pool = chosen_pool(settings, pool)
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
     console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
     try:

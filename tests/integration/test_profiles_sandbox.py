@@ -5,7 +5,7 @@ token with the controlplane's gateway and writes a 0600 profile, made current; a
 gateway refuses writes nothing. `whoami` names the workspace (or the operator), the
 controlplane and the token's label; `profile use` and `--profile` switch; `LEVERS9_TOKEN` (and
 LEVERS9_API_TOKEN) beat the profile for one command; no output ever holds a token's secret.
-`levers9 run` without `--pool` submits to the only pool.
+`levers9 run`, `endpoint create` and `pool check` without `--pool` take the only pool.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -206,6 +206,12 @@ async def test_endpoint_create_without_pool_takes_the_only_pool(team: Team) -> N
     )  # fmt: skip
     assert f"on pool {POOL}" in _ok(done)
     _ok(await team.cli("--profile", "ops", "endpoint", "delete", "only-pool"))
+
+
+async def test_pool_check_without_pool_checks_the_only_pool(team: Team) -> None:
+    """Only which pool it names is pinned here: the check's result is test_tasks_sandbox's."""
+    done = await team.cli("--profile", "ops", "pool", "check", "--gpu", "RTXPro6000")
+    assert done.stdout.startswith(f"GPU check on pool {POOL} (RTXPro6000)"), done.stderr
 
 
 async def test_login_reads_the_token_from_stdin(team: Team) -> None:
