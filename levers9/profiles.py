@@ -125,6 +125,12 @@ def read_profiles(path: Path) -> Profiles:
         return Profiles()
     if not isinstance(document, dict):
         raise ProfileError(f"{path}: not a map of current and profiles: {redo}")
+    named = document.get("profiles")
+    names = [*(named if isinstance(named, dict) else {}), document.get("current")]
+    for name in names:
+        problem = name_problem(name) if isinstance(name, str) else None
+        if problem is not None:
+            raise ProfileError(f"{path}: {problem}: {redo}")
     try:
         profiles = Profiles.model_validate(document)
     except ValidationError as exc:
