@@ -108,7 +108,10 @@ def test_a_file_others_may_read_is_refused_naming_the_chmod(home: Path, mode: in
             f"profiles:\n  team-a:\n    controlplane: h:1\n    token: {TOKEN}\n    colour: red\n",
             "profiles.team-a.colour: Extra inputs are not permitted",
         ),
-        (f"profiles:\n  Team_A:\n    controlplane: h:1\n    token: {TOKEN}\n", "Team_A"),
+        (
+            f"profiles:\n  Team_A:\n    controlplane: h:1\n    token: {TOKEN}\n",
+            "'Team_A' is not a profile name",
+        ),
         (
             f"current: team-b\nprofiles:\n  team-a:\n    controlplane: h:1\n    token: {TOKEN}\n",
             "current names profile team-b, which the file does not hold",
