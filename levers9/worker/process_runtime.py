@@ -51,6 +51,7 @@ class ProcessContainer:
     oom_killed = False
     limit_hit = ""
     lost = ""
+    netns: Path | None = None
 
     def __init__(
         self,

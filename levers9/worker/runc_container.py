@@ -114,6 +114,8 @@ class RuncContainer:
         self.oom_killed = False
         self.limit_hit = ""
         self.lost = ""
+        self.netns: Path | None = None
+        """Its network namespace (levers9.worker.task_network), set by its runtime."""
         self._runtime = runtime
         self._record = record
         self._shim = shim

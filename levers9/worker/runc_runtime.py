@@ -7,7 +7,8 @@ writable layer of the task's own above, on a filesystem of its own of `Limits.di
 a `config.json` made from the image by `umoci raw runtime-config`, then narrowed for the task
 (levers9.worker.runc_config: namespaces, its user namespace and seccomp profile, limits, its
 cards' devices, the driver, its env). The task's range is claimed from the node's slots
-(levers9.worker.id_ranges) and held by its shim. A task's end names the limit it ran into
+(levers9.worker.id_ranges) and held by its shim; its user namespace is made with its network
+namespace in it (levers9.worker.task_network). A task's end names the limit it ran into
 (`_limit_hit`: pids, disk; the memory limit is the container's `oom_killed`).
 
 Each container runs under a shim of its own session, with a record beside the runc root
@@ -56,6 +57,7 @@ from levers9.worker.runtime import (
     exec_stdio,
 )
 from levers9.worker.seccomp import DEFAULT_PROFILE, load_profile
+from levers9.worker.task_network import TaskNetworks
 
 log = get_logger("levers9.worker")
 
@@ -94,6 +96,7 @@ class RuncRuntime:
         umoci: str = "umoci",
         seccomp_profile: Path | None = None,
         id_ranges: IdRanges | None = None,
+        networks: TaskNetworks | None = None,
     ) -> None:
         """`cards`: the worker's (default: every `/dev/nvidiaN` of the node). Generates their
         CDI spec (levers9.worker.cdi) and writes it beside `state_dir`; raises cdi.CdiError
@@ -101,9 +104,12 @@ class RuncRuntime:
         `seccomp_profile`: the tasks' (default: levers9.worker.seccomp's; SeccompProfileError
         when it is not a profile). `id_ranges`: the node's user-namespace ranges (default:
         under `userns/` beside `state_dir`; the agent passes the image cache's, which every
-        agent of the node shares)."""
+        agent of the node shares).
+        `networks`: the tasks' own networks (default: under `networks/` beside `state_dir`,
+        no CIDR allowed beyond the public internet)."""
         self._images = images
         self._state = state_dir
+        self._networks = networks or TaskNetworks(state_dir.parent / "networks")
         self._limits = limits
         self._runc, self._umoci = runc, umoci
         self._seccomp = load_profile(seccomp_profile or DEFAULT_PROFILE)
@@ -172,6 +178,10 @@ class RuncRuntime:
             memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
             cpus=spec.cpu_millis / 1000 if spec.cpu_millis else self._limits.cpus,
         )
+        network = await self._networks.create(
+            spec.task_id, (ids.host_id, ids.size) if ids is not None else None
+        )
+        release.callback(self._networks.remove, spec.task_id)
         config = container_config(
             base,
             spec,
@@ -179,7 +189,13 @@ class RuncRuntime:
             edits.device_nodes,
             mounts=edits.mounts,
             limits=limits,
-            user_namespace=user_namespace,
+            resolv_conf=network.resolv_conf,
+            network=network.netns,
+            user_namespace=(
+                dataclasses.replace(user_namespace, path=network.userns)
+                if user_namespace is not None
+                else None
+            ),
             seccomp=self._seccomp if self.SECCOMP else None,
         )
         release.callback(_unmount_bundle, bundle)
@@ -224,6 +240,7 @@ class RuncRuntime:
         )
         self._keep(record)
         container = RuncContainer(self, record, image, shim, output, 0, release)
+        container.netns = network.netns
         await self._running(container)
         log.info(
             "container started",
@@ -321,7 +338,10 @@ class RuncRuntime:
         release = contextlib.ExitStack()
         release.enter_context(self._images.in_use(record.image_digest))
         release.callback(_unmount_bundle, record.bundle)
+        network = await self._networks.adopt(task_id)
+        release.callback(self._networks.remove, task_id)
         container = RuncContainer(self, record, image, None, output, offset, release)
+        container.netns = network.netns if network is not None else None
         log.info(
             "container adopted",
             task_id=task_id,
@@ -350,6 +370,8 @@ class RuncRuntime:
             self._forget(name)
             log.warning("container swept", task_id=task_id, bundle=str(bundle or ""))
             swept.append(task_id)
+        # Networks of tasks none of whose containers runs (an agent killed mid-start).
+        self._networks.sweep(keep)
         return swept
 
     async def _list(self) -> dict[str, Path | None]:

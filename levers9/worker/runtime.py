@@ -94,6 +94,12 @@ class Container(Protocol):
         """Once it has exited: why its exit status is not known ("" when it is)."""
         ...
 
+    @property
+    def netns(self) -> Path | None:
+        """The network namespace of its own where its published ports are (the agent dials
+        them there: levers9.worker.task_network); None: it shares the agent's network."""
+        ...
+
     async def wait(self) -> int:
         """Its exit code once it has exited (128 + signal when killed)."""
         ...

@@ -45,6 +45,7 @@ from levers9.worker.runsc_runtime import RunscRuntime
 from levers9.worker.runtime import ByImage, ByRuntime, Container, ContainerSpec, Runtime, StartError
 from levers9.worker.seccomp import SeccompProfileError, load_profile
 from levers9.worker.settings import PREFIX, SettingsError, WorkerSettings
+from levers9.worker.task_network import TaskNetworks
 
 log = get_logger("levers9.worker")
 
@@ -150,8 +151,9 @@ def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
     cache, unavailable = context.images
     if cache is None:
         return None, unavailable
-    if shutil.which("runc") is None:
-        return None, "runc is not installed in the worker image"
+    for tool in ("runc", "slirp4netns", "nft"):
+        if shutil.which(tool) is None:
+            return None, f"{tool} is not installed in the worker image"
     runtime = RuncRuntime(
         cache,
         context.work_dir / "runc",
@@ -161,6 +163,7 @@ def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
         seccomp_profile=_seccomp_profile(context),
         # The node's: every agent of the node takes its tasks' id ranges from the same slots.
         id_ranges=IdRanges(cache.root / "userns"),
+        networks=_networks(context),
     )
     log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(context.cards))
     return runtime, ""
@@ -182,6 +185,16 @@ def _seccomp_profile(context: RuntimeContext) -> Path | None:
         ) from None
     log.info("task seccomp profile", path=settings.task_seccomp_profile)
     return path
+
+
+def _networks(context: RuntimeContext) -> TaskNetworks:
+    """The tasks' own networks: what the pool allows them (`taskNetwork.allow`), the node's
+    addresses refused (its IP too when the agent is on the pod network). SettingsError."""
+    settings = context.settings
+    allowed = settings.task_network_allowed()
+    node = (settings.host_ip, settings.advertised_host)
+    log.info("task networks", allow=[str(n) for n in allowed], node=[a for a in node if a])
+    return TaskNetworks(context.work_dir / "networks", allow=allowed, node=node)
 
 
 def runsc(context: RuntimeContext) -> Runtime:

@@ -14,6 +14,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPUS` | cards the Job asked for; `0` needs no checkpoint (optional) |
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
+| `LEVERS9_TASK_NETWORK_ALLOW` | the pool's `taskNetwork.allow` (CIDRs, comma-separated) |
 | `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default), `runsc`, `process` (see `runtimes`) |
 | `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
 | `LEVERS9_TASK_SECCOMP_PROFILE` | the pool's `taskSeccompProfile`: a node path; else the default |
@@ -49,6 +50,8 @@ from levers9.rpc import tls, worker_tls
 from levers9.worker.images import DEFAULT_MAX_BYTES
 from levers9.worker.paths import HostPaths
 from levers9.worker.runtime import TaskDefaults
+from levers9.worker.task_network import Network as IPNetwork
+from levers9.worker.task_network import parse_allow
 
 PREFIX = "LEVERS9_"
 
@@ -97,6 +100,9 @@ class WorkerSettings(BaseModel):
     task_seccomp_profile: str = ""
     """The pool's `taskSeccompProfile`: the node path of the seccomp profile its runc tasks run
     under ("": levers9.worker.seccomp's default)."""
+    task_network_allow: str = ""
+    """The pool's `taskNetwork.allow`, comma-separated: CIDRs its tasks may reach though private
+    or link-local (`task_network.parse_allow`)."""
     default_image: str = ""
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
     default_memory_bytes: int = Field(default=0, ge=0)
@@ -111,6 +117,13 @@ class WorkerSettings(BaseModel):
         """The runtimes a task of this pool may name, `runtime` first."""
         named = [n for n in (n.strip() for n in self.runtimes.split(",")) if n]
         return tuple(dict.fromkeys([self.runtime, *named]))
+
+    def task_network_allowed(self) -> tuple[IPNetwork, ...]:
+        """The CIDRs of `LEVERS9_TASK_NETWORK_ALLOW`; SettingsError naming it when one is not."""
+        try:
+            return parse_allow(self.task_network_allow, f"{PREFIX}TASK_NETWORK_ALLOW")
+        except ValueError as error:
+            raise SettingsError(str(error)) from None
 
     def task_defaults(self) -> TaskDefaults:
         return TaskDefaults(self.default_image, self.default_memory_bytes, self.default_cpu_millis)

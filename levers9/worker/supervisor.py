@@ -259,7 +259,8 @@ class TaskManager:
         return None
 
     def _claim_ports(self, record: TaskRecord) -> tuple[str, str] | None:
-        """(reason, detail) when another running task published one of its ports."""
+        """(reason, detail) when another running task published one of its ports on the
+        network they share (a task in a namespace of its own claims nothing)."""
         return task_ports.port_conflict(record, self._records.values())
 
     async def _starting(self, record: TaskRecord) -> None:
@@ -276,7 +277,7 @@ class TaskManager:
             task_id=spec.task_id,
             image=spec.image,
             command=tuple(spec.command),
-            env=task_ports.task_env(spec, self._task_host),
+            env=task_ports.task_env(spec, task_ports.reached_at(record, self._task_host)),
             gpu_indices=record.cards,
             result_path=record.result_path,
             work_dir=record.directory / "work",

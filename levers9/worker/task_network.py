@@ -43,8 +43,8 @@ import os
 import shutil
 import signal
 import socket
+import threading
 from collections.abc import Collection, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,9 @@ TASK_LOOPBACK = "127.0.0.1"
 READY_WITHIN_S = 10.0
 CLONE_NEWNET = 0x40000000
 MNT_DETACH = 2
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+"""libc's setns and umount2, which Python 3.11's os lacks."""
 
 LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
 PRIVATE = (
@@ -203,13 +206,13 @@ class TaskNetworks:
         when the agent runs on the pod network)."""
         self._state = state_dir
         self._allow = tuple(allow)
-        self._node = {ipaddress.ip_address(a) for a in node if a}
+        self._node: set[Address] = set()
+        for address in node:
+            with contextlib.suppress(ValueError):  # a name, not an address: nothing to refuse
+                self._node.add(ipaddress.ip_address(address))
         self._slirp4netns, self._nft = slirp4netns, nft
         self._host_resolv = host_resolv_conf
         self._slirps: dict[str, asyncio.subprocess.Process] = {}
-        # One thread enters namespaces: a thread's namespace is its own, and this one does
-        # nothing else (see _socket_in).
-        self._dialer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="levers9-netns")
         state_dir.mkdir(parents=True, exist_ok=True)
 
     def folder(self, task_id: str) -> Path:
@@ -255,7 +258,10 @@ class TaskNetworks:
             return None
         if _slirp_alive(network.netns.parent) is None:
             log.warning("task network restarted", task_id=task_id, why="slirp4netns had gone")
-            await self._slirp(network)
+            try:
+                await self._slirp(network)
+            except NetworkError as error:  # its ports are still the agent's to dial
+                log.error("task network without its way out", task_id=task_id, error=str(error))
         return network
 
     def remove(self, task_id: str) -> None:
@@ -286,26 +292,19 @@ class TaskNetworks:
             swept.append(task_id)
         return swept
 
-    async def open_connection(
-        self, network: Path, port: int, host: str = TASK_LOOPBACK
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A TCP connection to `host:port` inside the namespace at `network`. OSError."""
-        loop = asyncio.get_running_loop()
-        sock = await loop.run_in_executor(self._dialer, _socket_in, network)
-        try:
-            sock.setblocking(False)
-            await loop.sock_connect(sock, (host, port))
-        except BaseException:
-            sock.close()
-            raise
-        return await asyncio.open_connection(sock=sock)
-
     async def _slirp(self, network: TaskNetwork) -> None:
         folder = network.netns.parent
         ready_read, ready_write = os.pipe()
         try:
             with (folder / "slirp4netns.log").open("ab") as errors:
                 process = await asyncio.create_subprocess_exec(
+                    # A private mount namespace of its own: slirp's sandbox detaches the root
+                    # it leaves, which on a shared mount (/run/netns, say) would unmount the
+                    # node's own namespaces' bind mounts too. unshare execs it (same pid).
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
                     self._slirp4netns,
                     "--configure",
                     f"--mtu={MTU}",
@@ -325,7 +324,7 @@ class TaskNetworks:
                 )
         except FileNotFoundError:
             os.close(ready_read)
-            raise NetworkError(f"{self._slirp4netns} is not installed on this worker") from None
+            raise NetworkError("unshare (util-linux) is not installed on this worker") from None
         finally:
             os.close(ready_write)
         self._slirps[network.task_id] = process
@@ -348,20 +347,56 @@ class TaskNetworks:
             )
 
 
+async def open_connection(
+    network: Path, port: int, host: str = TASK_LOOPBACK
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection to `host:port` inside the namespace at `network`. OSError."""
+    loop = asyncio.get_running_loop()
+    made: asyncio.Future[socket.socket] = loop.create_future()
+
+    def settle(outcome: socket.socket | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            if not made.cancelled():
+                made.set_exception(outcome)
+        elif made.cancelled():
+            outcome.close()
+        else:
+            made.set_result(outcome)
+
+    def enter() -> None:
+        outcome: socket.socket | BaseException
+        try:
+            outcome = _socket_in(network)
+        except BaseException as error:  # handed to the awaiting coroutine
+            outcome = error
+        loop.call_soon_threadsafe(settle, outcome)
+
+    # A thread of its own, which ends with the call: whatever happens in it, no other work of
+    # the agent runs in a task's namespace.
+    threading.Thread(target=enter, name="levers9-netns", daemon=True).start()
+    sock = await made
+    try:
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
 def _socket_in(network: Path) -> socket.socket:
     """A TCP socket of the namespace at `network` (run in the dialer's thread)."""
-    libc = ctypes.CDLL(None, use_errno=True)
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         target = os.open(network, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            if libc.setns(target, CLONE_NEWNET) != 0:
+            if _LIBC.setns(target, CLONE_NEWNET) != 0:
                 code = ctypes.get_errno()
                 raise OSError(code, f"setns into the task's network: {os.strerror(code)}")
             try:
                 return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             finally:
-                if libc.setns(home, CLONE_NEWNET) != 0:
+                if _LIBC.setns(home, CLONE_NEWNET) != 0:
                     code = ctypes.get_errno()
                     raise OSError(code, f"setns back: {os.strerror(code)}")
         finally:
@@ -393,10 +428,9 @@ def _remove(folder: Path) -> None:
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    libc = ctypes.CDLL(None, use_errno=True)
     for netns in (folder / "netns", folder / "userns"):
         while _is_mounted_namespace(netns):
-            if libc.umount2(str(netns).encode(), MNT_DETACH) != 0:
+            if _LIBC.umount2(str(netns).encode(), MNT_DETACH) != 0:
                 code = ctypes.get_errno()
                 if code != errno.EINVAL:
                     log.error(

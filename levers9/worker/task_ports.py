@@ -1,24 +1,31 @@
 """A task's published ports on this worker.
 
-A task's containers share the worker's network namespace, so a task that publishes ports
-(`levers9 run --port 8080`) claims them on this worker: a second running task that names one of
-them fails at once (`port 8080 is already published by task <id> on this worker`; the pool's
-placement keeps such tasks apart, so this is the guard, not the rule). Its container is told
-where it is reached (`LEVERS9_HOST`, the worker's pod IP, and `PORT`, its first port, unless it
-set them); binding 0.0.0.0 works too. Once its first port accepts connections (or answers 2xx
-to `ready_path`), the task is `ready`: a `container.ready` phase, reported at once.
-`connect` opens a connection to a published port of a running task (WorkerService.PortForward).
+A task in a container has a network namespace of its own (levers9.worker.task_network): its
+ports are its own, reached only through the agent, which dials them inside its namespace
+(`connect`, the readiness probe). Two tasks may publish the same port on one worker. Its
+container is told where it is reached (`LEVERS9_HOST`: 127.0.0.1 of its namespace, and `PORT`,
+its first port, unless it set them); binding 0.0.0.0 works too.
+
+A task of the process runtime (the agent's own tests) shares the worker's network: it claims
+its ports on this worker, a second running one that names one of them fails at once (`port 8080
+is already published by task <id> on this worker`), and it is told the worker's pod IP.
+
+Once its first port accepts connections (or answers 2xx to `ready_path`), the task is `ready`:
+a `container.ready` phase, reported at once. `connect` opens a connection to a published port
+of a running task (WorkerService.PortForward).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from levers9.contract import ready_path_problem
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
+from levers9.worker import task_network
+from levers9.worker.process_runtime import HOST as PROCESS_HOST
 from levers9.worker.task_errors import InvalidTask, PortUnavailable
 from levers9.worker.task_record import CONTAINER_READY, RUNNING, TaskRecord
 
@@ -30,6 +37,11 @@ READY_POLL_S = (0.1, 1.0)
 second."""
 PROBE_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
+SHARED_NETWORK = frozenset({PROCESS_HOST})
+"""The runtimes (a task's `host`) whose tasks share the worker's network; every other one gives
+each task a namespace of its own."""
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def check_ports(spec: worker_pb2.TaskSpec) -> None:
@@ -48,11 +60,23 @@ def check_ports(spec: worker_pb2.TaskSpec) -> None:
         raise InvalidTask("ready_path: needs a port to probe (ports is empty)")
 
 
+def shares_network(record: TaskRecord) -> bool:
+    return record.host in SHARED_NETWORK
+
+
+def reached_at(record: TaskRecord, task_host: str) -> str:
+    """Where the task's ports are reached, as it is told (`LEVERS9_HOST`): the worker's pod IP
+    (`task_host`) when it shares the worker's network, else its own namespace's loopback."""
+    return task_host if shares_network(record) else task_network.TASK_LOOPBACK
+
+
 def port_conflict(record: TaskRecord, others: Iterable[TaskRecord]) -> tuple[str, str] | None:
-    """(reason, detail) when another running task of this worker published one of its
-    ports (they share the worker's network)."""
+    """(reason, detail) when the task shares the worker's network and another running task
+    that shares it too published one of its ports."""
+    if not shares_network(record):
+        return None
     for other in others:
-        if other is record or other.state != RUNNING:
+        if other is record or other.state != RUNNING or not shares_network(other):
             continue
         taken = sorted(set(record.spec.ports) & set(other.spec.ports))
         if taken:
@@ -76,8 +100,9 @@ async def probe_until_ready(
     """Until the task's first port answers (or the task ends): then `ready`, told."""
     port, path = record.spec.ports[0], record.spec.ready_path
     pause, longest = READY_POLL_S
+    host = reached_at(record, task_host)
     while record.state == RUNNING and record.ending is None:
-        answer = await probe_once(task_host, port, path)
+        answer = await probe_once(_opener(record, task_host), host, port, path)
         if answer is not None:
             if record.state != RUNNING:
                 return
@@ -92,9 +117,7 @@ async def probe_until_ready(
         pause = min(pause * 2, longest)
 
 
-async def connect(
-    record: TaskRecord, task_host: str, port: int
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def connect(record: TaskRecord, task_host: str, port: int) -> Streams:
     """A TCP connection to `port` of the task's container (one it published)."""
     task_id = record.task_id
     if port not in record.spec.ports:
@@ -105,7 +128,7 @@ async def connect(
         )
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            return await asyncio.open_connection(task_host, port)
+            return await _opener(record, task_host)(port)
     except (OSError, TimeoutError) as error:
         why = str(error) or type(error).__name__
         raise PortUnavailable(
@@ -114,11 +137,23 @@ async def connect(
         ) from None
 
 
-async def probe_once(host: str, port: int, path: str) -> str | None:
-    """What answered (the probe's detail), or None when the port does not answer yet."""
+def _opener(record: TaskRecord, task_host: str) -> Callable[[int], Awaitable[Streams]]:
+    """Opens a connection to one of the task's ports: inside its network namespace when it has
+    one of its own, else at the worker's `task_host`."""
+    netns = record.container.netns if record.container is not None else None
+    if netns is not None:
+        return lambda port: task_network.open_connection(netns, port)
+    return lambda port: asyncio.open_connection(task_host, port)
+
+
+async def probe_once(
+    opener: Callable[[int], Awaitable[Streams]], host: str, port: int, path: str
+) -> str | None:
+    """What answered (the probe's detail), or None when the port does not answer yet. `host`
+    is what the request's Host header names."""
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await opener(port)
             try:
                 if not path:
                     return f"port {port} accepts connections"

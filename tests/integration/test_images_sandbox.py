@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.contract import WORK_ROOT
 from levers9.worker.cgroups import cgroup_dirs
 from sandbox import registries, task_images
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
@@ -238,8 +239,9 @@ async def test_stop_grace_from_the_command_line(cp: Controlplane) -> None:
 async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
     cp: Controlplane,
 ) -> None:
-    """Its shell and a child ignore SIGTERM, another child holds its published port: cancel
-    returns once all of it is gone (SIGKILL after the grace), its port free on the node."""
+    """Its shell and a child ignore SIGTERM, another child holds its published port (in the
+    task's own network, never on the node): cancel returns once all of it is gone (SIGKILL
+    after the grace), its network with it."""
     port = _free_port()
     script = (
         f"trap '' TERM; busybox httpd -f -p {port} & sh -c \"trap '' TERM; sleep 1000\" &"
@@ -274,11 +276,12 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_and_frees_its_port(
     except TimeoutError:
         await cp.cli("task", "cancel", task_id)  # nothing of it outlives the test
         pytest.fail(f"task {task_id} was never ready: {seen}")
-    assert _port_taken(port)
+    assert not _port_taken(port), "its port is its own network's, not the node's"
+    assert _task_networks(cp, task_id), "ready: the agent reached its port in its network"
     cancelled = await cp.cli("task", "cancel", task_id)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert f"task {task_id} cancelled exit_code=137" in cancelled.stdout
-    assert not _port_taken(port), "its port is free once cancel returns"
+    assert _task_networks(cp, task_id) == [], "its network (and its port) is gone with it"
     assert cgroup_dirs(task_id) == [], "no cgroup of its container, so no process of it, is left"
 
 
@@ -287,6 +290,12 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def _task_networks(cp: Controlplane, task_id: str) -> list[Path]:
+    """The folders of the task's network on the sandbox's nodes (levers9.worker.task_network)."""
+    work = cp.sandbox.state.dir.glob(f"nodes/*/{WORK_ROOT.lstrip('/')}/*/networks/*/task_id")
+    return [p.parent for p in work if p.read_text() == task_id]
 
 
 def _port_taken(port: int) -> bool:

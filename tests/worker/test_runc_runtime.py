@@ -24,6 +24,7 @@ from levers9.worker.runc_container import RuncContainer
 from levers9.worker.runc_runtime import RuncRuntime
 from levers9.worker.runtime import ContainerSpec, StartError
 from levers9.worker.supervisor import TaskManager
+from levers9.worker.task_network import open_connection
 from sandbox.cluster.kubelet import make_device_nodes
 from sandbox.registries import LocalRegistry
 from tests.waiting import eventually
@@ -246,14 +247,15 @@ def _free_port() -> int:
         return port
 
 
-def _port_taken(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError:
-            return True
+async def _port_taken(netns: Path | None, port: int) -> bool:
+    """Whether something listens on `port` in the container's own network namespace."""
+    assert netns is not None, "a runc container has a network of its own"
+    try:
+        _, writer = await open_connection(netns, port)
+    except OSError:
         return False
+    writer.close()
+    return True
 
 
 async def _runc_containers(runtime: RuncRuntime) -> list[str]:
@@ -271,17 +273,23 @@ async def test_a_container_that_ignores_sigterm_is_gone_after_its_grace(
     out = bytearray()
     spec = _spec(tmp_path, image[1], "sh", "-c", IGNORES_TERM.format(port=port))
     container = await runtime.start(spec, out.extend)
-    await eventually(lambda: _true(_port_taken(port) and b"up" in out), within=30)
+    netns = container.netns
+    await eventually(lambda: _listening(netns, port, b"up" in out), within=30)
     assert cgroup_dirs(spec.task_id), "the container's cgroup, while it runs"
     code = await asyncio.wait_for(container.stop(grace_s=1), 30)
     assert code == 128 + 9, "killed after its grace, having ignored SIGTERM"
     assert await _runc_containers(runtime) == []
     assert cgroup_dirs(spec.task_id) == [], "no cgroup (so no process) of it is left"
-    assert not _port_taken(port), "its port is free once stop returns"
+    assert netns is not None
+    assert not netns.parent.exists(), "its network (and its port) is gone once stop returns"
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _listening(netns: Path | None, port: int, said_up: bool) -> bool:
+    return said_up and await _port_taken(netns, port)
 
 
 async def test_cancel_ends_a_task_that_ignores_sigterm_even_when_its_caller_gives_up(
@@ -297,7 +305,8 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_even_when_its_caller_give
         stop_grace_seconds=1,
     )
     await tasks.run(spec)
-    await eventually(lambda: _true(_port_taken(port) and "up" in tasks.output(spec.task_id).tail()))
+    netns = tasks._record(spec.task_id).container.netns  # type: ignore[union-attr]
+    await eventually(lambda: _listening(netns, port, "up" in tasks.output(spec.task_id).tail()))
     with pytest.raises(TimeoutError):  # the caller's deadline, well inside the grace
         await asyncio.wait_for(tasks.cancel(spec.task_id), 0.2)
 
@@ -312,4 +321,5 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_even_when_its_caller_give
     # The end is reported once runc has reaped it; its cgroups go right after (a loaded machine
     # showed all ten still there at the report).
     await eventually(lambda: _true(cgroup_dirs(spec.task_id) == []))
-    assert not _port_taken(port)
+    assert netns is not None
+    assert not netns.parent.exists(), "its network (and its port) went with it"
