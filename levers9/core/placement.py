@@ -122,6 +122,13 @@ class PoolState(BaseModel):
     reclaiming: dict[str, str] = Field(default_factory=dict)
     """Borrowed task -> the workspace it is taken back for, until it is released."""
     _waiting_ids: set[str] | None = PrivateAttr(default=None)
+    _zero_gpus: int | None = PrivateAttr(default=None)
+    """How many waiting tasks take no card (they fit a worker with none free)."""
+
+    def _zero(self) -> int:
+        if self._zero_gpus is None:
+            self._zero_gpus = sum(1 for w in self.waiting if w.gpus == 0)
+        return self._zero_gpus
 
     def _ids(self) -> set[str]:
         if self._waiting_ids is None:
@@ -179,6 +186,8 @@ class PoolState(BaseModel):
             at = bisect.bisect_right(self.waiting, now, key=lambda w: w.since)
             self.waiting.insert(at, waiting)
         self._ids().add(task_id)
+        if gpus == 0 and self._zero_gpus is not None:
+            self._zero_gpus += 1
         if notify:
             self.notify.append(task_id)
 
@@ -273,6 +282,7 @@ class PoolState(BaseModel):
             self.slots[placement.worker_id].busy.pop(task_id, None)
         if task_id in self._ids():  # withdrawn while it waits
             self.waiting = [w for w in self.waiting if w.task_id != task_id]
+            self._zero_gpus = None
             self._ids().discard(task_id)
             if task_id in self.notify:
                 self.notify.remove(task_id)
@@ -294,17 +304,29 @@ class PoolState(BaseModel):
     def _assign_round(
         self, now: datetime, reserve_after: timedelta, held: dict[str, int], *, borrowing: bool
     ) -> list[Placement]:
-        made = []
-        still_waiting: list[Waiting] = []
         most_free = self.most_free()
         placeable = len(self.placeable())
+        if most_free == 0 and self._zero() == 0:
+            # No card free and no task that takes none: only reservations could change, and
+            # none can when every worker is reserved or no task has waited long enough (a
+            # standing queue of thousands costs nothing here, not a look per task).
+            if len(self.reservations) >= placeable or not self.waiting:
+                return []
+            if now - self.waiting[0].since < reserve_after:
+                return []
+        made: list[Placement] = []
         queues: dict[str, deque[Waiting]] = defaultdict(deque)
         for waiting in self.waiting:
             queues[waiting.workspace].append(waiting)
         # The workspace holding the fewest cards for its weight first, then the oldest head.
-        heap = [
-            (self._share(ws, held), queue[0].since, ws) for ws, queue in queues.items() if queue
-        ]
+        # A task looked at and not placed counts as held for the rest of the round, so that
+        # one workspace's queue does not take every reservation while its share stays lowest.
+        looked: dict[str, int] = defaultdict(int)
+
+        def key(ws: str) -> tuple[float, datetime, str]:
+            return (self._share(ws, {ws: held.get(ws, 0) + looked[ws]}), queues[ws][0].since, ws)
+
+        heap = [key(ws) for ws in queues]
         heapq.heapify(heap)
         while heap:
             _, _, workspace = heapq.heappop(heap)
@@ -314,28 +336,35 @@ class PoolState(BaseModel):
             if borrowing and not waiting.borrow:
                 pass
             elif not borrowing and not self._within_quota(waiting, held):
-                pass  # waits for its workspace's cards to come back (reason `quota`)
+                # It waits for its workspace's cards to come back (reason `quota`); with none
+                # left under the quota, so do the rest of its queue but tasks that take none.
+                quota = self.shares[workspace].quota
+                if quota is not None and held.get(workspace, 0) >= quota:
+                    kept = [w for w in queue if w.gpus == 0] if self._zero() else []
+                    queue.clear()
+                    queue.extend(kept)
             elif waiting.gpus and most_free == 0 and len(self.reservations) >= placeable:
-                # No card free and every worker reserved: it neither fits nor reserves (a
-                # standing queue of thousands costs a look per task, not a scan of the workers).
+                # No card free and every worker reserved: it neither fits nor reserves.
                 pass
             else:
                 slot = self._fit(waiting) if waiting.gpus <= most_free else None
                 if slot is None:
+                    looked[workspace] += max(waiting.gpus, 1)
                     if now - waiting.since >= reserve_after:
                         self._reserve(waiting)
                 else:
                     placed = self._place(waiting, slot, borrowed=borrowing)
-            if placed is None:
-                still_waiting.append(waiting)
-            else:
+            if placed is not None:
                 made.append(placed)
                 held[workspace] = held.get(workspace, 0) + waiting.gpus
                 most_free = self.most_free()
+            if most_free == 0 and self._zero() == 0 and len(self.reservations) >= placeable:
+                break  # nothing else can be placed or reserve this round
             if queue:
-                heapq.heappush(heap, (self._share(workspace, held), queue[0].since, workspace))
-        still_waiting.sort(key=lambda w: w.since)
-        self.waiting = still_waiting
+                heapq.heappush(heap, key(workspace))
+        if made:
+            taken = {p.task_id for p in made}
+            self.waiting = [w for w in self.waiting if w.task_id not in taken]
         return made
 
     def _place(self, waiting: Waiting, slot: Slot, *, borrowed: bool) -> Placement:
@@ -359,6 +388,8 @@ class PoolState(BaseModel):
             if holder == waiting.task_id:
                 del self.reservations[worker_id]
         self._ids().discard(waiting.task_id)
+        if waiting.gpus == 0 and self._zero_gpus is not None:
+            self._zero_gpus -= 1
         return placement
 
     def _fit(self, waiting: Waiting) -> Slot | None:
