@@ -254,9 +254,12 @@ def raw_socket() -> Verdict:
     return "socket(AF_INET, SOCK_RAW)", "a raw socket", False
 
 
-DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
-"""A write refused by the mount or the permissions; any other error means it reached the
-kernel's handler (a value it disliked), which is not a refusal."""
+NO_DOOR = (errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP)
+"""Refused, or a door its kernel does not have (gVisor implements no file handles)."""
+DENIED = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT)
+"""A write refused by the mount or the permissions, or a file its kernel does not have (gVisor's
+/sys and /proc/sys hold few); any other error means it reached the kernel's handler (a value
+it disliked), which is not a refusal."""
 
 
 def write_file(path: str, data: bytes | None = None) -> Verdict:
@@ -295,9 +298,11 @@ def kernel_log() -> Verdict:
     buffer = ctypes.create_string_buffer(4096)
     ctypes.set_errno(0)
     value = libc.klogctl(SYSLOG_ACTION_READ_ALL, buffer, 4096)
+    tried = "syslog(READ_ALL): the node's kernel log"
     if value >= 0:
-        return "syslog(READ_ALL): the node's kernel log", f"read {value} bytes", False
-    return "syslog(READ_ALL): the node's kernel log", failed("syslog", ctypes.get_errno()), True
+        first = buffer.raw[:value].decode(errors="replace").strip().splitlines()[:1]
+        return tried, f"read {value} bytes: {first[0][:80] if first else ''!r}", False
+    return tried, failed("syslog", ctypes.get_errno()), True
 
 
 def load_module() -> Verdict:
@@ -345,7 +350,7 @@ def open_by_handle() -> Verdict:
     if value >= 0:
         os.close(value)
         return tried, f"opened fd {value}", False
-    return tried, failed("open_by_handle_at", code), code == errno.EPERM
+    return tried, failed("open_by_handle_at", code), code in NO_DOOR
 
 
 def block_device() -> Verdict:
