@@ -242,6 +242,17 @@ class TaskNetworks:
                     await make_namespaces(network.userns, network.netns, *user_ids)
                 except NamespaceError as error:
                     raise NetworkError(f"the task's network: {error}") from None
+            missing = [t for t in (self._nft, self._slirp4netns) if shutil.which(t) is None]
+            if missing:
+                # Only where the runtime is built by hand (the GPU check on a bare machine):
+                # the agent refuses to start without them (levers9.worker.runtimes).
+                log.warning(
+                    "task network without outbound access",
+                    task_id=task_id,
+                    missing=",".join(missing),
+                    why="only lo in the task's namespace",
+                )
+                return network
             rules = ruleset(self._allow, node_addresses() | self._node)
             await _run("nsenter", f"--net={network.netns}", self._nft, "-f", "-", stdin=rules)
             await self._slirp(network)

@@ -359,3 +359,36 @@ async def test_the_sweep_removes_a_network_left_and_adopt_restarts_its_nat(
     assert await again.adopt("left") is None
     again.remove("kept")
     assert list((tmp_path / "networks").iterdir()) == []
+
+
+@needs_root
+async def test_without_nat_tools_a_hand_built_runtime_gets_a_namespace_with_only_lo(
+    tmp_path: Path,
+) -> None:
+    """The GPU check builds RuncRuntime by hand on a machine with neither slirp4netns nor nft
+    (shared/gpu/harness.py): its tasks still get a namespace of their own, with only lo, as
+    MACHINE.md's run on the H200 had (the agent itself refuses to start without them)."""
+    networks = TaskNetworks(tmp_path / "networks", nft="/nonexistent/nft")
+    network = await networks.create("bare")
+    try:
+        links = await _links(network.netns)
+        assert [line.split(":")[1].strip() for line in links.splitlines()] == ["lo"]
+        assert task_network._slirp_alive(network.netns.parent) is None
+        with_nat = await TaskNetworks(tmp_path / "nat").create("nat")
+        assert "tap0" in await _links(with_nat.netns), (
+            "with the tools the same call gives it its NAT"
+        )
+    finally:
+        networks.remove("bare")
+        TaskNetworks(tmp_path / "nat").remove("nat")
+
+
+async def _links(netns: Path) -> str:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["nsenter", f"--net={netns}", "ip", "-o", "link"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
