@@ -131,13 +131,9 @@ OWN_LIMITS = {"fill-memory": ("--memory", "256Mi")}
 """The memory probe goes over a limit of its own (the default, 16 GiB, is shown by
 `memory-limit`); the others go over the defaults."""
 
-NO_NETWORK_OF_ITS_OWN = (
-    "a runc task still shares the agent's network (levers9.worker.task_network's namespace,"
-    " nftables rules and slirp4netns are not yet what RuncRuntime starts its tasks in)"
-)
 NODE_PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 DEFAULT_PIDS = DEFAULT_LIMITS.pids
-PENDING: dict[str, str] = {f"connect-{name}": NO_NETWORK_OF_ITS_OWN for name in NETWORK}
+PENDING: dict[str, str] = {}
 if DEFAULT_PIDS is None or DEFAULT_PIDS >= NODE_PID_MAX:
     PENDING["pids-limit"] = (
         f"the default pids limit ({DEFAULT_PIDS}) is not below this node's pid space"
