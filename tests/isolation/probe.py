@@ -75,6 +75,7 @@ KEY_SPEC_PROCESS_KEYRING = -2
 BPF_MAP_CREATE = 0
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
+MNT_DETACH = 2
 
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -206,12 +207,18 @@ def user_namespace() -> Verdict:
 
 
 def mount_tmpfs() -> Verdict:
-    os.makedirs("/tmp/probe-mount", exist_ok=True)
+    target = "/tmp/probe-mount"
+    os.makedirs(target, exist_ok=True)
     ctypes.set_errno(0)
-    value = libc.mount(b"none", b"/tmp/probe-mount", b"tmpfs", 0, None)
+    value = libc.mount(b"none", target.encode(), b"tmpfs", 0, None)
+    code = ctypes.get_errno()
+    if value == 0:
+        libc.umount2(target.encode(), MNT_DETACH)  # where it worked, leave nothing mounted
+    with _quiet():
+        os.rmdir(target)
     if value == 0:
         return "mount a tmpfs", "mounted", False
-    return "mount a tmpfs", failed("mount", ctypes.get_errno()), True
+    return "mount a tmpfs", failed("mount", code), True
 
 
 def unshare(flag: int, what: str) -> Verdict:
@@ -354,15 +361,16 @@ def open_by_handle() -> Verdict:
 
 
 def block_device() -> Verdict:
-    """Make the node's first disk's node (8:0) and open it."""
+    """Make the node's first disk's node (8:0) and open it (read-only, then gone)."""
     path = "/tmp/probe-sda"
     try:
-        if os.path.exists(path):
-            os.unlink(path)
         os.mknod(path, 0o600 | 0o060000, os.makedev(8, 0))
         os.close(os.open(path, os.O_RDONLY))
     except OSError as error:
         return "mknod b 8 0 and open it", failed("mknod/open", error.errno or 0), True
+    finally:
+        with _quiet():
+            os.unlink(path)
     return "mknod b 8 0 and open it", "opened the node's disk", False
 
 

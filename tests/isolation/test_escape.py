@@ -166,6 +166,13 @@ def _param(name: str) -> Any:
     return name
 
 
+IMAGELESS_PENDING: str | None = (
+    "a task that names no image on a pool without taskDefaults.image runs as a process of the"
+    " agent (levers9/worker/runtimes.py, the runc entry), outside any sandbox"
+)
+"""None once such a task runs in a container (the worker's image) like any other."""
+
+
 @dataclass
 class Stack:
     cp: Controlplane
@@ -175,6 +182,27 @@ class Stack:
     """What the probe task is given to aim at."""
     unreachable: dict[str, str]
     """Targets beyond the node that the node itself cannot reach here (nothing to refuse)."""
+
+
+@pytest.fixture
+async def bare(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Controlplane]:
+    """A pool with no `taskDefaults.image`, for this one test (gone before the module's own)."""
+    async with reconciling(dev_env.client, tmp_path_factory.mktemp("bare")) as plane:
+        await eventually(lambda: workers_available(plane), within=WITHIN)
+        yield plane
+
+
+@pytest.mark.xfail(IMAGELESS_PENDING is not None, reason=str(IMAGELESS_PENDING), strict=True)
+async def test_a_task_that_names_no_image_is_sandboxed_too(bare: Controlplane) -> None:
+    """What a tenant tries first where a pool has no default image: no `--image` at all."""
+    done = await _probe_task(bare, {"mode": "probes"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = _lines(done.stdout)
+    assert set(found) == set(KERNEL) - {"memory-limit", "pids-limit", "disk-limit"}, done.stdout
+    allowed = [f"{name}: {v['tried']}: {v['got']}" for name, v in found.items() if not v["refused"]]
+    assert allowed == [], "\n".join(allowed)
 
 
 @dataclass
