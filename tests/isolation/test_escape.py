@@ -49,7 +49,7 @@ from levers9.records.tasks import task_record
 from levers9.temporal import connect, sync_reconcile_schedules
 from levers9.worker.paths import HostPaths
 from levers9.worker.runc_config import DEFAULT_LIMITS
-from sandbox import registries, task_images
+from sandbox import registries, task_images, worker_image
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import free_port
 from tests.isolation import probe
@@ -64,6 +64,8 @@ WITHIN = 60
 BIN = Path(sys.executable).parent
 GAR_HOST = "us-central1-docker.pkg.dev"
 DEFAULT_IMAGE = f"{GAR_HOST}/demo/tasks/python:3.11"
+WORKER_REPOSITORY = f"demo/{worker_image.REPOSITORY}"
+"""Where the dev pool's worker image lives in its project's registry (the Job's image)."""
 SOURCE = Path(probe.__file__).read_text()
 SECRET_FILE = "victim-secret"
 TASK_MOUNT = "/levers9"
@@ -188,10 +190,20 @@ class Stack:
 async def bare(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    """A pool with no `taskDefaults.image`, for this one test (gone before the module's own)."""
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("bare")) as plane:
-        await eventually(lambda: workers_available(plane), within=WITHIN)
-        yield plane
+    """A pool with no `taskDefaults.image`, for this one test (gone before the module's own);
+    its registry mirror holds the worker's image, where a task that names no image goes."""
+    directory = tmp_path_factory.mktemp("bare")
+    base, _tag = await asyncio.to_thread(task_images.python_image)
+    image = await asyncio.to_thread(worker_image.build, directory / "worker", None, base)
+    with registries.LocalRegistry(directory / "gar") as gar:
+        await asyncio.to_thread(worker_image.push, image, gar.address, WORKER_REPOSITORY)
+        settings: dict[str, Any] = {
+            "registryMirrors": f"{GAR_HOST}={gar.address}",
+            "insecureRegistries": gar.address,
+        }
+        async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
+            await eventually(lambda: workers_available(plane), within=WITHIN)
+            yield plane
 
 
 @pytest.mark.xfail(IMAGELESS_PENDING is not None, reason=str(IMAGELESS_PENDING), strict=True)
