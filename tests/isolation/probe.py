@@ -53,8 +53,9 @@ Verdict = tuple[str, str, bool]
 """(tried, got, refused)."""
 Config = dict[str, object]
 
-PROBE_SECONDS = 8.0
-"""A probe's deadline: a dropped packet (no answer at all) is a refusal, not a hang."""
+PROBE_SECONDS = 30.0
+"""A probe's deadline, generous for a busy machine (gVisor's ptrace platform forks slowly); a
+connect waits CONNECT_SECONDS at most, a dropped packet being a refusal, not a hang."""
 CONNECT_SECONDS = 3.0
 
 SYSCALLS = {
