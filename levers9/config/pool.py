@@ -196,8 +196,8 @@ is refused saying so)."""
 class TaskDefaults(_Model):
     """What a task gets when `levers9 run` does not say: its image, memory and CPU limits.
 
-    Without an `image` here, a task given no `--image` runs as a process of the worker (its
-    image's filesystem, not isolated from the agent), as before containers; set one."""
+    Without an `image` here, a task given no `--image` runs in a container of the worker's own
+    image (`kubernetes.workerImage`, its command as given): never outside a container."""
 
     image: str | None = None
     memory: Quantity | None = None
@@ -310,8 +310,8 @@ class PoolConfig(_Model):
     host_network: bool = Field(default=True, alias="hostNetwork")
     runtime: Runtime = DEFAULT_RUNTIME
     """How the pool's workers run its tasks (`levers9.worker.runtimes`): `runc`, a task in its
-    image (a task of none as a process of the worker); `runsc`, a task in its image in a gVisor
-    sandbox. Never `process` (the agent's own tests' runtime)."""
+    image (a task of none in `taskDefaults.image`, else the worker's image); `runsc`, a task in
+    its image in a gVisor sandbox. Never `process` (the agent's own tests' runtime)."""
     runtimes: list[Runtime] | None = None
     """The runtimes its tasks may name (`levers9 run --runtime runsc`), `runtime` among them (the
     one a task that names none runs in); unset: `runtime` alone."""

@@ -120,6 +120,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         ("LEVERS9_IMAGES_PATH", spec.images_path),
         ("LEVERS9_DURABLE_DISKS_PATH", spec.durable_disks_path),
         ("LEVERS9_RUNTIME", spec.runtime),
+        # Where a task runs that names no image, when the pool sets no taskDefaults.image.
+        ("LEVERS9_WORKER_IMAGE", spec.image),
     ]
     if set(spec.runtimes) - {spec.runtime}:
         plain.append(("LEVERS9_RUNTIMES", ",".join(spec.runtimes)))

@@ -28,7 +28,9 @@ NOFILE limit and whether resolv.conf exists):
   agent's (its token never sits in any environment a task can read), and none of the agent's
   files (its Secret, its /proc) inside the container.
 
-The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`.
+The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`; in the
+worker's own image (`ContainerSpec.entrypoint` False) it runs as given, neither the image's
+Entrypoint (the agent) nor its Cmd.
 """
 
 from __future__ import annotations
@@ -123,7 +125,11 @@ def container_config(
     node's own); `seccomp` its profile in the Docker/containers form (None: no filter)."""
     config: dict[str, Any] = json.loads(json.dumps(base))
     process = config["process"]
-    if spec.command:
+    if not spec.entrypoint:
+        # The worker's own image: its Entrypoint is the agent, never a task's (every task
+        # gives a command: the agent refuses one without).
+        process["args"] = list(spec.command)
+    elif spec.command:
         process["args"] = [*image.entrypoint, *spec.command]
     if not process.get("args"):
         raise StartError("the task gives no command and its image has neither Entrypoint nor Cmd")

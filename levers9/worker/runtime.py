@@ -36,8 +36,12 @@ class TaskDefaults:
     """The pool's `taskDefaults`, from the Job: what a task that names none of these gets."""
 
     image: str = ""
+    """The pool's `taskDefaults.image`, else the worker's own image (`worker_image`)."""
     memory_bytes: int = 0
     cpu_millis: int = 0
+    worker_image: str = ""
+    """The worker Job's own image: a task in it runs its command as given, never the image's
+    Entrypoint (the agent)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,9 @@ class ContainerSpec:
     """The ports it publishes (the agent dials them in its container)."""
     runtime: str = ""
     """The runtime it asked for (`levers9 run --runtime`); "": the pool's."""
+    entrypoint: bool = True
+    """Its command follows the image's Entrypoint (as `docker run IMAGE CMD`); False: it runs as
+    given (a task in the worker's own image, whose Entrypoint is the agent)."""
 
 
 class Container(Protocol):
@@ -191,26 +198,42 @@ def prepend_path(value: str | None, directories: Sequence[Path]) -> str:
 
 
 class ByImage:
-    """A task that names an image runs in the image runtime (runc); one that names none runs in
-    the process runtime (the rule the `runc` and `process` entries of `runtimes` choose). Without
-    an image runtime (the pool's runtime is `process`; or runc, umoci or skopeo missing, or no
-    image cache), a task with an image fails to start and says why (`unavailable`)."""
+    """A task that names an image runs in the image runtime (runc). One that names none (the
+    worker found no default image for it) runs in the process runtime where the agent's tests
+    gave one (`process`: their knob, `LEVERS9_PROCESS_TASKS`), and fails to start saying why
+    everywhere else: no task runs outside a container. Without an image runtime (runc, umoci or
+    skopeo missing, or no image cache), a task with an image fails to start and says why
+    (`unavailable`)."""
 
-    def __init__(self, process: Runtime, images: Runtime | None, unavailable: str = "") -> None:
+    def __init__(
+        self, process: Runtime | None, images: Runtime | None, unavailable: str = ""
+    ) -> None:
         self._process = process
         self._images = images
         self._unavailable = unavailable
 
     @property
     def host(self) -> str:
-        return self._process.host
+        return self.host_for("x")
 
     def host_for(self, image: str, runtime: str = "") -> str:
-        return self._images.host if image and self._images is not None else self._process.host
+        if self._images is not None and (image or self._process is None):
+            return self._images.host
+        return self._process.host if self._process is not None else "runc"
+
+    def _fallback(self) -> Runtime:
+        """The process runtime; StartError when there is none (no task runs outside one)."""
+        if self._process is None:
+            raise StartError(
+                "the task names no image and this worker has none to give it: set the pool's"
+                " taskDefaults.image, or run the worker from an image (its Job's"
+                " LEVERS9_WORKER_IMAGE)"
+            )
+        return self._process
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
         if not spec.image:
-            return await self._process.start(spec, output)
+            return await self._fallback().start(spec, output)
         if self._images is None:
             raise StartError(f"this worker cannot run images: {self._unavailable}")
         return await self._images.start(spec, output)
@@ -220,7 +243,7 @@ class ByImage:
     ) -> asyncio.subprocess.Process:
         if self._images is not None and container.host == self._images.host:
             return await self._images.exec(container, command, terminal)
-        return await self._process.exec(container, command, terminal)
+        return await self._fallback().exec(container, command, terminal)
 
     async def adopt(
         self, task_id: str, output: Callable[[bytes], None], offset: int
@@ -229,10 +252,10 @@ class ByImage:
             adopted = await self._images.adopt(task_id, output, offset)
             if adopted is not None:
                 return adopted
-        return await self._process.adopt(task_id, output, offset)
+        return None if self._process is None else await self._process.adopt(task_id, output, offset)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
-        swept = await self._process.sweep(keep)
+        swept = [] if self._process is None else await self._process.sweep(keep)
         if self._images is not None:
             swept += await self._images.sweep(keep)
         return swept

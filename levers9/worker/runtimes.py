@@ -5,13 +5,15 @@ factory that builds what runs this worker's tasks (`runtime.Runtime`); the pool'
 What a task that names no image gets (after the pool's `taskDefaults.image`, which the agent
 applies first) is each entry's own, written choice, not a fallback:
 
-- `process`: every task runs as a child process of the agent (`process_runtime`), without an
-  image and not isolated from the agent; a task that names an image is refused at start (so is
-  every task of a pool that also sets `taskDefaults.image`: the values refuse that pair).
-- `runc` (the default): a task with an image runs in it under runc (`runc_runtime`); one with
-  none runs as a process of the agent, as `process` runs it. A worker that cannot run images
-  (no `imagesPath`, runc, umoci or skopeo missing, not root) still starts: its imageless tasks
-  run, a task with an image fails to start and says why.
+- `runc` (the default): a task runs in its image under runc (`runc_runtime`); one that names
+  none has the pool's `taskDefaults.image`, else the worker's own image (the Job's
+  `LEVERS9_WORKER_IMAGE`), so no task runs outside a container. A worker that cannot run
+  images (no `imagesPath`, runc, umoci or skopeo missing, not root) still starts: its tasks
+  fail to start and say why.
+- `process`: the agent's own tests' runtime, never a pool's (the values refuse it) and taken
+  only under their knob (`LEVERS9_PROCESS_TASKS`, which no Job sets): every task runs as a
+  child process of the agent (`process_runtime`), without an image and not isolated from it;
+  under that knob a runc worker's tasks that name no image run so too.
 - `runsc`: a task runs in its image in a gVisor sandbox (`runsc_runtime`); one with none, or
   one asking for cards or ports (which this gVisor cannot give), is refused at start naming
   the fix. A worker without runsc (or without images) still starts; its runsc tasks fail to
@@ -131,6 +133,12 @@ class Unavailable:
 
 
 def process(context: RuntimeContext) -> Runtime:
+    if not context.settings.process_tasks:
+        raise SettingsError(
+            f"{PREFIX}RUNTIME=process runs tasks outside any container: only the agent's own"
+            f" tests take it, with {PREFIX}PROCESS_TASKS set (the pool's runtime, config.worker"
+            f".pools.{context.settings.pool_name}.runtime, is runc or runsc)"
+        )
     return ByImage(
         context.processes,
         None,
@@ -142,7 +150,8 @@ def process(context: RuntimeContext) -> Runtime:
 
 def runc(context: RuntimeContext) -> Runtime:
     images, unavailable = _runc(context)
-    return ByImage(context.processes, images, unavailable)
+    processes = context.processes if context.settings.process_tasks else None
+    return ByImage(processes, images, unavailable)
 
 
 def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
@@ -160,10 +169,10 @@ def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
         dev_root=context.paths.map("/dev"),
         driver_root=context.paths.map(DRIVER_ROOT),
         cards=context.cards,
+        networks=_networks(context),
         seccomp_profile=_seccomp_profile(context),
         # The node's: every agent of the node takes its tasks' id ranges from the same slots.
         id_ranges=IdRanges(cache.root / "userns"),
-        networks=_networks(context),
     )
     log.info("CDI spec written", path=str(runtime.cdi_spec), devices=len(context.cards))
     return runtime, ""

@@ -15,9 +15,10 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_GPU_PRODUCT` | the card's name when `nvidia-smi` cannot tell (optional) |
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
 | `LEVERS9_TASK_NETWORK_ALLOW` | the pool's `taskNetwork.allow` (CIDRs, comma-separated) |
-| `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default), `runsc`, `process` (see `runtimes`) |
-| `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
 | `LEVERS9_TASK_SECCOMP_PROFILE` | the pool's `taskSeccompProfile`: a node path; else the default |
+| `LEVERS9_WORKER_IMAGE` | the Job's image: where a task without one runs (no taskDefaults.image) |
+| `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default) or `runsc` (see `runtimes`) |
+| `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
 | `LEVERS9_TUNNEL` | the pool's `tunnel` setting: serve through one outbound stream to the gateway |
 | `LEVERS9_GATEWAY_TLS` | dial the gateway with TLS (the controlplane's `gatewayTls`) |
 | `LEVERS9_GATEWAY_CA` | the CA (PEM) trusted for the gateway; the system's roots when unset |
@@ -25,7 +26,11 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_WORKER_TLS_KEY` | its key (PEM), from the same Secret; unused in tunnel mode |
 | `LEVERS9_LOG_LEVEL` | `INFO` unless set (read by `main`, before anything can fail) |
 
-Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`).
+Plus the sandbox's `LEVERS9_SANDBOX_ROOT` and `LEVERS9_SANDBOX_MOUNTS` (see `paths`), and
+`LEVERS9_PROCESS_TASKS`, the agent's tests' knob that no Job sets (no pool value can express it:
+the sandbox kubelet adds it to a worker pod where its scenario's `images.processTasks` asks, a
+test that starts an agent sets it itself): a task that names no image (and finds no default)
+runs as a process of the agent, outside any container, and `LEVERS9_RUNTIME=process` is taken.
 """
 
 from __future__ import annotations
@@ -97,14 +102,19 @@ class WorkerSettings(BaseModel):
     runtimes: str = ""
     """The pool's `runtimes`, comma-separated: those its tasks may name (`runtime` among them);
     "": `runtime` only."""
-    task_seccomp_profile: str = ""
-    """The pool's `taskSeccompProfile`: the node path of the seccomp profile its runc tasks run
-    under ("": levers9.worker.seccomp's default)."""
     task_network_allow: str = ""
     """The pool's `taskNetwork.allow`, comma-separated: CIDRs its tasks may reach though private
     or link-local (`task_network.parse_allow`)."""
+    task_seccomp_profile: str = ""
+    """The pool's `taskSeccompProfile`: the node path of the seccomp profile its runc tasks run
+    under ("": levers9.worker.seccomp's default)."""
     default_image: str = ""
     """The pool's `taskDefaults.image`: where a task that names no image runs."""
+    worker_image: str = ""
+    """The Job's own image: where a task runs that names no image when the pool sets no
+    `taskDefaults.image` (its Entrypoint, the agent, is never a task's)."""
+    process_tasks: bool = False
+    """Tests only (see module doc): a task that names no image runs as a process of the agent."""
     default_memory_bytes: int = Field(default=0, ge=0)
     default_cpu_millis: int = Field(default=0, ge=0)
 
@@ -126,7 +136,12 @@ class WorkerSettings(BaseModel):
             raise SettingsError(str(error)) from None
 
     def task_defaults(self) -> TaskDefaults:
-        return TaskDefaults(self.default_image, self.default_memory_bytes, self.default_cpu_millis)
+        """What a task gets where it names none: the pool's image, else the worker's own (none
+        under the tests' process knob, which runs such a task as a process)."""
+        image = self.default_image or ("" if self.process_tasks else self.worker_image)
+        return TaskDefaults(
+            image, self.default_memory_bytes, self.default_cpu_millis, self.worker_image
+        )
 
     def mirrors(self) -> dict[str, str]:
         try:

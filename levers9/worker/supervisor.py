@@ -285,6 +285,7 @@ class TaskManager:
             cpu_millis=spec.cpu_millis,
             ports=tuple(spec.ports),
             runtime=spec.runtime,
+            entrypoint=not spec.image or spec.image != self._defaults.worker_image,
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)

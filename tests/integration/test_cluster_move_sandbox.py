@@ -28,7 +28,9 @@ IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("move")) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("move"), containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 

@@ -46,7 +46,14 @@ from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from levers9.tokens import operator_token
 from sandbox import registries, task_images
-from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
+from tests.controlplane import (
+    POOL,
+    TOKEN_SECRET,
+    Controlplane,
+    push_worker_image,
+    reconciling,
+    workers_available,
+)
 from tests.factories import HTTP_TASK as SERVE
 from tests.factories import SERVE_H
 from tests.waiting import eventually
@@ -113,6 +120,8 @@ async def proxy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stall
         await asyncio.to_thread(task_images.build_busybox, layout, "served", "served")
         pushed = f"{gar.address}/demo/tasks/busybox:served"
         await asyncio.to_thread(registries.push_layout, layout, pushed, "served")
+        # The replicas that name no image run in the worker's own, as on a real pool.
+        await asyncio.to_thread(push_worker_image, directory, gar.address)
         stalling = StallingProxy(gar.address)
         stalling.start()
         try:

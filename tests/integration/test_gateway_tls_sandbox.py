@@ -55,6 +55,7 @@ async def cp(
         dev_env.client,
         directory,
         tunnel=True,
+        containers=True,
         gatewayTlsCertFile=files["gatewayTlsCertFile"],
         gatewayTlsKeyFile=files["gatewayTlsKeyFile"],
         gatewayTlsCaFile=files["gatewayTlsCaFile"],

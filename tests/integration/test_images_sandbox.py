@@ -26,7 +26,13 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.contract import WORK_ROOT
 from levers9.worker.cgroups import cgroup_dirs
 from sandbox import registries, task_images
-from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.controlplane import (
+    POOL,
+    Controlplane,
+    push_worker_image,
+    reconciling,
+    workers_available,
+)
 from tests.waiting import eventually
 
 pytestmark = [
@@ -51,6 +57,7 @@ async def cp(
         await asyncio.to_thread(
             registries.push_layout, layout, f"{gar.address}/demo/tasks/busybox:bb", "bb"
         )
+        await asyncio.to_thread(push_worker_image, directory, gar.address)
         settings: dict[str, Any] = {
             "registryMirrors": f"{GAR_HOST}={gar.address}",
             "insecureRegistries": gar.address,
@@ -142,12 +149,16 @@ async def test_the_container_has_the_runtimes_pids_limit(cp: Controlplane) -> No
     assert cpu in ("max 100000", "-1 100000"), "no --cpus (and no taskDefaults.cpus): no quota"
 
 
-async def test_without_an_image_the_task_runs_as_before(cp: Controlplane) -> None:
-    done = await cp.cli("run", "--pool", POOL, "--", "true")
+async def test_without_an_image_the_task_runs_in_the_workers_image(cp: Controlplane) -> None:
+    """No taskDefaults.image: the worker's own image, under runc (never a process of the agent)."""
+    done = await cp.cli(
+        "run", "--pool", POOL, "--", "python3", "-c", "print('in the worker image')"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "in the worker image" in done.stdout.splitlines()
     task_id = done.stdout.split()[1]
     record = json.loads((await cp.cli("task", "get", task_id, "-o", "json")).stdout)
-    assert record["host"] == "process"
+    assert (record["host"], record["image"]) == ("runc", cp.pool.kubernetes.worker_image)
 
 
 async def test_a_missing_image_fails_at_once_naming_it(cp: Controlplane) -> None:

@@ -34,7 +34,9 @@ NODE_4X = "gke-demo-gpu-4x-2f7c9e1a-m5p2"
 
 @pytest.fixture
 async def cp(dev_env: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path, workerIdleMinutes=0.1) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path, containers=True, workerIdleMinutes=0.1
+    ) as plane:
         yield plane
 
 
@@ -75,7 +77,11 @@ async def test_four_card_task_is_not_starved_by_a_stream_of_one_card_tasks(
     dev_env: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     async with reconciling(
-        dev_env.client, tmp_path, scenario=_four_card_node_only(), workerIdleMinutes=0.1
+        dev_env.client,
+        tmp_path,
+        scenario=_four_card_node_only(),
+        containers=True,
+        workerIdleMinutes=0.1,
     ) as cp:
         client = await connect(cp.settings)
 

@@ -40,7 +40,7 @@ async def cp(
 ) -> AsyncIterator[Controlplane]:
     tunnel: bool = request.param
     async with reconciling(
-        dev_env.client, tmp_path_factory.mktemp("ports"), tunnel=tunnel
+        dev_env.client, tmp_path_factory.mktemp("ports"), tunnel=tunnel, containers=True
     ) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane

@@ -31,7 +31,9 @@ WITHIN = 60
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("queue")) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("queue"), containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 

@@ -54,7 +54,9 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
 async def teams(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Teams]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("quotas")) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("quotas"), containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         tokens = {}
         for team, quota in QUOTAS.items():

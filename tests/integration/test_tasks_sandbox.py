@@ -6,7 +6,9 @@ does not;
 `levers9 run` prints the task's output and result, a task sees only its cards; `run --wait 0`
 prints DEADLINE_EXCEEDED and the task still completes; a worker shut down mid-task fails the
 task with the reason, never silently. Without the tunnel, the controlplane reaches every worker
-over TLS that it checks against its own worker CA.
+over TLS that it checks against its own worker CA. Every task runs in a container: those that
+name no image in the worker's own image (the pool sets no taskDefaults.image), pulled from a
+registry standing in for the project's (`reconciling(containers=True)`).
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -48,7 +50,8 @@ WITHIN = 60
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("tasks")) as plane:
+    directory = tmp_path_factory.mktemp("tasks")
+    async with reconciling(dev_env.client, directory, containers=True) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 
@@ -103,7 +106,7 @@ async def test_gpu_check_reports_only_what_it_saw(cp: Controlplane) -> None:
     result = json.loads(text)
     assert list(result) == ["host", "nvidia_smi", "cuda", "device", "matmul_ok"]
     assert result == {
-        "host": "process",
+        "host": "runc",  # the worker's own image: no task runs outside a container
         "nvidia_smi": None,
         "cuda": False,
         "device": None,

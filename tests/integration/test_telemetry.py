@@ -43,7 +43,9 @@ async def cp(
     tmp_path_factory: pytest.TempPathFactory,
     spans: InMemorySpanExporter,
 ) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("otel")) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("otel"), containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane), within=60)
         yield plane
 

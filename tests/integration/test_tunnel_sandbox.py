@@ -49,7 +49,9 @@ WITHIN = 60
 async def cp(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Controlplane]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("tunnel"), tunnel=True) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("tunnel"), tunnel=True, containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane, 3), within=WITHIN)
         yield plane
 

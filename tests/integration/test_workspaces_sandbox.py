@@ -64,7 +64,9 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
 async def teams(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Teams]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("workspaces")) as plane:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("workspaces"), containers=True
+    ) as plane:
         await eventually(lambda: workers_available(plane), within=WITHIN)
         tokens = []
         for team in ("team-a", "team-b"):

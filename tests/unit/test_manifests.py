@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes_validate
 import pytest
 
 from levers9.core.manifests import (
+    WorkerJobSpec,
     namespace,
     worker_job,
     worker_job_name,
@@ -20,6 +21,9 @@ from levers9.core.manifests import (
 )
 from levers9.tokens import command_digest
 from tests.factories import MARKER, worker_job_spec, worker_tls
+
+if TYPE_CHECKING:
+    from levers9.worker.settings import WorkerSettings
 
 DIGEST = command_digest("l9c1.test-command-token")
 
@@ -177,11 +181,33 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
     env["LEVERS9_WORKER_TOKEN"] = "l9w1.t"
     settings = WorkerSettings.from_env(env)
     assert settings.task_defaults() == TaskDefaults(
-        "us-docker.pkg.dev/p/r/torch:2.5", 8 * 2**30, 4000
+        "us-docker.pkg.dev/p/r/torch:2.5", 8 * 2**30, 4000, SPEC.image
     )
     assert settings.image_cache_bytes == 50 * 2**30, "the pool's imageCacheSize"
     [plain] = _pod_spec(worker_job(SPEC))["containers"]
     assert not [e for e in plain["env"] if e["name"].startswith("LEVERS9_DEFAULT_")]
+
+
+def _settings(spec: WorkerJobSpec, **extra: str) -> WorkerSettings:
+    from levers9.worker.settings import WorkerSettings
+
+    [container] = _pod_spec(worker_job(spec))["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
+    env.update(LEVERS9_WORKER_TOKEN="l9w1.t", **extra)
+    return WorkerSettings.from_env(env)
+
+
+def test_a_task_that_names_no_image_runs_in_the_workers_own_image() -> None:
+    """A pool without taskDefaults.image: the Job's image (never no image: no process task)."""
+    assert _settings(SPEC).task_defaults().image == SPEC.image
+
+
+def test_only_the_tests_knob_leaves_a_task_without_an_image() -> None:
+    """LEVERS9_PROCESS_TASKS, which no Job sets (the sandbox kubelet adds it on request)."""
+    [container] = _pod_spec(worker_job(SPEC))["containers"]
+    assert "LEVERS9_PROCESS_TASKS" not in {e["name"] for e in container["env"]}
+    assert _settings(SPEC, LEVERS9_PROCESS_TASKS="true").task_defaults().image == ""
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@ reported lost, and so is a task that ran as a process of the killed agent; the c
 ended (and only those) are free again, and nothing of the containers (runc state, cgroup,
 overlay) is left once they end. Real agents (the command), real runc and a real registry; root
 only, as runc is.
+
+Its agents take the agent's tests' knob (`LEVERS9_PROCESS_TASKS`, which no Job sets) for its one
+task that names no image: what a killed agent leaves of a process task is part of adoption's
+contract (a restarted agent finds and kills it), though no product path starts one any more.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ def runc_env(
         "LEVERS9_IMAGES_PATH": "/var/lib/levers9/images",
         "LEVERS9_INSECURE_REGISTRIES": image[0].address,
         "LEVERS9_WORK_DIR": str(work),
+        "LEVERS9_PROCESS_TASKS": "true",
         ROOT_ENV: str(node_root),
         MOUNTS_ENV: json.dumps({DEVICE_PLUGIN_DIR: str(node_root / DEVICE_PLUGIN_DIR[1:])}),
     }

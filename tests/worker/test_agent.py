@@ -7,6 +7,12 @@ ReportTask when a task ends, registering again after the gateway restarts and fo
 worker, a worker that cannot find its cards refusing to start, and the `levers9-worker`
 command itself: the spec's start lines, SIGTERM reporting the running task LOST
 (`worker shut down`) and exiting 0, and exit 1 when it cannot start.
+
+Its agents run their tasks as processes (`LEVERS9_PROCESS_TASKS`, the agent's tests' knob that
+no Job sets): the point here is the agent's dealings with the gateway, not the container a task
+runs in (tests/worker/test_runc_runtime.py), so no registry and no image are needed. Without the
+knob, a task that names no image runs in the worker's image, never as a process (the runtime
+section below).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ def worker_env(gateway: RecordingGateway, node_root: Path) -> dict[str, str]:
         "LEVERS9_ADVERTISED_HOST": EXTERNAL_IP,
         "LEVERS9_HOST_IP": "127.0.10.2",
         "LEVERS9_GPU_PRODUCT": PRODUCT,
+        "LEVERS9_PROCESS_TASKS": "true",
         ROOT_ENV: str(node_root),
         MOUNTS_ENV: json.dumps({DEVICE_PLUGIN_DIR: str(node_root / DEVICE_PLUGIN_DIR[1:])}),
     }
@@ -263,14 +270,14 @@ async def _ended(
 
 
 @pytest.mark.parametrize("runtime", ["process", "runc", None])
-async def test_a_task_without_an_image_runs_as_a_process_on_either_runtime(
+async def test_a_task_without_an_image_runs_as_a_process_under_the_tests_knob(
     gateway: RecordingGateway,
     start_agent: StartAgent,
     worker_env: dict[str, str],
     runtime: str | None,
 ) -> None:
-    """`process` runs every task so; `runc` (also when the Job names none, a Job of an older
-    controlplane) runs so a task that names no image and has no pool default: its rule."""
+    """`process` runs every task so; `runc` (also when the Job names none) runs so a task that
+    names no image and has no pool default, but only under LEVERS9_PROCESS_TASKS."""
     env = worker_env if runtime is None else {**worker_env, "LEVERS9_RUNTIME": runtime}
     status = await _ended(gateway, await start_agent(env), "t-plain")
 
@@ -279,6 +286,55 @@ async def test_a_task_without_an_image_runs_as_a_process_on_either_runtime(
         "process",
         "done\n",
     )
+
+
+def _without_knob(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k != "LEVERS9_PROCESS_TASKS"}
+
+
+async def test_a_task_without_an_image_runs_in_the_workers_image(
+    gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
+) -> None:
+    """No task outside a container: without the knob, a task that names no image (and no pool
+    default) is a task in the Job's own image, which this worker (no imagesPath) cannot run."""
+    running = await start_agent({**_without_knob(worker_env), "LEVERS9_WORKER_IMAGE": IMAGE})
+    status = await _ended(gateway, running, "t-plain")
+
+    assert (status.state, status.host, status.reason) == (
+        worker_pb2.TASK_STATE_FAILED,
+        "runc",
+        "this worker cannot run images: the Job sets no LEVERS9_IMAGES_PATH (the pool's"
+        " imagesPath)",
+    )
+    assert status.image == IMAGE
+
+
+async def test_a_task_without_any_image_to_run_in_is_refused(
+    gateway: RecordingGateway, start_agent: StartAgent, worker_env: dict[str, str]
+) -> None:
+    """A Job that names neither a default image nor its own (an older controlplane's)."""
+    status = await _ended(gateway, await start_agent(_without_knob(worker_env)), "t-plain")
+
+    assert (status.state, status.host, status.reason) == (
+        worker_pb2.TASK_STATE_FAILED,
+        "runc",
+        "the task names no image and this worker has none to give it: set the pool's"
+        " taskDefaults.image, or run the worker from an image (its Job's LEVERS9_WORKER_IMAGE)",
+    )
+
+
+async def test_the_process_runtime_needs_the_tests_knob(worker_env: dict[str, str]) -> None:
+    env = {**_without_knob(worker_env), "LEVERS9_RUNTIME": "process"}
+    agent = Agent(WorkerSettings.from_env(env), HostPaths.from_env(env), env)
+
+    with pytest.raises(SettingsError) as raised:
+        await agent.run(asyncio.Event())
+    assert str(raised.value) == (
+        "LEVERS9_RUNTIME=process runs tasks outside any container: only the agent's own tests"
+        " take it, with LEVERS9_PROCESS_TASKS set (the pool's runtime, config.worker.pools"
+        ".gke-rtx6000.runtime, is runc or runsc)"
+    )
+    assert agent.server is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """The runtime registry (`levers9.worker.runtimes`): one factory per name the values accept
 (`levers9.contract.RUNTIMES`), none unnamed; a pool's runtime found by its name, and a name with
 no factory refused naming the setting and the names known; what each factory builds for a task
-with and without an image; a pool offering more than one runs each task in the one it names."""
+with and without an image (a process only under the agent's tests' knob,
+`LEVERS9_PROCESS_TASKS`); a pool offering more than one runs each task in the one it names."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ async def test_a_task_asking_for_a_runtime_its_pool_does_not_offer_fails_naming_
     name: str, node_root: Path, tmp_path: Path
 ) -> None:
     other = next(n for n in TASK_RUNTIMES if n != name)
-    runtime = _build(_settings(runtime=name), node_root, tmp_path)
+    runtime = _build(_settings(runtime=name, process_tasks="true"), node_root, tmp_path)
     with pytest.raises(StartError) as raised:
         await runtime.start(_spec(tmp_path, other), lambda _: None)
     assert str(raised.value) == f"this worker's pool offers the runtimes {name}, not {other}"
@@ -73,20 +74,45 @@ def test_a_runtime_without_a_factory_is_refused_naming_the_setting(setting: str)
 
 
 def test_process_runs_every_task_as_a_process(node_root: Path, tmp_path: Path) -> None:
-    runtime = _build(_settings(runtime="process", images_path="/images"), node_root, tmp_path)
+    settings = _settings(runtime="process", images_path="/images", process_tasks="true")
+    runtime = _build(settings, node_root, tmp_path)
     assert (runtime.host_for(""), runtime.host_for(IMAGE)) == ("process", "process")
 
 
-@pytest.mark.skipif(
+def test_process_is_refused_without_the_tests_knob() -> None:
+    """No Job sets LEVERS9_PROCESS_TASKS: a worker whose Job said process would not start."""
+    with pytest.raises(SettingsError) as raised:
+        _build(_settings(runtime="process"), Path("/nonexistent"), Path("/nonexistent"))
+    assert "only the agent's own tests take it, with LEVERS9_PROCESS_TASKS set" in str(raised.value)
+
+
+RUNC = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("runc", "umoci", "skopeo")),
     reason="the runc runtime needs root, runc, umoci and skopeo (CI and the worker Job have them)",
 )
-def test_runc_runs_an_image_under_runc_and_a_task_of_none_as_a_process(
+
+
+@RUNC
+async def test_runc_runs_a_task_of_none_nowhere_outside_a_container(
     node_root: Path, tmp_path: Path
 ) -> None:
+    """The agent gives such a task the pool's or its own image first; none left, it is refused."""
     runtime = _build(_settings(runtime="runc", images_path="/images"), node_root, tmp_path)
-    assert (runtime.host_for(IMAGE), runtime.host_for("")) == ("runc", "process")
+    assert (runtime.host_for(IMAGE), runtime.host_for("")) == ("runc", "runc")
     assert (node_root / "images").is_dir(), "its image cache is the pool's imagesPath, mapped"
+    spec = ContainerSpec("t", "", ("true",), {}, (), tmp_path / "r.json", tmp_path)
+    with pytest.raises(StartError) as raised:
+        await runtime.start(spec, lambda _: None)
+    assert str(raised.value).startswith("the task names no image and this worker has none")
+
+
+@RUNC
+def test_runc_runs_a_task_of_none_as_a_process_under_the_tests_knob(
+    node_root: Path, tmp_path: Path
+) -> None:
+    settings = _settings(runtime="runc", images_path="/images", process_tasks="true")
+    runtime = _build(settings, node_root, tmp_path)
+    assert (runtime.host_for(IMAGE), runtime.host_for("")) == ("runc", "process")
 
 
 CONTAINERS = pytest.mark.skipif(
