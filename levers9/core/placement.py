@@ -122,13 +122,31 @@ class PoolState(BaseModel):
     reclaiming: dict[str, str] = Field(default_factory=dict)
     """Borrowed task -> the workspace it is taken back for, until it is released."""
     _waiting_ids: set[str] | None = PrivateAttr(default=None)
-    _zero_gpus: int | None = PrivateAttr(default=None)
-    """How many waiting tasks take no card (they fit a worker with none free)."""
+    _sizes: list[int] | None = PrivateAttr(default=None)
+    """How many waiting tasks take no card (they fit a worker with none free), and how many
+    take more than one (only those reserve a worker)."""
+
+    def _counts(self) -> list[int]:
+        if self._sizes is None:
+            self._sizes = [
+                sum(1 for w in self.waiting if w.gpus == 0),
+                sum(1 for w in self.waiting if _reserves(w)),
+            ]
+        return self._sizes
 
     def _zero(self) -> int:
-        if self._zero_gpus is None:
-            self._zero_gpus = sum(1 for w in self.waiting if w.gpus == 0)
-        return self._zero_gpus
+        return self._counts()[0]
+
+    def _count(self, waiting: Waiting, by: int) -> None:
+        if self._sizes is not None:
+            self._sizes[0] += by if waiting.gpus == 0 else 0
+            self._sizes[1] += by if _reserves(waiting) else 0
+
+    def _nothing_to_do(self, most_free: int, placeable: int) -> bool:
+        """No card free, no task that takes none, and no reservation to make: every worker
+        reserved, or no task that reserves (see `_reserves`)."""
+        zero, multi = self._counts()
+        return most_free == 0 and zero == 0 and (multi == 0 or len(self.reservations) >= placeable)
 
     def _ids(self) -> set[str]:
         if self._waiting_ids is None:
@@ -186,8 +204,7 @@ class PoolState(BaseModel):
             at = bisect.bisect_right(self.waiting, now, key=lambda w: w.since)
             self.waiting.insert(at, waiting)
         self._ids().add(task_id)
-        if gpus == 0 and self._zero_gpus is not None:
-            self._zero_gpus += 1
+        self._count(waiting, +1)
         if notify:
             self.notify.append(task_id)
 
@@ -282,7 +299,7 @@ class PoolState(BaseModel):
             self.slots[placement.worker_id].busy.pop(task_id, None)
         if task_id in self._ids():  # withdrawn while it waits
             self.waiting = [w for w in self.waiting if w.task_id != task_id]
-            self._zero_gpus = None
+            self._sizes = None
             self._ids().discard(task_id)
             if task_id in self.notify:
                 self.notify.remove(task_id)
@@ -306,14 +323,12 @@ class PoolState(BaseModel):
     ) -> list[Placement]:
         most_free = self.most_free()
         placeable = len(self.placeable())
-        if most_free == 0 and self._zero() == 0:
-            # No card free and no task that takes none: only reservations could change, and
-            # none can when every worker is reserved or no task has waited long enough (a
-            # standing queue of thousands costs nothing here, not a look per task).
-            if len(self.reservations) >= placeable or not self.waiting:
-                return []
-            if now - self.waiting[0].since < reserve_after:
-                return []
+        if not self.waiting or self._nothing_to_do(most_free, placeable):
+            return []  # a standing queue of thousands costs nothing here, not a look per task
+        if most_free == 0 and self._zero() == 0 and now - self.waiting[0].since < reserve_after:
+            return []  # only a reservation could be made, and none has waited long enough
+        open_free = self._open_free()
+        reservers = set(self.reservations.values())
         made: list[Placement] = []
         queues: dict[str, deque[Waiting]] = defaultdict(deque)
         for waiting in self.waiting:
@@ -343,23 +358,26 @@ class PoolState(BaseModel):
                     kept = [w for w in queue if w.gpus == 0] if self._zero() else []
                     queue.clear()
                     queue.extend(kept)
-            elif waiting.gpus and most_free == 0 and len(self.reservations) >= placeable:
-                # No card free and every worker reserved: it neither fits nor reserves.
-                pass
             else:
-                slot = self._fit(waiting) if waiting.gpus <= most_free else None
+                # Free cards of a reserved worker go to its reserving task only: a look at the
+                # workers is for a task that fits the unreserved ones, or holds a reservation.
+                fits = waiting.gpus <= open_free or (
+                    waiting.task_id in reservers and waiting.gpus <= most_free
+                )
+                slot = self._fit(waiting) if fits else None
                 if slot is None:
                     looked[workspace] += max(waiting.gpus, 1)
-                    if now - waiting.since >= reserve_after:
-                        self._reserve(waiting)
+                    if now - waiting.since >= reserve_after and self._reserve(waiting):
+                        reservers.add(waiting.task_id)
                 else:
                     placed = self._place(waiting, slot, borrowed=borrowing)
             if placed is not None:
                 made.append(placed)
+                reservers.discard(waiting.task_id)
                 held[workspace] = held.get(workspace, 0) + waiting.gpus
-                most_free = self.most_free()
-            if most_free == 0 and self._zero() == 0 and len(self.reservations) >= placeable:
-                break  # nothing else can be placed or reserve this round
+                most_free, open_free = self.most_free(), self._open_free()
+            if self._nothing_to_do(most_free, placeable):
+                break  # nothing else can be placed or reserved this round
             if queue:
                 heapq.heappush(heap, key(workspace))
         if made:
@@ -388,8 +406,7 @@ class PoolState(BaseModel):
             if holder == waiting.task_id:
                 del self.reservations[worker_id]
         self._ids().discard(waiting.task_id)
-        if waiting.gpus == 0 and self._zero_gpus is not None:
-            self._zero_gpus -= 1
+        self._count(waiting, -1)
         return placement
 
     def _fit(self, waiting: Waiting) -> Slot | None:
@@ -411,9 +428,17 @@ class PoolState(BaseModel):
             for port in placed.ports
         }
 
-    def _reserve(self, waiting: Waiting) -> None:
-        if waiting.task_id in self.reservations.values():
-            return
+    def _open_free(self) -> int:
+        """The most cards free on one worker that no task has reserved."""
+        return max(
+            (len(s.free()) for s in self.placeable() if s.worker_id not in self.reservations),
+            default=0,
+        )
+
+    def _reserve(self, waiting: Waiting) -> bool:
+        """Whether it reserved a worker now (only a task that `_reserves`)."""
+        if not _reserves(waiting) or waiting.task_id in self.reservations.values():
+            return False
         able = [
             slot
             for slot in self.placeable()
@@ -423,3 +448,13 @@ class PoolState(BaseModel):
             # The one that can hold it soonest: most cards of its own, then most free.
             best = max(able, key=lambda s: (len(s.devices), len(s.free()), s.worker_id))
             self.reservations[best.worker_id] = waiting.task_id
+            return True
+        return False
+
+
+def _reserves(waiting: Waiting) -> bool:
+    """Whether a task that waits long reserves a worker: one that takes more than one card (a
+    stream of smaller tasks could take each card as it frees), or publishes ports (a task on
+    the worker may hold them). A one-card task never does: whatever card frees next fits it,
+    and the fair-share order gives it its turn, which a reservation would override."""
+    return waiting.gpus > 1 or bool(waiting.ports)

@@ -205,10 +205,10 @@ def test_a_request_is_queued_once_in_the_order_of_its_creation() -> None:
 
 
 def test_release_withdraws_a_waiting_task_and_its_reservation() -> None:
-    state = _pool(a=(0,))
+    state = _pool(a=(0, 1))
     state.request("holder", 1, T0)
     state.assign(T0, RESERVE)
-    state.request("quiet", 1, T0)
+    state.request("quiet", 2, T0)
     state.request("told", 1, T0, notify=True)
     state.request("other", 1, T0, notify=True)
     state.assign(T0 + RESERVE, RESERVE)
@@ -218,7 +218,7 @@ def test_release_withdraws_a_waiting_task_and_its_reservation() -> None:
     state.release("told")
     state.release("never-asked")
     assert ([w.task_id for w in state.waiting], state.notify) == (["other"], ["other"])
-    state.request("quiet", 1, T0 + RESERVE)
+    state.request("quiet", 2, T0 + RESERVE)
     assert [w.task_id for w in state.waiting] == ["other", "quiet"], "asked again: it waits"
 
 
@@ -247,18 +247,33 @@ def test_a_placement_carries_the_workers_queue_and_tls() -> None:
 
 
 def test_a_reserving_task_takes_its_worker_once_a_card_is_free() -> None:
-    """Every worker reserved and one card free: the task that reserved it is placed there (and
+    """Every worker reserved and its cards free: the task that reserved it is placed there (and
     its reservation ends), which the shortcut for "no card free" must not skip."""
     state = _pool(w=(0, 1))
-    for task_id in ("x", "y", "r"):
-        state.request(task_id, 1, T0)
+    for task_id, gpus in (("x", 1), ("y", 1), ("r", 2)):
+        state.request(task_id, gpus, T0)
     assert [p.task_id for p in state.assign(T0, RESERVE)] == ["x", "y"]
     state.assign(T0 + RESERVE, RESERVE)
     assert state.reservations == {"w": "r"}
     state.release("y")
+    state.request("late", 1, T0 + RESERVE)
+    assert state.assign(T0 + RESERVE, RESERVE) == [], "the free card is r's: late waits"
+    state.release("x")
     [placed] = state.assign(T0 + RESERVE, RESERVE)
-    assert (placed.task_id, placed.gpu_indices) == ("r", (1,))
+    assert (placed.task_id, placed.gpu_indices) == ("r", (0, 1))
     assert state.reservations == {}
+
+
+def test_a_one_card_task_never_reserves_and_takes_the_next_card_in_its_turn() -> None:
+    state = _pool(w=(0,))
+    state.request("x", 1, T0)
+    state.request("one", 1, T0 + timedelta(seconds=1))
+    state.assign(T0, RESERVE)
+    assert state.assign(T0 + 2 * RESERVE, RESERVE) == []
+    assert state.reservations == {}
+    state.release("x")
+    [placed] = state.assign(T0 + 2 * RESERVE, RESERVE)
+    assert placed.task_id == "one"
 
 
 def test_with_every_worker_reserved_and_no_card_free_later_tasks_are_still_looked_at() -> None:
@@ -275,7 +290,7 @@ def test_with_every_worker_reserved_and_no_card_free_later_tasks_are_still_looke
     state.request("cpu", 0, T0 + timedelta(seconds=2), ports=(80,))
     later = T0 + timedelta(seconds=2) + RESERVE
     assert state.assign(later, RESERVE) == []
-    assert state.reservations == {"w2": "gpu", "w1": "cpu"}
+    assert state.reservations == {"w2": "cpu"}, "the port task reserves; a one-card one never"
     state.release("p1")
     [placed_cpu] = state.assign(later, RESERVE)
     assert (placed_cpu.task_id, placed_cpu.worker_id) == ("cpu", "w1")
