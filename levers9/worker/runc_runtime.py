@@ -50,6 +50,7 @@ from levers9.worker.images import (
 from levers9.worker.runc_config import DEFAULT_LIMITS, Limits, UserNamespace, container_config
 from levers9.worker.runc_container import HOST, SHIM, ContainerRecord, RuncContainer, container_id
 from levers9.worker.runtime import (
+    NO_IMAGE,
     Container,
     ContainerSpec,
     ImageUnavailable,
@@ -130,7 +131,7 @@ class RuncRuntime:
 
     def _refuse(self, spec: ContainerSpec) -> str | None:
         """Why this runtime cannot run the task (None: it can)."""
-        return None if spec.image else "the task names no image"
+        return None if spec.image else NO_IMAGE
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
         refused = self._refuse(spec)

@@ -197,6 +197,13 @@ def prepend_path(value: str | None, directories: Sequence[Path]) -> str:
     return ":".join(parts)
 
 
+NO_IMAGE = (
+    "the task names no image and this worker has none to give it: set the pool's"
+    " taskDefaults.image, or run the worker from an image (its Job's LEVERS9_WORKER_IMAGE)"
+)
+"""Why a task that found no image to run in does not start: no task runs outside a container."""
+
+
 class ByImage:
     """A task that names an image runs in the image runtime (runc). One that names none (the
     worker found no default image for it) runs in the process runtime where the agent's tests
@@ -224,11 +231,7 @@ class ByImage:
     def _fallback(self) -> Runtime:
         """The process runtime; StartError when there is none (no task runs outside one)."""
         if self._process is None:
-            raise StartError(
-                "the task names no image and this worker has none to give it: set the pool's"
-                " taskDefaults.image, or run the worker from an image (its Job's"
-                " LEVERS9_WORKER_IMAGE)"
-            )
+            raise StartError(NO_IMAGE)
         return self._process
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
