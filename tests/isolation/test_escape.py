@@ -168,13 +168,6 @@ def _param(name: str) -> Any:
     return name
 
 
-IMAGELESS_PENDING: str | None = (
-    "a task that names no image on a pool without taskDefaults.image runs as a process of the"
-    " agent (levers9/worker/runtimes.py, the runc entry), outside any sandbox"
-)
-"""None once such a task runs in a container (the worker's image) like any other."""
-
-
 @dataclass
 class Stack:
     cp: Controlplane
@@ -206,7 +199,6 @@ async def bare(
             yield plane
 
 
-@pytest.mark.xfail(IMAGELESS_PENDING is not None, reason=str(IMAGELESS_PENDING), strict=True)
 async def test_a_task_that_names_no_image_is_sandboxed_too(bare: Controlplane) -> None:
     """What a tenant tries first where a pool has no default image: no `--image` at all."""
     done = await _probe_task(bare, {"mode": "probes"})
