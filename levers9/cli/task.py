@@ -112,7 +112,7 @@ async def submit_and_follow(
     await tasks.submit(task)
     if submitted is not None:
         submitted.append(task.task_id)
-    image = task.image or "the pool's default (taskDefaults.image)"
+    image = task.image or "the pool's default (taskDefaults.image, else the worker's own)"
     console.print(
         f"task {task.task_id} submitted to pool {task.pool_name}, image {image}", highlight=False
     )

@@ -58,7 +58,9 @@ async def test_a_task_without_an_image_runs_in_the_pools_default(cp: Controlplan
     done = await cp.cli("run", "--pool", POOL, "--", "python3", "-c", script)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].endswith("image the pool's default (taskDefaults.image)"), lines[0]
+    assert lines[0].endswith(
+        "image the pool's default (taskDefaults.image, else the worker's own)"
+    ), lines[0]
     assert "(3, 11) 1" in lines, "Debian's Python 3.11, as PID 1 of its own namespace"
     [shown] = [line for line in lines if line.startswith("image=")]
     assert shown.startswith(f"image={DEFAULT_IMAGE} digest=sha256:")
