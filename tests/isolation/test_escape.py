@@ -63,7 +63,6 @@ pytestmark = [
 WITHIN = 60
 BIN = Path(sys.executable).parent
 GAR_HOST = "us-central1-docker.pkg.dev"
-DEFAULT_IMAGE = f"{GAR_HOST}/demo/tasks/python:3.11"
 WORKER_REPOSITORY = f"demo/{worker_image.REPOSITORY}"
 """Where the dev pool's worker image lives in its project's registry (the Job's image)."""
 SOURCE = Path(probe.__file__).read_text()
@@ -179,36 +178,6 @@ class Stack:
     """Targets beyond the node that the node itself cannot reach here (nothing to refuse)."""
 
 
-@pytest.fixture
-async def bare(
-    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Controlplane]:
-    """A pool with no `taskDefaults.image`, for this one test (gone before the module's own);
-    its registry mirror holds the worker's image, where a task that names no image goes."""
-    directory = tmp_path_factory.mktemp("bare")
-    base, _tag = await asyncio.to_thread(task_images.python_image)
-    image = await asyncio.to_thread(worker_image.build, directory / "worker", None, base)
-    with registries.LocalRegistry(directory / "gar") as gar:
-        await asyncio.to_thread(worker_image.push, image, gar.address, WORKER_REPOSITORY)
-        settings: dict[str, Any] = {
-            "registryMirrors": f"{GAR_HOST}={gar.address}",
-            "insecureRegistries": gar.address,
-        }
-        async with reconciling(dev_env.client, directory, None, False, **settings) as plane:
-            await eventually(lambda: workers_available(plane), within=WITHIN)
-            yield plane
-
-
-async def test_a_task_that_names_no_image_is_sandboxed_too(bare: Controlplane) -> None:
-    """What a tenant tries first where a pool has no default image: no `--image` at all."""
-    done = await _probe_task(bare, {"mode": "probes"})
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = _lines(done.stdout)
-    assert set(found) == set(KERNEL) - {"memory-limit", "pids-limit", "disk-limit"}, done.stdout
-    allowed = [f"{name}: {v['tried']}: {v['got']}" for name, v in found.items() if not v["refused"]]
-    assert allowed == [], "\n".join(allowed)
-
-
 @dataclass
 class Site:
     cp: Controlplane
@@ -220,19 +189,22 @@ class Site:
 async def site(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Site]:
+    """The controlplane, its pool offering runc and runsc with no `taskDefaults.image`: every
+    task here names no image, as a tenant's `levers9 run -- CMD` does, and runs in the worker's
+    own image (the dev stack's, built on the Python image), which the pool's registry mirror
+    holds where its Job's image is named."""
     directory = tmp_path_factory.mktemp("isolation")
-    layout, tag = await asyncio.to_thread(task_images.python_image)
+    base, _tag = await asyncio.to_thread(task_images.python_image)
+    image = await asyncio.to_thread(worker_image.build, directory / "worker", None, base)
     with registries.LocalRegistry(directory / "gar") as gar:
-        await asyncio.to_thread(
-            registries.push_layout, layout, f"{gar.address}/demo/tasks/python:{tag}", tag
-        )
+        await asyncio.to_thread(worker_image.push, image, gar.address, WORKER_REPOSITORY)
         settings: dict[str, Any] = {
             "registryMirrors": f"{GAR_HOST}={gar.address}",
             "insecureRegistries": gar.address,
         }
-        defaults = {"taskDefaults": {"image": DEFAULT_IMAGE}, "runtimes": ["runc", "runsc"]}
+        runtimes = {"runtimes": ["runc", "runsc"]}
         async with reconciling(
-            dev_env.client, directory, None, False, pool_settings=defaults, **settings
+            dev_env.client, directory, None, False, pool_settings=runtimes, **settings
         ) as plane:
             # The schedule's memo says which runtimes the pool's tasks may name (as worker_main
             # syncs it from the values): runc, and runsc for the probes under gVisor.
@@ -251,7 +223,9 @@ def _victim_source(marker: str) -> str:
     """Another tenant's task: a secret in its root and its task folder, an HTTP server on its
     published port on every address."""
     return (
-        "import http.server, os, pathlib\n"
+        "import http.server, os, pathlib, signal\n"
+        # PID 1 of its namespace: without a handler SIGTERM would wait out the stop's grace.
+        "signal.signal(signal.SIGTERM, lambda *_: os._exit(0))\n"
         f"for folder in ('/', os.path.dirname(os.environ['LEVERS9_RESULT_PATH'])):\n"
         f"    pathlib.Path(folder, {SECRET_FILE!r}).write_text({marker!r})\n"
         "class H(http.server.BaseHTTPRequestHandler):\n"
