@@ -1,10 +1,11 @@
 """The escape suite: what a hostile tenant tries from inside a real task on the sandbox, and
 that every attempt is refused while the node, the agents and the other tasks stay healthy.
 
-One controlplane on the sandbox, its pool's default task image the Python image and its
-runtimes runc and runsc (as on the dev stack). A victim task of another tenant runs first: an
-HTTP server on a published port (answering through its agent), a secret marker in its root
-and its task folder (read on the node). Then one task runs every probe of
+One controlplane on the sandbox, its pool offering runc and runsc (as the dev stack's) with no
+`taskDefaults.image`: every task here names no image, as a tenant's `levers9 run -- CMD` does,
+and runs in the worker's own image (built on the Python image). A victim task of another
+tenant runs first: an HTTP server on a published port (answering through its agent), a secret
+marker in its root and its task folder (read on the node). Then one task runs every probe of
 tests/isolation/probe.py at once (shipped as `python3 -c SOURCE CONFIG`), aimed at what the
 test found on the node: the gateway, Temporal, the agents' WorkerService ports, the sandbox's
 API (its kubelet), the GCP emulator's token server, the image registry, the victim's port, a
