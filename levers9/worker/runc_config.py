@@ -84,7 +84,7 @@ class Limits:
 
     memory_bytes: int | None = DEFAULT_MEMORY_BYTES
     cpus: float | None = None
-    pids: int | None = 32768
+    pids: int | None = 4096
     disk_bytes: int = DEFAULT_DISK_BYTES
     """The writable layer's size (levers9.worker.runc_runtime makes it a filesystem of it)."""
 

@@ -466,7 +466,7 @@ async def test_requests_need_the_operator_token_and_a_known_endpoint(cp: Control
     async with aiohttp.ClientSession() as session:
         async with session.get(_url(cp, "cold")) as response:
             assert response.status == 401
-            assert "Authorization: Bearer <operator token>" in await response.text()
+            assert "Authorization: Bearer <token>`: the operator's" in await response.text()
         async with session.get(_url(cp, "cold"), headers={"Authorization": "Bearer nope"}) as r:
             assert r.status == 401
         async with session.get(_url(cp, "nosuch"), headers=_auth()) as response:

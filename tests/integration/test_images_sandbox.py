@@ -145,7 +145,7 @@ async def test_cpus_from_the_command_line_is_the_containers_cpu_quota(cp: Contro
 
 async def test_the_container_has_the_runtimes_pids_limit(cp: Controlplane) -> None:
     cpu, pids = await _cgroup_limits(cp)
-    assert pids == "32768"
+    assert pids == "4096"
     assert cpu in ("max 100000", "-1 100000"), "no --cpus (and no taskDefaults.cpus): no quota"
 
 
@@ -433,4 +433,4 @@ async def test_the_task_runs_in_its_sandbox(cp: Controlplane) -> None:
     assert (inside, int(node) >= 100_000) == ("0", True), f"not the identity map: {ids}"
     assert memory.isdigit(), memory
     assert memory != V1_UNLIMITED, "a memory limit though the task asked for none"
-    assert pids == "32768"
+    assert pids == "4096"

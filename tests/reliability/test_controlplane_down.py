@@ -112,7 +112,9 @@ async def test_task_get_answers_the_last_recorded_state(down: Down) -> None:
 
     running = await _cli(w, "task", "get", down.running)
     _said_unreachable(w, running)
-    assert f"from the memo of its workflow (Running, PoolName={POOL})" in running.stdout
+    assert "from the memo of its workflow (Running, " in running.stdout
+    assert f"PoolName={POOL}" in running.stdout
+    assert "Levers9Workspace=default" in running.stdout
     assert f"task {down.running} running worker=" in running.stdout
 
 
