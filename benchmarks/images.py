@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from levers9.worker.images import ImageCache
-from levers9.worker.runc_runtime import RuncRuntime
-from levers9.worker.runtime import ContainerSpec
+from levers9.agent.images import ImageCache
+from levers9.agent.runc_runtime import RuncRuntime
+from levers9.agent.runtime import ContainerSpec
 from sandbox.registries import LocalRegistry, push_layout
 from sandbox.task_images import build_busybox, python_image
 

@@ -1,7 +1,7 @@
 """The suite's property tests, drawn at length: every hypothesis test of the suite with
 LEVERS9_PROPERTY_SCALE times its examples, at random (tests/properties.py), where `make test`
 draws a fixed few. A failure prints hypothesis's shrunk example; fix it, and add it to the
-suite as an explicit case (as tests/worker/test_rpc_properties.py does for what its draws
+suite as an explicit case (as tests/agent/test_rpc_properties.py does for what its draws
 found).
 
     python benchmarks/properties.py [--scale 50] [--seed N] [pytest args...]
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = (
     "tests/reliability/test_door_properties.py",
     "tests/reliability/test_bad_input.py",
-    "tests/worker/test_rpc_properties.py",
+    "tests/agent/test_rpc_properties.py",
     "tests/gateway/test_submit_properties.py",
     "tests/unit/test_quantity.py",
 )

@@ -1,9 +1,9 @@
-"""What a task's own network costs (levers9.worker.task_network), against host networking.
+"""What a task's own network costs (levers9.agent.task_network), against host networking.
 
 Two paths, each measured both ways (root; slirp4netns, nft and ip installed):
 
 - **download**: a 1 GiB download from "the internet": a listener in a namespace of this
-  script's own, beyond a veth pair (198.51.100.2, as in tests/worker/test_task_network.py).
+  script's own, beyond a veth pair (198.51.100.2, as in tests/agent/test_task_network.py).
   Host networking: the client in the node's namespace (the veth alone). Task network: the same
   client inside a task's namespace made by `TaskNetworks.create` (nft rules loaded, the
   packets through slirp4netns' user-mode NAT, then the veth): exactly where a runc task's
@@ -37,8 +37,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from levers9.worker import task_network
-from levers9.worker.task_network import TaskNetworks
+from levers9.agent import task_network
+from levers9.agent.task_network import TaskNetworks
 
 INTERNET = "198.51.100.2"
 SERVE = """

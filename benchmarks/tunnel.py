@@ -29,16 +29,16 @@ from grpc import aio
 from pydantic import SecretStr
 
 from levers9 import logs
+from levers9.agent.driver import DriverSetup
+from levers9.agent.process_runtime import ProcessRuntime
+from levers9.agent.server import WorkerServer
+from levers9.agent.service import WorkerService
+from levers9.agent.supervisor import TaskManager
+from levers9.agent.tunnel import TunnelClient
 from levers9.gateway.server import Gateway
 from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.tokens import worker_token
-from levers9.worker.driver import DriverSetup
-from levers9.worker.process_runtime import ProcessRuntime
-from levers9.worker.server import WorkerServer
-from levers9.worker.service import WorkerService
-from levers9.worker.supervisor import TaskManager
-from levers9.worker.tunnel import TunnelClient
 from sandbox.synthetic import cpu_model
 
 Metadata = tuple[tuple[str, str], ...]

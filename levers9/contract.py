@@ -1,5 +1,5 @@
 """What the controlplane's worker Job and the agent inside it agree on: Kubernetes names and node
-paths. The agent (`levers9.worker`) imports nothing else of the controlplane (.importlinter), so
+paths. The agent (`levers9.agent`) imports nothing else of the controlplane (.importlinter), so
 both sides read these from here."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 
 RUNTIMES = ("process", "runc", "runsc")
-"""The pool's `runtime` setting: how the agent runs its tasks (`levers9.worker.runtimes` holds
+"""The pool's `runtime` setting: how the agent runs its tasks (`levers9.agent.runtimes` holds
 one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`, and the others it
 offers as `LEVERS9_RUNTIMES`)."""
 DEFAULT_RUNTIME = "runc"

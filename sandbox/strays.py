@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from levers9.agent.cgroups import TASK_ROOTS, cgroup_dirs, remove_cgroups
 from levers9.contract import AGENT_FILE, WORK_ROOT
-from levers9.worker.cgroups import TASK_ROOTS, cgroup_dirs, remove_cgroups
 
 KILL_WITHIN_S = 10.0
 RUNC_TIMEOUT_S = 30.0

@@ -3,7 +3,7 @@
 #   docker-registry  the CNCF distribution registry: `levers9 dev up` runs two of them on
 #                    127.0.0.1 as the controlplane's ECR and the project's Artifact Registry
 #   skopeo           copies images between them, as the attach script copies the worker image,
-#                    and pulls tasks' images into a worker's cache (levers9/worker/images.py)
+#                    and pulls tasks' images into a worker's cache (levers9/agent/images.py)
 #   umoci            unpacks a cached image into a root filesystem; builds the tests' images
 #   runc             runs a task's container (the worker's runc runtime; its tests need root)
 #   busybox-static   the one static binary of the tests' smallest image

@@ -37,11 +37,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from levers9.agent.cdi import CdiError, node_cards
+from levers9.agent.images import ImageCache
+from levers9.agent.runc_runtime import RuncRuntime
+from levers9.agent.runtime import ContainerSpec, StartError
 from levers9.records.tasks import CHECK_KEYS, SIMULATED_NO_CARD, saw_no_card
-from levers9.worker.cdi import CdiError, node_cards
-from levers9.worker.images import ImageCache
-from levers9.worker.runc_runtime import RuncRuntime
-from levers9.worker.runtime import ContainerSpec, StartError
 from sandbox.registries import LocalRegistry, push_layout
 from sandbox.task_images import python_image
 

@@ -6,7 +6,7 @@
 #
 # No CUDA userspace here: the node's NVIDIA driver is mounted from the host at
 # /usr/local/nvidia (GKE's device plugin). At start the agent registers /usr/local/nvidia/lib64
-# with the loader (an ld.so.conf.d entry and ldconfig: levers9/worker/driver.py) and finds
+# with the loader (an ld.so.conf.d entry and ldconfig: levers9/agent/driver.py) and finds
 # nvidia-smi in /usr/local/nvidia/bin; the ENV below puts both where a shell in the container
 # looks too.
 #
@@ -42,9 +42,9 @@ LABEL org.opencontainers.image.title="levers9-worker" \
 
 # The container host: runc runs each task in its image, runsc (gVisor) a task of a pool that
 # offers it, umoci unpacks a cached image and makes its runtime config, skopeo pulls images into
-# the node's cache (levers9/worker/runc_runtime.py, runsc_runtime.py, images.py). Pinned to
+# the node's cache (levers9/agent/runc_runtime.py, runsc_runtime.py, images.py). Pinned to
 # bookworm's upstream versions; the globs accept Debian's rebuilds. Each task's network of its
-# own (levers9/worker/task_network.py): slirp4netns for its outbound NAT, nftables for the rules
+# own (levers9/agent/task_network.py): slirp4netns for its outbound NAT, nftables for the rules
 # in it (util-linux's unshare and nsenter come with the base image); e2fsprogs' mkfs.ext4 for
 # each task's writable layer, a filesystem of its own with a size cap.
 RUN apt-get update \

@@ -249,7 +249,7 @@ class TaskDefaults(_Model):
 
 class TaskNetwork(_Model):
     """What a pool's tasks may reach besides the public internet. Each task has a network of
-    its own (levers9.worker.task_network): by default it reaches neither the node nor
+    its own (levers9.agent.task_network): by default it reaches neither the node nor
     link-local (169.254/16: no metadata server), private (10/8, 172.16/12, 192.168/16,
     100.64/10, fc00::/7) or another task's addresses."""
 
@@ -309,7 +309,7 @@ class PoolConfig(_Model):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     host_network: bool = Field(default=True, alias="hostNetwork")
     runtime: Runtime = DEFAULT_RUNTIME
-    """How the pool's workers run its tasks (`levers9.worker.runtimes`): `runc`, a task in its
+    """How the pool's workers run its tasks (`levers9.agent.runtimes`): `runc`, a task in its
     image (a task of none in `taskDefaults.image`, else the worker's image); `runsc`, a task in
     its image in a gVisor sandbox. Never `process` (the agent's own tests' runtime)."""
     runtimes: list[Runtime] | None = None
@@ -319,7 +319,7 @@ class PoolConfig(_Model):
     task_network: TaskNetwork = Field(default_factory=TaskNetwork, alias="taskNetwork")
     task_seccomp_profile: str | None = Field(default=None, alias="taskSeccompProfile")
     """The node path of the seccomp profile (Docker's format) its runc tasks run under; unset:
-    moby's default, which the agent carries (levers9/worker/seccomp/). The worker Job mounts it
+    moby's default, which the agent carries (levers9/agent/seccomp/). The worker Job mounts it
     read-only; the agent refuses to start on a file that is not a profile, naming this field."""
     worker_resources: WorkerResources = Field(
         default_factory=WorkerResources, alias="workerResources"

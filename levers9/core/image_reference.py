@@ -1,7 +1,7 @@
 """Image references as Docker reads them: `[registry/]repository[:tag][@sha256:...]`.
 
 One parser for every side: the gateway refuses a submitted task whose image is not one (the
-field named), the agent's image cache resolves it (`levers9.worker.images`). A first component
+field named), the agent's image cache resolves it (`levers9.agent.images`). A first component
 without a dot, a port or `localhost` is a Docker Hub path (`pytorch/pytorch` is
 `docker.io/pytorch/pytorch`, `busybox` is `docker.io/library/busybox`).
 """

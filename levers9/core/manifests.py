@@ -69,7 +69,7 @@ class WorkerJobSpec:
     image_cache_bytes: int = 0
     """The pool's `imageCacheSize`; 0: the worker's default."""
     runtime: str = DEFAULT_RUNTIME
-    """The pool's `runtime`: what the agent runs its tasks with (`levers9.worker.runtimes`)."""
+    """The pool's `runtime`: what the agent runs its tasks with (`levers9.agent.runtimes`)."""
     runtimes: tuple[str, ...] = ()
     """The pool's `runtimes`: those its tasks may name (`runtime` among them); (): it alone."""
     task_network_allow: tuple[str, ...] = ()

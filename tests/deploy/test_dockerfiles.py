@@ -30,10 +30,12 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 import levers9
+from levers9.agent.driver import BIN_DIRS, LIB_DIRS, LOADER_CONF
 from levers9.config import ControlplaneSettings
 from levers9.core.manifests import WORKER_COMMAND, worker_job
-from levers9.worker.driver import BIN_DIRS, LIB_DIRS, LOADER_CONF
 from sandbox import worker_image
+from tests.agent.kit import POD_UID, TOKEN
+from tests.agent.recording_gateway import RecordingGateway
 from tests.deploy.chart import find, render, tool
 from tests.deploy.images import (
     CONTROLPLANE,
@@ -53,8 +55,6 @@ from tests.deploy.images import (
     started,
 )
 from tests.factories import worker_job_spec
-from tests.worker.kit import POD_UID, TOKEN
-from tests.worker.recording_gateway import RecordingGateway
 
 PYPROJECT = ROOT / "pyproject.toml"
 EMULATOR = "sandbox"
@@ -199,7 +199,7 @@ def test_the_build_context_is_what_dockerignore_keeps(buildah: Buildah, tmp_path
     project = pyproject()
     needed = {"pyproject.toml", project["project"]["readme"]}
     needed |= {f"{m}.py" for m in project["tool"]["setuptools"]["py-modules"]}
-    needed |= {"levers9/__init__.py", "levers9/worker/main.py", "workflows", "activities"}
+    needed |= {"levers9/__init__.py", "levers9/agent/main.py", "workflows", "activities"}
     assert needed <= present, f"the context lacks {sorted(needed - present)}"
     tops = {p.split("/")[0] for p in present}
     for dropped in (".git", ".venv", EMULATOR, "tests", "benchmarks", "docs", "deploy"):

@@ -19,8 +19,8 @@ from types import ModuleType
 
 import pytest
 
+from levers9.agent.cdi import node_cards
 from levers9.records.tasks import SIMULATED_NO_CARD
-from levers9.worker.cdi import node_cards
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="runc needs root (CI and the worker Job are)")
 GPU = Path(__file__).parents[2] / "deploy" / "gpu"

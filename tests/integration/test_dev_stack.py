@@ -31,9 +31,9 @@ import pytest
 from kubernetes import client as k8s
 
 from activities.kube_clients import KubeClients
+from levers9.agent.cgroups import cgroup_dirs
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
-from levers9.worker.cgroups import cgroup_dirs
 from sandbox import aws, registries, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev

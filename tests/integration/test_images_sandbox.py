@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.agent.cgroups import cgroup_dirs
 from levers9.contract import WORK_ROOT
-from levers9.worker.cgroups import cgroup_dirs
 from sandbox import registries, task_images
 from tests.controlplane import (
     POOL,
@@ -304,7 +304,7 @@ def _free_port() -> int:
 
 
 def _task_networks(cp: Controlplane, task_id: str) -> list[Path]:
-    """The folders of the task's network on the sandbox's nodes (levers9.worker.task_network)."""
+    """The folders of the task's network on the sandbox's nodes (levers9.agent.task_network)."""
     work = cp.sandbox.state.dir.glob(f"nodes/*/{WORK_ROOT.lstrip('/')}/*/networks/*/task_id")
     return [p.parent for p in work if p.read_text() == task_id]
 
@@ -422,7 +422,7 @@ V1_UNLIMITED = "9223372036854771712"
 async def test_the_task_runs_in_its_sandbox(cp: Controlplane) -> None:
     """As a user on the dev stack sees it (no --memory given): moby's seccomp profile, a user
     namespace of its own range (not the identity map), a memory limit all the same, the pids
-    limit (levers9.worker.runc_config; tests/worker/test_runc_sandbox.py has the rest)."""
+    limit (levers9.agent.runc_config; tests/agent/test_runc_sandbox.py has the rest)."""
     done = await cp.cli("run", "--pool", POOL, "--image", IMAGE, "--", "sh", "-c", SANDBOX)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -44,12 +44,12 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.agent.paths import HostPaths
+from levers9.agent.runc_config import DEFAULT_LIMITS
 from levers9.contract import CREDENTIALS_DIR, TOKEN_FILE
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
 from levers9.temporal import connect, sync_reconcile_schedules
-from levers9.worker.paths import HostPaths
-from levers9.worker.runc_config import DEFAULT_LIMITS
 from sandbox import registries, task_images, worker_image
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import free_port
@@ -69,7 +69,7 @@ WORKER_REPOSITORY = f"demo/{worker_image.REPOSITORY}"
 SOURCE = Path(probe.__file__).read_text()
 SECRET_FILE = "victim-secret"
 TASK_MOUNT = "/levers9"
-"""The task's own folder inside its container (levers9.worker.runc_config)."""
+"""The task's own folder inside its container (levers9.agent.runc_config)."""
 METADATA = "169.254.169.254:80"
 SLIRP_HOST = "10.0.2.2"
 """slirp4netns's alias for the node's loopback, inside a task's network."""

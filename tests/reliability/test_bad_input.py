@@ -30,6 +30,11 @@ from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.agent.driver import DriverSetup
+from levers9.agent.process_runtime import ProcessRuntime
+from levers9.agent.server import WorkerServer
+from levers9.agent.service import WorkerService
+from levers9.agent.supervisor import TaskManager
 from levers9.config import INVALID_PROVIDER, ConfigError, Values, load, parse_values
 from levers9.devstack import values as devvalues
 from levers9.gateway.server import Gateway
@@ -38,11 +43,6 @@ from levers9.gateway.tunnel import TunnelHub
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.tokens import operator_token, worker_token
-from levers9.worker.driver import DriverSetup
-from levers9.worker.process_runtime import ProcessRuntime
-from levers9.worker.server import WorkerServer
-from levers9.worker.service import WorkerService
-from levers9.worker.supervisor import TaskManager
 from sandbox.pki import mint_certificate_authority, mint_service_account_key
 from sandbox.threaded import LoopThread
 from tests.properties import examples

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from levers9.agent.cgroups import TASK_ROOTS
+from levers9.agent.process_runtime import start_ticks
+from levers9.agent.task_network import TaskNetworks
 from levers9.contract import AGENT_FILE, WORK_ROOT
-from levers9.worker.cgroups import TASK_ROOTS
-from levers9.worker.process_runtime import start_ticks
-from levers9.worker.task_network import TaskNetworks
 from sandbox import strays
 
 
@@ -116,7 +116,7 @@ def test_a_killed_agents_gvisor_sandbox_is_a_stray_and_removed(tmp_path: Path) -
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting an overlay needs root")
 def test_a_killed_agents_task_root_is_a_stray_and_removed(tmp_path: Path) -> None:
-    """A task's root is mounted outside its work dir (TASK_ROOTS, levers9.worker.runc_runtime):
+    """A task's root is mounted outside its work dir (TASK_ROOTS, levers9.agent.runc_runtime):
     it is found by its layers, under the stack's state dir, and goes with its mount point."""
     work = _work_dir(tmp_path, "w1")
     layers = work / "tasks" / "t1" / "bundle"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from levers9.agent.settings import SettingsError, WorkerSettings
 from levers9.config import ControlplaneSettings
 from levers9.rpc import tls
-from levers9.worker.settings import SettingsError, WorkerSettings
 from sandbox import pki
 from tests.factories import values_doc, write_yaml
 

@@ -88,7 +88,7 @@ def test_the_agent_contract_is_the_allow_list_rule_over_levers9() -> None:
         "tests.import_rules.OnlyContract",
     ]
     assert (contract["source_modules"].split(), contract["container"]) == (
-        ["levers9.worker"],
+        ["levers9.agent"],
         "levers9",
     )
     assert set(contract["forbidden_modules"].split()) == {"workflows", "activities", "sandbox"}
@@ -124,7 +124,7 @@ def _repository_contract(section: str, added: tuple[str, str] | None = None) -> 
         ("emulator-core", "sandbox.serve", "levers9.config"),
         ("emulator-core", "sandbox.cluster.kubelet", "levers9.cli.runtime"),
         ("emulator-core", "sandbox.persist", "levers9.devstack.values"),
-        ("emulator-core", "sandbox.serve", "levers9.worker.runc_runtime"),
+        ("emulator-core", "sandbox.serve", "levers9.agent.runc_runtime"),
         ("devstack", "levers9.gateway.server", "levers9.devstack.stack"),
         ("devstack", "levers9.cli.main", "levers9.devstack.values"),
         ("devstack", "workflows.pool", "levers9.devstack.values"),
@@ -145,7 +145,7 @@ def test_the_emulator_takes_only_the_shared_core_and_only_the_dev_commands_the_d
     [
         ("levers9.records.listing", "levers9.cli.output"),
         ("levers9.records.tasks", "levers9.gateway.task_service"),
-        ("levers9.records.found", "levers9.worker.runtime"),
+        ("levers9.records.found", "levers9.agent.runtime"),
         ("levers9.records.clusters", "levers9.devstack.values"),
     ],
 )

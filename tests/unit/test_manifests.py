@@ -23,7 +23,7 @@ from levers9.tokens import command_digest
 from tests.factories import MARKER, worker_job_spec, worker_tls
 
 if TYPE_CHECKING:
-    from levers9.worker.settings import WorkerSettings
+    from levers9.agent.settings import WorkerSettings
 
 DIGEST = command_digest("l9c1.test-command-token")
 
@@ -165,8 +165,8 @@ def test_token_only_in_the_secret() -> None:
 
 
 def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> None:
-    from levers9.worker.runtime import TaskDefaults
-    from levers9.worker.settings import WorkerSettings
+    from levers9.agent.runtime import TaskDefaults
+    from levers9.agent.settings import WorkerSettings
 
     spec = dataclasses.replace(
         SPEC,
@@ -189,7 +189,7 @@ def test_the_pools_task_defaults_reach_the_worker_through_its_environment() -> N
 
 
 def _settings(spec: WorkerJobSpec, **extra: str) -> WorkerSettings:
-    from levers9.worker.settings import WorkerSettings
+    from levers9.agent.settings import WorkerSettings
 
     [container] = _pod_spec(worker_job(spec))["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
@@ -222,9 +222,9 @@ def test_the_pools_runtime_reaches_the_worker_through_its_environment(
     values: dict[str, Any], expected: str, offered: tuple[str, ...]
 ) -> None:
     from activities.kube import worker_spec
+    from levers9.agent.settings import WorkerSettings
     from levers9.config import parse_pool, parse_settings
     from levers9.models import WorkerJobInput
-    from levers9.worker.settings import WorkerSettings
     from tests.factories import key_json, spec_pool
 
     pool = parse_pool("gke-rtx6000", {**spec_pool(credentials=key_json()), **values})

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from activities.kube import worker_spec
+from levers9.agent.settings import SettingsError, WorkerSettings
 from levers9.config import ConfigError, parse_pool, parse_settings
 from levers9.core.manifests import worker_job
 from levers9.models import WorkerJobInput
-from levers9.worker.settings import SettingsError, WorkerSettings
 from tests.factories import key_json, spec_pool
 
 POOL = "gke-rtx6000"

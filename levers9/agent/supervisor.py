@@ -1,0 +1,442 @@
+"""Tasks on this worker: their calls, their cards, their start and their end.
+
+A task is accepted once per id (a retried RunTask finds the record and starts nothing), gets
+the cards it names if they are this worker's and free (else it fails with the spec's
+`not enough GPUs available: requested=<n> visible=<m>`), runs in the runtime, and on exit keeps
+its exit code, result JSON and log tail until the controlplane fetches them; every end is also
+reported to the gateway. Phases carry timestamps: `worker.gpu_assignment`, `container.start`,
+`container.ready`, `container.exit` (and `task.result` when the result file is unusable).
+
+A task's record and its copy on disk, from which a restarted agent takes it over, are
+levers9.agent.task_record's; its published ports (the claim, the readiness probe, `connect`)
+levers9.agent.task_ports'; what the calls refuse with, levers9.agent.task_errors'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from levers9.agent import task_ports
+from levers9.agent.output import TaskOutput
+from levers9.agent.runtime import (
+    Container,
+    ContainerSpec,
+    ImageUnavailable,
+    Runtime,
+    StartError,
+    TaskDefaults,
+)
+from levers9.agent.task_errors import InvalidTask, ShuttingDown, TaskNotFound, TaskNotRunning
+from levers9.agent.task_record import (
+    CANCELLED,
+    CONTAINER_EXIT,
+    CONTAINER_START,
+    FAILED,
+    GPU_ASSIGNMENT,
+    IMAGE_PULL,
+    LOST,
+    PORTS,
+    RUNNING,
+    SUCCEEDED,
+    TASK_FILE,
+    State,
+    TaskRecord,
+    directory_name,
+    load,
+    read_result,
+    save,
+)
+from levers9.contract import task_input_problem
+from levers9.logs import get_logger
+from levers9.proto import worker_pb2
+
+log = get_logger("levers9.agent.supervisor")
+NO_DEFAULTS = TaskDefaults()
+
+OOM_KILLED = "OOMKilled"
+"""The reason of a task the kernel killed at its memory limit (Kubernetes' word)."""
+START_WAIT_S = 5.0
+"""How long RunTask waits for the task's start before it answers (accepted, still starting)."""
+SHUT_DOWN = "worker shut down"
+ORPHANED = "the worker restarted and found its container without a record: killed"
+NO_CONTAINER = "the worker restarted and could not follow it (killed, if it still ran)"
+KEEP_FINISHED = 256
+
+Reporter = Callable[[worker_pb2.TaskStatus], None]
+
+
+class TaskManager:
+    """The worker's tasks (see module doc)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        visible: Sequence[int],
+        work_dir: Path,
+        report: Reporter,
+        *,
+        clock: Callable[[], float] = time.time,
+        keep_finished: int = KEEP_FINISHED,
+        defaults: TaskDefaults = NO_DEFAULTS,
+        task_host: str = "127.0.0.1",
+    ) -> None:
+        self._runtime = runtime
+        self._task_host = task_host
+        self._defaults = defaults
+        self._visible = tuple(visible)
+        self._dir = work_dir / "tasks"
+        self._report = report
+        self._clock = clock
+        self._keep = keep_finished
+        self._records: dict[str, TaskRecord] = {}
+        self._finished: list[str] = []
+        self._watchers: set[asyncio.Task[Any]] = set()
+        self._idle_since: float | None = clock()
+        self._closed = False
+
+    @property
+    def visible(self) -> tuple[int, ...]:
+        return self._visible
+
+    @property
+    def running(self) -> int:
+        return sum(1 for r in self._records.values() if r.state == RUNNING)
+
+    @property
+    def idle_since(self) -> float | None:
+        """When the last task ended (or the agent started); None while tasks run."""
+        return self._idle_since
+
+    # -- the calls ---------------------------------------------------------------------------
+
+    async def run(self, spec: worker_pb2.TaskSpec) -> bool:
+        """Accepts and starts a task; True when a task of that id was already accepted."""
+        if not spec.task_id:
+            raise InvalidTask("task_id is required")
+        if spec.task_id in self._records:
+            return True
+        if not spec.command:
+            raise InvalidTask("command is required")
+        refused = task_input_problem(spec.command, spec.env)
+        if refused is not None:  # the controlplane refused it at submit; a caller that is not
+            raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
+        if self._closed:
+            raise ShuttingDown("the worker is shutting down")
+        task_ports.check_ports(spec)
+        record = self._accept(spec)
+        for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
+            problem = check(record)
+            if problem is not None:
+                reason, detail = problem
+                record.phase(phase, detail)
+                self._finish(record, FAILED, reason)
+                return False
+            if phase == GPU_ASSIGNMENT or record.spec.ports:
+                record.phase(phase)
+        # A pull of a 20 GB image takes minutes: RunTask answers once the task is accepted
+        # and its start under way (or done, for most: within START_WAIT_S); the task's
+        # record learns the rest from its reports.
+        starting = asyncio.create_task(self._starting(record), name=f"{spec.task_id}-start")
+        self._watchers.add(starting)
+        starting.add_done_callback(self._watchers.discard)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(starting), START_WAIT_S)
+        return False
+
+    def status(self, task_id: str) -> worker_pb2.TaskStatus:
+        record = self._record(task_id)
+        status = record.status()
+        if record.state != RUNNING:
+            record.fetched = True
+            self._evict()
+        return status
+
+    def output(self, task_id: str) -> TaskOutput:
+        return self._record(task_id).output
+
+    async def cancel(self, task_id: str) -> bool:
+        """Stops the task's container (SIGTERM to all of it, SIGKILL after its grace) and returns
+        once it is gone and its end recorded; False when it had already ended (or was told to)."""
+        record = self._record(task_id)
+        if record.state != RUNNING or record.ending is not None:
+            return False
+        record.ending = (CANCELLED, "cancelled")
+        if record.container is None:
+            # Still starting (its image pulling): the pull goes on (the cache keeps it), its
+            # container is stopped as it starts, and the end is reported then.
+            return True
+        # Shielded: a caller that gives up (its RPC's deadline) must not leave a container that
+        # ignored SIGTERM running without its SIGKILL.
+        await asyncio.shield(self._stop(record, record.container))
+        await record.finished.wait()
+        return True
+
+    async def exec(
+        self, task_id: str, command: Sequence[str], terminal: int | None = None
+    ) -> asyncio.subprocess.Process:
+        record = self._record(task_id)
+        if record.state != RUNNING or record.container is None:
+            raise TaskNotRunning(f"task {task_id} is not running")
+        return await self._runtime.exec(record.container, command, terminal)
+
+    async def connect(
+        self, task_id: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to `port` of the running task's container (one it published)."""
+        record = self._record(task_id)
+        if record.state != RUNNING or record.container is None:
+            raise TaskNotRunning(f"task {task_id} is not running: its ports are closed")
+        return await task_ports.connect(record, self._task_host, port)
+
+    async def shutdown(self, grace_s: float, reason: str = SHUT_DOWN) -> None:
+        """Kills every running task and records it LOST with `reason`."""
+        self._closed = True
+        running = [r for r in self._records.values() if r.state == RUNNING]
+        for record in running:
+            record.ending = record.ending or (LOST, reason)
+        await asyncio.gather(
+            *(
+                self._stop(r, r.container, min(grace_s, r.grace_s))
+                for r in running
+                if r.container is not None
+            )
+        )
+        await asyncio.gather(*(r.finished.wait() for r in running))
+
+    # -- a task's life -----------------------------------------------------------------------
+
+    def _accept(self, given: worker_pb2.TaskSpec) -> TaskRecord:
+        spec = self._with_defaults(given)
+        directory = self._dir / directory_name(spec.task_id)
+        shutil.rmtree(directory, ignore_errors=True)  # a task id reused after eviction
+        record = TaskRecord(
+            spec=spec,
+            directory=directory,
+            output=TaskOutput(directory / "output.log"),
+            host=self._runtime.host_for(spec.image, spec.runtime),
+            clock=self._clock,
+        )
+        self._records[spec.task_id] = record
+        self._idle_since = None
+        log.info("task accepted", task_id=spec.task_id, gpu_indices=list(spec.gpu_indices))
+        save(record)
+        return record
+
+    def _with_defaults(self, given: worker_pb2.TaskSpec) -> worker_pb2.TaskSpec:
+        """The task as it runs: the pool's default image, memory and CPUs where it named none."""
+        spec = worker_pb2.TaskSpec()
+        spec.CopyFrom(given)
+        spec.image = spec.image or self._defaults.image
+        spec.memory_bytes = spec.memory_bytes or self._defaults.memory_bytes
+        spec.cpu_millis = spec.cpu_millis or self._defaults.cpu_millis
+        return spec
+
+    def _assign(self, record: TaskRecord) -> tuple[str, str] | None:
+        """Gives the task its cards; (reason, detail) when it cannot have them."""
+        wanted = tuple(sorted(set(record.spec.gpu_indices)))
+        busy = {c for r in self._records.values() if r.state == RUNNING for c in r.cards}
+        foreign = [c for c in wanted if c not in self._visible]
+        taken = [c for c in wanted if c in busy]
+        if foreign or taken:
+            free = len([c for c in self._visible if c not in busy])
+            visible = len(self._visible) if foreign else free
+            reason = f"not enough GPUs available: requested={len(wanted)} visible={visible}"
+            shown = ",".join(map(str, self._visible)) or "none"
+            detail = (
+                f"cards {foreign} are not this worker's (visible: {shown})"
+                if foreign
+                else f"cards {taken} are in use by other tasks"
+            )
+            return reason, detail
+        record.cards = wanted
+        save(record)
+        return None
+
+    def _claim_ports(self, record: TaskRecord) -> tuple[str, str] | None:
+        """(reason, detail) when another running task published one of its ports on the
+        network they share (a task in a namespace of its own claims nothing)."""
+        return task_ports.port_conflict(record, self._records.values())
+
+    async def _starting(self, record: TaskRecord) -> None:
+        try:
+            await self._start(record)
+        except Exception as error:  # a bug must not leave the task running forever
+            log.error("task start failed", task_id=record.task_id, error=repr(error))
+            record.phase(CONTAINER_START, repr(error))
+            self._finish(record, FAILED, f"the worker could not start it: {error!r}")
+
+    async def _start(self, record: TaskRecord) -> None:
+        spec = record.spec
+        container_spec = ContainerSpec(
+            task_id=spec.task_id,
+            image=spec.image,
+            command=tuple(spec.command),
+            env=task_ports.task_env(spec, task_ports.reached_at(record, self._task_host)),
+            gpu_indices=record.cards,
+            result_path=record.result_path,
+            work_dir=record.directory / "work",
+            memory_bytes=spec.memory_bytes,
+            cpu_millis=spec.cpu_millis,
+            ports=tuple(spec.ports),
+            runtime=spec.runtime,
+            entrypoint=not spec.image or spec.image != self._defaults.worker_image,
+        )
+        try:
+            container = await self._runtime.start(container_spec, record.output.write)
+        except ImageUnavailable as error:
+            record.phase(IMAGE_PULL, str(error))
+            self._finish(record, FAILED, str(error))
+            return
+        except StartError as error:
+            record.phase(CONTAINER_START, str(error))
+            self._finish(record, FAILED, str(error))
+            return
+        record.container = container
+        pulled = container.image
+        if pulled is not None:
+            record.image_digest = pulled.digest
+            detail = "cached" if pulled.cached else f"pulled {pulled.bytes_pulled} bytes"
+            record.phase(IMAGE_PULL, detail=detail)
+        record.phase(CONTAINER_START)
+        self._tell(record)  # its record shows the start (runtime, image) at once
+        self._follow(record, container)
+
+    def _follow(self, record: TaskRecord, container: Container) -> None:
+        """Watches the running container to its end, and probes its port until it is ready."""
+        watcher = asyncio.create_task(self._watch(record, container), name=record.task_id)
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        if record.spec.ports and not record.ready:
+            probe = asyncio.create_task(
+                task_ports.probe_until_ready(record, self._task_host, self._tell),
+                name=f"{record.task_id}-ready",
+            )
+            self._watchers.add(probe)
+            probe.add_done_callback(self._watchers.discard)
+
+    def _stop(
+        self, record: TaskRecord, container: Container, grace_s: float | None = None
+    ) -> asyncio.Task[int]:
+        """Its container's stop, begun once and left to finish whoever waits for it."""
+        if record.stopping is None:
+            grace = record.grace_s if grace_s is None else grace_s
+            record.stopping = asyncio.create_task(
+                container.stop(grace), name=f"{record.task_id}-stop"
+            )
+            self._watchers.add(record.stopping)
+            record.stopping.add_done_callback(self._watchers.discard)
+        return record.stopping
+
+    async def _watch(self, record: TaskRecord, container: Container) -> None:
+        if record.ending is not None:  # cancelled or shut down while it was starting
+            await self._stop(record, container)
+        code = await container.wait()
+        record.exit_code = code
+        record.phase(CONTAINER_EXIT)
+        record.result_json = read_result(record)
+        if record.ending is not None:
+            state, reason = record.ending
+        elif container.lost:
+            state, reason = LOST, container.lost
+        elif code == 0:
+            state, reason = SUCCEEDED, ""
+        elif container.oom_killed:
+            state, reason = FAILED, OOM_KILLED
+        elif container.limit_hit:
+            state, reason = FAILED, f"{container.limit_hit} (exited with code {code})"
+        else:
+            state, reason = FAILED, f"exited with code {code}"
+        self._finish(record, state, reason)
+
+    def _finish(self, record: TaskRecord, state: State, reason: str) -> None:
+        record.state = state
+        record.reason = reason
+        record.cards = ()
+        record.output.close()
+        record.finished.set()
+        self._finished.append(record.task_id)
+        if self.running == 0:
+            self._idle_since = self._clock()
+        log.info(
+            "task ended",
+            task_id=record.task_id,
+            state=worker_pb2.TaskState.Name(state),
+            exit_code=record.exit_code,
+            reason=reason,
+        )
+        self._tell(record)
+        self._evict()
+
+    def _tell(self, record: TaskRecord) -> None:
+        """Keeps the task's record where a restarted agent finds it, and reports it."""
+        save(record)
+        self._report(record.status())
+
+    # -- what an agent before this one left --------------------------------------------------
+
+    async def adopt(self) -> None:
+        """Takes over what an agent before this one (killed, say) left in the work dir: its
+        ended tasks as they ended (not reported again), its running tasks' containers (output
+        followed on, the end reported once it comes, their cards held until then), and kills
+        every container it finds no record of, or whose task it cannot follow, reporting those
+        tasks lost."""
+        adopted: dict[str, TaskRecord] = {}
+        orphaned: list[TaskRecord] = []
+        for saved in sorted(self._dir.glob(f"*/{TASK_FILE}")):
+            record = load(saved, self._clock)
+            if record is None or record.task_id in self._records:
+                continue
+            self._records[record.task_id] = record
+            if record.state != RUNNING:
+                record.finished.set()
+                self._finished.append(record.task_id)
+                continue
+            container = await self._runtime.adopt(
+                record.task_id, record.output.write, record.output.size
+            )
+            if container is None:
+                orphaned.append(record)
+                continue
+            record.container = container
+            adopted[record.task_id] = record
+        for task_id in await self._runtime.sweep(keep=adopted):
+            if task_id not in self._records:
+                record = self._accept(worker_pb2.TaskSpec(task_id=task_id))
+                self._finish(record, LOST, ORPHANED)
+        for record in orphaned:
+            self._finish(record, LOST, NO_CONTAINER)
+        for record in adopted.values():
+            assert record.container is not None
+            log.info("task adopted", task_id=record.task_id, cards=list(record.cards))
+            self._follow(record, record.container)
+        self._idle_since = None if self.running else self._clock()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _record(self, task_id: str) -> TaskRecord:
+        record = self._records.get(task_id)
+        if record is None:
+            raise TaskNotFound(f"task {task_id} is not known to this worker")
+        return record
+
+    def _evict(self) -> None:
+        """Forgets the oldest finished tasks beyond `keep_finished`: fetched ones first, and
+        unfetched ones too once there are four times as many (memory stays bounded)."""
+        while len(self._finished) > self._keep:
+            fetched = [t for t in self._finished if self._records[t].fetched]
+            if fetched:
+                victim = fetched[0]
+            elif len(self._finished) > 4 * self._keep:
+                victim = self._finished[0]
+            else:
+                return
+            self._finished.remove(victim)
+            record = self._records.pop(victim)
+            with contextlib.suppress(OSError):
+                shutil.rmtree(record.directory)
