@@ -19,8 +19,9 @@ from rich.status import Status
 
 from levers9.cli import config_cmd, demo_timeline, machine, pool, worker
 from levers9.cli.output import Output, console, fail, render
+from levers9.devstack.options import DevOptions
 from levers9.devstack.processes import DevError, is_running, temporal_binary
-from levers9.devstack.stack import DevOptions, DevStack
+from levers9.devstack.stack import DevStack
 from levers9.records.listing import wait_for_workers
 from levers9.temporal import wait_for_passes
 from sandbox.persist import snapshot_path

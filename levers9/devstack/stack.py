@@ -36,15 +36,14 @@ import secrets
 import shlex
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from levers9.config import ControlplaneSettings
 from levers9.devstack import values as devvalues
+from levers9.devstack.options import DevOptions, write_dev_profile
 from levers9.devstack.processes import (
     HOST,
     PYTHON,
@@ -62,14 +61,6 @@ from levers9.devstack.processes import (
 )
 from levers9.files import write_private
 from levers9.home import state_home
-from levers9.profiles import (
-    DEV_PROFILE,
-    Profile,
-    ProfileError,
-    config_path,
-    read_profiles,
-    write_profiles,
-)
 from levers9.tokens import operator_token
 from sandbox import aws, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
@@ -90,28 +81,6 @@ GAR_WORKER_REPOSITORY = f"{devvalues.PROJECT}/levers9/worker"
 TASK_IMAGE_REPOSITORY = f"{devvalues.PROJECT}/tasks/python"
 """Where `up` keeps the Python task image in `gar`: the dev pool's `taskDefaults.image`."""
 PROBE_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class DevOptions:
-    """What `levers9 dev up` and `demo` take: each field an option of theirs (`--temporal-port`
-    for `temporal_port`), in this order, with its help as its annotation's metadata."""
-
-    temporal_port: Annotated[int, "gRPC port of the Temporal dev server"] = 7233
-    ui_port: Annotated[int, "port of the Temporal UI"] = 8233
-    sandbox_port: Annotated[int, "port of the sandbox's Kubernetes API"] = 6443
-    gateway_port: Annotated[int, "port of the gateway the workers dial"] = 7443
-    scenario: Annotated[Path | None, "sandbox scenario YAML (default: built-in)"] = None
-    ecr_port: Annotated[int, "port of the registry standing in for ECR"] = 5050
-    gar_port: Annotated[int, "port of the registry standing in for Artifact Registry"] = 5051
-    moto_port: Annotated[int, "port of moto (the controlplane's AWS)"] = 5052
-    tunnel: Annotated[
-        bool, "the dev pool with tunnel: true and hostNetwork: false (nothing dials it)"
-    ] = False
-    endpoints_port: Annotated[int, "port of the endpoints' HTTPS front"] = 7480
-    fresh: Annotated[
-        bool, "the sandbox starts from the scenario, not from the cluster it saved at dev down"
-    ] = False
 
 
 class DevStack:
@@ -452,32 +421,11 @@ class DevStack:
             self._save(records)
             wait_ready(records["worker"], self._worker_ready, progress)
         self._save(records)
-        self._write_profile(progress)
-
-    def _write_profile(self, progress: Progress) -> None:
-        """The `dev` profile (`levers9.profiles`): this stack's gateway, its CA and the operator
-        token, made current when no other profile is, as kind makes its kubeconfig context."""
-        path = config_path()
-        try:
-            profiles = read_profiles(path)
-        except ProfileError as exc:
-            progress(f"profile {DEV_PROFILE} not written: {exc}")
-            return
-        profile = Profile(
-            controlplane=f"{HOST}:{self.options.gateway_port}",
-            tls=True,
-            ca_file=self.gateway_tls()["ca"],
-            token=self.api_token_file.read_text().strip(),
-        )
-        current = profiles.current in (None, DEV_PROFILE)
-        write_profiles(path, profiles.with_profile(DEV_PROFILE, profile, current=current))
-        progress(
-            f"profile {DEV_PROFILE} written to {path}"
-            + (
-                " (current)"
-                if current
-                else f"; {profiles.current} stays current: levers9 profile use {DEV_PROFILE}"
-            )
+        write_dev_profile(
+            f"{HOST}:{self.options.gateway_port}",
+            self.gateway_tls()["ca"],
+            self.api_token_file.read_text().strip(),
+            progress,
         )
 
     def _forget_previous_cluster(self, progress: Progress) -> None:
