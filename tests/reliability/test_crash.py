@@ -12,8 +12,9 @@ worker registered or available, a node's change seen, ...) since the seed began,
 the seed; a flow that writes fewer is killed once it has been quiet for QUIET_S, and the test
 says so. What it cannot fix is the order in which concurrent events write those lines.
 
-Ten seeds share one world (dev server, sandbox, controlplane process), so each starts from what
-the previous ones left: nodes added and removed, workers winding up, tasks in flight.
+Six seeds (more with LEVERS9_PROPERTY_SCALE) share one world (dev server, sandbox, controlplane
+process), so each starts from what the previous ones left: nodes added and removed, workers
+winding up, tasks in flight.
 
 Its tasks run as processes of the agents (world(process_tasks=True), the sandbox's knob no pool
 value can express): its point is the controlplane under crash faults, each task's runs counted in a
@@ -36,12 +37,16 @@ from levers9.models import TERMINAL, TaskInput
 from levers9.records.tasks import start_task, task_record
 from tests.controlplane import POOL
 from tests.factories import add_gpu_node
+from tests.properties import scale
 from tests.reliability.world import SETTLE_S, World, live, passes_after, settled, world
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
-SEEDS = range(10)
+SEEDS = range(6 * scale())
+"""Seeds of kill points: six in the suite (about three minutes of one test worker), six times
+LEVERS9_PROPERTY_SCALE when it is set (`LEVERS9_PROPERTY_SCALE=5 pytest tests/reliability/
+test_crash.py` draws thirty)."""
 STATE_LINES = (
     "task reported",
     "worker registered",
