@@ -192,8 +192,14 @@ def run(
         typer.Option("--pool", help="the pool to run on (default: the only one, if one)"),
     ] = None,
     gpus: Annotated[
-        int, typer.Option("--gpus", min=0, max=MAX_GPUS, help="cards of one worker")
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--gpus",
+            min=0,
+            max=MAX_GPUS,
+            help="cards of one worker (default 1; 0 with --runtime runsc, which gives none)",
+        ),
+    ] = None,
     image: Annotated[str, typer.Option("--image", help="container image")] = "",
     wait: Annotated[float, typer.Option("--wait", min=0, help="seconds this command waits")] = 120,
     detach: Annotated[
@@ -247,7 +253,7 @@ def run(
         task_id=new_task_id(),
         pool_name=chosen_pool(settings, pool),
         command=tuple(command),
-        gpus=gpus,
+        gpus=gpus if gpus is not None else (0 if runtime == "runsc" else 1),
         image=image,
         memory_bytes=_quantity("--memory", memory, bytes_=True),
         cpu_millis=_quantity("--cpus", cpus, bytes_=False),
