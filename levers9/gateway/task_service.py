@@ -109,8 +109,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         authority: Authority | None = None,
     ) -> None:
         self._records = records
-        self._authority = authority or Authority(secret, operator_generation)
-        self.authority = self._authority
+        self.authority = authority or Authority(secret, operator_generation)
         """Who a bearer token is (the endpoints' front asks it too)."""
         self._secret = secret
         self._replicas = replicas
@@ -122,7 +121,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         """The caller (the operator, or a workspace by one of its tokens); UNAUTHENTICATED
         saying why not."""
         try:
-            return await self._authority.identify(context.invocation_metadata() or ())
+            return await self.authority.identify(context.invocation_metadata() or ())
         except Unauthenticated as exc:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
             raise  # abort raises; for the type checker
@@ -230,7 +229,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         many tasks waiting in the pool as its max-queued allows."""
         if task.workspace == DEFAULT_WORKSPACE:
             return
-        state = await self._authority.workspace(task.workspace)
+        state = await self.authority.workspace(task.workspace)
         if state is None or state.max_queued is None:
             return
         waiting = await self._records.waiting(task.pool_name, task.workspace)
@@ -254,7 +253,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         problem = name_problem(task.workspace)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task.workspace: {problem}")
-        if not await self._authority.workspace_exists(task.workspace):
+        if not await self.authority.workspace_exists(task.workspace):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"task.workspace: no workspace {task.workspace} (`levers9 workspace list`)",
