@@ -293,6 +293,7 @@ class PoolInput(_Record):
 
 
 MAX_STOP_GRACE_S = 3600
+MAX_RETRIES = 100
 """The longest grace a task may ask for between SIGTERM and SIGKILL."""
 
 MIN_TASK_MEMORY_BYTES = 6 * 1024 * 1024
@@ -339,6 +340,10 @@ class TaskInput(_Record):
     borrow: bool = False
     """It may run past its workspace's GPU quota on cards nobody within quota waits for
     (`--borrow`); the first work taken back when a task within quota waits."""
+    retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
+    """How many times it is queued again after an attempt that failed, was lost with its worker,
+    or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);
+    never after a cancel or a success."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""
@@ -353,6 +358,25 @@ class TaskInput(_Record):
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "lost"})
 """Task states a task never leaves (`TaskRecord.state`)."""
+
+PREEMPTED = "preempted"
+"""An attempt's end when the pool took its cards back for a workspace within its quota (its
+record ends `cancelled` with the reason unless it has a retry left)."""
+
+
+class TaskAttempt(_Record):
+    """One earlier attempt of a task that was queued again (`--retries`): where it ran and how
+    it ended."""
+
+    state: str
+    """failed, lost or preempted"""
+    reason: str = ""
+    exit_code: int | None = None
+    worker_id: str | None = None
+    node_name: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    placed_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 class TaskRecord(_Record):
@@ -392,6 +416,10 @@ class TaskRecord(_Record):
     finished_at: datetime | None = None
     queue: QueueSpot | None = None
     """Where it waits, while queued: read from its pool when the record is read, not kept."""
+    retries: int = 0
+    """How many times it may be queued again (`--retries`)."""
+    attempts: tuple[TaskAttempt, ...] = ()
+    """Its earlier attempts, oldest first (this one is attempt len(attempts) + 1)."""
 
     @classmethod
     def queued(cls, task: TaskInput, at: datetime) -> TaskRecord:
@@ -408,6 +436,7 @@ class TaskRecord(_Record):
             ports=task.ports,
             endpoint=task.endpoint,
             workspace=task.workspace,
+            retries=task.retries,
         )
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from levers9.core.placement import QueueSpot
 from levers9.core.task_reports import TaskPhase
 from levers9.core.workspaces import DEFAULT_WORKSPACE
-from levers9.models import TaskInput, TaskRecord
+from levers9.models import TaskAttempt, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 
 M = TypeVar("M", bound=Message)
@@ -36,6 +36,7 @@ B = TypeVar("B", bound=BaseModel)
 NESTED: Mapping[str, type[BaseModel]] = {
     gateway_pb2.TaskRecordPhase.DESCRIPTOR.full_name: TaskPhase,
     gateway_pb2.TaskQueueSpot.DESCRIPTOR.full_name: QueueSpot,
+    gateway_pb2.TaskAttempt.DESCRIPTOR.full_name: TaskAttempt,
 }
 """The model each nested message of a record becomes."""
 

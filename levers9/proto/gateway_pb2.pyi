@@ -509,6 +509,8 @@ class TaskRecord(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
     BORROWED_FIELD_NUMBER: _builtins.int
+    RETRIES_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     pool_name: _builtins.str
     gpus: _builtins.int
@@ -532,6 +534,8 @@ class TaskRecord(_message.Message):
     """the workspace it belongs to"""
     borrowed: _builtins.bool
     """placed past its workspace's quota (--borrow)"""
+    retries: _builtins.int
+    """how many times it may be queued again (--retries)"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -547,6 +551,10 @@ class TaskRecord(_message.Message):
     @_builtins.property
     def queue(self) -> Global___TaskQueueSpot:
         """while queued: where it waits in its pool"""
+
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskAttempt]:
+        """its earlier attempts, oldest first"""
 
     def __init__(
         self,
@@ -577,10 +585,12 @@ class TaskRecord(_message.Message):
         queue: Global___TaskQueueSpot | None = ...,
         workspace: _builtins.str = ...,
         borrowed: _builtins.bool = ...,
+        retries: _builtins.int = ...,
+        attempts: _abc.Iterable[Global___TaskAttempt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "borrowed", b"borrowed", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
     _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015
@@ -600,6 +610,61 @@ class TaskRecord(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_id) -> _WhichOneofReturnType__worker_id | None: ...
 
 Global___TaskRecord: _TypeAlias = TaskRecord  # noqa: Y015
+
+@_typing.final
+class TaskAttempt(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    NODE_NAME_FIELD_NUMBER: _builtins.int
+    GPU_INDICES_FIELD_NUMBER: _builtins.int
+    PLACED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """failed, lost, preempted"""
+    reason: _builtins.str
+    exit_code: _builtins.int
+    worker_id: _builtins.str
+    node_name: _builtins.str
+    @_builtins.property
+    def gpu_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def placed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
+        worker_id: _builtins.str | None = ...,
+        node_name: _builtins.str | None = ...,
+        gpu_indices: _abc.Iterable[_builtins.int] | None = ...,
+        placed_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "placed_at", b"placed_at", "worker_id", b"worker_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "node_name", b"node_name", "placed_at", b"placed_at", "reason", b"reason", "state", b"state", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    _WhichOneofReturnType__node_name: _TypeAlias = _typing.Literal["node_name"]  # noqa: Y015
+    _WhichOneofArgType__node_name: _TypeAlias = _typing.Literal["_node_name", b"_node_name"]  # noqa: Y015
+    _WhichOneofReturnType__worker_id: _TypeAlias = _typing.Literal["worker_id"]  # noqa: Y015
+    _WhichOneofArgType__worker_id: _TypeAlias = _typing.Literal["_worker_id", b"_worker_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__node_name) -> _WhichOneofReturnType__node_name | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_id) -> _WhichOneofReturnType__worker_id | None: ...
+
+Global___TaskAttempt: _TypeAlias = TaskAttempt  # noqa: Y015
 
 @_typing.final
 class TaskRecordPhase(_message.Message):

@@ -86,6 +86,7 @@ class TaskSpec(_message.Message):
     RUNTIME_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
     BORROW_FIELD_NUMBER: _builtins.int
+    RETRIES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -108,6 +109,10 @@ class TaskSpec(_message.Message):
     borrow: _builtins.bool
     """It may run past its workspace's GPU quota on cards nobody within quota waits for, and is
     the first taken back when one does (`levers9 run --borrow`).
+    """
+    retries: _builtins.int
+    """How many times it is queued again after an attempt that failed, was lost with its worker or
+    was taken back for a workspace within its quota (`levers9 run --retries`; at most 100).
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -139,10 +144,11 @@ class TaskSpec(_message.Message):
         runtime: _builtins.str = ...,
         workspace: _builtins.str = ...,
         borrow: _builtins.bool = ...,
+        retries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

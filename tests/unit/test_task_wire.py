@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from levers9.core.placement import QueueSpot
 from levers9.core.task_reports import TaskPhase
-from levers9.models import TaskInput, TaskRecord
+from levers9.models import TaskAttempt, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.task_wire import (
     record_from_message,
@@ -42,6 +42,7 @@ EVERY_FIELD = TaskInput(
     stop_grace_seconds=30,
     runtime="runsc",
     borrow=True,
+    retries=3,
 )
 
 
@@ -104,6 +105,19 @@ EVERY_RECORD_FIELD = TaskRecord(
     ready=True,
     endpoint="chat",
     borrowed=True,
+    retries=2,
+    attempts=(
+        TaskAttempt(
+            state="preempted",
+            reason="preempted: reclaimed by workspace large",
+            exit_code=137,
+            worker_id="w-0",
+            node_name="gke-node-0",
+            gpu_indices=(0,),
+            placed_at=CREATED + timedelta(seconds=1),
+            finished_at=CREATED + timedelta(seconds=2),
+        ),
+    ),
     finished_at=CREATED + timedelta(seconds=3),
     queue=QueueSpot(position=1, waiting=2, gpus=4, most_free=3, workers=5),
 )
@@ -115,10 +129,16 @@ EVERY_RECORD_FIELD = TaskRecord(
         (gateway_pb2.TaskRecord, TaskRecord),
         (gateway_pb2.TaskRecordPhase, TaskPhase),
         (gateway_pb2.TaskQueueSpot, QueueSpot),
+        (gateway_pb2.TaskAttempt, TaskAttempt),
     ],
 )
 def test_the_record_on_the_wire_names_the_records_fields(
-    message: type[gateway_pb2.TaskRecord | gateway_pb2.TaskRecordPhase | gateway_pb2.TaskQueueSpot],
+    message: type[
+        gateway_pb2.TaskRecord
+        | gateway_pb2.TaskRecordPhase
+        | gateway_pb2.TaskQueueSpot
+        | gateway_pb2.TaskAttempt
+    ],
     model: type[BaseModel],
 ) -> None:
     assert _names(message.DESCRIPTOR) == set(model.model_fields)
