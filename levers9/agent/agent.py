@@ -100,6 +100,7 @@ class Agent:
                 gateway.report,
                 defaults=settings.task_defaults(),
                 task_host=settings.task_host(),
+                pool_name=settings.pool_name,
             )
             # Before serving: GetTask answers for what an agent before this one left running.
             await tasks.adopt()

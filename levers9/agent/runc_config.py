@@ -27,6 +27,9 @@ NOFILE limit and whether resolv.conf exists):
 - an environment of the image's, the task's and those few variables only: nothing of the
   agent's (its token never sits in any environment a task can read), and none of the agent's
   files (its Secret, its /proc) inside the container.
+- annotations naming its task, its workspace and its pool (`levers9.task`,
+  `levers9.workspace`, `levers9.pool`, as containerd's CRI names a container's pod and
+  namespace; `runc state` prints them): the image's own labels may not claim them.
 
 The command replaces the image's Cmd and keeps its Entrypoint, as `docker run IMAGE CMD`; in the
 worker's own image (`ContainerSpec.entrypoint` False) it runs as given, neither the image's
@@ -47,6 +50,7 @@ from levers9.agent.cgroups import cgroup_path
 from levers9.agent.images import ImageConfig
 from levers9.agent.runtime import ContainerSpec, StartError, visible_devices
 from levers9.agent.seccomp import oci_seccomp
+from levers9.core.workspaces import name_problem
 
 TASK_MOUNT = "/levers9"
 """The folder of the task's result file inside its container (`LEVERS9_RESULT_PATH`)."""
@@ -76,6 +80,10 @@ MASKED_PATHS = (
 """runc's defaults (`runc spec`): /dev/null or an empty read-only tmpfs over each."""
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 """runc's defaults (`runc spec`): remounted read-only."""
+ANNOTATION_PREFIX = "levers9."
+TASK_ANNOTATION = "levers9.task"
+WORKSPACE_ANNOTATION = "levers9.workspace"
+POOL_ANNOTATION = "levers9.pool"
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,7 @@ def container_config(
     process["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}]
     config["root"] = {"path": "rootfs", "readonly": False}
     config["hostname"] = f"task-{spec.task_id}"[:63]
+    config["annotations"] = container_annotations(config.get("annotations") or {}, spec)
 
     binds = [m for m in config.get("mounts") or [] if m.get("destination") != TASK_MOUNT]
     for mount in binds:
@@ -221,6 +230,23 @@ def container_config(
     if seccomp is not None:
         linux["seccomp"] = oci_seccomp(seccomp, process["capabilities"]["bounding"])
     return config
+
+
+def container_annotations(image: Mapping[str, str], spec: ContainerSpec) -> dict[str, str]:
+    """The container's annotations: the image's (umoci makes its labels annotations) but any
+    under `levers9.`, which name the task's own task, workspace and pool only. StartError when
+    the workspace is not a workspace's name (the agent refuses such a task before: this holds
+    for any caller)."""
+    problem = name_problem(spec.workspace) if spec.workspace else None
+    if problem is not None:
+        raise StartError(f"workspace {problem}")
+    ours = {
+        TASK_ANNOTATION: spec.task_id,
+        WORKSPACE_ANNOTATION: spec.workspace,
+        POOL_ANNOTATION: spec.pool,
+    }
+    kept = {k: v for k, v in image.items() if not k.startswith(ANNOTATION_PREFIX)}
+    return {**kept, **{k: v for k, v in ours.items() if v}}
 
 
 def _in_user_namespace(

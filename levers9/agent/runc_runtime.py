@@ -58,6 +58,7 @@ from levers9.agent.runtime import (
 from levers9.agent.seccomp import DEFAULT_PROFILE, load_profile
 from levers9.agent.task_network import TaskNetworks
 from levers9.core.image_reference import ImageReferenceError
+from levers9.core.workspaces import name_problem
 from levers9.logs import get_logger
 
 log = get_logger("levers9.agent")
@@ -131,6 +132,8 @@ class RuncRuntime:
 
     def _refuse(self, spec: ContainerSpec) -> str | None:
         """Why this runtime cannot run the task (None: it can)."""
+        if spec.workspace and (problem := name_problem(spec.workspace)) is not None:
+            return f"workspace {problem}"  # it names the container (runc_config)
         return None if spec.image else NO_IMAGE
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:

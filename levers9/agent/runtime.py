@@ -70,6 +70,12 @@ class ContainerSpec:
     entrypoint: bool = True
     """Its command follows the image's Entrypoint (as `docker run IMAGE CMD`); False: it runs as
     given (a task in the worker's own image, whose Entrypoint is the agent)."""
+    workspace: str = ""
+    """The workspace it belongs to (a DNS label the agent checked): its container's
+    `levers9.workspace` annotation; "": none is written."""
+    pool: str = ""
+    """The pool of the worker that runs it: its container's `levers9.pool` annotation; "": none
+    is written."""
 
 
 class Container(Protocol):

@@ -53,6 +53,7 @@ from levers9.agent.task_record import (
     save,
 )
 from levers9.contract import task_input_problem
+from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
 
@@ -85,8 +86,10 @@ class TaskManager:
         keep_finished: int = KEEP_FINISHED,
         defaults: TaskDefaults = NO_DEFAULTS,
         task_host: str = "127.0.0.1",
+        pool_name: str = "",
     ) -> None:
         self._runtime = runtime
+        self._pool_name = pool_name
         self._task_host = task_host
         self._defaults = defaults
         self._visible = tuple(visible)
@@ -123,6 +126,9 @@ class TaskManager:
             return True
         if not spec.command:
             raise InvalidTask("command is required")
+        workspace_refused = name_problem(spec.workspace) if spec.workspace else None
+        if workspace_refused is not None:  # it names the container (runc_config)
+            raise InvalidTask(f"workspace {workspace_refused}")
         refused = task_input_problem(spec.command, spec.env)
         if refused is not None:  # the controlplane refused it at submit; a caller that is not
             raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
@@ -286,6 +292,8 @@ class TaskManager:
             ports=tuple(spec.ports),
             runtime=spec.runtime,
             entrypoint=not spec.image or spec.image != self._defaults.worker_image,
+            workspace=spec.workspace or DEFAULT_WORKSPACE,
+            pool=self._pool_name,
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)

@@ -2,15 +2,19 @@
 image (its Cmd, Env, WorkingDir and User honoured, the command replacing Cmd), in its own PID
 namespace, sees only its own cards' device nodes and nothing of the agent's environment or
 files, writes its result where the agent reads it, is stopped by SIGTERM then SIGKILL, dies at
-its memory limit, and `exec` runs inside it. Root only (runc creates namespaces and mounts).
+its memory limit, and `exec` runs inside it. Its container is annotated with its task, workspace
+and pool (`runc state`), which neither a bad workspace name nor the image's labels can forge.
+Root only (runc creates namespaces and mounts).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,14 +23,16 @@ from levers9.agent.cdi import CdiError
 from levers9.agent.cgroups import cgroup_dirs
 from levers9.agent.images import ImageCache
 from levers9.agent.runc_config import Limits
-from levers9.agent.runc_container import RuncContainer
+from levers9.agent.runc_container import RuncContainer, container_id
 from levers9.agent.runc_runtime import RuncRuntime
 from levers9.agent.runtime import ContainerSpec, StartError
 from levers9.agent.supervisor import TaskManager
+from levers9.agent.task_errors import InvalidTask
 from levers9.agent.task_network import open_connection
 from levers9.proto import worker_pb2
 from sandbox.cluster.kubelet import make_device_nodes
-from sandbox.registries import LocalRegistry
+from sandbox.registries import LocalRegistry, push_layout
+from sandbox.task_images import build_busybox
 from tests.waiting import eventually
 
 pytestmark = [
@@ -323,3 +329,119 @@ async def test_cancel_ends_a_task_that_ignores_sigterm_even_when_its_caller_give
     await eventually(lambda: _true(cgroup_dirs(spec.task_id) == []))
     assert netns is not None
     assert not netns.parent.exists(), "its network (and its port) went with it"
+
+
+@pytest.fixture(scope="module")
+def labelled_image(
+    image: tuple[LocalRegistry, str], tmp_path_factory: pytest.TempPathFactory
+) -> str:
+    """The busybox image with labels that claim another task, workspace and pool, and one more
+    under `levers9.` (umoci makes an image's labels its container's annotations)."""
+    registry, _ = image
+    layout = build_busybox(tmp_path_factory.mktemp("labelled") / "layout", "lb", marker="runc")
+    subprocess.run(
+        [
+            "umoci",
+            "config",
+            "--image",
+            f"{layout}:lb",
+            "--config.label=levers9.workspace=team-b",
+            "--config.label=levers9.task=someone-else",
+            "--config.label=levers9.pool=other",
+            "--config.label=levers9.borrowed=true",
+            "--config.label=org.example.kept=yes",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    reference = f"{registry.address}/tasks/busybox:labelled"
+    push_layout(layout, reference, "lb")
+    return reference
+
+
+@pytest.fixture
+def tasks(runtime: RuncRuntime, tmp_path: Path) -> TaskManager:
+    return TaskManager(runtime, (), tmp_path / "work", lambda _: None, pool_name="pool-a")
+
+
+async def _runc_state(runtime: RuncRuntime, task_id: str) -> dict[str, object]:
+    container = container_id(task_id)
+    shown = await asyncio.create_subprocess_exec(
+        *runtime._runc_argv("state", container), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await shown.communicate()
+    assert shown.returncode == 0, f"runc state {container}"
+    state: dict[str, object] = json.loads(out)
+    return state
+
+
+@pytest.mark.parametrize("labelled", [False, True], ids=["plain", "image-labels-claim-them"])
+async def test_its_container_is_annotated_with_its_task_workspace_and_pool(
+    runtime: RuncRuntime,
+    tasks: TaskManager,
+    image: tuple[LocalRegistry, str],
+    labelled_image: str,
+    labelled: bool,
+) -> None:
+    spec = worker_pb2.TaskSpec(
+        task_id="annotated",
+        image=labelled_image if labelled else image[1],
+        command=["sleep", "60"],
+        workspace="team-a",
+        stop_grace_seconds=1,
+    )
+    await tasks.run(spec)
+    try:
+        await eventually(lambda: _true(tasks._record(spec.task_id).container is not None))
+        annotations = (await _runc_state(runtime, spec.task_id))["annotations"]
+        assert isinstance(annotations, dict)
+        ours = {k: v for k, v in annotations.items() if k.startswith("levers9.")}
+        assert ours == {
+            "levers9.task": "annotated",
+            "levers9.workspace": "team-a",
+            "levers9.pool": "pool-a",
+        }
+        if labelled:
+            assert annotations["org.example.kept"] == "yes", "the image's other labels stay"
+    finally:
+        await tasks.cancel(spec.task_id)
+
+
+async def test_a_task_of_no_workspace_is_annotated_default(
+    runtime: RuncRuntime, tasks: TaskManager, image: tuple[LocalRegistry, str]
+) -> None:
+    spec = worker_pb2.TaskSpec(
+        task_id="older-controlplane", image=image[1], command=["sleep", "60"]
+    )
+    await tasks.run(spec)
+    try:
+        await eventually(lambda: _true(tasks._record(spec.task_id).container is not None))
+        annotations = (await _runc_state(runtime, spec.task_id))["annotations"]
+        assert isinstance(annotations, dict)
+        assert annotations["levers9.workspace"] == "default"
+    finally:
+        await tasks.cancel(spec.task_id)
+
+
+REFUSED_WORKSPACE = r"^workspace .*(DNS label|at most 40 characters)"
+
+
+@pytest.mark.parametrize(
+    "workspace", ["Team-A", "team-a\nlevers9.workspace=team-b", "a" * 41, "-team"]
+)
+async def test_a_workspace_that_is_no_workspace_name_is_refused_before_anything_runs(
+    runtime: RuncRuntime,
+    tasks: TaskManager,
+    image: tuple[LocalRegistry, str],
+    tmp_path: Path,
+    workspace: str,
+) -> None:
+    spec = worker_pb2.TaskSpec(
+        task_id="forged", image=image[1], command=["true"], workspace=workspace
+    )
+    with pytest.raises(InvalidTask, match=REFUSED_WORKSPACE):
+        await tasks.run(spec)
+    direct = dataclasses.replace(_spec(tmp_path, image[1], "true"), workspace=workspace)
+    with pytest.raises(StartError, match=REFUSED_WORKSPACE):
+        await runtime.start(direct, lambda _: None)
+    assert await _runc_containers(runtime) == []

@@ -1,8 +1,9 @@
 """The runsc runtime with the real runsc (gVisor, Debian's 2022 build), umoci and skopeo and a real
 registry: a task runs in its image inside gVisor's kernel (its dmesg is gVisor's boot), its
 output and result reach the agent, `exec` runs inside it with and without a terminal, stop ends
-it, a task asking for cards or ports is refused naming the fix, and a worker holding both
-runtimes sweeps each one's containers with its own binary. Root only.
+it, a task asking for cards or ports is refused naming the fix, its sandbox is annotated with
+its task, workspace and pool (`runsc state`), and a worker holding both runtimes sweeps each
+one's containers with its own binary. Root only.
 """
 
 from __future__ import annotations
@@ -124,6 +125,29 @@ async def test_exec_with_and_without_a_terminal_then_stop(
         code = await asyncio.wait_for(container.stop(grace_s=1), 30)
     assert code in (128 + 15, 128 + 9)
     assert await _listed("runsc", tmp_path / "work" / "runsc") == []
+
+
+async def test_its_sandbox_is_annotated_with_its_task_workspace_and_pool(
+    runtime: RunscRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    spec = dataclasses.replace(
+        _spec(tmp_path, image[1], "sleep", "60", name="annotated"), workspace="team-a", pool="p"
+    )
+    container = await runtime.start(spec, lambda _: None)
+    assert isinstance(container, RuncContainer)
+    try:
+        shown = await asyncio.create_subprocess_exec(
+            *runtime._runc_argv("state", container.id), stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await shown.communicate()
+        annotations = json.loads(out)["annotations"]
+    finally:
+        await asyncio.wait_for(container.stop(grace_s=1), 30)
+    assert {k: v for k, v in annotations.items() if k.startswith("levers9.")} == {
+        "levers9.task": "annotated",
+        "levers9.workspace": "team-a",
+        "levers9.pool": "p",
+    }
 
 
 @pytest.mark.parametrize(
