@@ -88,11 +88,26 @@ async def start_pool_removal(
     reason: str = "pool removed",
 ) -> WorkflowHandle[object, RemovePoolResult]:
     """Starts `remove:<pool>`; one already running is joined rather than doubled."""
+    return await start_removal(
+        client, settings.task_queue, pool_name, delete_namespace=delete_namespace, reason=reason
+    )
+
+
+async def start_removal(
+    client: Client,
+    task_queue: str,
+    pool_name: str,
+    *,
+    delete_namespace: bool = False,
+    reason: str = "pool removed",
+) -> WorkflowHandle[object, RemovePoolResult]:
+    """`start_pool_removal` on the controlplane of `task_queue` (the gateway's way: it holds a
+    client and a task queue, not the settings)."""
     return await client.start_workflow(
         REMOVE_POOL_WORKFLOW,
         RemovePoolInput(pool_name=pool_name, delete_namespace=delete_namespace, reason=reason),
         id=remove_pool_workflow_id(pool_name),
-        task_queue=settings.task_queue,
+        task_queue=task_queue,
         result_type=RemovePoolResult,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -435,7 +435,7 @@ class PoolScheduleRow(BaseModel):
 
 async def list_reconcile_schedules(settings: ControlplaneSettings) -> list[PoolScheduleRow]:
     """Describes every reconcile schedule this controlplane's task queue owns."""
-    return await _describe_reconcile_schedules(await connect(settings), settings.task_queue)
+    return await describe_reconcile_schedules(await connect(settings), settings.task_queue)
 
 
 async def wait_for_passes(
@@ -448,7 +448,7 @@ async def wait_for_passes(
     client = await connect(settings)
     async with asyncio.timeout(within):
         while True:
-            rows = await _describe_reconcile_schedules(client, settings.task_queue)
+            rows = await describe_reconcile_schedules(client, settings.task_queue)
             done = min((row.passes for row in rows), default=0)
             progress(done)
             if rows and done >= passes:
@@ -456,7 +456,8 @@ async def wait_for_passes(
             await asyncio.sleep(PASS_POLL_S)
 
 
-async def _describe_reconcile_schedules(client: Client, task_queue: str) -> list[PoolScheduleRow]:
+async def describe_reconcile_schedules(client: Client, task_queue: str) -> list[PoolScheduleRow]:
+    """Every reconcile schedule of the controlplane of `task_queue`, described, by pool."""
     rows = []
     for schedule_id in sorted(await _managed_schedule_ids(client, task_queue)):
         described = await client.get_schedule_handle(schedule_id).describe()

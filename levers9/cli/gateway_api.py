@@ -34,6 +34,11 @@ class GatewayUnavailable(Exception):
     message says why and what to do. The caller may fall back to Temporal."""
 
 
+class GatewayDenied(GatewayUnavailable):
+    """The gateway refused the token (UNAUTHENTICATED) or the call to it (PERMISSION_DENIED):
+    a reader may not fall back to Temporal around that answer."""
+
+
 class GatewayRefused(Exception):
     """The gateway answered no (not found, invalid, unauthenticated); the message is its own."""
 
@@ -73,7 +78,7 @@ def _translate(exc: aio.AioRpcError, address: str, connected: bool = True) -> Ex
     if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
         return GatewayUnavailable(f"the gateway at {address} is older than this CLI ({details})")
     if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-        return GatewayUnavailable(f"{exc.code().name}: {details}")
+        return GatewayDenied(f"{exc.code().name}: {details}")
     return GatewayRefused(exc.code(), details)
 
 

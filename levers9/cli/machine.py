@@ -1,4 +1,5 @@
-"""`levers9 machine list`: the nodes of each pool and what they offer."""
+"""`levers9 machine list`: the nodes of each pool and what they offer (through the gateway with
+any token, else from Temporal: levers9.cli.pool_reads)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from typing import Annotated
 
 import typer
 
-from levers9.cli.output import Output, render
+from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable
+from levers9.cli.output import Output, fail, render
+from levers9.cli.pool_reads import list_machines
 from levers9.cli.runtime import settings_from_env
 from levers9.contract import DNS_LABEL
-from levers9.records.listing import list_machine_records
 
 app = typer.Typer(help="Machines: the pool's nodes, sized by what their neighbours leave.")
 
@@ -40,7 +42,11 @@ def list_(
         raise typer.BadParameter(
             f"{pool!r} is not a pool name (lowercase DNS label)", param_hint="--pool"
         )
-    records = asyncio.run(list_machine_records(settings_from_env(), pool))
+    try:
+        records = asyncio.run(list_machines(settings_from_env(), pool))
+    except (GatewayRefused, GatewayUnavailable) as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
     if output is Output.json:
         render([r.model_dump(mode="json") for r in records], COLUMNS, output)
         return

@@ -1,5 +1,9 @@
-"""`levers9 pool list|check|remove`: the pools the controlplane reconciles (from their
-schedules), the GPU check on one, and removing one."""
+"""`levers9 pool list|get|check|remove`: the pools the controlplane reconciles (from their
+schedules), one pool's usage by workspace, the GPU check on one, and removing one.
+
+Reads and the removal go through the gateway's Pools service with the CLI's token (a
+workspace's reads pools, never changes them), else to Temporal as the operator
+(levers9.cli.pool_reads)."""
 
 from __future__ import annotations
 
@@ -8,18 +12,18 @@ import json
 from typing import Annotated, Any
 
 import typer
-from temporalio.client import Client, WorkflowFailureError
 
-from levers9.cli.gateway_api import GatewayRefused
+from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable
 from levers9.cli.output import Output, console, fail, render
 from levers9.cli.pool_choice import chosen_pool
+from levers9.cli.pool_reads import PoolView, get_pool, list_pools, remove_pool
 from levers9.cli.runtime import duration, settings_from_env
 from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
+from levers9.core.pool_usage import PoolUsage
 from levers9.models import TaskInput, TaskRecord, new_task_id
-from levers9.operations import failure_message, start_pool_removal
-from levers9.providers.gke import RemovePoolResult
+from levers9.records.pools import NoSuchPool, RemovalFailed
 from levers9.records.tasks import (
     PROBE_COMMAND,
     SIMULATED_NO_CARD,
@@ -27,17 +31,19 @@ from levers9.records.tasks import (
     check_report,
     saw_no_card,
 )
-from levers9.temporal import (
-    connect,
-    gpus_simulated,
-    has_pool,
-    list_reconcile_schedules,
-    no_such_pool,
-    pool_names,
-)
+from levers9.temporal import connect, gpus_simulated
 
 app = typer.Typer(help="Pools as the controlplane runs them.", no_args_is_help=True)
 
+USAGE_COLUMNS = [
+    ("workspace", "WORKSPACE"),
+    ("gpus", "GPUS"),
+    ("borrowed", "BORROWED"),
+    ("placed", "PLACED"),
+    ("waiting", "WAITING"),
+    ("quota", "QUOTA"),
+    ("weight", "WEIGHT"),
+]
 COLUMNS = [
     ("pool", "POOL"),
     ("provider", "PROVIDER"),
@@ -56,25 +62,71 @@ def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.tab
     show_pools(settings_from_env(), output)
 
 
+def _pool_row(view: PoolView) -> dict[str, Any]:
+    return {
+        **view.schedule.model_dump(mode="json"),
+        "provider": "kubernetes (joined)" if view.joined else "kubernetes (values)",
+    }
+
+
 def show_pools(settings: ControlplaneSettings, output: Output) -> None:
-    schedules, joined = asyncio.run(_pools(settings))
-    rows: list[dict[str, Any]] = [
+    try:
+        views = asyncio.run(list_pools(settings))
+    except GatewayUnavailable as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+    render([_pool_row(view) for view in views], COLUMNS, output, title="pools")
+
+
+def _usage_rows(usage: PoolUsage) -> list[dict[str, Any]]:
+    return [
         {
-            **row.model_dump(mode="json"),
-            "provider": "kubernetes (joined)" if row.pool in joined else "kubernetes (values)",
+            "workspace": row.workspace,
+            "gpus": row.gpus,
+            "borrowed": row.borrowed_gpus,
+            "placed": row.placed,
+            "waiting": row.waiting,
+            "quota": "none" if row.gpu_quota is None else row.gpu_quota,
+            "weight": f"{row.weight:g}",
         }
-        for row in schedules
+        for row in usage.workspaces
     ]
-    render(rows, COLUMNS, output, title="pools")
 
 
-async def _pools(settings: ControlplaneSettings) -> tuple[list[Any], set[str]]:
-    """The reconcile schedules, and which of their pools `levers9 cluster join` made."""
-    from levers9.records.clusters import joined_clusters
-
-    schedules = await list_reconcile_schedules(settings)
-    clusters = await joined_clusters(await connect(settings))
-    return schedules, {state.spec.name for state in clusters}
+@app.command()
+def get(
+    name: Annotated[str, typer.Argument(help="the pool")],
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+) -> None:
+    """One pool: its schedule, its cards, and per workspace the GPUs it holds, how many of its
+    tasks wait, its quota and weight (a workspace token sees its own workspace only)."""
+    if not DNS_LABEL.fullmatch(name):
+        raise typer.BadParameter(f"{name!r} is not a pool name (lowercase DNS label)")
+    try:
+        detail = asyncio.run(get_pool(settings_from_env(), name))
+    except (GatewayRefused, GatewayUnavailable, NoSuchPool) as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
+    if output is Output.json:
+        shown = {
+            **_pool_row(detail.pool),
+            "usage": detail.usage.model_dump(mode="json") if detail.usage else None,
+        }
+        if detail.usage_note:
+            shown["usage_note"] = detail.usage_note
+        console.print_json(json.dumps(shown))
+        return
+    render([_pool_row(detail.pool)], COLUMNS, output, title=f"pool {name}")
+    usage = detail.usage
+    if usage is None:
+        console.print(f"usage: unknown, {detail.usage_note}", highlight=False)
+        return
+    console.print(
+        f"{usage.workers} workers, {usage.gpus} GPUs ({usage.free_gpus} free),"
+        f" {usage.placed} tasks placed, {usage.waiting} waiting",
+        highlight=False,
+    )
+    render(_usage_rows(usage), USAGE_COLUMNS, output, title="usage by workspace")
 
 
 @app.command()
@@ -141,15 +193,21 @@ def remove(
 ) -> None:
     """Stop reconciling the pool: its schedule deleted, its workers' Jobs deleted and records
     ended, its machines ended. Delete its block from values too, or the next deploy brings it
-    back."""
+    back. The operator's: a workspace token is refused."""
     try:
-        result = asyncio.run(_remove(settings_from_env(), pool, delete_namespace))
-    except WorkflowFailureError as exc:
-        fail([f"removal failed: {failure_message(exc)}"])
+        result = asyncio.run(
+            remove_pool(settings_from_env(), pool, delete_namespace=delete_namespace)
+        )
+    except (GatewayRefused, GatewayUnavailable, NoSuchPool, RemovalFailed) as exc:
+        fail([f"removal failed: {exc}" if isinstance(exc, RemovalFailed) else str(exc)])
         raise typer.Exit(1) from None
-    except LookupError as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    if result is None:
+        console.print(
+            f"the removal of pool {pool} goes on: run levers9 pool remove --pool {pool} again"
+            " to see its result",
+            highlight=False,
+        )
+        return
     console.print(
         f"pool {pool} removed: schedule {'deleted' if result.schedule_deleted else 'was gone'},"
         f" {len(result.workers_ended)} worker records ended, {len(result.machines_ended)}"
@@ -159,26 +217,3 @@ def remove(
     )
     if result.note:
         console.print(result.note, highlight=False)
-
-
-async def _remove(
-    settings: ControlplaneSettings, pool: str, delete_namespace: bool
-) -> RemovePoolResult:
-    client = await connect(settings)
-    if not DNS_LABEL.fullmatch(pool) or not await _removable(client, settings, pool):
-        raise LookupError(no_such_pool(pool, await pool_names(client, settings.task_queue)))
-    handle = await start_pool_removal(
-        client, settings, pool, delete_namespace=delete_namespace, reason="removed by levers9"
-    )
-    return await handle.result()
-
-
-async def _removable(client: Client, settings: ControlplaneSettings, pool: str) -> bool:
-    """The pool is reconciled here, or a removal of it left records running (rerun to finish):
-    anything else names no pool, and removing it would say it removed one."""
-    if await has_pool(client, settings.task_queue, pool):
-        return True
-    query = f"ExecutionStatus='Running' AND PoolName='{pool}' AND TaskQueue='{settings.task_queue}'"
-    async for _ in client.list_workflows(query, limit=1):
-        return True
-    return False
