@@ -39,6 +39,8 @@ from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.providers.joined import ClusterState, pool_block
 from levers9.records.clusters import joined_clusters
+from levers9.records.endpoints import TemporalEndpointRecords
+from levers9.records.pools import TemporalPoolRecords
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc import tls
@@ -180,6 +182,8 @@ def serving(
         tunnelled=tunnelled,
         clusters=clusters,
         workspaces=TemporalWorkspaceRecords(client, settings.task_queue),
+        pools=TemporalPoolRecords(client, settings.task_queue),
+        endpoints=TemporalEndpointRecords(client, settings.task_queue),
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,
         token_generation=settings.worker_token_generation,

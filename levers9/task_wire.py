@@ -99,9 +99,16 @@ def to_message(model: BaseModel, cls: type[M]) -> M:
     return message
 
 
-def from_message(message: Message, cls: type[B], **given: Any) -> B:
+def from_message(
+    message: Message,
+    cls: type[B],
+    *,
+    nested: Mapping[str, type[BaseModel]] = NESTED,
+    **given: Any,
+) -> B:
     """`cls` from every field `message` declares that `cls` has too, and `given` (which wins
-    over the message's field of its name); an unset optional field or message is None."""
+    over the message's field of its name); an unset optional field or message is None;
+    `nested`: the model each nested message becomes, by its full name."""
     fields: dict[str, Any] = dict(given)
     for field in message.DESCRIPTOR.fields:
         if field.name not in cls.model_fields or field.name in given:
@@ -111,13 +118,13 @@ def from_message(message: Message, cls: type[B], **given: Any) -> B:
             fields[field.name] = dict(value)
         elif field.is_repeated:
             if field.type == FieldDescriptor.TYPE_MESSAGE:
-                fields[field.name] = tuple(_model_of(v) for v in value)
+                fields[field.name] = tuple(_model_of(v, nested) for v in value)
             else:
                 fields[field.name] = tuple(value)
         elif field.has_presence and not message.HasField(field.name):
             fields[field.name] = None
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            fields[field.name] = _model_of(value)
+            fields[field.name] = _model_of(value, nested)
         else:
             fields[field.name] = value
     return cls(**fields)
@@ -138,7 +145,7 @@ def _message_of(value: Any, field: Any) -> Message:
     return to_message(value, cls)
 
 
-def _model_of(message: Message) -> Any:
+def _model_of(message: Message, nested: Mapping[str, type[BaseModel]]) -> Any:
     if isinstance(message, Timestamp):
         return message.ToDatetime(tzinfo=UTC)
-    return from_message(message, NESTED[message.DESCRIPTOR.full_name])
+    return from_message(message, nested[message.DESCRIPTOR.full_name], nested=nested)

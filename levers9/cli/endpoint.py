@@ -13,35 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from levers9.cli.endpoint_access import EndpointAccess, Refused
+from levers9.cli.identity import TOKEN_VARIABLE
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.pool_choice import chosen_pool
-from levers9.cli.runtime import duration, environment, settings_from_env
-from levers9.cli.unreachable import down, no_temporal_worker, unreachable
+from levers9.cli.runtime import duration, environment, identity_from_env, settings_from_env
+from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
 from levers9.core.endpoints import EndpointSpec, EndpointView
 from levers9.core.image_reference import ImageReference, ImageReferenceError
 from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
-from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
-from levers9.records.endpoints import (
-    EndpointExists,
-    RecordedEndpoint,
-    create_endpoint,
-    delete_endpoint,
-    endpoint_view,
-    list_endpoints,
-    recorded_endpoints,
-)
-from levers9.records.found import QUERY_WITHIN_S, NoQueryAnswer
-from levers9.records.workspaces import TemporalWorkspaceRecords
-from levers9.temporal import connect, list_reconcile_schedules, no_such_pool
+
+if TYPE_CHECKING:
+    from levers9.cli.identity import Identity
+    from levers9.records.endpoints import RecordedEndpoint
 
 app = typer.Typer(
     help="Endpoints: HTTP services whose replicas are tasks, scaled to zero and back.",
@@ -66,6 +59,7 @@ REPLICA_COLUMNS = [
     ("ready_after", "READY AFTER"),
 ]
 DELETE_WAIT_S = 150.0
+T = TypeVar("T")
 
 
 def _check(name: str, pool: str, image: str, command: list[str]) -> None:
@@ -127,20 +121,23 @@ def create(
         bool, typer.Option("--public", help="requests need no operator token")
     ] = False,
     workspace: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--workspace",
-            help="the workspace it belongs to: its tokens reach it, its quota counts its replicas",
+            help="the workspace it belongs to: its tokens reach it, its quota counts its replicas"
+            " (default: the token's own; the operator's: default)",
         ),
-    ] = DEFAULT_WORKSPACE,
+    ] = None,
 ) -> None:
     """Create an endpoint: prints its URL. Its first request starts a replica (at zero)."""
-    settings = settings_from_env()
+    identity = identity_from_env()
+    settings = identity.settings
     pool = chosen_pool(settings, pool)
     _check(name, pool, image, command)
-    named = name_problem(workspace)
-    if named is not None:
-        raise typer.BadParameter(named, param_hint="--workspace")
+    if workspace is not None:
+        named = name_problem(workspace)
+        if named is not None:
+            raise typer.BadParameter(named, param_hint="--workspace")
     request_timeout_s = duration(request_timeout, "--request-timeout")
     if min_replicas > max_replicas:
         raise typer.BadParameter(
@@ -170,60 +167,54 @@ def create(
         cold_start_timeout_seconds=cold_start_timeout,
         request_timeout_seconds=request_timeout_s,
         public=public,
-        workspace=workspace,
+        workspace=workspace or "",  # "": the token's own
     )
     try:
-        asyncio.run(_create(settings, spec))
-    except (EndpointExists, LookupError) as exc:
+        created = asyncio.run(EndpointAccess(settings).create(spec))
+    except Refused as exc:
         fail([str(exc)])
         raise typer.Exit(1) from None
     url = endpoint_url(settings, name)
     console.print(f"endpoint {name} created: {url}", highlight=False)
+    where = f" of workspace {created.workspace}" if created.workspace != DEFAULT_WORKSPACE else ""
     console.print(
         f"  replicas {min_replicas}-{max_replicas} on pool {pool}, {gpus} card(s) each, port"
-        f" {port}; a surplus replica stops after {idle:g} s idle",
+        f" {port}; a surplus replica stops after {idle:g} s idle{where}",
         highlight=False,
     )
-    console.print(
-        f"  {curl_line(settings, url, public, request_timeout_s)}", highlight=False, soft_wrap=True
-    )
+    for line in curl_lines(identity, url, public, request_timeout_s):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
 
 
 def endpoint_url(settings: ControlplaneSettings, name: str) -> str:
     return f"{settings.endpoints_base_url()}/{name}/"
 
 
-def curl_line(
-    settings: ControlplaneSettings, url: str, public: bool, wait_s: float = 1500.0
-) -> str:
+def curl_lines(identity: Identity, url: str, public: bool, wait_s: float = 1500.0) -> list[str]:
     """A request that waits through a cold start, as long as the front would (the page:
-    `curl -m 1500`)."""
+    `curl -m 1500`), with the token as this command got it: the variable it came from, the
+    file it read, or (a profile's, or one derived on the controlplane's machine) `$TOKEN` and a
+    line saying which token that is."""
+    settings = identity.settings
     parts = ["curl", "-m", str(math.ceil(wait_s))]
     if url.startswith("https:") and settings.gateway_tls_ca_file:
         parts += ["--cacert", str(settings.gateway_tls_ca_file)]
-    if not public:
-        token = (
-            f'"$(cat {settings.api_token_file})"'
-            if settings.api_token_file
-            else "$LEVERS9_API_TOKEN"
+    if public:
+        return [" ".join([*parts, url])]
+    source, note = identity.token_source, ""
+    if source in (TOKEN_VARIABLE, "LEVERS9_API_TOKEN"):
+        token = f"${source}"
+    elif settings.api_token is None and settings.api_token_file is not None:
+        token = f"$(cat {settings.api_token_file})"
+    else:
+        token = "$TOKEN"
+        note = f"TOKEN: the token of {source}" + (
+            f" (`levers9 --profile {identity.profile} whoami` says whose)"
+            if identity.profile is not None
+            else ""
         )
-        parts += [
-            "-H",
-            f'"Authorization: Bearer {token[1:-1] if token.startswith(chr(34)) else token}"',
-        ]
-    return " ".join([*parts, url])
-
-
-async def _create(settings: ControlplaneSettings, spec: EndpointSpec) -> None:
-    client = await connect(settings)
-    pools = {row.pool for row in await list_reconcile_schedules(settings)}
-    if spec.pool_name not in pools:
-        raise LookupError(no_such_pool(spec.pool_name, pools))
-    if spec.workspace != DEFAULT_WORKSPACE:
-        records = TemporalWorkspaceRecords(client, settings.task_queue)
-        if await records.get(spec.workspace) is None:
-            raise LookupError(f"no workspace {spec.workspace} (`levers9 workspace list`)")
-    await create_endpoint(client, settings.task_queue, spec)
+    parts += ["-H", f'"Authorization: Bearer {token}"']
+    return [" ".join([*parts, url]), *([note] if note else [])]
 
 
 def _row(settings: ControlplaneSettings, view: EndpointView, now: datetime) -> dict[str, Any]:
@@ -245,31 +236,25 @@ def _row(settings: ControlplaneSettings, view: EndpointView, now: datetime) -> d
 def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.table) -> None:
     """List endpoints: replicas ready and running, requests in flight and waiting, the URL."""
     settings = settings_from_env()
-    views, recorded, problem = asyncio.run(_views(settings))
+    shown = _answered(EndpointAccess(settings).listing())
     now = datetime.now(UTC)
-    if problem is not None:
-        _show_recorded(settings, recorded, output, now)
-        down(problem)
+    if shown.down is not None:
+        _show_recorded(settings, shown.recorded, output, now)
+        down(shown.down)
     if output is Output.json:
-        render([v.model_dump(mode="json") for v in views], COLUMNS, output)
+        render([v.model_dump(mode="json") for v in shown.views], COLUMNS, output)
         return
-    render([_row(settings, v, now) for v in views], COLUMNS, output, title="endpoints")
+    render([_row(settings, v, now) for v in shown.views], COLUMNS, output, title="endpoints")
 
 
-async def _views(
-    settings: ControlplaneSettings,
-) -> tuple[list[EndpointView], list[RecordedEndpoint], ControlplaneUnreachable | None]:
-    """The endpoints now; with the controlplane down, what Temporal recorded of them and why."""
-    client = await connect(settings)
+def _answered(call: Coroutine[Any, Any, T]) -> T:
+    """Runs the command's calls; a refusal (the gateway's, a workspace token's gateway not
+    answering) is one line and exit status 1."""
     try:
-        views = [
-            await endpoint_view(client, name, within=QUERY_WITHIN_S)
-            for name in await list_endpoints(client)
-        ]
-    except NoQueryAnswer as exc:
-        problem = unreachable(settings, no_temporal_worker(settings, str(exc)))
-        return [], await recorded_endpoints(client), problem
-    return [v for v in views if v is not None], [], None
+        return asyncio.run(call)
+    except Refused as exc:
+        fail([str(exc)])
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -279,10 +264,11 @@ def get(
 ) -> None:
     """One endpoint: its spec, its replicas, and its latest cold starts and scale decisions."""
     settings = settings_from_env()
-    view, recorded, problem = asyncio.run(_view(settings, name))
-    if problem is not None and recorded:
-        _show_recorded(settings, recorded, output, datetime.now(UTC))
-        down(problem)
+    shown = _answered(EndpointAccess(settings).get(name))
+    if shown.down is not None and shown.recorded:
+        _show_recorded(settings, shown.recorded, output, datetime.now(UTC))
+        down(shown.down)
+    view = shown.views[0] if shown.views else None
     if view is None:
         fail([f"no endpoint {name}: `levers9 endpoint list` shows them"])
         raise typer.Exit(1)
@@ -330,17 +316,6 @@ def get(
     )
 
 
-async def _view(
-    settings: ControlplaneSettings, name: str
-) -> tuple[EndpointView | None, list[RecordedEndpoint], ControlplaneUnreachable | None]:
-    client = await connect(settings)
-    try:
-        return await endpoint_view(client, name, within=QUERY_WITHIN_S), [], None
-    except NoQueryAnswer as exc:
-        problem = unreachable(settings, no_temporal_worker(settings, str(exc)))
-        return None, await recorded_endpoints(client, name), problem
-
-
 def _show_recorded(
     settings: ControlplaneSettings,
     recorded: list[RecordedEndpoint],
@@ -374,33 +349,16 @@ def delete(
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="until its replicas ended")] = True,
 ) -> None:
     """Delete an endpoint: its replicas are stopped, then its record ends."""
-    settings = settings_from_env()
-    found = asyncio.run(_delete(settings, name, wait))
-    if not found:
+    endpoints = EndpointAccess(settings_from_env())
+    if not _answered(endpoints.delete(name)):
         fail([f"no endpoint {name}: `levers9 endpoint list` shows them"])
         raise typer.Exit(1)
-
-
-async def _delete(settings: ControlplaneSettings, name: str, wait: bool) -> bool:
-    client = await connect(settings)
-    if not await delete_endpoint(client, name):
-        return False
     console.print(f"endpoint {name}: deleting (its replicas stop)", highlight=False)
     if not wait:
-        return True
-    from levers9.models import endpoint_workflow_id
-
-    handle = client.get_workflow_handle(endpoint_workflow_id(name), result_type=EndpointView)
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(DELETE_WAIT_S):
-            view = await handle.result()
-    except TimeoutError:
+        return
+    gone = _answered(endpoints.deleted(name, DELETE_WAIT_S))
+    if not gone.ended:
         fail([f"endpoint {name}: its replicas did not end within {DELETE_WAIT_S:g} s"])
-        raise typer.Exit(1) from None
-    console.print(
-        f"endpoint {name} deleted ({len(view.replicas)} replica(s) still ending) in"
-        f" {time.monotonic() - started:.1f} s",
-        highlight=False,
-    )
-    return True
+        raise typer.Exit(1)
+    ending = f" ({len(gone.view.replicas)} replica(s) still ending)" if gone.view else ""
+    console.print(f"endpoint {name} deleted{ending} in {gone.took_s:.1f} s", highlight=False)

@@ -20,6 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
 from levers9.gateway.clusters import ClusterHub
+from levers9.gateway.endpoint_service import EndpointsService
+from levers9.gateway.pool_service import PoolsService
 from levers9.gateway.roles import Authority
 from levers9.gateway.service import GatewayService
 from levers9.gateway.task_records import TaskRecords
@@ -28,7 +30,9 @@ from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
 from levers9.gateway.workspace_service import WorkspacesService
 from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.proto import endpoints_pb2_grpc, gateway_pb2, gateway_pb2_grpc, pools_pb2_grpc
+from levers9.records.endpoints import TemporalEndpointRecords
+from levers9.records.pools import TemporalPoolRecords
 from levers9.records.workers import WorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc.malformed import MalformedRequests
@@ -63,6 +67,8 @@ class Gateway:
         tunnelled: Mapping[str, bool] | None = None,
         clusters: ClusterHub | None = None,
         workspaces: TemporalWorkspaceRecords | None = None,
+        pools: TemporalPoolRecords | None = None,
+        endpoints: TemporalEndpointRecords | None = None,
         operator_generation: int = 1,
         ca_generation: int = 1,
         token_generation: int = 1,
@@ -92,6 +98,10 @@ class Gateway:
         """Who calls the CLI's services: the operator, or a workspace by its token."""
         self._workspaces = (
             WorkspacesService(workspaces, self.authority) if workspaces is not None else None
+        )
+        self._pools = PoolsService(pools, self.authority) if pools is not None else None
+        self._endpoints = (
+            EndpointsService(endpoints, self.authority) if endpoints is not None else None
         )
         self._tasks = (
             TasksService(
@@ -137,6 +147,10 @@ class Gateway:
             gateway_pb2_grpc.add_ClustersServicer_to_server(self.clusters, server)
         if self._workspaces is not None:
             gateway_pb2_grpc.add_WorkspacesServicer_to_server(self._workspaces, server)
+        if self._endpoints is not None:
+            endpoints_pb2_grpc.add_EndpointsServicer_to_server(self._endpoints, server)
+        if self._pools is not None:
+            pools_pb2_grpc.add_PoolsServicer_to_server(self._pools, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()
