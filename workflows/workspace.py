@@ -1,6 +1,7 @@
 """WorkspaceWorkflow (`workspace:<name>`): a workspace's record (`levers9 workspace create`).
 
-It holds the workspace's limits (GPU quota, how many tasks may wait) and its tokens' records:
+It holds the workspace's limits (GPU quota, how many tasks may wait), its default pool (where
+`levers9 run` without `--pool` goes; `set_limits` changes it too) and its tokens' records:
 label, SHA-256 of the secret, created, expiry, last use, revoked. Never a token: the gateway
 makes one, hands it to the caller once, and tells this workflow only its hash. Updates
 `set_limits`, `add_token`, `revoke_token` and `delete` (which ends it) decide at once and

@@ -278,10 +278,11 @@ async def who_am_i(settings: ControlplaneSettings) -> gateway_pb2.WhoAmIResponse
         return reply
 
 
-async def pool_names(settings: ControlplaneSettings) -> list[str]:
-    """The pools a task may name, as the gateway lists them for any token."""
+async def pool_names(settings: ControlplaneSettings) -> tuple[list[str], str]:
+    """The pools a task may name, as the gateway lists them for any token, and the caller's
+    workspace's default pool ("": none)."""
     async with gateway_stub(settings, gateway_pb2_grpc.WorkspacesStub) as (stub, metadata):
         reply = await stub.ListPoolNames(
             gateway_pb2.ListPoolNamesRequest(), metadata=metadata, timeout=CALL_TIMEOUT_S
         )
-        return list(reply.pool_names)
+        return list(reply.pool_names), reply.default_pool

@@ -45,9 +45,19 @@ COLUMNS = [
     ("name", "NAME"),
     ("gpu_quota", "GPU QUOTA"),
     ("max_queued", "MAX QUEUED"),
+    ("default_pool", "DEFAULT POOL"),
     ("running_tasks", "RUNNING TASKS"),
     ("live_tokens", "TOKENS"),
     ("age", "AGE"),
+]
+USAGE_COLUMNS = [
+    ("pool", "POOL"),
+    ("gpus", "GPUS"),
+    ("borrowed_gpus", "BORROWED"),
+    ("placed", "PLACED"),
+    ("waiting", "WAITING"),
+    ("gpu_quota", "QUOTA"),
+    ("weight", "WEIGHT"),
 ]
 TOKEN_COLUMNS = [
     ("token_id", "ID"),
@@ -103,11 +113,31 @@ def _row(workspace: gateway_pb2.Workspace, now: datetime) -> dict[str, object]:
         "name": workspace.name,
         "gpu_quota": workspace.gpu_quota if workspace.HasField("gpu_quota") else None,
         "max_queued": workspace.max_queued if workspace.HasField("max_queued") else None,
+        "default_pool": workspace.default_pool or None,
         "running_tasks": workspace.running_tasks,
         "live_tokens": workspace.live_tokens,
         "created_at": workspace.created_at.ToDatetime(UTC).isoformat(),
         "age": ago(workspace.created_at.ToDatetime(UTC), now),
     }
+
+
+def _usage_rows(workspace: gateway_pb2.Workspace) -> list[dict[str, object]]:
+    """Its part of each pool it has work in."""
+    rows: list[dict[str, object]] = []
+    for part in workspace.pools:
+        usage = part.usage
+        rows.append(
+            {
+                "pool": part.pool_name,
+                "gpus": usage.gpus,
+                "borrowed_gpus": usage.borrowed_gpus,
+                "placed": usage.placed,
+                "waiting": usage.waiting,
+                "gpu_quota": usage.gpu_quota if usage.HasField("gpu_quota") else None,
+                "weight": usage.weight,
+            }
+        )
+    return rows
 
 
 def _show(workspaces: list[gateway_pb2.Workspace], output: Output, title: str) -> None:
@@ -128,10 +158,13 @@ def create(
     max_queued: Annotated[
         int | None, typer.Option("--max-queued", min=0, help="the most tasks it keeps waiting")
     ] = None,
+    default_pool: Annotated[
+        str, typer.Option("--default-pool", help="where its tasks go without --pool")
+    ] = "",
 ) -> None:
     """Create a workspace (its name a DNS label)."""
     request = gateway_pb2.CreateWorkspaceRequest(
-        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued
+        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued, default_pool=default_pool
     )
     _call(lambda stub, md: stub.CreateWorkspace(request, metadata=md, timeout=CALL_TIMEOUT_S))
     console.print(
@@ -154,15 +187,21 @@ def list_(output: Annotated[Output, typer.Option("-o", "--output")] = Output.tab
 def get(
     name: str, output: Annotated[Output, typer.Option("-o", "--output")] = Output.table
 ) -> None:
-    """One workspace (a workspace token reads its own)."""
+    """One workspace (a workspace token reads its own), and its part of each pool it has work
+    in: GPUs held, tasks placed and waiting, quota and weight there."""
     request = gateway_pb2.GetWorkspaceRequest(name=_name(name))
     reply = _call(lambda stub, md: stub.GetWorkspace(request, metadata=md, timeout=CALL_TIMEOUT_S))
     if output is Output.json:
         row = _row(reply, datetime.now(UTC))
         row.pop("age")
+        row["pools"] = _usage_rows(reply)
         console.print_json(json.dumps(row))
         return
     _show([reply], output, f"workspace {name}")
+    if reply.pools:
+        render(_usage_rows(reply), USAGE_COLUMNS, output, title="usage by pool")
+    else:
+        console.print("usage: no work in any pool", highlight=False)
 
 
 @app.command("set")
@@ -174,12 +213,18 @@ def set_(
     max_queued: Annotated[
         int | None, typer.Option("--max-queued", min=0, help="the most tasks it keeps waiting")
     ] = None,
+    default_pool: Annotated[
+        str | None,
+        typer.Option("--default-pool", help='where its tasks go without --pool; "" clears it'),
+    ] = None,
 ) -> None:
-    """Change a workspace's limits (only those given)."""
-    if gpu_quota is None and max_queued is None:
-        raise typer.BadParameter("give --gpu-quota N or --max-queued N", param_hint="options")
+    """Change a workspace's limits or default pool (only those given)."""
+    if gpu_quota is None and max_queued is None and default_pool is None:
+        raise typer.BadParameter(
+            "give --gpu-quota N, --max-queued N or --default-pool POOL", param_hint="options"
+        )
     request = gateway_pb2.SetWorkspaceRequest(
-        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued
+        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued, default_pool=default_pool
     )
     reply = _call(lambda stub, md: stub.SetWorkspace(request, metadata=md, timeout=CALL_TIMEOUT_S))
     _show([reply], Output.table, f"workspace {name}")

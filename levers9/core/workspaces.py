@@ -97,6 +97,8 @@ class WorkspaceLimits(BaseModel):
 
     gpu_quota: int | None = Field(default=None, ge=0)
     max_queued: int | None = Field(default=None, ge=0)
+    default_pool: str | None = None
+    """The pool its tasks go to without `--pool` ("": none); the gateway checks it names one."""
 
 
 class WorkspaceState(BaseModel):
@@ -108,6 +110,8 @@ class WorkspaceState(BaseModel):
     max_queued: int | None = Field(default=None, ge=0)
     """The most tasks it may keep waiting; None: no bound."""
     created_at: datetime
+    default_pool: str = ""
+    """Where its tasks go when `levers9 run` is given no `--pool` ("": the only pool)."""
     tokens: list[WorkspaceToken] = Field(default_factory=list)
     deleting: bool = False
 
@@ -116,6 +120,8 @@ class WorkspaceState(BaseModel):
             self.gpu_quota = limits.gpu_quota
         if limits.max_queued is not None:
             self.max_queued = limits.max_queued
+        if limits.default_pool is not None:
+            self.default_pool = limits.default_pool
 
     def token(self, token_id: str) -> WorkspaceToken | None:
         return next((t for t in self.tokens if t.token_id == token_id), None)

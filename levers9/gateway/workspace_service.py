@@ -29,8 +29,10 @@ from levers9.core.workspaces import (
 from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
 from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, gateway_pb2_grpc
+from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2
 from levers9.records.workspaces import TemporalWorkspaceRecords, WorkspaceExists
+from levers9.task_wire import to_message
+from levers9.temporal import no_such_pool
 
 MAX_EXPIRY = timedelta(days=3650)
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -90,8 +92,22 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         assert state is not None
         return state
 
-    async def _message(self, state: WorkspaceState) -> gateway_pb2.Workspace:
+    async def _message(
+        self, state: WorkspaceState, *, usage: bool = False
+    ) -> gateway_pb2.Workspace:
+        """The record; with `usage`, its part of each pool it has work in (a query of each
+        pool's placement: GetWorkspace's, not a listing's)."""
         now = datetime.now(UTC)
+        pools = (
+            [
+                gateway_pb2.WorkspacePoolUsage(
+                    pool_name=pool, usage=to_message(row, pools_pb2.PoolWorkspaceUsage)
+                )
+                for pool, row in await self._records.pool_usage(state.name)
+            ]
+            if usage
+            else []
+        )
         return gateway_pb2.Workspace(
             name=state.name,
             gpu_quota=state.gpu_quota,
@@ -99,14 +115,27 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             created_at=_timestamp(state.created_at),
             live_tokens=sum(1 for t in state.tokens if t.live(now)),
             running_tasks=await self._records.running_tasks(state.name),
+            default_pool=state.default_pool,
+            pools=pools,
         )
+
+    async def _default_pool(self, context: Context, pool: str) -> None:
+        """INVALID_ARGUMENT naming the field and the pools there are, unless `pool` is ""
+        or one of this controlplane's pools."""
+        if not pool:
+            return
+        names = await self._records.pool_names()
+        if pool not in names:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"default_pool: {no_such_pool(pool, names)}"
+            )
 
     @staticmethod
     async def _limits(
         context: Context,
         request: gateway_pb2.CreateWorkspaceRequest | gateway_pb2.SetWorkspaceRequest,
     ) -> WorkspaceLimits:
-        given = {}
+        given: dict[str, int | str] = {}
         for field in ("gpu_quota", "max_queued"):
             if request.HasField(field):
                 value = getattr(request, field)
@@ -115,7 +144,11 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
                         grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {value} is below 0"
                     )
                 given[field] = value
-        return WorkspaceLimits(**given)
+        if isinstance(request, gateway_pb2.SetWorkspaceRequest) and request.HasField(
+            "default_pool"
+        ):
+            given["default_pool"] = request.default_pool
+        return WorkspaceLimits.model_validate(given)
 
     async def CreateWorkspace(
         self, request: gateway_pb2.CreateWorkspaceRequest, context: Context
@@ -123,10 +156,12 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         await self._operator(context, "creating a workspace")
         await self._name(context, request.name)
         limits = await self._limits(context, request)
+        await self._default_pool(context, request.default_pool)
         state = WorkspaceState(
             name=request.name,
             gpu_quota=limits.gpu_quota,
             max_queued=limits.max_queued,
+            default_pool=request.default_pool,
             created_at=datetime.now(UTC),
         )
         try:
@@ -144,7 +179,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         await self._name(context, request.name)
         if not identity.sees(request.name):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
-        return await self._message(await self._state(context, request.name))
+        return await self._message(await self._state(context, request.name), usage=True)
 
     async def ListWorkspaces(
         self, request: gateway_pb2.ListWorkspacesRequest, context: Context
@@ -161,10 +196,12 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         await self._operator(context, "changing a workspace")
         await self._name(context, request.name)
         limits = await self._limits(context, request)
-        if limits.gpu_quota is None and limits.max_queued is None:
+        if limits.gpu_quota is None and limits.max_queued is None and limits.default_pool is None:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "nothing to set: give gpu_quota or max_queued"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "nothing to set: give gpu_quota, max_queued or default_pool",
             )
+        await self._default_pool(context, limits.default_pool or "")
         state = await self._records.set_limits(request.name, limits)
         if state is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
@@ -174,6 +211,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             workspace=state.name,
             gpu_quota=state.gpu_quota,
             max_queued=state.max_queued,
+            default_pool=state.default_pool,
         )
         return await self._message(state)
 
@@ -269,19 +307,27 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         self, request: gateway_pb2.WhoAmIRequest, context: Context
     ) -> gateway_pb2.WhoAmIResponse:
         identity = await self._identify(context)
-        if identity.workspace is None:
-            return gateway_pb2.WhoAmIResponse(operator=True, label="operator")
         # The token checked out against this record a moment ago (the replica's cache).
-        state = await self._authority.workspace(identity.workspace)
+        state = await self._authority.workspace(identity.own_workspace)
+        default_pool = state.default_pool if state is not None else ""
+        if identity.workspace is None:
+            return gateway_pb2.WhoAmIResponse(
+                operator=True, label="operator", default_pool=default_pool
+            )
         kept = state.token(identity.token_id) if state is not None else None
         return gateway_pb2.WhoAmIResponse(
             workspace=identity.workspace,
             token_id=identity.token_id,
             label=kept.label if kept is not None else "",
+            default_pool=default_pool,
         )
 
     async def ListPoolNames(
         self, request: gateway_pb2.ListPoolNamesRequest, context: Context
     ) -> gateway_pb2.ListPoolNamesResponse:
-        await self._identify(context)
-        return gateway_pb2.ListPoolNamesResponse(pool_names=await self._records.pool_names())
+        identity = await self._identify(context)
+        state = await self._authority.workspace(identity.own_workspace)
+        return gateway_pb2.ListPoolNamesResponse(
+            pool_names=await self._records.pool_names(),
+            default_pool=state.default_pool if state is not None else "",
+        )

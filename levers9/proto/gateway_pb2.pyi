@@ -10,6 +10,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from levers9.proto import pools_pb2 as _pools_pb2
 from levers9.proto import worker_pb2 as _worker_pb2
 import builtins as _builtins
 import sys
@@ -942,6 +943,8 @@ class Workspace(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     LIVE_TOKENS_FIELD_NUMBER: _builtins.int
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
+    DEFAULT_POOL_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     """unset: no quota"""
@@ -950,8 +953,14 @@ class Workspace(_message.Message):
     live_tokens: _builtins.int
     running_tasks: _builtins.int
     """its tasks queued, placed or running"""
+    default_pool: _builtins.str
+    """where its tasks go without --pool; "": none"""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkspacePoolUsage]:
+        """GetWorkspace: its part of each pool it has work in"""
+
     def __init__(
         self,
         *,
@@ -961,10 +970,12 @@ class Workspace(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         live_tokens: _builtins.int = ...,
         running_tasks: _builtins.int = ...,
+        default_pool: _builtins.str = ...,
+        pools: _abc.Iterable[Global___WorkspacePoolUsage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "gpu_quota", b"gpu_quota", "live_tokens", b"live_tokens", "max_queued", b"max_queued", "name", b"name", "running_tasks", b"running_tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "live_tokens", b"live_tokens", "max_queued", b"max_queued", "name", b"name", "pools", b"pools", "running_tasks", b"running_tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
@@ -976,6 +987,31 @@ class Workspace(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
 
 Global___Workspace: _TypeAlias = Workspace  # noqa: Y015
+
+@_typing.final
+class WorkspacePoolUsage(_message.Message):
+    """One workspace's part of one pool (the pool's placement state): `levers9 workspace get`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    pool_name: _builtins.str
+    @_builtins.property
+    def usage(self) -> _pools_pb2.PoolWorkspaceUsage: ...
+    def __init__(
+        self,
+        *,
+        pool_name: _builtins.str = ...,
+        usage: _pools_pb2.PoolWorkspaceUsage | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool_name", b"pool_name", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkspacePoolUsage: _TypeAlias = WorkspacePoolUsage  # noqa: Y015
 
 @_typing.final
 class WorkspaceTokenRecord(_message.Message):
@@ -1030,19 +1066,23 @@ class CreateWorkspaceRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     GPU_QUOTA_FIELD_NUMBER: _builtins.int
     MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    DEFAULT_POOL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     max_queued: _builtins.int
+    default_pool: _builtins.str
+    """a pool of this controlplane, or "": none"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         gpu_quota: _builtins.int | None = ...,
         max_queued: _builtins.int | None = ...,
+        default_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
@@ -1111,31 +1151,39 @@ Global___ListWorkspacesResponse: _TypeAlias = ListWorkspacesResponse  # noqa: Y0
 
 @_typing.final
 class SetWorkspaceRequest(_message.Message):
-    """Only the limits given change."""
+    """Only the fields given change."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     GPU_QUOTA_FIELD_NUMBER: _builtins.int
     MAX_QUEUED_FIELD_NUMBER: _builtins.int
+    DEFAULT_POOL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     max_queued: _builtins.int
+    default_pool: _builtins.str
+    """a pool of this controlplane; "": none"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         gpu_quota: _builtins.int | None = ...,
         max_queued: _builtins.int | None = ...,
+        default_pool: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__default_pool: _TypeAlias = _typing.Literal["default_pool"]  # noqa: Y015
+    _WhichOneofArgType__default_pool: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool"]  # noqa: Y015
     _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
     _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
     _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__default_pool) -> _WhichOneofReturnType__default_pool | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
     @_typing.overload
@@ -1333,6 +1381,7 @@ class WhoAmIResponse(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     TOKEN_ID_FIELD_NUMBER: _builtins.int
     LABEL_FIELD_NUMBER: _builtins.int
+    DEFAULT_POOL_FIELD_NUMBER: _builtins.int
     operator: _builtins.bool
     workspace: _builtins.str
     """empty for the operator"""
@@ -1340,6 +1389,8 @@ class WhoAmIResponse(_message.Message):
     """empty for the operator"""
     label: _builtins.str
     """the token's label (its record's); "operator" for the operator"""
+    default_pool: _builtins.str
+    """its workspace's default pool (the operator's: workspace default's)"""
     def __init__(
         self,
         *,
@@ -1347,10 +1398,11 @@ class WhoAmIResponse(_message.Message):
         workspace: _builtins.str = ...,
         token_id: _builtins.str = ...,
         label: _builtins.str = ...,
+        default_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["label", b"label", "operator", b"operator", "token_id", b"token_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_pool", b"default_pool", "label", b"label", "operator", b"operator", "token_id", b"token_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1380,16 +1432,20 @@ class ListPoolNamesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POOL_NAMES_FIELD_NUMBER: _builtins.int
+    DEFAULT_POOL_FIELD_NUMBER: _builtins.int
+    default_pool: _builtins.str
+    """the caller's workspace's default pool, if set: `--pool` left out"""
     @_builtins.property
     def pool_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         pool_names: _abc.Iterable[_builtins.str] | None = ...,
+        default_pool: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pool_names", b"pool_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_pool", b"default_pool", "pool_names", b"pool_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,6 +15,7 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from levers9.core.pool_usage import WorkspaceUsage
 from levers9.core.workspaces import (
     WORKSPACE_WORKFLOW,
     WorkspaceLimits,
@@ -25,6 +26,7 @@ from levers9.core.workspaces import (
 )
 from levers9.models import TASK_WORKFLOW, WorkspaceInput
 from levers9.records.found import delivered, or_none
+from levers9.records.pools import TemporalPoolRecords
 from levers9.search_attributes import WORKSPACE
 from levers9.temporal import pool_names
 
@@ -137,3 +139,15 @@ class TemporalWorkspaceRecords:
     async def pool_names(self) -> builtins.list[str]:
         """The pools a workspace's task may name: those this controlplane reconciles."""
         return await pool_names(self._client, self._task_queue)
+
+    async def pool_usage(self, name: str) -> builtins.list[tuple[str, WorkspaceUsage]]:
+        """The workspace's part of each pool it has work in (or whose placement knows its
+        quota), by pool; a pool whose placement does not answer is left out."""
+        pools = TemporalPoolRecords(self._client, self._task_queue)
+        found: builtins.list[tuple[str, WorkspaceUsage]] = []
+        for pool in await self.pool_names():
+            usage = await pools.usage(pool)
+            if isinstance(usage, str):
+                continue
+            found.extend((pool, row) for row in usage.workspaces if row.workspace == name)
+        return found

@@ -274,6 +274,13 @@ async def test_get_pool_shows_each_workspace_its_own_usage_only(plane: Plane) ->
         (ours, 1, 2, 1)
     ]
     assert theirs.encode() not in own.SerializeToString()
+    # `workspace get`: its own part of each pool it has work in.
+    got = await plane.workspaces.GetWorkspace(
+        gateway_pb2.GetWorkspaceRequest(name=ours), metadata=mine
+    )
+    assert [(p.pool_name, p.usage.gpus, p.usage.waiting, p.usage.gpu_quota) for p in got.pools] == [
+        (pool, 1, 2, 1)
+    ]
 
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await plane.pools.GetPool(pools_pb2.GetPoolRequest(name=f"gone-{suffix}"), metadata=mine)

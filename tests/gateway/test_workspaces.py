@@ -13,11 +13,13 @@ import asyncio
 import base64
 import io
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -29,6 +31,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from levers9.config import ControlplaneSettings
 from levers9.core.workspaces import (
     WORKSPACE_WORKFLOW,
     WorkspaceState,
@@ -161,7 +164,9 @@ async def _refusal(call: Any) -> bool:
 
 async def _create(plane: Plane, **limits: int) -> str:
     name = _name()
-    request = gateway_pb2.CreateWorkspaceRequest(name=name, **limits)
+    request = gateway_pb2.CreateWorkspaceRequest(
+        name=name, gpu_quota=limits.get("gpu_quota"), max_queued=limits.get("max_queued")
+    )
     await plane.first.workspaces.CreateWorkspace(request, metadata=plane.operator, timeout=10)
     return name
 
@@ -492,3 +497,92 @@ async def test_any_token_lists_the_pools_and_run_takes_the_only_one(plane: Plane
 
 async def _equal(got: Any, wanted: list[str]) -> bool:
     return bool(await got == wanted)
+
+
+async def test_a_default_pool_is_checked_shown_and_taken_by_run_without_pool(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """`workspace create|set --default-pool` names one of the controlplane's pools (else the
+    refusal names the field and the pools there are; "" clears it); get, list and WhoAmI show
+    it; `levers9 run` without --pool on a two-pool controlplane submits into it, and with it
+    cleared is refused naming both pools."""
+    from levers9.search_attributes import POOL_NAME
+    from levers9.temporal import sync_reconcile_schedules
+    from tests.factories import run_levers9
+
+    ws, op = plane.first.workspaces, plane.operator
+    suffix = uuid.uuid4().hex[:8]
+    first, second = f"first-{suffix}", f"second-{suffix}"
+    settings = ControlplaneSettings.model_validate(
+        {"taskQueue": plane.task_queue, "reconcileIntervalSeconds": 3600}
+    )
+    await sync_reconcile_schedules(plane.client, [first, second], settings)
+    try:
+
+        async def listed() -> bool:
+            reply = await ws.ListPoolNames(gateway_pb2.ListPoolNamesRequest(), metadata=op)
+            return list(reply.pool_names) == [first, second]
+
+        await eventually(listed, within=30)
+        name = _name()
+        refused = await _status(
+            ws.CreateWorkspace(
+                gateway_pb2.CreateWorkspaceRequest(name=name, default_pool="nowhere"),
+                metadata=op,
+            )
+        )
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            f"default_pool: no pool nowhere on this controlplane (`levers9 pool list` shows"
+            f" {first}, {second})" in (refused.details() or "")
+        )
+        created = await ws.CreateWorkspace(
+            gateway_pb2.CreateWorkspaceRequest(name=name, default_pool=second), metadata=op
+        )
+        assert created.default_pool == second
+        token = await _token(plane, name)
+        mine = bearer.metadata(token)
+        who = await ws.WhoAmI(gateway_pb2.WhoAmIRequest(), metadata=mine)
+        assert (who.workspace, who.default_pool) == (name, second)
+        listed_all = await ws.ListWorkspaces(gateway_pb2.ListWorkspacesRequest(), metadata=op)
+        assert [w.default_pool for w in listed_all.workspaces if w.name == name] == [second]
+
+        env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": "127.0.0.1:1",  # the workspace's CLI has no way into Temporal
+            "LEVERS9_TASK_QUEUE": plane.task_queue,
+            "LEVERS9_GATEWAY_ADDRESS": plane.first.address,
+            "LEVERS9_TOKEN": token,
+            "LEVERS9_HOME": str(tmp_path),  # no profile, no dev stack's env file
+            "COLUMNS": "400",  # the refusal on one line
+        }
+        done = await run_levers9(env, "run", "--gpus", "0", "--detach", "--", "true")
+        assert done.returncode == 0, done.stdout + done.stderr
+        task_id = done.stdout.strip().splitlines()[-1]
+        described = await plane.client.get_workflow_handle(f"task:{task_id}").describe()
+        assert described.typed_search_attributes.get(POOL_NAME) == second
+        await plane.client.get_workflow_handle(f"task:{task_id}").terminate("test done")
+
+        cleared = await ws.SetWorkspace(
+            gateway_pb2.SetWorkspaceRequest(name=name, default_pool=""), metadata=op
+        )
+        assert cleared.default_pool == ""
+        refused_set = await _status(
+            ws.SetWorkspace(
+                gateway_pb2.SetWorkspaceRequest(name=name, default_pool="nowhere"), metadata=op
+            )
+        )
+        assert refused_set.code() == grpc.StatusCode.INVALID_ARGUMENT
+        await eventually(lambda: _default_pool_is(plane, mine, ""), within=TOKEN_CACHE_TTL_S + 10)
+        again = await run_levers9(env, "run", "--gpus", "0", "--detach", "--", "true")
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert f"one of this controlplane's pools: {first}, {second}" in again.stderr
+    finally:
+        await sync_reconcile_schedules(plane.client, [], settings)
+
+
+async def _default_pool_is(plane: Plane, metadata: Metadata, pool: str) -> bool:
+    reply = await plane.first.workspaces.ListPoolNames(
+        gateway_pb2.ListPoolNamesRequest(), metadata=metadata
+    )
+    return reply.default_pool == pool
