@@ -275,7 +275,7 @@ class TaskActivities:
     @activity.defn
     async def run_task(self, input: WorkerTaskInput) -> bool:
         """RunTask on the worker; True when it was already running (a retried call)."""
-        spec = task_spec(input.task, input.gpu_indices)
+        spec = task_spec(input.task, input.gpu_indices, input.attempt)
         try:
             response = await self._call(
                 input,

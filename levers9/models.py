@@ -452,6 +452,9 @@ class WorkerTaskInput(_Record):
     """Tunnelled workers: the queue of the replica holding the tunnel (the activity runs there)."""
     tls: bool = False
     """Dial the worker with TLS (WorkerRegistration.tls)."""
+    attempt: int = 0
+    """Which attempt of the task this is (1, 2, ...: `--retries`); 0 from a record of older
+    code: the first."""
 
 
 class TaskResume(_Record):
@@ -462,6 +465,7 @@ class TaskResume(_Record):
     route: WorkerTaskInput
     cancel: str | None = None
     cancel_sent: bool = False
+    preempt: str | None = None
     liveness_seconds: float
 
 

@@ -41,11 +41,14 @@ NESTED: Mapping[str, type[BaseModel]] = {
 """The model each nested message of a record becomes."""
 
 
-def task_spec(task: TaskInput, gpu_indices: Sequence[int] = ()) -> worker_pb2.TaskSpec:
+def task_spec(
+    task: TaskInput, gpu_indices: Sequence[int] = (), attempt: int = 0
+) -> worker_pb2.TaskSpec:
     """The task as the wire carries it; `gpu_indices`: the cards its placement chose (none
-    when it is submitted)."""
+    when it is submitted), `attempt`: which attempt of the task it is on its worker."""
     spec = to_message(task, worker_pb2.TaskSpec)
     spec.gpu_indices.extend(gpu_indices)
+    spec.attempt = attempt
     return spec
 
 

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         task_workflow_id,
     )
 
+PREEMPT_SIGNAL = "reclaim-by-preempt-signal"
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
 
@@ -154,8 +155,9 @@ class PoolWorkflow:
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)
         for placement, workspace in self._state.reclaim():
-            # Its record ends it as cancelled with this reason; its cards come back by
-            # `release` once nothing runs on them, and go to the task within quota.
+            # Its record stops it and queues it again (`--retries`) or ends it cancelled, with
+            # this reason; its cards come back by `release` once nothing runs on them, and go
+            # to the task within quota.
             self._telling += 1
             reclaimer = asyncio.create_task(
                 self._take_back(placement, f"preempted: reclaimed by workspace {workspace}")
@@ -164,9 +166,13 @@ class PoolWorkflow:
             reclaimer.add_done_callback(self._tellers.discard)
 
     async def _take_back(self, placement: Placement, reason: str) -> None:
+        """Tells the task's record its cards are taken back (`reason` names the workspace)."""
         handle = workflow.get_external_workflow_handle(task_workflow_id(placement.task_id))
+        # `preempt`: a task with retries left queues again, one without ends cancelled (runs
+        # of older code sent `cancel`, which ends it whatever its retries).
+        signal = "preempt" if workflow.patched(PREEMPT_SIGNAL) else "cancel"
         try:
-            await handle.signal("cancel", reason)
+            await handle.signal(signal, reason)
         except FailureError:
             self._state.release(placement.task_id)  # its record ended already
             self._changed = True

@@ -19,6 +19,13 @@ removed, say), never ran there: its cards are released and it is placed again (a
 `PLACEMENTS` times). A task that did start is never started again: a worker lost mid-task
 ends it `lost`.
 
+Unless it has retries (`TaskInput.retries`, `levers9 run --retries N`): an attempt that ended
+failed or lost, or was taken back by the pool for a workspace within its quota (signal
+`preempt`: stopped as on cancel), goes into the record's `attempts` and the task queues again,
+after a back-off for a failure (`RETRY_BACKOFF`, doubling) and at once for a preemption. A
+cancel or a success is never retried; a preempted task without a retry left ends `cancelled`
+with the pool's reason.
+
 Phases carry timestamps (placement, the worker's `worker.gpu_assignment`, container start and
 exit); failures keep the worker's reason verbatim (`not enough GPUs available ...`). A worker
 that stops answering fails the task with that reason, never silently.
@@ -47,10 +54,12 @@ with workflow.unsafe.imports_passed_through():
     from levers9.core.placement import Placement
     from levers9.core.task_reports import TaskPhase, TaskReport
     from levers9.models import (
+        PREEMPTED,
         TASK_WORKFLOW,
         TERMINAL,
         PlaceRequest,
         ReplicaReport,
+        TaskAttempt,
         TaskInput,
         TaskRecord,
         TaskResume,
@@ -75,6 +84,9 @@ worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
 REQUEST_TIMEOUT = timedelta(seconds=30)
 REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
+RETRY_BACKOFF = (timedelta(seconds=10), timedelta(minutes=5))
+"""Before a failed or lost attempt's task queues again: the first, doubling up to the second
+(as a Job's backoffLimit does); a preempted one queues again at once."""
 ASK_AGAIN_AT_MOST = timedelta(hours=1)
 """A queued task asks the pool again after TaskInput.ask_again_seconds, doubling to this."""
 
@@ -93,6 +105,7 @@ class TaskWorkflow:
         self._route: WorkerTaskInput | None = None
         self._cancel: str | None = None
         self._cancel_sent = False
+        self._preempt: str | None = None
         self._queued = False
         self._offered: Placement | None = None
         self._continuing = False
@@ -105,6 +118,7 @@ class TaskWorkflow:
             self._route = resume.route
             self._cancel = resume.cancel
             self._cancel_sent = resume.cancel_sent
+            self._preempt = resume.preempt
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -112,8 +126,10 @@ class TaskWorkflow:
 
     @workflow.signal
     def report(self, report: TaskReport) -> None:
-        # Any valid worker token may report any task id: take only our worker's word.
-        if self._placement is not None and report.worker_id == self._placement.worker_id:
+        # Any valid worker token may report any task id: take only our worker's word, about
+        # this attempt (an earlier attempt's late report, on the same worker, is not news).
+        ours = self._placement is not None and report.worker_id == self._placement.worker_id
+        if ours and report.attempt in (0, self._attempt_number()):
             self._reports.append(report)
 
     @workflow.signal
@@ -124,6 +140,15 @@ class TaskWorkflow:
         them)."""
         if self._cancel is None:
             self._cancel = reason or "cancelled"
+
+    @workflow.signal
+    def preempt(self, reason: str) -> None:
+        """The pool takes this task's cards back for a workspace within its quota (`reason`
+        names it): the task is stopped as on cancel; with a retry left it queues again, else it
+        ends `cancelled` with `reason`."""
+        placed = self._placement is not None or self._offered is not None
+        if self._preempt is None and placed:
+            self._preempt = reason
 
     @workflow.signal
     def placed(self, placement: Placement) -> None:
@@ -141,10 +166,86 @@ class TaskWorkflow:
 
     async def _run(self, input: TaskInput) -> TaskRecord:
         if input.resume is not None:
-            return await self._resume(input, input.resume)
-        self._record = TaskRecord.queued(input, workflow.now())
-        # `levers9 task list` shows it while it waits.
-        workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+            record = await self._resume(input, input.resume)
+        else:
+            self._record = TaskRecord.queued(input, workflow.now())
+            # `levers9 task list` shows it while it waits.
+            workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+            record = await self._attempt(input)
+        while self._retry_due(input):
+            if not await self._queue_again():
+                break
+            record = await self._attempt(input)
+        return record
+
+    def _retry_due(self, input: TaskInput) -> bool:
+        """The attempt that just ended ran (or was placed) and failed, was lost or preempted,
+        and the task has a retry left; never after a cancel."""
+        record = self._record
+        if record is None or self._cancel is not None or len(record.attempts) >= input.retries:
+            return False
+        if record.worker_id is None:  # refused, or never started anywhere: as good as ended
+            return False
+        if record.state in ("failed", "lost"):
+            return True
+        return record.state == "cancelled" and self._preempt is not None
+
+    async def _queue_again(self) -> bool:
+        """Keeps the ended attempt in the record and sets it queued again, after the back-off
+        of a failure; False when it was cancelled meanwhile (the record then ends so)."""
+        record = self._record
+        assert record is not None
+        preempted = self._preempt is not None and record.state == "cancelled"
+        placed_at = [p.at for p in record.phases if p.name == "placement"]
+        attempt = TaskAttempt(
+            state=PREEMPTED if preempted else record.state,
+            reason=record.reason,
+            exit_code=record.exit_code,
+            worker_id=record.worker_id,
+            node_name=record.node_name,
+            gpu_indices=record.gpu_indices,
+            placed_at=placed_at[0] if placed_at else None,
+            finished_at=record.finished_at,
+        )
+        self._update(
+            state="queued",
+            attempts=(*record.attempts, attempt),
+            worker_id=None,
+            node_name=None,
+            address=None,
+            tls=False,
+            gpu_indices=(),
+            phases=(),
+            exit_code=None,
+            result_json="",
+            reason="",
+            log_tail="",
+            host="",
+            image_digest="",
+            ready=False,
+            borrowed=False,
+            finished_at=None,
+        )
+        self._preempt = None
+        self._offered = None
+        self._cancel_sent = False
+        self._reports.clear()
+        self._placement = None
+        self._route = None
+        if preempted:
+            return True
+        failures = sum(1 for a in record.attempts if a.state != PREEMPTED)
+        backoff = min(RETRY_BACKOFF[0] * 2**failures, RETRY_BACKOFF[1])
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(lambda: self._cancel is not None, timeout=backoff)
+        if self._cancel is None:
+            return True
+        self._finish("cancelled", f"{self._cancel} while waiting to retry")
+        return False
+
+    async def _attempt(self, input: TaskInput) -> TaskRecord:
+        """One attempt: queued until placed, then run on its worker (placed again, up to
+        PLACEMENTS times, while its RunTask never got through to a worker now gone)."""
         reason = ""
         for placements in range(1, PLACEMENTS + 1):
             summary = f"placement: waiting for one worker with {input.gpus} free cards" + (
@@ -282,10 +383,12 @@ class TaskWorkflow:
             gpu_indices=placement.gpu_indices,
             task_queue=placement.task_queue,
             tls=placement.tls,
+            **({"attempt": self._attempt_number()} if input.retries else {}),
         )
         self._route = on_worker
-        if self._cancel is not None:
-            return self._finish("cancelled", f"{self._cancel} before it started")
+        stop = self._cancel or self._preempt
+        if stop is not None:
+            return self._finish("cancelled", f"{stop} before it started")
         try:
             await self._on_worker(
                 TaskActivities.run_task,
@@ -319,7 +422,8 @@ class TaskWorkflow:
                         f"CancelTask on worker {placement.worker_id}: SIGTERM, then SIGKILL",
                     )
                 except ActivityError as exc:
-                    reason = f"{self._cancel}; the worker did not confirm: {failure_reason(exc)}"
+                    stop = self._cancel or self._preempt
+                    reason = f"{stop}; the worker did not confirm: {failure_reason(exc)}"
                     return self._finish("cancelled", reason)
                 continue  # the worker reports the task cancelled (or ended before it)
             if self._reports:
@@ -337,14 +441,17 @@ class TaskWorkflow:
                     )
                 except ActivityError as exc:
                     return self._finish("lost", f"worker lost mid-task: {failure_reason(exc)}")
+                if report.attempt not in (0, self._attempt_number()):
+                    continue  # the worker still holds an earlier attempt's record
             was_ready = self._record is not None and self._record.ready
             self._apply(report)
             if report.state in TERMINAL:
                 # A cancelled task's reason is the canceller's (`task cancel --reason`, an
                 # endpoint scaling down), not the worker's bare "cancelled".
                 reason = report.reason
-                if report.state == "cancelled" and self._cancel:
-                    reason = self._cancel
+                stop = self._cancel or self._preempt
+                if report.state == "cancelled" and stop:
+                    reason = stop
                 return self._finish(report.state, reason)
             if input.endpoint and report.ready and not was_ready:
                 await self._tell_endpoint(input)
@@ -366,6 +473,7 @@ class TaskWorkflow:
             route=self._route,
             cancel=self._cancel,
             cancel_sent=self._cancel_sent,
+            preempt=self._preempt,
             liveness_seconds=liveness.total_seconds(),
         )
         self._continuing = True
@@ -376,8 +484,12 @@ class TaskWorkflow:
             memo={"record": self._record.model_dump(mode="json")},
         )
 
+    def _attempt_number(self) -> int:
+        return 1 + (len(self._record.attempts) if self._record is not None else 0)
+
     def _cancel_due(self) -> bool:
-        return self._cancel is not None and not self._cancel_sent
+        stop = self._cancel is not None or self._preempt is not None
+        return stop and not self._cancel_sent
 
     async def _on_worker(
         self, call: Callable[..., Awaitable[T]], retry: RetryPolicy, summary: str

@@ -122,7 +122,11 @@ class TaskManager:
         """Accepts and starts a task; True when a task of that id was already accepted."""
         if not spec.task_id:
             raise InvalidTask("task_id is required")
-        if spec.task_id in self._records:
+        known = self._records.get(spec.task_id)
+        later = known is not None and spec.attempt > known.spec.attempt
+        if known is not None and not (later and known.finished.is_set()):
+            # A retried RunTask of the attempt it has or had (never run twice); a later
+            # attempt (`--retries`) replaces the record of one that has ended.
             return True
         if not spec.command:
             raise InvalidTask("command is required")

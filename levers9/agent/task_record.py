@@ -101,6 +101,7 @@ class TaskRecord:
             image_digest=self.image_digest,
             image=self.spec.image,
             ready=self.ready,
+            attempt=self.spec.attempt,
         )
 
 

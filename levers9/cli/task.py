@@ -33,6 +33,7 @@ from levers9.core.placement import QUOTA
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
+    MAX_RETRIES,
     MAX_STOP_GRACE_S,
     TERMINAL,
     TaskInput,
@@ -177,6 +178,18 @@ def print_result(record: TaskRecord) -> None:
             f" workers now: {spot.most_free})",
             highlight=False,
         )
+    if record.attempts:
+        console.print(
+            f"attempt {len(record.attempts) + 1} of at most {record.retries + 1}; earlier:",
+            highlight=False,
+        )
+        for number, attempt in enumerate(record.attempts, 1):
+            exit_code = f" exit_code={attempt.exit_code}" if attempt.exit_code is not None else ""
+            console.print(
+                f"  {number}. {attempt.state}{exit_code} worker={attempt.worker_id}"
+                f" node={attempt.node_name}: {attempt.reason}",
+                highlight=False,
+            )
     if record.image or record.host:
         digest = f" digest={record.image_digest}" if record.image_digest else ""
         image = record.image or "none (a process of the worker)"
@@ -240,6 +253,15 @@ def run(
             help="may run past the workspace's GPU quota on idle cards; taken back first",
         ),
     ] = False,
+    retries: Annotated[
+        int,
+        typer.Option(
+            "--retries",
+            min=0,
+            max=MAX_RETRIES,
+            help="queue it again after a failed, lost or preempted attempt, up to N times",
+        ),
+    ] = 0,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     refused = task_input_problem(command, {})
@@ -261,6 +283,7 @@ def run(
         stop_grace_seconds=stop_grace,
         runtime=runtime,
         borrow=borrow,
+        retries=retries,
     )
     if detach:
         answered(tasks_for(settings).submit(task))

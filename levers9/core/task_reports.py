@@ -56,3 +56,5 @@ class TaskReport(BaseModel):
     """The image it ran in: its own, or the pool's default (empty from an older worker)."""
     ready: bool = False
     """Its first published port answered (`container.ready`)."""
+    attempt: int = 0
+    """The attempt of the task the worker ran (TaskSpec.attempt); 0 from an older worker."""

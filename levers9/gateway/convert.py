@@ -24,6 +24,7 @@ from levers9.core.image_reference import DIGEST, ImageReference, ImageReferenceE
 from levers9.core.task_reports import TaskPhase, TaskReport, TaskState
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.models import (
+    MAX_RETRIES,
     MAX_STOP_GRACE_S,
     TaskInput,
     WorkerHeartbeat,
@@ -123,6 +124,8 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
             "task.stop_grace_seconds",
             f"{spec.stop_grace_seconds} is not 0 to {MAX_STOP_GRACE_S} seconds",
         )
+    if not 0 <= spec.retries <= MAX_RETRIES:
+        raise InvalidRequest("task.retries", f"{spec.retries} is not 0 to {MAX_RETRIES}")
     return task_input(spec, pool_name=request.pool_name, gpus=request.gpus)
 
 
@@ -236,6 +239,7 @@ def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:
         image_digest=status.image_digest,
         image=status.image,
         ready=status.ready,
+        attempt=status.attempt,
     )
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alevers9/proto/worker.proto\x12\nlevers9.v1\"\xd6\x02\n\x08TaskSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12*\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1d.levers9.v1.TaskSpec.EnvEntry\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\x05\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x12\n\ncpu_millis\x18\x07 \x01(\x05\x12\r\n\x05ports\x18\x08 \x03(\x05\x12\x12\n\nready_path\x18\t \x01(\t\x12\x1a\n\x12stop_grace_seconds\x18\n \x01(\x05\x12\x0f\n\x07runtime\x18\x0b \x01(\t\x12\x11\n\tworkspace\x18\x0c \x01(\t\x12\x0e\n\x06\x62orrow\x18\r \x01(\x08\x12\x0f\n\x07retries\x18\x0e \x01(\x05\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0eRunTaskRequest\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.levers9.v1.TaskSpec\";\n\x0fRunTaskResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61lready_running\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"H\n\x05Phase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nat_unix_ms\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xf2\x01\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.levers9.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12!\n\x06phases\x18\x06 \x03(\x0b\x32\x11.levers9.v1.Phase\x12\x10\n\x08log_tail\x18\x07 \x01(\t\x12\x0c\n\x04host\x18\x08 \x01(\t\x12\x14\n\x0cimage_digest\x18\t \x01(\t\x12\r\n\x05image\x18\n \x01(\t\x12\r\n\x05ready\x18\x0b \x01(\x08\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTaskResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"D\n\x11StreamLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"(\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"}\n\x0b\x45xecRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.levers9.v1.ExecStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.levers9.v1.TerminalSizeH\x00\x42\t\n\x07message\"b\n\tExecStart\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0b\n\x03tty\x18\x03 \x01(\x08\x12&\n\x04size\x18\x04 \x01(\x0b\x32\x18.levers9.v1.TerminalSize\"*\n\x0cTerminalSize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"R\n\x0c\x45xecResponse\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12\x13\n\texit_code\x18\x03 \x01(\x05H\x00\x42\t\n\x07message\"^\n\x12PortForwardRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.levers9.v1.PortForwardStartH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07message\"1\n\x10PortForwardStart\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\"#\n\x13PortForwardResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c*\x9f\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_RUNNING\x10\x01\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x02\x12\x15\n\x11TASK_STATE_FAILED\x10\x03\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x04\x12\x13\n\x0fTASK_STATE_LOST\x10\x05\x32\xb7\x03\n\rWorkerService\x12\x42\n\x07RunTask\x12\x1a.levers9.v1.RunTaskRequest\x1a\x1b.levers9.v1.RunTaskResponse\x12=\n\x07GetTask\x12\x1a.levers9.v1.GetTaskRequest\x1a\x16.levers9.v1.TaskStatus\x12K\n\nCancelTask\x12\x1d.levers9.v1.CancelTaskRequest\x1a\x1e.levers9.v1.CancelTaskResponse\x12\x43\n\nStreamLogs\x12\x1d.levers9.v1.StreamLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12=\n\x04\x45xec\x12\x17.levers9.v1.ExecRequest\x1a\x18.levers9.v1.ExecResponse(\x01\x30\x01\x12R\n\x0bPortForward\x12\x1e.levers9.v1.PortForwardRequest\x1a\x1f.levers9.v1.PortForwardResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alevers9/proto/worker.proto\x12\nlevers9.v1\"\xe7\x02\n\x08TaskSpec\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12*\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1d.levers9.v1.TaskSpec.EnvEntry\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\x05\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x03\x12\x12\n\ncpu_millis\x18\x07 \x01(\x05\x12\r\n\x05ports\x18\x08 \x03(\x05\x12\x12\n\nready_path\x18\t \x01(\t\x12\x1a\n\x12stop_grace_seconds\x18\n \x01(\x05\x12\x0f\n\x07runtime\x18\x0b \x01(\t\x12\x11\n\tworkspace\x18\x0c \x01(\t\x12\x0e\n\x06\x62orrow\x18\r \x01(\x08\x12\x0f\n\x07retries\x18\x0e \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x0f \x01(\x05\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"4\n\x0eRunTaskRequest\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.levers9.v1.TaskSpec\";\n\x0fRunTaskResponse\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x17\n\x0f\x61lready_running\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"H\n\x05Phase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nat_unix_ms\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x83\x02\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.levers9.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x13\n\x0bresult_json\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12!\n\x06phases\x18\x06 \x03(\x0b\x32\x11.levers9.v1.Phase\x12\x10\n\x08log_tail\x18\x07 \x01(\t\x12\x0c\n\x04host\x18\x08 \x01(\t\x12\x14\n\x0cimage_digest\x18\t \x01(\t\x12\r\n\x05image\x18\n \x01(\t\x12\r\n\x05ready\x18\x0b \x01(\x08\x12\x0f\n\x07\x61ttempt\x18\x0c \x01(\x05\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"\'\n\x12\x43\x61ncelTaskResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"D\n\x11StreamLogsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x02 \x01(\x08\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"(\n\x08LogChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"}\n\x0b\x45xecRequest\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.levers9.v1.ExecStartH\x00\x12\x0f\n\x05stdin\x18\x02 \x01(\x0cH\x00\x12*\n\x06resize\x18\x03 \x01(\x0b\x32\x18.levers9.v1.TerminalSizeH\x00\x42\t\n\x07message\"b\n\tExecStart\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x03(\t\x12\x0b\n\x03tty\x18\x03 \x01(\x08\x12&\n\x04size\x18\x04 \x01(\x0b\x32\x18.levers9.v1.TerminalSize\"*\n\x0cTerminalSize\x12\x0c\n\x04rows\x18\x01 \x01(\r\x12\x0c\n\x04\x63ols\x18\x02 \x01(\r\"R\n\x0c\x45xecResponse\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12\x13\n\texit_code\x18\x03 \x01(\x05H\x00\x42\t\n\x07message\"^\n\x12PortForwardRequest\x12-\n\x05start\x18\x01 \x01(\x0b\x32\x1c.levers9.v1.PortForwardStartH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\t\n\x07message\"1\n\x10PortForwardStart\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\"#\n\x13PortForwardResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c*\x9f\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12TASK_STATE_RUNNING\x10\x01\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x02\x12\x15\n\x11TASK_STATE_FAILED\x10\x03\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x04\x12\x13\n\x0fTASK_STATE_LOST\x10\x05\x32\xb7\x03\n\rWorkerService\x12\x42\n\x07RunTask\x12\x1a.levers9.v1.RunTaskRequest\x1a\x1b.levers9.v1.RunTaskResponse\x12=\n\x07GetTask\x12\x1a.levers9.v1.GetTaskRequest\x1a\x16.levers9.v1.TaskStatus\x12K\n\nCancelTask\x12\x1d.levers9.v1.CancelTaskRequest\x1a\x1e.levers9.v1.CancelTaskResponse\x12\x43\n\nStreamLogs\x12\x1d.levers9.v1.StreamLogsRequest\x1a\x14.levers9.v1.LogChunk0\x01\x12=\n\x04\x45xec\x12\x17.levers9.v1.ExecRequest\x1a\x18.levers9.v1.ExecResponse(\x01\x30\x01\x12R\n\x0bPortForward\x12\x1e.levers9.v1.PortForwardRequest\x1a\x1f.levers9.v1.PortForwardResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,44 +33,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASKSPEC_ENVENTRY']._loaded_options = None
   _globals['_TASKSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_TASKSTATE']._serialized_start=1587
-  _globals['_TASKSTATE']._serialized_end=1746
+  _globals['_TASKSTATE']._serialized_start=1621
+  _globals['_TASKSTATE']._serialized_end=1780
   _globals['_TASKSPEC']._serialized_start=43
-  _globals['_TASKSPEC']._serialized_end=385
-  _globals['_TASKSPEC_ENVENTRY']._serialized_start=343
-  _globals['_TASKSPEC_ENVENTRY']._serialized_end=385
-  _globals['_RUNTASKREQUEST']._serialized_start=387
-  _globals['_RUNTASKREQUEST']._serialized_end=439
-  _globals['_RUNTASKRESPONSE']._serialized_start=441
-  _globals['_RUNTASKRESPONSE']._serialized_end=500
-  _globals['_GETTASKREQUEST']._serialized_start=502
-  _globals['_GETTASKREQUEST']._serialized_end=535
-  _globals['_PHASE']._serialized_start=537
-  _globals['_PHASE']._serialized_end=609
-  _globals['_TASKSTATUS']._serialized_start=612
-  _globals['_TASKSTATUS']._serialized_end=854
-  _globals['_CANCELTASKREQUEST']._serialized_start=856
-  _globals['_CANCELTASKREQUEST']._serialized_end=892
-  _globals['_CANCELTASKRESPONSE']._serialized_start=894
-  _globals['_CANCELTASKRESPONSE']._serialized_end=933
-  _globals['_STREAMLOGSREQUEST']._serialized_start=935
-  _globals['_STREAMLOGSREQUEST']._serialized_end=1003
-  _globals['_LOGCHUNK']._serialized_start=1005
-  _globals['_LOGCHUNK']._serialized_end=1045
-  _globals['_EXECREQUEST']._serialized_start=1047
-  _globals['_EXECREQUEST']._serialized_end=1172
-  _globals['_EXECSTART']._serialized_start=1174
-  _globals['_EXECSTART']._serialized_end=1272
-  _globals['_TERMINALSIZE']._serialized_start=1274
-  _globals['_TERMINALSIZE']._serialized_end=1316
-  _globals['_EXECRESPONSE']._serialized_start=1318
-  _globals['_EXECRESPONSE']._serialized_end=1400
-  _globals['_PORTFORWARDREQUEST']._serialized_start=1402
-  _globals['_PORTFORWARDREQUEST']._serialized_end=1496
-  _globals['_PORTFORWARDSTART']._serialized_start=1498
-  _globals['_PORTFORWARDSTART']._serialized_end=1547
-  _globals['_PORTFORWARDRESPONSE']._serialized_start=1549
-  _globals['_PORTFORWARDRESPONSE']._serialized_end=1584
-  _globals['_WORKERSERVICE']._serialized_start=1749
-  _globals['_WORKERSERVICE']._serialized_end=2188
+  _globals['_TASKSPEC']._serialized_end=402
+  _globals['_TASKSPEC_ENVENTRY']._serialized_start=360
+  _globals['_TASKSPEC_ENVENTRY']._serialized_end=402
+  _globals['_RUNTASKREQUEST']._serialized_start=404
+  _globals['_RUNTASKREQUEST']._serialized_end=456
+  _globals['_RUNTASKRESPONSE']._serialized_start=458
+  _globals['_RUNTASKRESPONSE']._serialized_end=517
+  _globals['_GETTASKREQUEST']._serialized_start=519
+  _globals['_GETTASKREQUEST']._serialized_end=552
+  _globals['_PHASE']._serialized_start=554
+  _globals['_PHASE']._serialized_end=626
+  _globals['_TASKSTATUS']._serialized_start=629
+  _globals['_TASKSTATUS']._serialized_end=888
+  _globals['_CANCELTASKREQUEST']._serialized_start=890
+  _globals['_CANCELTASKREQUEST']._serialized_end=926
+  _globals['_CANCELTASKRESPONSE']._serialized_start=928
+  _globals['_CANCELTASKRESPONSE']._serialized_end=967
+  _globals['_STREAMLOGSREQUEST']._serialized_start=969
+  _globals['_STREAMLOGSREQUEST']._serialized_end=1037
+  _globals['_LOGCHUNK']._serialized_start=1039
+  _globals['_LOGCHUNK']._serialized_end=1079
+  _globals['_EXECREQUEST']._serialized_start=1081
+  _globals['_EXECREQUEST']._serialized_end=1206
+  _globals['_EXECSTART']._serialized_start=1208
+  _globals['_EXECSTART']._serialized_end=1306
+  _globals['_TERMINALSIZE']._serialized_start=1308
+  _globals['_TERMINALSIZE']._serialized_end=1350
+  _globals['_EXECRESPONSE']._serialized_start=1352
+  _globals['_EXECRESPONSE']._serialized_end=1434
+  _globals['_PORTFORWARDREQUEST']._serialized_start=1436
+  _globals['_PORTFORWARDREQUEST']._serialized_end=1530
+  _globals['_PORTFORWARDSTART']._serialized_start=1532
+  _globals['_PORTFORWARDSTART']._serialized_end=1581
+  _globals['_PORTFORWARDRESPONSE']._serialized_start=1583
+  _globals['_PORTFORWARDRESPONSE']._serialized_end=1618
+  _globals['_WORKERSERVICE']._serialized_start=1783
+  _globals['_WORKERSERVICE']._serialized_end=2222
 # @@protoc_insertion_point(module_scope)

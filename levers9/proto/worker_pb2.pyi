@@ -87,6 +87,7 @@ class TaskSpec(_message.Message):
     WORKSPACE_FIELD_NUMBER: _builtins.int
     BORROW_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -113,6 +114,11 @@ class TaskSpec(_message.Message):
     retries: _builtins.int
     """How many times it is queued again after an attempt that failed, was lost with its worker or
     was taken back for a workspace within its quota (`levers9 run --retries`; at most 100).
+    """
+    attempt: _builtins.int
+    """Which attempt of its task this RunTask starts (1, 2, ...; set by the record, not the user):
+    a later attempt's RunTask replaces the worker's ended record of an earlier one; 0 (an older
+    controlplane): the first.
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -145,10 +151,11 @@ class TaskSpec(_message.Message):
         workspace: _builtins.str = ...,
         borrow: _builtins.bool = ...,
         retries: _builtins.int = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -260,6 +267,7 @@ class TaskStatus(_message.Message):
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     IMAGE_FIELD_NUMBER: _builtins.int
     READY_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: Global___TaskState.ValueType
     exit_code: _builtins.int
@@ -276,6 +284,8 @@ class TaskStatus(_message.Message):
     """the image it ran in: its own, or the pool's default"""
     ready: _builtins.bool
     """its first port answered (see TaskSpec.ready_path)"""
+    attempt: _builtins.int
+    """the TaskSpec.attempt it runs (a stale report names an older)"""
     @_builtins.property
     def phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___Phase]: ...
     def __init__(
@@ -292,10 +302,11 @@ class TaskStatus(_message.Message):
         image_digest: _builtins.str = ...,
         image: _builtins.str = ...,
         ready: _builtins.bool = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "phases", b"phases", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

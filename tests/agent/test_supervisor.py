@@ -74,3 +74,37 @@ async def test_a_task_without_an_image_gets_the_pools_default(tmp_path: Path) ->
     assert tasks._with_defaults(own).memory_bytes == 2**30
     own.memory_bytes = 5
     assert tasks._with_defaults(own).memory_bytes == 5, "the task's own limit wins"
+
+
+async def test_a_later_attempt_runs_again_and_a_retried_run_task_never_does(
+    tmp_path: Path,
+) -> None:
+    """`--retries`: the same task id comes back as attempt 2 once attempt 1 ended, and runs
+    again (its status names the attempt); a RunTask of an attempt the worker has or had is
+    answered `already` and runs nothing."""
+    runtime = ProcessRuntime(DriverSetup((), (), ()), AGENT_ENV)
+    tasks = TaskManager(runtime, (), tmp_path / "work", lambda status: None)
+    marks = tmp_path / "runs"
+
+    def attempt(number: int) -> worker_pb2.TaskSpec:
+        script = f"open({str(marks)!r}, 'a').write('{number}\\n')"
+        return worker_pb2.TaskSpec(
+            task_id="t-retried", command=[sys.executable, "-c", script], attempt=number
+        )
+
+    async def to_end(spec: worker_pb2.TaskSpec) -> bool:
+        already = await tasks.run(spec)
+        async for _ in tasks.output(spec.task_id).chunks(0, follow=True):
+            pass
+        return already
+
+    assert await to_end(attempt(1)) is False
+    assert tasks.status("t-retried").attempt == 1
+    assert await to_end(attempt(1)) is True, "a retried RunTask of attempt 1: not run again"
+    assert marks.read_text() == "1\n"
+    assert await to_end(attempt(2)) is False
+    status = tasks.status("t-retried")
+    assert (status.attempt, status.state) == (2, worker_pb2.TASK_STATE_SUCCEEDED)
+    assert marks.read_text() == "1\n2\n"
+    assert await tasks.run(attempt(1)) is True, "an older attempt never replaces a newer"
+    assert marks.read_text() == "1\n2\n"

@@ -33,6 +33,7 @@ SPECS = st.builds(
     ready_path=st.one_of(TEXT, st.just(""), st.just("/health")),
     stop_grace_seconds=st.one_of(INT32, st.integers(0, 60)),
     runtime=st.one_of(TEXT, st.sampled_from(["", "runc", "runsc"])),
+    retries=st.one_of(INT32, st.integers(0, 100)),
 )
 SUBMITS = st.builds(
     gateway_pb2.SubmitTaskRequest,
@@ -70,7 +71,10 @@ def test_any_submit_becomes_a_task_input_or_names_its_field(
         assert refused.message.startswith(f"{refused.field}: "), refused.message
         return
     assert TaskInput.model_validate_json(task.model_dump_json()) == task
-    assert task_spec(task) == request.task
+    sent = worker_pb2.TaskSpec()
+    sent.CopyFrom(request.task)
+    sent.workspace = sent.workspace or "default"  # "" on the wire: an older client's default
+    assert task_spec(task) == sent
 
 
 ARG = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=20)
@@ -90,6 +94,7 @@ WELL_FORMED = st.builds(
         ready_path=st.sampled_from(["", "/", "/health?ready=1"]),
         stop_grace_seconds=st.integers(0, 3600),
         runtime=st.sampled_from(["", "runc", "runsc"]),
+        retries=st.integers(0, 100),
         # "" on the wire is `default` (an older client's): a well-formed submit names one.
         workspace=st.sampled_from(["default", "team-a"]),
     ),

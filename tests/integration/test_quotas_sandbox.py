@@ -8,6 +8,8 @@ node a model server shares), and each team submits with its own token through th
 - `small` borrows every free card (`--borrow`), then `large` asks for two cards within its
   quota: the newest borrowed tasks are taken back (`preempted: reclaimed by workspace large`),
   `large`'s task runs on the cards they free, and the borrowed tasks not taken back finish.
+  The same with `--retries 1`: the tasks taken back keep that attempt in their records
+  (`preempted`), queue again, and finish, as `large`'s does.
 - A workspace keeping its `--max-queued` waiting is refused at submit, nothing started.
 
 The tests of this module share one sandbox and one controlplane and run in order.
@@ -67,9 +69,9 @@ async def teams(
 
 
 async def _submit(
-    teams: Teams, team: str, *command: str, gpus: int = 1, borrow: bool = False
+    teams: Teams, team: str, *command: str, gpus: int = 1, borrow: bool = False, retries: int = 0
 ) -> str:
-    flags = ["--borrow"] if borrow else []
+    flags = (["--borrow"] if borrow else []) + (["--retries", str(retries)] if retries else [])
     done = await teams.cp.cli(
         "run", "--pool", POOL, "--gpus", str(gpus), "--detach", *flags, "--", *command,
         token=teams.tokens[team],
@@ -173,6 +175,41 @@ async def test_borrowed_work_is_taken_back_newest_first_for_a_workspace_within_q
     freed = {(records[t].worker_id, card) for t in taken for card in records[t].gpu_indices}
     got = {(records[owner].worker_id, card) for card in records[owner].gpu_indices}
     assert got <= freed, (got, freed)
+
+
+async def test_work_taken_back_with_a_retry_left_queues_again_and_finishes(teams: Teams) -> None:
+    borrowed = [
+        await _submit(teams, "small", "sleep", "8", borrow=True, retries=1) for _ in range(5)
+    ]
+
+    async def all_running() -> bool:
+        records = await _records(teams, borrowed)
+        return all(r.state == "running" for r in records.values())
+
+    await eventually(all_running, within=WITHIN)
+    owner = await _submit(teams, "large", "sleep", "1", gpus=2)
+    records = await _ended(teams, [*borrowed, owner])
+    assert {r.state for r in records.values()} == {"succeeded"}, {
+        t: (r.state, r.reason, r.attempts) for t, r in records.items()
+    }
+    requeued = [t for t in borrowed if records[t].attempts]
+    assert requeued, "large's two cards came from borrowed work taken back"
+    for task_id in requeued:
+        [attempt] = records[task_id].attempts
+        assert attempt.state == "preempted"
+        assert attempt.reason == "preempted: reclaimed by workspace large"
+        assert attempt.placed_at is not None
+        assert attempt.finished_at is not None
+        # It ran again only after large's task had its cards.
+        assert _placed_at(records[task_id]) > _placed_at(records[owner])
+    freed = {(records[t].attempts[0].worker_id, c) for t in requeued for c in
+             records[t].attempts[0].gpu_indices}  # fmt: skip
+    got = {(records[owner].worker_id, card) for card in records[owner].gpu_indices}
+    assert got <= freed, (got, freed)
+    shown = _ok(await teams.cp.cli("task", "get", requeued[0], token=teams.tokens["small"]))
+    assert "attempt 2 of at most 2; earlier:" in shown, shown
+    assert "1. preempted exit_code=" in shown, shown
+    assert "reclaimed by workspace large" in shown, shown
 
 
 async def test_max_queued_refuses_the_submit_and_starts_nothing(teams: Teams) -> None:

@@ -55,6 +55,9 @@ class Cluster:
     lost_requests: int = 0
     """How many requests the pool loses (never takes) before it takes one."""
     requests: int = 0
+    failures: int = 0
+    """How many of its first runs end `failed` (exit code 3) before one succeeds."""
+    cancels: int = 0
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -94,12 +97,30 @@ class Cluster:
         @activity.defn(name="get_task")
         async def get_task(input: WorkerTaskInput) -> TaskReport:
             self.polls += 1
+            failed = len(self.runs) <= self.failures
+            state = "running" if self.keeps_running else "failed" if failed else "succeeded"
             return TaskReport(
                 pool_name=input.pool_name,
                 worker_id=input.worker_id,
                 task_id=input.task.task_id,
-                state="running" if self.keeps_running else "succeeded",
+                state=state,
+                exit_code=3 if state == "failed" else 0 if state == "succeeded" else None,
+                reason="exit code 3" if state == "failed" else "",
             )
+
+        @activity.defn(name="cancel_task")
+        async def cancel_task(input: WorkerTaskInput) -> None:
+            """The worker stops it: its report says so, as the gateway signals it."""
+            self.cancels += 1
+            asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
+            stopped = TaskReport(
+                pool_name=input.pool_name,
+                worker_id=input.worker_id,
+                task_id=input.task.task_id,
+                state="cancelled",
+                exit_code=137,
+            )
+            await asking.signal("report", stopped)
 
         @activity.defn(name="worker_ended")
         async def worker_ended(input: WorkerTaskInput) -> bool:
@@ -113,7 +134,15 @@ class Cluster:
                 update={"task_queue": self.live_queue, "address": "127.0.0.1:2"}
             )
 
-        return [place_task, request_placement, run_task, get_task, worker_ended, worker_route]
+        return [
+            place_task,
+            request_placement,
+            run_task,
+            get_task,
+            cancel_task,
+            worker_ended,
+            worker_route,
+        ]
 
     def worker_calls(self) -> list[Callable[..., Any]]:
         """What a replica's own queue serves."""
@@ -144,7 +173,9 @@ class PoolStandIn:
         await workflow.wait_condition(lambda: False)
 
 
-async def _run(env: WorkflowEnvironment, task_queue: str, cluster: Cluster) -> TaskRecord:
+async def _run(
+    env: WorkflowEnvironment, task_queue: str, cluster: Cluster, retries: int = 0
+) -> TaskRecord:
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     replica = Worker(
         env.client,
@@ -165,7 +196,9 @@ async def _run(env: WorkflowEnvironment, task_queue: str, cluster: Cluster) -> T
         )
         return await env.client.execute_workflow(
             TaskWorkflow.run,
-            TaskInput(task_id=uuid.uuid4().hex[:12], pool_name=pool, command=("true",)),
+            TaskInput(
+                task_id=uuid.uuid4().hex[:12], pool_name=pool, command=("true",), retries=retries
+            ),
             id=f"task:{uuid.uuid4().hex[:12]}",
             task_queue=task_queue,
         )
@@ -359,3 +392,71 @@ async def test_a_request_the_pool_never_took_is_asked_again(
     assert (record.state, record.worker_id) == ("succeeded", "w1")
     assert cluster.requests == 3
     assert cluster.runs == ["w1"]
+
+
+async def test_a_failed_attempt_is_queued_again_while_retries_last(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """`--retries 2`, the first two runs exit 3: each is kept in `attempts`, the task queues
+    again (after a back-off) and the third run succeeds; with one retry, the second failure
+    is the end."""
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, failures=2)
+    record = await _run(time_env, task_queue, cluster, retries=2)
+    assert (record.state, record.exit_code, record.worker_id) == ("succeeded", 0, "w1")
+    assert [(a.state, a.exit_code, a.worker_id) for a in record.attempts] == [
+        ("failed", 3, "w1"),
+        ("failed", 3, "w1"),
+    ]
+    assert all(a.placed_at and a.finished_at for a in record.attempts)
+    assert cluster.runs == ["w1", "w1", "w1"]
+    assert cluster.requests == 3
+    assert record.phases[0].name == "placement", "the last attempt's phases, from its placement"
+
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, failures=5)
+    record = await _run(time_env, task_queue, cluster, retries=1)
+    assert (record.state, record.exit_code, record.reason) == ("failed", 3, "exit code 3")
+    assert [a.state for a in record.attempts] == ["failed"]
+    assert cluster.runs == ["w1", "w1"], "no third run: its one retry is spent"
+
+
+async def test_without_retries_a_failure_is_the_end(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    cluster = Cluster(workers=["w1"], gone=set(), reachable={"w1"}, failures=1)
+    record = await _run(time_env, task_queue, cluster)
+    assert (record.state, record.attempts, cluster.runs) == ("failed", (), ["w1"])
+
+
+async def test_a_preempted_task_queues_again_with_a_retry_and_ends_cancelled_without(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    reason = "preempted: reclaimed by workspace large"
+    async with _running_task(time_env, task_queue, retries=1) as running_task:
+        handle, cluster, stand_in = running_task.handle, running_task.cluster, running_task.stand_in
+        await handle.signal(TaskWorkflow.preempt, reason)
+
+        async def running_again() -> bool:
+            record = await handle.query(TaskWorkflow.record)
+            return record is not None and bool(record.attempts) and record.state == "running"
+
+        await eventually(running_again, within=10, what="queued again and running")
+        record = await handle.query(TaskWorkflow.record)
+        assert record is not None
+        assert [(a.state, a.reason, a.exit_code) for a in record.attempts] == [
+            ("preempted", reason, 137)
+        ]
+        assert cluster.cancels == 1
+        assert cluster.runs == ["w1", "w1"]
+        assert await stand_in.query(PoolStandIn.releases) == [running_task.task.task_id]
+        # Preempted again with no retry left: it ends, cancelled with the pool's reason.
+        await handle.signal(TaskWorkflow.preempt, reason)
+        record = await handle.result()
+        assert (record.state, record.reason) == ("cancelled", reason)
+        assert len(record.attempts) == 1
+
+    async with _running_task(time_env, task_queue, retries=3) as running_task:
+        handle = running_task.handle
+        # A user's cancel wins over any retry.
+        await handle.signal(TaskWorkflow.cancel, "not needed")
+        record = await handle.result()
+        assert (record.state, record.reason, record.attempts) == ("cancelled", "not needed", ())

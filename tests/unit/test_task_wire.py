@@ -23,7 +23,7 @@ from levers9.task_wire import (
     task_spec,
 )
 
-PLACEMENT_ONLY = {"gpu_indices"}
+PLACEMENT_ONLY = {"gpu_indices", "attempt"}
 """TaskSpec fields a task gets from its placement, not from its user."""
 RECORD_ONLY = {"endpoint", "resume", "max_history_events", "ask_again_seconds"}
 """TaskInput fields its record sets for itself; no client sends them."""
@@ -59,9 +59,10 @@ def test_task_spec_and_task_input_name_the_same_fields() -> None:
 
 
 def test_every_field_set_is_set_on_the_wire() -> None:
-    spec = task_spec(EVERY_FIELD, gpu_indices=(1, 3))
+    spec = task_spec(EVERY_FIELD, gpu_indices=(1, 3), attempt=2)
     assert {field.name for field, _ in spec.ListFields()} == _names(worker_pb2.TaskSpec.DESCRIPTOR)
     assert list(spec.gpu_indices) == [1, 3]
+    assert spec.attempt == 2
 
 
 def test_a_task_comes_back_from_the_wire_as_it_went() -> None:
