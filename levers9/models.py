@@ -15,6 +15,7 @@ from levers9.core.capacity import NodeCapacity
 from levers9.core.endpoints import EndpointSpec, EndpointState
 from levers9.core.observation import Fingerprints
 from levers9.core.placement import Placement, PoolState, QueueSpot, Share
+from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
 from levers9.core.workspaces import DEFAULT_WORKSPACE, WorkspaceState
 from levers9.providers.joined import ClusterState
@@ -340,6 +341,8 @@ class TaskInput(_Record):
     borrow: bool = False
     """It may run past its workspace's GPU quota on cards nobody within quota waits for
     (`--borrow`); the first work taken back when a task within quota waits."""
+    mounts: tuple[TaskMount, ...] = ()
+    """The workspace's volumes and disks it mounts (`--volume NAME:/data[:ro]`, `--disk`)."""
     retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
     """How many times it is queued again after an attempt that failed, was lost with its worker,
     or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);

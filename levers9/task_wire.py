@@ -25,6 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from pydantic import BaseModel
 
 from levers9.core.placement import QueueSpot
+from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
 from levers9.core.workspaces import DEFAULT_WORKSPACE
 from levers9.models import TaskAttempt, TaskInput, TaskRecord
@@ -37,6 +38,7 @@ NESTED: Mapping[str, type[BaseModel]] = {
     gateway_pb2.TaskRecordPhase.DESCRIPTOR.full_name: TaskPhase,
     gateway_pb2.TaskQueueSpot.DESCRIPTOR.full_name: QueueSpot,
     gateway_pb2.TaskAttempt.DESCRIPTOR.full_name: TaskAttempt,
+    worker_pb2.TaskMount.DESCRIPTOR.full_name: TaskMount,
 }
 """The model each nested message of a record becomes."""
 

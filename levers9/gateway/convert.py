@@ -21,6 +21,7 @@ from levers9.contract import (
     task_runtime_problem,
 )
 from levers9.core.image_reference import DIGEST, ImageReference, ImageReferenceError
+from levers9.core.storage import TaskMount, mounts_problem
 from levers9.core.task_reports import TaskPhase, TaskReport, TaskState
 from levers9.gateway.errors import InvalidRequest, shown
 from levers9.models import (
@@ -126,6 +127,12 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         )
     if not 0 <= spec.retries <= MAX_RETRIES:
         raise InvalidRequest("task.retries", f"{spec.retries} is not 0 to {MAX_RETRIES}")
+    mounts = [
+        TaskMount(kind=m.kind, name=m.name, path=m.path, read_only=m.read_only) for m in spec.mounts
+    ]
+    problem = mounts_problem(mounts)
+    if problem is not None:
+        raise InvalidRequest("task.mounts", problem)
     return task_input(spec, pool_name=request.pool_name, gpus=request.gpus)
 
 

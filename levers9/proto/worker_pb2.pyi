@@ -88,6 +88,7 @@ class TaskSpec(_message.Message):
     BORROW_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    MOUNTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -134,6 +135,12 @@ class TaskSpec(_message.Message):
         worker's network, so a port is published by at most one running task of this worker.
         """
 
+    @_builtins.property
+    def mounts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskMount]:
+        """The workspace's volumes and disks it mounts (`levers9 run --volume NAME:/data[:ro]`,
+        `--disk NAME:/data`); what the agent needs to mount them comes with RunTaskRequest.
+        """
+
     def __init__(
         self,
         *,
@@ -152,30 +159,146 @@ class TaskSpec(_message.Message):
         borrow: _builtins.bool = ...,
         retries: _builtins.int = ...,
         attempt: _builtins.int = ...,
+        mounts: _abc.Iterable[Global___TaskMount] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskSpec: _TypeAlias = TaskSpec  # noqa: Y015
 
 @_typing.final
+class TaskMount(_message.Message):
+    """One volume or disk of a task, and where its container sees it (levers9.core.storage)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """"volume" or "disk" """
+    name: _builtins.str
+    """the workspace's volume or disk (a DNS label)"""
+    path: _builtins.str
+    """absolute, in the container"""
+    read_only: _builtins.bool
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        name: _builtins.str = ...,
+        path: _builtins.str = ...,
+        read_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "name", b"name", "path", b"path", "read_only", b"read_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskMount: _TypeAlias = TaskMount  # noqa: Y015
+
+@_typing.final
+class VolumeAccess(_message.Message):
+    """What the agent needs to mount one volume for one task: its bucket and the workspace's
+    credentials for it. Sent only in RunTaskRequest, decrypted by the controlplane for that call
+    (never in a task's record, a history or a log); the agent gives the credentials to the FUSE
+    process alone, never to the task.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BUCKET_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    REGION_FIELD_NUMBER: _builtins.int
+    ACCESS_KEY_ID_FIELD_NUMBER: _builtins.int
+    SECRET_ACCESS_KEY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    bucket: _builtins.str
+    """s3://BUCKET[/PREFIX] or gs://BUCKET[/PREFIX]"""
+    endpoint: _builtins.str
+    """the S3 endpoint URL; "": AWS's (gs://: Google's)"""
+    region: _builtins.str
+    access_key_id: _builtins.str
+    secret_access_key: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        bucket: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        region: _builtins.str = ...,
+        access_key_id: _builtins.str = ...,
+        secret_access_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["access_key_id", b"access_key_id", "bucket", b"bucket", "endpoint", b"endpoint", "name", b"name", "region", b"region", "secret_access_key", b"secret_access_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VolumeAccess: _TypeAlias = VolumeAccess  # noqa: Y015
+
+@_typing.final
+class DiskAccess(_message.Message):
+    """What the agent needs to mount one durable disk for one task (its record, not a secret)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DISK_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    disk_id: _builtins.str
+    """its file's stable name under durableDisksPath"""
+    size_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        disk_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disk_id", b"disk_id", "name", b"name", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiskAccess: _TypeAlias = DiskAccess  # noqa: Y015
+
+@_typing.final
 class RunTaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
+    VOLUMES_FIELD_NUMBER: _builtins.int
+    DISKS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> Global___TaskSpec: ...
+    @_builtins.property
+    def volumes(self) -> _containers.RepeatedCompositeFieldContainer[Global___VolumeAccess]:
+        """one per volume of task.mounts"""
+
+    @_builtins.property
+    def disks(self) -> _containers.RepeatedCompositeFieldContainer[Global___DiskAccess]:
+        """one per disk of task.mounts"""
+
     def __init__(
         self,
         *,
         task: Global___TaskSpec | None = ...,
+        volumes: _abc.Iterable[Global___VolumeAccess] | None = ...,
+        disks: _abc.Iterable[Global___DiskAccess] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disks", b"disks", "task", b"task", "volumes", b"volumes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -34,6 +34,16 @@ SPECS = st.builds(
     stop_grace_seconds=st.one_of(INT32, st.integers(0, 60)),
     runtime=st.one_of(TEXT, st.sampled_from(["", "runc", "runsc"])),
     retries=st.one_of(INT32, st.integers(0, 100)),
+    mounts=st.lists(
+        st.builds(
+            worker_pb2.TaskMount,
+            kind=st.one_of(TEXT, st.sampled_from(["volume", "disk"])),
+            name=st.one_of(TEXT, st.just("data")),
+            path=st.one_of(TEXT, st.sampled_from(["/data", "/proc", "/"])),
+            read_only=st.booleans(),
+        ),
+        max_size=3,
+    ),
 )
 SUBMITS = st.builds(
     gateway_pb2.SubmitTaskRequest,

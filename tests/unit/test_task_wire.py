@@ -12,6 +12,7 @@ from google.protobuf.descriptor import Descriptor
 from pydantic import BaseModel
 
 from levers9.core.placement import QueueSpot
+from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
 from levers9.models import TaskAttempt, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
@@ -43,6 +44,10 @@ EVERY_FIELD = TaskInput(
     runtime="runsc",
     borrow=True,
     retries=3,
+    mounts=(
+        TaskMount(kind="volume", name="data", path="/data", read_only=True),
+        TaskMount(kind="disk", name="scratch", path="/scratch"),
+    ),
 )
 
 
