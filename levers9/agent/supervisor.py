@@ -133,6 +133,8 @@ class TaskManager:
         workspace_refused = name_problem(spec.workspace) if spec.workspace else None
         if workspace_refused is not None:  # it names the container (runc_config)
             raise InvalidTask(f"workspace {workspace_refused}")
+        if spec.mounts:  # never run a task without the data it asked for
+            raise InvalidTask("task.mounts: this agent mounts no volume or disk yet")
         refused = task_input_problem(spec.command, spec.env)
         if refused is not None:  # the controlplane refused it at submit; a caller that is not
             raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
