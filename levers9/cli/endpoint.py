@@ -7,6 +7,11 @@ pull, container start, readiness) and answered then: keep the client waiting lon
 (`curl -m 1500`): a request has the endpoint's `--request-timeout` (default 1500 s) from its
 arrival, a cold start included, then 504. `get` shows its replicas and its latest scale
 decisions.
+
+Each command goes through the controlplane's gateway (its Endpoints service) with the command's
+token (`levers9.cli.endpoint_access`): a workspace's token makes and manages its own workspace's
+endpoints only; the operator's all of them (and reaches Temporal straight when the gateway does
+not answer).
 """
 
 from __future__ import annotations
@@ -117,9 +122,7 @@ def create(
         ),
     ] = "1500s",
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE")] = None,
-    public: Annotated[
-        bool, typer.Option("--public", help="requests need no operator token")
-    ] = False,
+    public: Annotated[bool, typer.Option("--public", help="requests need no token")] = False,
     workspace: Annotated[
         str | None,
         typer.Option(
@@ -278,7 +281,8 @@ def get(
     now = datetime.now(UTC)
     spec = view.spec
     lines = [
-        f"endpoint {name}: {endpoint_url(settings, name)}",
+        f"endpoint {name}: {endpoint_url(settings, name)}"
+        + (f" (workspace {spec.workspace})" if spec.workspace != DEFAULT_WORKSPACE else ""),
         f"  pool {spec.pool_name}, {spec.gpus} card(s) per replica, port {spec.port}"
         + (f", ready when GET {spec.ready_path} is 2xx" if spec.ready_path else ""),
         f"  image {spec.image or '(the pool default)'}; command {' '.join(spec.command)}",

@@ -7,7 +7,9 @@ tasks only; a workspace token on an operator command (`workspace list`, `workspa
 PERMISSION_DENIED naming the operator; `workspace delete` is refused while the workspace has a
 running task; a revoked token is refused (UNAUTHENTICATED) within the cache's bound. Then no
 token (operator or workspace) appears in any workflow history, memo or search attribute of the
-controlplane, in its log lines, or in any Kubernetes object of the sandbox.
+controlplane, in its log lines, or in any Kubernetes object of the sandbox. Last, a team makes
+and deletes its own endpoint with its token (`levers9 endpoint ...`), and another team's `get`
+and `delete` of it answer as for a missing one.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -18,7 +20,7 @@ import io
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import aiohttp
@@ -30,7 +32,7 @@ from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from levers9.tokens import operator_token
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
-from tests.factories import HTTP_TASK
+from tests.factories import HTTP_TASK, run_levers9
 from tests.gateway.test_workspaces import decoded_history
 from tests.waiting import eventually
 
@@ -286,3 +288,62 @@ async def test_no_token_is_in_any_history_memo_log_or_kubernetes_object(
     for where, text in texts.items():
         for name, secret in secrets.items():
             assert secret not in text, f"{name} token in {where}"
+
+
+async def test_a_workspace_makes_and_manages_its_own_endpoints_and_no_others(
+    teams: Teams,
+) -> None:
+    """`levers9 endpoint create|list|get|delete` with a workspace's token (LEVERS9_TOKEN, as a
+    script sets it): team D's endpoint is D's (its --workspace implied) and listed to D only;
+    team E's `get` and `delete` of it answer exactly as for a missing endpoint, and it stays;
+    the operator sees it. (Workspaces of their own: team-a is deleted and team-b's token
+    revoked by the tests above.)"""
+    cp = teams.cp
+    tokens = {}
+    for team in ("team-d", "team-e"):
+        _ok(await cp.cli("workspace", "create", team))
+        tokens[team] = _ok(await cp.cli("workspace", "token", "create", team)).strip()
+
+    listing = ("endpoint", "list", "-o", "json")
+
+    async def as_team(team: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return await run_levers9({**cp.cli_env(), "LEVERS9_TOKEN": tokens[team]}, *args)
+
+    async def listed(team: str | None) -> list[tuple[str, str]]:
+        done = await (as_team(team, *listing) if team else cp.cli(*listing))
+        return sorted((v["name"], v["spec"]["workspace"]) for v in json.loads(_ok(done)))
+
+    created = _ok(
+        await as_team(
+            "team-d", "endpoint", "create", "ep-d", "--pool", POOL, "--gpus", "0",
+            "--port", "8080", "--", "python", "-c", HTTP_TASK,
+        )
+    )  # fmt: skip
+    assert "endpoint ep-d created: " in created
+    assert "of workspace team-d" in created
+    assert 'Bearer $LEVERS9_TOKEN"' in created  # the token as this command got it
+    await eventually(lambda: _equal(listed("team-d"), [("ep-d", "team-d")]), within=WITHIN)
+    assert ("ep-d", "team-d") in await listed(None)
+    assert await listed("team-e") == []
+    for command in (["endpoint", "get"], ["endpoint", "delete"]):
+        theirs = await as_team("team-e", *command, "ep-d")
+        none = await as_team("team-e", *command, "ep-nosuch")
+        assert theirs.returncode == none.returncode == 1, command
+        assert theirs.stdout == none.stdout.replace("ep-nosuch", "ep-d"), command
+        assert theirs.stderr == none.stderr.replace("ep-nosuch", "ep-d"), command
+        assert "no endpoint ep-d" in theirs.stderr
+    # E's delete reaches E's own endpoint: the command could have deleted D's.
+    _ok(
+        await as_team(
+            "team-e", "endpoint", "create", "ep-e", "--pool", POOL, "--gpus", "0",
+            "--port", "8080", "--", "true",
+        )
+    )  # fmt: skip
+    assert "endpoint ep-e deleted" in _ok(await as_team("team-e", "endpoint", "delete", "ep-e"))
+    shown = json.loads(_ok(await as_team("team-d", "endpoint", "get", "ep-d", "-o", "json")))
+    assert (shown["spec"]["workspace"], shown["deleted"]) == ("team-d", False)
+    assert "endpoint ep-d deleted" in _ok(await as_team("team-d", "endpoint", "delete", "ep-d"))
+
+
+async def _equal(got: Awaitable[list[tuple[str, str]]], wanted: list[tuple[str, str]]) -> bool:
+    return await got == wanted
