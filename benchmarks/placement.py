@@ -7,6 +7,17 @@ continue-as-new chain), and the longest history of each workflow type.
 
     python benchmarks/placement.py [--tasks 1000] [--workers 20] [--gpus 1]
 
+With `--workspaces K` (issue 37): the tasks belong to K workspaces whose records exist (their
+WorkspaceWorkflows run beside the pool's), with quotas in four groups (4, 8, 16 and 40 cards for
+K = 20 on 200 one-card workers: 340 in all, the pool oversubscribed; a record gives no weight, so
+every weight is 1), each workspace's task count in proportion to what fair share entitles it to,
+submitted one workspace after another (first in, first out would not share); the mocked worker
+holds each task `--hold MIN,MAX` seconds (uniform, seeded). It reports from the task records:
+each workspace's most cards held at one instant against its quota, each one's GPU-seconds share
+while all had work waiting against its entitlement (worst deviation), submit-to-placed p50/p99,
+how long a freed card stayed idle, and the events by type of the pool's history and of sampled
+task histories.
+
 With `--sandbox`, on the running dev stack (`levers9 dev up`) instead: `--workers` sandbox nodes
 of one card are added with `levers9 sandbox node add`, each gets its real worker (a Job, the
 agent, its runc runtime), and `--tasks` tasks of `true` run on them through the whole
@@ -22,60 +33,94 @@ import argparse
 import asyncio
 import os
 import platform
+import random
 import resource
 import subprocess
 import sys
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.dispatch import TaskActivities
+from benchmarks import placement_records as records
 from levers9.config import ControlplaneSettings
 from levers9.core.task_reports import TaskReport
+from levers9.core.workspaces import WorkspaceState
 from levers9.models import (
     PoolInput,
     TaskInput,
+    TaskRecord,
     WorkerSlotInput,
     WorkerTaskInput,
     pool_workflow_id,
 )
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import start_task
+from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.temporal import connect, ensure_search_attributes
 from workflows import RUNNER
 from workflows.pool import PoolWorkflow
 from workflows.task import TaskWorkflow
+from workflows.workspace import WorkspaceWorkflow
 
 BIN = Path(sys.executable).parent
 POOL = "bench"
 
 
-@activity.defn(name="run_task")
-async def run_task(input: WorkerTaskInput) -> bool:
-    """The worker takes the task and, at once, reports it ended (the gateway's signal)."""
-    record = activity.client().get_workflow_handle(activity.info().workflow_id or "")
-    report = TaskReport(
-        pool_name=input.pool_name,
-        worker_id=input.worker_id,
-        task_id=input.task.task_id,
-        state="succeeded",
-    )
-    await record.signal("report", report)
-    return False
+QUOTA_GROUPS = (4, 8, 16, 40)
+"""Workspace i's quota is QUOTA_GROUPS[i % 4] times the pool's cards over 200."""
+SAMPLED_HISTORIES = 20
+
+
+class MockWorkers:
+    """The workers' side: RunTask succeeds, and the task ends (the gateway's `report` signal)
+    at once, or after a seeded uniform `hold` of seconds."""
+
+    def __init__(self, hold: tuple[float, float], seed: int) -> None:
+        self._hold = hold
+        self._rng = random.Random(seed)
+        self._ending: set[asyncio.Task[None]] = set()
+
+    @activity.defn(name="run_task")
+    async def run_task(self, input: WorkerTaskInput) -> bool:
+        record = activity.client().get_workflow_handle(activity.info().workflow_id or "")
+        report = TaskReport(
+            pool_name=input.pool_name,
+            worker_id=input.worker_id,
+            task_id=input.task.task_id,
+            state="succeeded",
+        )
+        low, high = self._hold
+        if high <= 0:
+            await record.signal("report", report)
+            return False
+        ending = asyncio.create_task(self._end(record, report, self._rng.uniform(low, high)))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+        return False
+
+    @staticmethod
+    async def _end(record: Any, report: TaskReport, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await record.signal("report", report)
 
 
 async def _run_all(
-    client: Client, task_queue: str, inputs: list[TaskInput]
+    client: Client, task_queue: str, inputs: list[TaskInput], ended: list[TaskRecord] | None = None
 ) -> tuple[float, dict[str, int]]:
     """Submits every task at once (100 starts in flight), then waits for each to end: the
-    seconds the submission took, and how many ended in each state."""
+    seconds the submission took, and how many ended in each state; `ended` gets the records."""
     began = time.perf_counter()
     starting, waiting = asyncio.Semaphore(100), asyncio.Semaphore(200)
 
@@ -89,8 +134,11 @@ async def _run_all(
 
     async def result(task: TaskInput) -> None:
         async with waiting:
-            record = await client.get_workflow_handle(f"task:{task.task_id}").result()
-            states[record["state"] if isinstance(record, dict) else record.state] += 1
+            handle = client.get_workflow_handle(f"task:{task.task_id}", result_type=TaskRecord)
+            record: TaskRecord = await handle.result()
+            states[record.state] += 1
+            if ended is not None:
+                ended.append(record)
             done = sum(states.values())
             if done % 100 == 0:
                 print(f"ended: {done} of {len(inputs)}", file=sys.stderr)
@@ -128,7 +176,56 @@ async def _history_lengths(client: Client, workflow_type: str, since: str = "") 
     return lengths
 
 
-async def main(tasks: int, workers: int, gpus: int) -> None:
+async def _event_types(
+    client: Client, workflow_type: str, limit: int | None = None
+) -> Counter[str]:
+    """Events by type over the histories of `workflow_type` (the first `limit` listed)."""
+    counted: Counter[str] = Counter()
+    seen = 0
+    async for listed in client.list_workflows(f"WorkflowType='{workflow_type}'"):
+        if limit is not None and seen >= limit:
+            break
+        seen += 1
+        history = await client.get_workflow_handle(listed.id, run_id=listed.run_id).fetch_history()
+        counted.update(
+            EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events
+        )
+    return counted
+
+
+def _workspace_inputs(
+    tasks: int, workspaces: int, cards: int, gpus: int
+) -> tuple[dict[str, int], list[TaskInput]]:
+    """The workspaces' quotas and their tasks: each workspace's count in proportion to its
+    entitlement, submitted one workspace after another (first in, first out would give the
+    cards to the first workspaces up to their quotas; fair share must give each its own)."""
+    names = [f"team-{n:02d}" for n in range(workspaces)]
+    quotas = {w: max(1, QUOTA_GROUPS[n % 4] * cards // 200) for n, w in enumerate(names)}
+    entitled = records.entitled({w: q for w, q in quotas.items()}, cards)
+    total = sum(entitled.values())
+    counts = {w: round(tasks * e / total) for w, e in entitled.items()}
+    owners = [w for w in names for _ in range(counts[w])]
+    inputs = [
+        TaskInput(
+            task_id=f"b{n:06d}{uuid.uuid4().hex[:5]}",
+            pool_name=POOL,
+            command=("true",),
+            gpus=gpus,
+            workspace=owner,
+        )
+        for n, owner in enumerate(owners)
+    ]
+    return quotas, inputs
+
+
+async def main(
+    tasks: int,
+    workers: int,
+    gpus: int,
+    workspaces: int = 0,
+    hold: tuple[float, float] = (0.0, 0.0),
+    seed: int = 37,
+) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(BIN / "temporal"),
         data_converter=pydantic_data_converter,
@@ -142,13 +239,32 @@ async def main(tasks: int, workers: int, gpus: int) -> None:
             {"temporalAddress": client.service_client.config.target_host, "taskQueue": task_queue}
         )
         real = TaskActivities(client, settings)
+        mocked = MockWorkers(hold, seed)
+        quotas: dict[str, int] = {}
+        inputs = [
+            TaskInput(
+                task_id=f"b{n:06d}{uuid.uuid4().hex[:5]}",
+                pool_name=POOL,
+                command=("true",),
+                gpus=gpus,
+            )
+            for n in range(tasks)
+        ]
+        if workspaces:
+            quotas, inputs = _workspace_inputs(tasks, workspaces, workers * gpus, gpus)
+        ended: list[TaskRecord] = []
         async with Worker(
             client,
             task_queue=task_queue,
-            workflows=[PoolWorkflow, TaskWorkflow],
+            workflows=[PoolWorkflow, TaskWorkflow, WorkspaceWorkflow],
             workflow_runner=RUNNER,
-            activities=[real.request_placement, run_task],
+            activities=[real.request_placement, mocked.run_task],
+            max_concurrent_activities=1000,
         ):
+            for name, quota in quotas.items():
+                await TemporalWorkspaceRecords(client, task_queue).create(
+                    WorkspaceState(name=name, gpu_quota=quota, created_at=datetime.now(UTC))
+                )
             pool = await client.start_workflow(
                 PoolWorkflow.run,
                 PoolInput(pool_name=POOL),
@@ -164,27 +280,27 @@ async def main(tasks: int, workers: int, gpus: int) -> None:
                     node_gpus=gpus,
                 )
                 await pool.signal(PoolWorkflow.worker_available, slot)
-            inputs = [
-                TaskInput(
-                    task_id=f"b{n:06d}{uuid.uuid4().hex[:5]}",
-                    pool_name=POOL,
-                    command=("true",),
-                    gpus=gpus,
-                )
-                for n in range(tasks)
-            ]
-            began = time.perf_counter()
+            began, began_at = time.perf_counter(), datetime.now(UTC)
             cpu_began = _cpu()
             server_began = _server_cpu()
-            submitted, states = await _run_all(client, task_queue, inputs)
+            submitted, states = await _run_all(client, task_queue, inputs, ended)
+            all_submitted = began_at + timedelta(seconds=submitted)
             took = time.perf_counter() - began
             cpu = _cpu() - cpu_began
             server_cpu = _server_cpu() - server_began
         pool_lengths = await _history_lengths(client, "PoolWorkflow")
         task_lengths = await _history_lengths(client, "TaskWorkflow")
+        pool_types = await _event_types(client, "PoolWorkflow")
+        task_types = await _event_types(client, "TaskWorkflow", SAMPLED_HISTORIES)
+    tasks = len(inputs)
     print(
         f"nproc={os.cpu_count()} {platform.machine()}, Temporal dev server, {tasks} tasks"
         f" of {gpus} card(s) over {workers} workers"
+        + (
+            f", {workspaces} workspaces, each task held {hold[0]:g}-{hold[1]:g} s"
+            if workspaces
+            else ""
+        )
     )
     print(f"submitted in {submitted:.1f} s; all ended in {took:.1f} s: {dict(states)}")
     print(f"placed per second: {tasks / took:.0f}")
@@ -201,6 +317,51 @@ async def main(tasks: int, workers: int, gpus: int) -> None:
         f" {sum(pool_lengths) / tasks:.1f} per placed task, longest run {max(pool_lengths)}"
     )
     print(f"TaskWorkflow: longest history {max(task_lengths)} events")
+    _print_types("PoolWorkflow, every run", pool_types, tasks)
+    _print_types(f"TaskWorkflow, {SAMPLED_HISTORIES} histories", task_types, SAMPLED_HISTORIES)
+    if workspaces:
+        _report_workspaces(ended, quotas, workers * gpus, all_submitted)
+
+
+def _print_types(what: str, types: Counter[str], per: int) -> None:
+    print(f"{what}: events per task by type:")
+    for kind, n in types.most_common():
+        print(f"  {kind}: {n / per:.2f}")
+
+
+def _report_workspaces(
+    ended: Sequence[TaskRecord], quotas: dict[str, int], cards: int, since: datetime
+) -> None:
+    """What the records show: quotas held at every instant, shares, times."""
+    held = records.holds(ended)
+    peaks = records.most_held(held)
+    broken = {w: (peaks[w], q) for w, q in quotas.items() if peaks.get(w, 0) > q}
+    shown = ", ".join(f"{w} {peaks.get(w, 0)}/{q}" for w, q in quotas.items())
+    kept = "yes" if not broken else f"NO: {broken}"
+    print(f"quotas held at every instant: {kept} (most held / quota: {shown})")
+    window = records.contended(held, since)
+    used = records.gpu_seconds(held, window)
+    entitled = records.entitled({w: q for w, q in quotas.items()}, cards)
+    total_used, total_entitled = sum(used.values()), sum(entitled.values())
+    deviations = {
+        w: (used.get(w, 0.0) / total_used) / (entitled[w] / total_entitled) - 1 for w in quotas
+    }
+    worst = max(deviations, key=lambda w: abs(deviations[w]))
+    seconds = (window[1] - window[0]).total_seconds()
+    print(
+        f"while every workspace waited ({seconds:.0f} s, {total_used / seconds / cards:.0%} of"
+        f" the cards busy): GPU-seconds share vs entitlement, worst {worst}"
+        f" {deviations[worst]:+.1%}; by workspace: "
+        + ", ".join(f"{w} {d:+.1%}" for w, d in deviations.items())
+    )
+    waits = [(h.placed - h.created).total_seconds() for h in held]
+    gaps = records.idle_gaps(held, window[1])
+    print(
+        f"submit to placed: p50 {records.percentile(waits, 0.5):.1f} s,"
+        f" p99 {records.percentile(waits, 0.99):.1f} s; a freed card idle until its next task"
+        f" (while all waited): p50 {records.percentile(gaps, 0.5):.2f} s,"
+        f" p99 {records.percentile(gaps, 0.99):.2f} s"
+    )
 
 
 async def on_sandbox(tasks: int, nodes: int) -> None:
@@ -269,8 +430,23 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--sandbox", action="store_true", help="real workers on the dev stack")
+    parser.add_argument("--workspaces", type=int, default=0, help="K workspaces with quotas")
+    parser.add_argument(
+        "--hold", default="0,0", help="MIN,MAX seconds a mocked worker holds each task"
+    )
+    parser.add_argument("--seed", type=int, default=37)
     arguments = parser.parse_args()
+    low, _, high = arguments.hold.partition(",")
     if arguments.sandbox:
         asyncio.run(on_sandbox(arguments.tasks, arguments.workers))
     else:
-        asyncio.run(main(arguments.tasks, arguments.workers, arguments.gpus))
+        asyncio.run(
+            main(
+                arguments.tasks,
+                arguments.workers,
+                arguments.gpus,
+                arguments.workspaces,
+                (float(low), float(high or low)),
+                arguments.seed,
+            )
+        )
