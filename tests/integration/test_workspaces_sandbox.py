@@ -9,7 +9,8 @@ running task; a revoked token is refused (UNAUTHENTICATED) within the cache's bo
 token (operator or workspace) appears in any workflow history, memo or search attribute of the
 controlplane, in its log lines, or in any Kubernetes object of the sandbox. Last, a team makes
 and deletes its own endpoint with its token (`levers9 endpoint ...`), and another team's `get`
-and `delete` of it answer as for a missing one.
+and `delete` of it answer as for a missing one. And a team reads the pools and machines with its
+token, its own usage only in `pool get` and `workspace get`, and is refused `pool remove`.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -22,12 +23,15 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.gateway.roles import TOKEN_CACHE_TTL_S
+from levers9.providers.gke import remove_pool_workflow_id
 from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from levers9.tokens import operator_token
@@ -39,6 +43,7 @@ from tests.waiting import eventually
 pytestmark = pytest.mark.integration
 
 WITHIN = 60
+SLEEP_TASK = "import time; time.sleep(600)"
 
 
 @dataclass
@@ -347,3 +352,69 @@ async def test_a_workspace_makes_and_manages_its_own_endpoints_and_no_others(
 
 async def _equal(got: Awaitable[list[tuple[str, str]]], wanted: list[tuple[str, str]]) -> bool:
     return await got == wanted
+
+
+async def test_a_workspace_reads_pools_and_machines_and_its_own_usage_only(teams: Teams) -> None:
+    """With a workspace's token: `pool list` and `machine list` show what the operator's do;
+    `pool get` and `workspace get` show its own usage only (a card held, its quota), not the
+    operator's task beside it; `pool remove` is PERMISSION_DENIED naming the operator, and the
+    pool stays, no removal started. (Its default pool taken by `run` without --pool among two
+    pools: tests/gateway/test_workspaces.py.)"""
+    cp = teams.cp
+    _ok(await cp.cli("workspace", "create", "team-f", "--gpu-quota", "1", "--default-pool", POOL))
+    token = _ok(await cp.cli("workspace", "token", "create", "team-f")).strip()
+
+    def names(rows: list[dict[str, Any]], key: str) -> list[str]:
+        return sorted(row[key] for row in rows)
+
+    pools = json.loads(_ok(await cp.cli("pool", "list", "-o", "json", token=token)))
+    assert names(pools, "pool") == [POOL]
+    assert pools[0]["schedule"] == f"reconcile:{POOL}"
+    machines = json.loads(_ok(await cp.cli("machine", "list", "-o", "json", token=token)))
+    operator_machines = json.loads(_ok(await cp.cli("machine", "list", "-o", "json")))
+    assert names(machines, "node_name") == names(operator_machines, "node_name")
+    assert len(machines) >= 1
+
+    ours = _ok(
+        await cp.cli(
+            "run", "--gpus", "1", "--detach", "--", "python", "-c", SLEEP_TASK, token=token
+        )
+    ).strip()  # fmt: skip
+    operators = _ok(
+        await cp.cli(
+            "run", "--pool", POOL, "--gpus", "0", "--detach", "--", "python", "-c", SLEEP_TASK
+        )
+    ).strip()  # fmt: skip
+    client = await connect(cp.settings)
+
+    async def both_running() -> bool:
+        records = [await task_record(client, task_id) for task_id in (ours, operators)]
+        return all(r is not None and r.state == "running" for r in records)
+
+    await eventually(both_running, within=WITHIN)
+    operator_view = json.loads(_ok(await cp.cli("pool", "get", POOL, "-o", "json")))
+    rows = {row["workspace"]: row for row in operator_view["usage"]["workspaces"]}
+    assert rows["team-f"]["gpus"] == 1
+    assert rows["default"]["placed"] >= 1  # the operator's task, beside team-f's
+    own_view = json.loads(_ok(await cp.cli("pool", "get", POOL, "-o", "json", token=token)))
+    assert [
+        (row["workspace"], row["gpus"], row["waiting"], row["gpu_quota"])
+        for row in own_view["usage"]["workspaces"]
+    ] == [("team-f", 1, 0, 1)]
+    table = _ok(await cp.cli("pool", "get", POOL, token=token))
+    assert "team-f" in table
+    assert "default" not in table.split("usage by workspace")[1]
+    shown = json.loads(_ok(await cp.cli("workspace", "get", "team-f", "-o", "json", token=token)))
+    assert shown["default_pool"] == POOL
+    assert [(p["pool"], p["gpus"], p["gpu_quota"]) for p in shown["pools"]] == [(POOL, 1, 1)]
+
+    refused = await cp.cli("pool", "remove", "--pool", POOL, token=token)
+    assert refused.returncode == 1
+    assert "PERMISSION_DENIED" in refused.stderr
+    assert "operator" in refused.stderr
+    assert names(json.loads(_ok(await cp.cli("pool", "list", "-o", "json"))), "pool") == [POOL]
+    with pytest.raises(RPCError) as absent:  # no removal was started
+        await client.get_workflow_handle(remove_pool_workflow_id(POOL)).describe()
+    assert absent.value.status == RPCStatusCode.NOT_FOUND
+    for task_id in (ours, operators):
+        _ok(await cp.cli("task", "cancel", task_id))
