@@ -41,6 +41,7 @@ from levers9.providers.joined import ClusterState, pool_block
 from levers9.records.clusters import joined_clusters
 from levers9.records.endpoints import TemporalEndpointRecords
 from levers9.records.pools import TemporalPoolRecords
+from levers9.records.volumes import TemporalVolumeRecords
 from levers9.records.workers import TemporalWorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc import tls
@@ -184,6 +185,8 @@ def serving(
         workspaces=TemporalWorkspaceRecords(client, settings.task_queue),
         pools=TemporalPoolRecords(client, settings.task_queue),
         endpoints=TemporalEndpointRecords(client, settings.task_queue),
+        volumes=TemporalVolumeRecords(client, settings.task_queue),
+        volume_key_generation=settings.volume_key_generation,
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,
         token_generation=settings.worker_token_generation,

@@ -15,6 +15,7 @@ from workflows.pool import PoolWorkflow
 from workflows.pool_ops import ImageRecopyWorkflow, RemovePoolWorkflow
 from workflows.reconcile_pool import ReconcilePoolWorkflow
 from workflows.task import TaskWorkflow
+from workflows.volume import VolumeWorkflow
 from workflows.worker import WorkerWorkflow
 from workflows.workspace import WorkspaceWorkflow
 
@@ -31,6 +32,7 @@ WORKFLOWS = [
     ImageRecopyWorkflow,
     RemovePoolWorkflow,
     WorkspaceWorkflow,
+    VolumeWorkflow,
 ]
 """What the controlplane's Temporal worker hosts. AttachClusterWorkflow runs on the task queue
 of the `levers9 gke attach` process, with the operator's credentials."""
@@ -59,6 +61,7 @@ __all__ = [
     "ReconcilePoolWorkflow",
     "RemovePoolWorkflow",
     "TaskWorkflow",
+    "VolumeWorkflow",
     "WorkerWorkflow",
     "WorkspaceWorkflow",
 ]

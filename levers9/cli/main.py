@@ -73,6 +73,10 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.workspace",
         "Workspaces: a team's share of the controlplane, its quota and its tokens.",
     ),
+    "volume": _Entry(
+        "levers9.cli.volume",
+        "Volumes: a workspace's buckets, mounted into its tasks with its own credentials.",
+    ),
     "login": _Entry(
         "levers9.cli.profile",
         "Check a token with the controlplane, then keep it as a profile, made current.",

@@ -30,6 +30,7 @@ from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, task_input_problem, task_runtime_problem
 from levers9.core.placement import QUOTA
+from levers9.core.storage import TaskMount, mounts_problem, parse_mount
 from levers9.errors import ControlplaneUnreachable
 from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
@@ -198,6 +199,18 @@ def print_result(record: TaskRecord) -> None:
         console.print(record.result_json, highlight=False, soft_wrap=True)
 
 
+def _mounts(kind: str, given: list[str]) -> tuple[TaskMount, ...]:
+    """`--volume` (or `--disk`) values as the task's mounts; BadParameter naming the option."""
+    try:
+        mounts = tuple(parse_mount(kind, one) for one in given)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=f"--{kind}") from None
+    problem = mounts_problem(mounts)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint=f"--{kind}")
+    return mounts
+
+
 def run(
     command: Annotated[list[str], typer.Argument(help="the command, after --")],
     pool: Annotated[
@@ -262,6 +275,13 @@ def run(
             help="queue it again after a failed, lost or preempted attempt, up to N times",
         ),
     ] = 0,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume",
+            help="NAME:/path[:ro]: mount the workspace's volume there (repeatable)",
+        ),
+    ] = None,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     refused = task_input_problem(command, {})
@@ -284,6 +304,7 @@ def run(
         runtime=runtime,
         borrow=borrow,
         retries=retries,
+        mounts=_mounts("volume", volume or []),
     )
     if detach:
         answered(tasks_for(settings).submit(task))

@@ -224,6 +224,13 @@ class ControlplaneSettings(BaseSettings):
         validation_alias=AliasChoices("workerCaGeneration", "LEVERS9_WORKER_CA_GENERATION"),
     )
     """Raise by one to rotate the worker CA alone (running workers are replaced)."""
+    volume_key_generation: int = Field(
+        default=1,
+        ge=1,
+        validation_alias=AliasChoices("volumeKeyGeneration", "LEVERS9_VOLUME_KEY_GENERATION"),
+    )
+    """The key generation new volumes' credentials are sealed under (levers9.sealed); a
+    volume's record keeps its own, so older volumes still open."""
     worker_token_secret: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("workerTokenSecret", "LEVERS9_WORKER_TOKEN_SECRET"),

@@ -28,11 +28,19 @@ from levers9.gateway.task_records import TaskRecords
 from levers9.gateway.task_service import TasksService
 from levers9.gateway.task_upstream import Replicas
 from levers9.gateway.tunnel import TunnelHub
+from levers9.gateway.volume_service import VolumesService
 from levers9.gateway.workspace_service import WorkspacesService
 from levers9.logs import get_logger
-from levers9.proto import endpoints_pb2_grpc, gateway_pb2, gateway_pb2_grpc, pools_pb2_grpc
+from levers9.proto import (
+    endpoints_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    pools_pb2_grpc,
+    volumes_pb2_grpc,
+)
 from levers9.records.endpoints import TemporalEndpointRecords
 from levers9.records.pools import TemporalPoolRecords
+from levers9.records.volumes import TemporalVolumeRecords
 from levers9.records.workers import WorkerRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc.malformed import MalformedRequests
@@ -69,6 +77,8 @@ class Gateway:
         workspaces: TemporalWorkspaceRecords | None = None,
         pools: TemporalPoolRecords | None = None,
         endpoints: TemporalEndpointRecords | None = None,
+        volumes: TemporalVolumeRecords | None = None,
+        volume_key_generation: int = 1,
         operator_generation: int = 1,
         ca_generation: int = 1,
         token_generation: int = 1,
@@ -103,12 +113,18 @@ class Gateway:
         self._endpoints = (
             EndpointsService(endpoints, self.authority) if endpoints is not None else None
         )
+        self._volumes = (
+            VolumesService(volumes, self.authority, secret, volume_key_generation)
+            if volumes is not None
+            else None
+        )
         self._tasks = (
             TasksService(
                 tasks,
                 secret,
                 replicas,
                 authority=self.authority,
+                volumes=volumes,
                 operator_generation=operator_generation,
                 ca_generation=ca_generation,
                 token_generation=token_generation,
@@ -151,6 +167,8 @@ class Gateway:
             endpoints_pb2_grpc.add_EndpointsServicer_to_server(self._endpoints, server)
         if self._pools is not None:
             pools_pb2_grpc.add_PoolsServicer_to_server(self._pools, server)
+        if self._volumes is not None:
+            volumes_pb2_grpc.add_VolumesServicer_to_server(self._volumes, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()

@@ -61,6 +61,7 @@ from levers9.gateway.task_upstream import (
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
+from levers9.records.volumes import TemporalVolumeRecords
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
 from levers9.task_wire import record_message
@@ -107,8 +108,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         ca_generation: int = 1,
         token_generation: int = 1,
         authority: Authority | None = None,
+        volumes: TemporalVolumeRecords | None = None,
     ) -> None:
         self._records = records
+        self._volumes = volumes
         self.authority = authority or Authority(secret, operator_generation)
         """Who a bearer token is (the endpoints' front asks it too)."""
         self._secret = secret
@@ -214,6 +217,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         task = await self._in_workspace(task, identity, context)
+        await self._volumes_exist(task, context)
         refused = await self._records.refusal(task.pool_name, task.runtime)
         if refused is not None:
             field, problem = refused
@@ -221,6 +225,23 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._within_max_queued(task, context)
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def _volumes_exist(
+        self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Refuses the submit (INVALID_ARGUMENT, nothing started) naming a volume its workspace
+        does not have (another workspace's is as unknown as a missing one)."""
+        if self._volumes is None:
+            return
+        for mount in task.mounts:
+            if mount.kind != "volume":
+                continue
+            if await self._volumes.get(task.workspace, mount.name) is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"task.mounts: no volume {mount.name} in workspace {task.workspace}"
+                    " (`levers9 volume list`; `levers9 volume create` makes one)",
+                )
 
     async def _within_max_queued(
         self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
