@@ -256,6 +256,14 @@ class PlaceRequest(_Record):
     share: Share | None = None
     """Its workspace's quota and weight as the request's activity read them (None: not read):
     the pool takes the newest."""
+    disks: tuple[str, ...] = ()
+    """The workspace's disks it mounts, by name (its record sets them; the request's activity
+    reads where each is and pins the task there)."""
+    node: str = ""
+    """The one node it may run on (its disk's), as the request's activity found it."""
+    pinned_by: str = ""
+    """What pins it there (`disk scratch`): the reason it waits names it."""
+    disk_ids: tuple[str, ...] = ()
 
 
 class WorkerSlotInput(_Record):

@@ -100,6 +100,9 @@ class PoolWorkflow:
                 ports=request.ports,
                 workspace=request.workspace,
                 borrow=request.borrow,
+                node=request.node,
+                pinned_by=request.pinned_by,
+                disk_ids=request.disk_ids,
             )
         self._changed = True
 
@@ -118,6 +121,11 @@ class PoolWorkflow:
     @workflow.query
     def queue_spot(self, task_id: str) -> QueueSpot | None:
         return self._state.spot(task_id)
+
+    @workflow.query
+    def disk_users(self, disk_id: str) -> list[str]:
+        """The tasks placed or waiting that mount the disk (a disk in use is not deleted)."""
+        return self._state.disk_users(disk_id)
 
     @workflow.query
     def waiting_count(self, workspace: str) -> int:

@@ -312,6 +312,7 @@ class TaskWorkflow:
             memory_bytes=input.memory_bytes,
             workspace=input.workspace,
             borrow=input.borrow,
+            disks=tuple(m.name for m in input.mounts if m.kind == "disk"),
         )
         self._offered = None
         self._queued = True

@@ -12,6 +12,9 @@ reservation threshold reserves the worker that can hold it soonest; smaller task
 taking cards there, and the cards it frees go to the big task. A worker that holds only part of
 its node's cards (a neighbour had the rest when it started) can be reserved too: drained, it winds
 down, and the machine's next worker takes every card the node has free.
+A task that mounts a durable disk is pinned to the disk's node (`Waiting.node`): it goes to a
+worker of that node only, and waits (the reason says for which disk and machine) while there is
+none or it is busy.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from levers9.core.disks import pinned_reason
 from levers9.core.workspaces import DEFAULT_WORKSPACE
 
 
@@ -65,6 +69,12 @@ class Waiting(BaseModel):
     ports: tuple[int, ...] = ()
     """Ports it publishes: its containers share the worker's network, so it goes where no
     placed task publishes them."""
+    node: str = ""
+    """The one node it may run on ("": any): the node of the disk it mounts."""
+    pinned_by: str = ""
+    """What pins it there (`disk scratch`), for the reason it waits."""
+    disk_ids: tuple[str, ...] = ()
+    """The disks it mounts (a disk in use is not deleted)."""
 
 
 class Placement(BaseModel):
@@ -83,6 +93,7 @@ class Placement(BaseModel):
     """Placed past its workspace's quota: the first taken back when one within quota waits."""
     since: datetime | None = None
     """When it asked (newest borrowed work is reclaimed first)."""
+    disk_ids: tuple[str, ...] = ()
 
 
 class QueueSpot(BaseModel):
@@ -96,7 +107,8 @@ class QueueSpot(BaseModel):
     """The most cards free on any one available worker now."""
     workers: int
     reason: str = ""
-    """`quota`: its workspace holds its quota; "": it waits for cards."""
+    """`quota`: its workspace holds its quota; `waiting for disk D's machine N`: it runs only
+    on its disk's node, which has no worker or no room now; "": it waits for cards."""
     workspace: str = DEFAULT_WORKSPACE
 
 
@@ -188,13 +200,24 @@ class PoolState(BaseModel):
         ports: tuple[int, ...] = (),
         workspace: str = DEFAULT_WORKSPACE,
         borrow: bool = False,
+        node: str = "",
+        pinned_by: str = "",
+        disk_ids: tuple[str, ...] = (),
     ) -> None:
         """Queues the task (once: a repeated request changes nothing), in the order of `now`:
         its creation when the request carries it, so the queue keeps the tasks' own order."""
         if task_id in self.placed or task_id in self._ids():
             return
         waiting = Waiting(
-            task_id=task_id, gpus=gpus, since=now, ports=ports, workspace=workspace, borrow=borrow
+            task_id=task_id,
+            gpus=gpus,
+            since=now,
+            ports=ports,
+            workspace=workspace,
+            borrow=borrow,
+            node=node,
+            pinned_by=pinned_by,
+            disk_ids=disk_ids,
         )
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
@@ -219,16 +242,24 @@ class PoolState(BaseModel):
         for index, waiting in enumerate(self.waiting):
             if waiting.task_id == task_id:
                 over = not waiting.borrow and not self._within_quota(waiting, self.held())
+                reason = QUOTA if over else ""
+                if not over and waiting.node:
+                    reason = pinned_reason(waiting.pinned_by or "its disk", waiting.node)
                 return QueueSpot(
                     position=index + 1,
                     waiting=len(self.waiting),
                     gpus=waiting.gpus,
                     most_free=self.most_free(),
                     workers=len(self.slots),
-                    reason=QUOTA if over else "",
+                    reason=reason,
                     workspace=waiting.workspace,
                 )
         return None
+
+    def disk_users(self, disk_id: str) -> list[str]:
+        """The tasks placed or waiting that mount the disk."""
+        placed = [t for t, p in self.placed.items() if disk_id in p.disk_ids]
+        return placed + [w.task_id for w in self.waiting if disk_id in w.disk_ids]
 
     def waiting_in(self, workspace: str) -> int:
         return sum(1 for w in self.waiting if w.workspace == workspace)
@@ -271,7 +302,7 @@ class PoolState(BaseModel):
                 continue
             best: list[Placement] | None = None
             for slot in self.placeable():
-                if len(slot.devices) < waiting.gpus:
+                if len(slot.devices) < waiting.gpus or not _on_its_node(waiting, slot):
                     continue
                 freeing = sum(
                     len(cards) for task_id, cards in slot.busy.items() if task_id in self.reclaiming
@@ -400,6 +431,7 @@ class PoolState(BaseModel):
             workspace=waiting.workspace,
             borrowed=borrowed,
             since=waiting.since,
+            disk_ids=waiting.disk_ids,
         )
         self.placed[waiting.task_id] = placement
         for worker_id, holder in list(self.reservations.items()):
@@ -414,6 +446,7 @@ class PoolState(BaseModel):
             slot
             for slot in self.placeable()
             if len(slot.free()) >= waiting.gpus
+            and _on_its_node(waiting, slot)
             and self.reservations.get(slot.worker_id, waiting.task_id) == waiting.task_id
             and not (waiting.ports and self._published(slot) & set(waiting.ports))
         ]
@@ -442,7 +475,9 @@ class PoolState(BaseModel):
         able = [
             slot
             for slot in self.placeable()
-            if slot.could_hold(waiting.gpus) and slot.worker_id not in self.reservations
+            if slot.could_hold(waiting.gpus)
+            and slot.worker_id not in self.reservations
+            and _on_its_node(waiting, slot)
         ]
         if able:
             # The one that can hold it soonest: most cards of its own, then most free.
@@ -458,3 +493,8 @@ def _reserves(waiting: Waiting) -> bool:
     the worker may hold them). A one-card task never does: whatever card frees next fits it,
     and the fair-share order gives it its turn, which a reservation would override."""
     return waiting.gpus > 1 or bool(waiting.ports)
+
+
+def _on_its_node(waiting: Waiting, slot: Slot) -> bool:
+    """Whether the task may run on the worker: any, unless a disk pins it to one node."""
+    return not waiting.node or slot.node_name == waiting.node
