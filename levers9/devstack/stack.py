@@ -62,7 +62,7 @@ from levers9.devstack.processes import (
 from levers9.files import write_private
 from levers9.home import state_home
 from levers9.tokens import operator_token
-from sandbox import aws, pki, registries, strays, task_images, worker_image
+from sandbox import aws, buckets, pki, registries, strays, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin, SandboxAdminError, SandboxUnavailable
 from sandbox.gcp.env import CloudEnvUnavailable, cloud_env
 
@@ -382,6 +382,12 @@ class DevStack:
             progress(
                 f"seeded moto: EKS cluster {seeded.cluster}, nodes {', '.join(seeded.node_ips)},"
                 f" NAT {seeded.nat_ip}, ECR repository {aws.ECR_REPOSITORY}"
+            )
+        moto = records["moto"].address
+        credentials = buckets.write_credentials(self.dir / buckets.CREDENTIALS_FILE)
+        for bucket in buckets.ensure_buckets(moto):
+            progress(
+                f"bucket s3://{bucket} on moto: {buckets.volume_hint(moto, bucket, credentials)}"
             )
         if "sandbox" not in records:
             progress(f"starting the sandbox cluster on {HOST}:{self.options.sandbox_port}")
