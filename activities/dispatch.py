@@ -21,9 +21,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
+from levers9.core.disks import LOST, DiskState
 from levers9.core.placement import Placement, Share
 from levers9.core.quantity import binary_text
 from levers9.core.task_reports import TaskReport
+from levers9.core.volumes import endpoint_of, sealing_context
 from levers9.gateway.convert import TunnelEndpoint, task_report
 from levers9.models import (
     POOL_WORKFLOW,
@@ -35,10 +37,13 @@ from levers9.models import (
     worker_workflow_id,
 )
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
+from levers9.records.disks import TemporalDiskRecords
 from levers9.records.found import is_running, or_none
 from levers9.records.listing import machine_records
+from levers9.records.volumes import TemporalVolumeRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords
 from levers9.rpc.worker_tls import worker_channel
+from levers9.sealed import Unsealable, unseal
 from levers9.task_wire import task_spec
 from levers9.telemetry import span
 from levers9.tokens import command_metadata
@@ -146,6 +151,8 @@ class TaskActivities:
         """By pool: when its machine records were read, and the most one has."""
         self._batches = RequestBatches(self._signal_requests)
         self._workspaces = TemporalWorkspaceRecords(client, settings.task_queue)
+        self._disks = TemporalDiskRecords(client, settings.task_queue)
+        self._volumes = TemporalVolumeRecords(client, settings.task_queue)
         self._shares: dict[str, tuple[float, Share | None]] = {}
         """By workspace: when its record was read, and its quota and weight."""
 
@@ -198,9 +205,47 @@ class TaskActivities:
                 f" {binary_text(request.memory_bytes)}: the largest has"
                 f" {binary_text(largest.memory_bytes)} allocatable"
             )
+        pinned = await self._pinned(request) if request.disks else request
+        if isinstance(pinned, str):
+            return pinned
         share = await self._share(request.workspace)
-        await self._batches.add(request.model_copy(update={"share": share}))
+        await self._batches.add(pinned.model_copy(update={"share": share}))
         return ""
+
+    async def _pinned(self, request: PlaceRequest) -> PlaceRequest | str:
+        """The request pinned to the node of the disks it mounts; or why it can never run: a
+        disk that is not the workspace's (deleted since the submit), of another pool, lost with
+        its node, or disks on two nodes."""
+        disks: list[DiskState] = []
+        for name in request.disks:
+            disk = await self._disks.get(request.workspace, name)
+            if disk is None:
+                return (
+                    f"disk {name}: no such disk in workspace {request.workspace}"
+                    " (`levers9 disk list`)"
+                )
+            if disk.pool_name != request.pool_name:
+                return (
+                    f"disk {name} is on pool {disk.pool_name}, not the task's pool"
+                    f" {request.pool_name}: run it with --pool {disk.pool_name}"
+                )
+            view = await self._disks.view(disk)
+            if view.state == LOST:
+                return view.reason
+            disks.append(disk)
+        nodes = sorted({d.node_name for d in disks})
+        if len(nodes) > 1:
+            return (
+                f"disks {', '.join(d.name for d in disks)} are on different nodes"
+                f" ({', '.join(nodes)}): a task mounts disks of one node"
+            )
+        return request.model_copy(
+            update={
+                "node": nodes[0],
+                "pinned_by": "disk " + ", ".join(d.name for d in disks),
+                "disk_ids": tuple(d.disk_id for d in disks),
+            }
+        )
 
     async def _share(self, workspace: str) -> Share | None:
         """The workspace's quota (and weight) from its record, read at most once per
@@ -276,12 +321,16 @@ class TaskActivities:
     async def run_task(self, input: WorkerTaskInput) -> bool:
         """RunTask on the worker; True when it was already running (a retried call)."""
         spec = task_spec(input.task, input.gpu_indices, input.attempt)
+        volumes = await self._volume_access(input)
+        disks = await self._disk_access(input)
         try:
             response = await self._call(
                 input,
                 "RunTask",
                 lambda stub, md: stub.RunTask(
-                    worker_pb2.RunTaskRequest(task=spec), metadata=md, timeout=RPC_TIMEOUT_S
+                    worker_pb2.RunTaskRequest(task=spec, volumes=volumes, disks=disks),
+                    metadata=md,
+                    timeout=RPC_TIMEOUT_S,
                 ),
             )
         except ApplicationError as error:
@@ -293,6 +342,72 @@ class TaskActivities:
                 raise ApplicationError(ended, type="WorkerEnded", non_retryable=True) from None
             raise
         return bool(response.already_running)
+
+    async def _volume_access(self, input: WorkerTaskInput) -> list[worker_pb2.VolumeAccess]:
+        """Each volume of the task with its credentials, read from the volume's record and
+        unsealed here, for the RunTask call alone: neither this activity's input nor its result
+        holds them. A volume gone since the submit, or whose credentials do not open, fails the
+        task (non-retryable) naming the volume."""
+        mounts = [m for m in input.task.mounts if m.kind == "volume"]
+        if not mounts:
+            return []
+        secret = self._settings.token_secret()
+        if secret is None:
+            raise ApplicationError("no worker token secret", non_retryable=True)
+        workspace = input.task.workspace
+        access = []
+        for mount in mounts:
+            record = await self._volumes.get(workspace, mount.name)
+            if record is None:
+                raise ApplicationError(
+                    f"volume {mount.name}: no volume {mount.name} in workspace {workspace}"
+                    " (deleted since the task was submitted?)",
+                    type="VolumeNotFound",
+                    non_retryable=True,
+                )
+            try:
+                credentials = unseal(
+                    secret.get_secret_value(),
+                    record.sealed,
+                    sealing_context(workspace, mount.name),
+                )
+            except Unsealable as exc:
+                raise ApplicationError(
+                    f"volume {mount.name}: {exc}", type="VolumeUnsealable", non_retryable=True
+                ) from None
+            spec = record.spec
+            access.append(
+                worker_pb2.VolumeAccess(
+                    name=mount.name,
+                    bucket=spec.bucket,
+                    endpoint=endpoint_of(spec),
+                    region=spec.region,
+                    access_key_id=credentials.access_key_id,
+                    secret_access_key=credentials.secret_access_key,
+                )
+            )
+        return access
+
+    async def _disk_access(self, input: WorkerTaskInput) -> list[worker_pb2.DiskAccess]:
+        """What the agent needs of each disk the task mounts: its file's name and size."""
+        access = []
+        for mount in input.task.mounts:
+            if mount.kind != "disk":
+                continue
+            disk = await self._disks.get(input.task.workspace, mount.name)
+            if disk is None:
+                raise ApplicationError(
+                    f"disk {mount.name}: no such disk in workspace {input.task.workspace}"
+                    " (deleted since the task was queued)",
+                    type="NoSuchDisk",
+                    non_retryable=True,
+                )
+            access.append(
+                worker_pb2.DiskAccess(
+                    name=disk.name, disk_id=disk.disk_id, size_bytes=disk.size_bytes
+                )
+            )
+        return access
 
     @activity.defn
     async def cancel_task(self, input: WorkerTaskInput) -> bool:
