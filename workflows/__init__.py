@@ -8,6 +8,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from workflows.attach import AttachClusterWorkflow
 from workflows.cluster import ClusterWorkflow
 from workflows.cluster_session import ClusterSessionWorkflow
+from workflows.disk import DiskWorkflow
 from workflows.egress import EgressAllowlistWorkflow
 from workflows.endpoint import EndpointWorkflow
 from workflows.machine import MachineWorkflow
@@ -33,6 +34,7 @@ WORKFLOWS = [
     RemovePoolWorkflow,
     WorkspaceWorkflow,
     VolumeWorkflow,
+    DiskWorkflow,
 ]
 """What the controlplane's Temporal worker hosts. AttachClusterWorkflow runs on the task queue
 of the `levers9 gke attach` process, with the operator's credentials."""
@@ -53,6 +55,7 @@ __all__ = [
     "AttachClusterWorkflow",
     "ClusterSessionWorkflow",
     "ClusterWorkflow",
+    "DiskWorkflow",
     "EgressAllowlistWorkflow",
     "EndpointWorkflow",
     "ImageRecopyWorkflow",

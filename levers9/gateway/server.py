@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
 from levers9.gateway.clusters import ClusterHub
+from levers9.gateway.disk_service import DisksService
 from levers9.gateway.endpoint_service import EndpointsService
 from levers9.gateway.pool_service import PoolsService
 from levers9.gateway.roles import Authority
@@ -32,12 +33,14 @@ from levers9.gateway.volume_service import VolumesService
 from levers9.gateway.workspace_service import WorkspacesService
 from levers9.logs import get_logger
 from levers9.proto import (
+    disks_pb2_grpc,
     endpoints_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
     pools_pb2_grpc,
     volumes_pb2_grpc,
 )
+from levers9.records.disks import TemporalDiskRecords
 from levers9.records.endpoints import TemporalEndpointRecords
 from levers9.records.pools import TemporalPoolRecords
 from levers9.records.volumes import TemporalVolumeRecords
@@ -78,6 +81,7 @@ class Gateway:
         pools: TemporalPoolRecords | None = None,
         endpoints: TemporalEndpointRecords | None = None,
         volumes: TemporalVolumeRecords | None = None,
+        disks: TemporalDiskRecords | None = None,
         volume_key_generation: int = 1,
         operator_generation: int = 1,
         ca_generation: int = 1,
@@ -113,6 +117,7 @@ class Gateway:
         self._endpoints = (
             EndpointsService(endpoints, self.authority) if endpoints is not None else None
         )
+        self._disks = DisksService(disks, self.authority) if disks is not None else None
         self._volumes = (
             VolumesService(volumes, self.authority, secret, volume_key_generation)
             if volumes is not None
@@ -125,6 +130,7 @@ class Gateway:
                 replicas,
                 authority=self.authority,
                 volumes=volumes,
+                disks=disks,
                 operator_generation=operator_generation,
                 ca_generation=ca_generation,
                 token_generation=token_generation,
@@ -169,6 +175,8 @@ class Gateway:
             pools_pb2_grpc.add_PoolsServicer_to_server(self._pools, server)
         if self._volumes is not None:
             volumes_pb2_grpc.add_VolumesServicer_to_server(self._volumes, server)
+        if self._disks is not None:
+            disks_pb2_grpc.add_DisksServicer_to_server(self._disks, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()

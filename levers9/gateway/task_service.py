@@ -61,6 +61,7 @@ from levers9.gateway.task_upstream import (
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
+from levers9.records.disks import TemporalDiskRecords
 from levers9.records.volumes import TemporalVolumeRecords
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
@@ -109,9 +110,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         token_generation: int = 1,
         authority: Authority | None = None,
         volumes: TemporalVolumeRecords | None = None,
+        disks: TemporalDiskRecords | None = None,
     ) -> None:
         self._records = records
         self._volumes = volumes
+        self._disks = disks
         self.authority = authority or Authority(secret, operator_generation)
         """Who a bearer token is (the endpoints' front asks it too)."""
         self._secret = secret
@@ -218,6 +221,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
         task = await self._in_workspace(task, identity, context)
         await self._volumes_exist(task, context)
+        await self._disks_exist(task, context)
         refused = await self._records.refusal(task.pool_name, task.runtime)
         if refused is not None:
             field, problem = refused
@@ -225,6 +229,31 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._within_max_queued(task, context)
         await self._records.start(task)
         return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def _disks_exist(
+        self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Refuses the submit (INVALID_ARGUMENT, nothing started) naming a disk its workspace
+        does not have (another workspace's is as unknown as a missing one), or one of another
+        pool."""
+        if self._disks is None:
+            return
+        for mount in task.mounts:
+            if mount.kind != "disk":
+                continue
+            disk = await self._disks.get(task.workspace, mount.name)
+            if disk is None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"task.mounts: no disk {mount.name} in workspace {task.workspace}"
+                    " (`levers9 disk list`; `levers9 disk create` makes one)",
+                )
+            elif disk.pool_name != task.pool_name:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"task.mounts: disk {mount.name} is on pool {disk.pool_name}, not"
+                    f" {task.pool_name}: run the task with --pool {disk.pool_name}",
+                )
 
     async def _volumes_exist(
         self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
