@@ -77,6 +77,10 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.volume",
         "Volumes: a workspace's buckets, mounted into its tasks with its own credentials.",
     ),
+    "disk": _Entry(
+        "levers9.cli.disk",
+        "Disks: a workspace's durable filesystems on one machine, which pin its tasks there.",
+    ),
     "login": _Entry(
         "levers9.cli.profile",
         "Check a token with the controlplane, then keep it as a profile, made current.",

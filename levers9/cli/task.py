@@ -171,6 +171,11 @@ def print_result(record: TaskRecord) -> None:
             f" {spot.workspace} holds its GPU quota; it starts when its own tasks free cards)",
             highlight=False,
         )
+    elif record.queue is not None and record.queue.reason:  # a disk's machine, say
+        spot = record.queue
+        console.print(
+            f"queued: {spot.position} of {spot.waiting}, reason: {spot.reason}", highlight=False
+        )
     elif record.queue is not None:
         spot = record.queue
         console.print(
@@ -282,6 +287,13 @@ def run(
             help="NAME:/path[:ro]: mount the workspace's volume there (repeatable)",
         ),
     ] = None,
+    disk: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--disk",
+            help="NAME:/path: mount the workspace's disk there; the task runs on its machine",
+        ),
+    ] = None,
 ) -> None:
     """Run CMD on a worker of the pool: prints the task id, its output, then its result."""
     refused = task_input_problem(command, {})
@@ -304,7 +316,7 @@ def run(
         runtime=runtime,
         borrow=borrow,
         retries=retries,
-        mounts=_mounts("volume", volume or []),
+        mounts=_mounts("volume", volume or []) + _mounts("disk", disk or []),
     )
     if detach:
         answered(tasks_for(settings).submit(task))
