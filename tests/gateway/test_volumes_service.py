@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
@@ -57,6 +58,7 @@ from levers9.rpc import bearer
 from levers9.task_wire import submit_request
 from levers9.tokens import command_token, operator_token
 from sandbox import aws
+from tests.factories import run_levers9
 from tests.gateway.conftest import LOOPBACK
 from tests.reliability.secrets_scan import corpus_of_json
 from workflows import RUNNER
@@ -85,8 +87,12 @@ class Plane:
     bucket: str
     secret: SecretStr
     task_queue: str
+    address: str
     key_id: str = field(default_factory=lambda: f"AKIAMARK{uuid.uuid4().hex[:12].upper()}")
     key: str = field(default_factory=lambda: f"volume-secret-marker-{uuid.uuid4().hex}")
+
+    def token(self, metadata: Metadata) -> str:
+        return metadata[0][1].removeprefix("Bearer ")
 
     def create(
         self, name: str, workspace: str = "", bucket: str = "", **fields: Any
@@ -174,6 +180,7 @@ async def plane(
             bucket,
             secret,
             task_queue,
+            f"127.0.0.1:{port}",
         )
 
 
@@ -446,3 +453,63 @@ def test_volume_create_refuses_a_malformed_credentials_file_naming_the_field(
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split())
     assert "SECRETMARKER" not in result.output
+
+
+async def test_the_cli_creates_lists_gets_and_deletes_with_a_workspaces_token(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """`levers9 volume ...` and `levers9 run --volume` as a team runs them, with its token."""
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[default]\naws_access_key_id = {plane.key_id}\naws_secret_access_key = {plane.key}\n"
+    )
+    token = plane.token(plane.a)
+    env = {
+        **os.environ,
+        "TEMPORAL_ADDRESS": "127.0.0.1:1",  # the workspace's CLI has no way into Temporal
+        "LEVERS9_TASK_QUEUE": plane.task_queue,
+        "LEVERS9_GATEWAY_ADDRESS": plane.address,
+        "LEVERS9_TOKEN": token,
+        "LEVERS9_HOME": str(tmp_path),
+        "COLUMNS": "400",
+    }
+    name = f"data-{uuid.uuid4().hex[:6]}"
+    bucket = f"s3://{plane.bucket}/cli"
+    made = await run_levers9(
+        env,
+        *("volume", "create", name, "--bucket", bucket, "--endpoint", plane.endpoint),
+        *("--credentials-file", str(credentials)),
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert f"volume {name} created in workspace {plane.workspace_a}: {bucket}" in made.stdout
+    listed = await run_levers9(env, "volume", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["workspace"], r["bucket"]) for r in rows] == [
+        (name, plane.workspace_a, bucket)
+    ]
+    got = await run_levers9(env, "volume", "get", name)
+    assert got.returncode == 0, got.stderr
+    assert plane.endpoint in got.stdout
+    unknown = await run_levers9(
+        env,
+        "run",
+        "--pool",
+        "gke-rtx6000",
+        "--gpus",
+        "0",
+        "--detach",
+        "--volume",
+        "nope:/data",
+        "--",
+        "true",
+    )
+    assert unknown.returncode != 0
+    assert f"no volume nope in workspace {plane.workspace_a}" in unknown.stderr
+    other = await run_levers9({**env, "LEVERS9_TOKEN": plane.token(plane.b)}, "volume", "get", name)
+    assert other.returncode == 1
+    assert f"no volume {name} in workspace {plane.workspace_b}" in other.stderr
+    deleted = await run_levers9(env, "volume", "delete", name)
+    assert deleted.returncode == 0, deleted.stderr
+    for done in (made, listed, got, unknown, other, deleted):
+        assert plane.key not in done.stdout + done.stderr
