@@ -27,7 +27,7 @@ MAX_DISK_BYTES = 64 * 2**40
 """64Ti: more than any node's local disk today; a typo (50Pi) is refused, not tried."""
 MAX_DISK_NAME_CHARS = 40
 DISK_ID = re.compile(r"[a-z0-9][a-z0-9.-]{0,126}")
-"""A disk's file name under `durableDisksPath` (without `.img`): no `/`, no `..`."""
+"""A disk's file name under `durableDisksPath` (without `.ext4`): no `/`, no `..`."""
 
 READY = "ready"
 LOST = "lost"
@@ -41,7 +41,7 @@ def disk_workflow_id(workspace: str, name: str) -> str:
 
 def disk_id(workspace: str, name: str, unique: str) -> str:
     """The disk's stable name on its node (`<workspace>.<name>.<unique>`): the image file
-    `<durableDisksPath>/<disk id>.img`. `unique` (hex) keeps a disk deleted and created again
+    `<durableDisksPath>/<disk id>.ext4`. `unique` (hex) keeps a disk deleted and created again
     under the same name from ever finding the first one's file."""
     return f"{workspace}.{name}.{unique}"
 

@@ -212,7 +212,7 @@ class DisksService(disks_pb2_grpc.DisksServicer):
         assert deleted is not None
         log.info("disk deleted", disk=disk.name, workspace=disk.workspace, node_name=disk.node_name)
         kept = (
-            f"its file {disk.disk_id}.img stays under durableDisksPath on node {disk.node_name}"
+            f"its file {disk.disk_id}.ext4 stays under durableDisksPath on node {disk.node_name}"
             " (the agent does not remove disk files): remove it there to free the space"
         )
         view = await self._records.view(deleted)

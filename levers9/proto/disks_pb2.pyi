@@ -49,7 +49,7 @@ class Disk(_message.Message):
     node_name: _builtins.str
     """the node whose durableDisksPath holds it"""
     disk_id: _builtins.str
-    """its image file's name there (<disk_id>.img)"""
+    """its image file's name there (<disk_id>.ext4)"""
     size_bytes: _builtins.int
     chosen: _builtins.str
     """why it went to that node"""

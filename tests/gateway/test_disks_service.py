@@ -255,7 +255,7 @@ async def test_a_workspace_creates_lists_gets_and_deletes_its_own_disk(plane: Pl
     )
     assert deleted.disk.state == "deleting"
     assert not deleted.file_removed
-    assert f"{view.disk.disk_id}.img stays under durableDisksPath" in deleted.file
+    assert f"{view.disk.disk_id}.ext4 stays under durableDisksPath" in deleted.file
     gone = await _refused(
         plane.disks.GetDisk(disks_pb2.GetDiskRequest(name="data"), metadata=plane.a)
     )
