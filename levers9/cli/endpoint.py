@@ -29,11 +29,13 @@ from levers9.cli.identity import TOKEN_VARIABLE
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import duration, environment, identity_from_env, settings_from_env
+from levers9.cli.task_access import tasks_for
 from levers9.cli.unreachable import down
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
 from levers9.core.endpoints import EndpointSpec, EndpointView
 from levers9.core.image_reference import ImageReference, ImageReferenceError
+from levers9.core.placement import QUOTA
 from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.gateway.convert import MAX_GPUS
 
@@ -62,6 +64,7 @@ REPLICA_COLUMNS = [
     ("state", "STATE"),
     ("age", "AGE"),
     ("ready_after", "READY AFTER"),
+    ("waiting", "WAITING"),
 ]
 DELETE_WAIT_S = 150.0
 T = TypeVar("T")
@@ -295,6 +298,14 @@ def get(
     ]
     if view.failing:
         lines.append(f"  FAILING: {view.failing}")
+    waiting = asyncio.run(
+        _replicas_waiting(settings, [r.task_id for r in view.replicas if not r.ready_at])
+    )
+    if any(reason.startswith("quota") for reason in waiting.values()):
+        lines.append(
+            f"  scaling up waits: workspace {spec.workspace} holds its GPU quota (its replicas"
+            " count against it as its tasks do)"
+        )
     console.print("\n".join(lines), highlight=False)
     rows = [
         {
@@ -304,6 +315,7 @@ def get(
             "ready_after": f"{(r.ready_at - r.started_at).total_seconds():.1f}s"
             if r.ready_at
             else "",
+            "waiting": waiting.get(r.task_id, ""),
         }
         for r in view.replicas
     ]
@@ -318,6 +330,27 @@ def get(
         Output.table,
         title="events",
     )
+
+
+async def _replicas_waiting(settings: ControlplaneSettings, task_ids: list[str]) -> dict[str, str]:
+    """Why each replica not yet ready still waits for its cards, from its task's record: `quota`
+    (its workspace holds its GPU quota) or `cards` (no worker has them free); best effort (a
+    replica whose record cannot be read shows nothing)."""
+    tasks = tasks_for(settings)
+    waiting: dict[str, str] = {}
+    for task_id in task_ids:
+        try:
+            record = await tasks.record(task_id)
+        except Exception:  # the table shows the replica either way
+            continue
+        spot = record.queue if record is not None else None
+        if spot is not None:
+            waiting[task_id] = (
+                f"quota ({spot.position} of {spot.waiting})"
+                if spot.reason == QUOTA
+                else f"cards ({spot.position} of {spot.waiting})"
+            )
+    return waiting
 
 
 def _show_recorded(

@@ -200,8 +200,8 @@ async def test_work_taken_back_with_a_retry_left_queues_again_and_finishes(teams
         assert attempt.reason == "preempted: reclaimed by workspace large"
         assert attempt.placed_at is not None
         assert attempt.finished_at is not None
-        # It ran again only after large's task had its cards.
-        assert _placed_at(records[task_id]) > _placed_at(records[owner])
+        # Placed again once its first attempt had ended (its cards given back first).
+        assert _placed_at(records[task_id]) >= attempt.finished_at
     freed = {(records[t].attempts[0].worker_id, c) for t in requeued for c in
              records[t].attempts[0].gpu_indices}  # fmt: skip
     got = {(records[owner].worker_id, card) for card in records[owner].gpu_indices}
@@ -239,3 +239,36 @@ async def test_max_queued_refuses_the_submit_and_starts_nothing(teams: Teams) ->
     _ok(await teams.cp.cli("task", "cancel", first, token=teams.tokens["small"]))
     records = await _ended(teams, [first, second])
     assert records[second].state == "succeeded"
+
+
+async def test_an_endpoint_scaling_up_waits_under_its_workspaces_quota_and_says_so(
+    teams: Teams,
+) -> None:
+    """One ledger: `small` (quota 1) holds its card with a task, so its endpoint's replica
+    waits like a task would, and `endpoint get` says why."""
+    _ok(await teams.cp.cli("workspace", "set", "small", "--max-queued", "100"))
+    holder = await _submit(teams, "small", "sleep", "120")
+
+    async def holding() -> bool:
+        return (await _records(teams, [holder]))[holder].state == "running"
+
+    await eventually(holding, within=WITHIN)
+    made = await teams.cp.cli(
+        "endpoint", "create", "ep-small", "--pool", POOL, "--gpus", "1", "--port", "8080",
+        "--min-replicas", "1", "--", "sleep", "600",
+        token=teams.tokens["small"],
+    )  # fmt: skip
+    _ok(made)
+    try:
+        shown: list[str] = []
+
+        async def says_quota() -> bool:
+            got = await teams.cp.cli("endpoint", "get", "ep-small", token=teams.tokens["small"])
+            shown.append(got.stdout + got.stderr)
+            return "scaling up waits: workspace small holds its GPU quota" in got.stdout
+
+        await eventually(says_quota, within=WITHIN, what="the endpoint says quota")
+        assert "quota (1 of 1)" in shown[-1], shown[-1]
+    finally:
+        await teams.cp.cli("endpoint", "delete", "ep-small", token=teams.tokens["small"])
+        _ok(await teams.cp.cli("task", "cancel", holder, token=teams.tokens["small"]))
