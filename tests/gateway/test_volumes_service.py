@@ -1,7 +1,9 @@
 """Workspace volumes through the gateway's Volumes service, on the dev server with a Temporal
-worker hosting VolumeWorkflow and WorkspaceWorkflow, against moto's S3: the operator creates,
-lists, gets and deletes a volume of a bucket that exists (a missing bucket is refused with S3's
-NoSuchBucket and nothing recorded); a workspace token acts on its own volumes only, another
+worker hosting VolumeWorkflow and WorkspaceWorkflow, against moto's S3 checking credentials
+(tests/buckets.py): the operator creates, lists, gets and deletes a volume of a bucket that
+exists; a missing bucket, a wrong secret, an unknown key and a key without S3 rights are refused
+at create with S3's code (NoSuchBucket, SignatureDoesNotMatch, InvalidAccessKeyId,
+AccessDenied) and nothing recorded; a workspace token acts on its own volumes only, another
 workspace's volume answers get and delete exactly as a missing one and is told nothing; the
 record holds the credentials sealed only (its history, memo and search attributes scanned for
 the key: absent); a task naming a volume its workspace does not have is refused at submit with
@@ -18,11 +20,10 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import boto3
 import grpc
 import pytest
 from pydantic import SecretStr
@@ -38,7 +39,7 @@ from levers9.cli.volume import app as volume_app
 from levers9.config import ControlplaneSettings
 from levers9.contract import COMMAND_TOKEN_HEADER
 from levers9.core.storage import TaskMount
-from levers9.core.volumes import volume_workflow_id
+from levers9.core.volumes import Credentials, volume_workflow_id
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_records import TemporalTaskRecords
 from levers9.models import TaskInput, WorkerTaskInput
@@ -58,6 +59,7 @@ from levers9.rpc import bearer
 from levers9.task_wire import submit_request
 from levers9.tokens import command_token, operator_token
 from sandbox import aws
+from tests.buckets import CheckingS3, checking_s3
 from tests.factories import run_levers9
 from tests.gateway.conftest import LOOPBACK
 from tests.reliability.secrets_scan import corpus_of_json
@@ -88,8 +90,10 @@ class Plane:
     secret: SecretStr
     task_queue: str
     address: str
-    key_id: str = field(default_factory=lambda: f"AKIAMARK{uuid.uuid4().hex[:12].upper()}")
-    key: str = field(default_factory=lambda: f"volume-secret-marker-{uuid.uuid4().hex}")
+    key_id: str
+    key: str
+    denied: Credentials
+    """A key S3 knows whose user may not list the bucket."""
 
     def token(self, metadata: Metadata) -> str:
         return metadata[0][1].removeprefix("Bearer ")
@@ -110,29 +114,18 @@ class Plane:
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[aws.LocalMoto]:
-    server = aws.LocalMoto(tmp_path_factory.mktemp("moto") / "moto.log").start()
-    try:
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CheckingS3]:
+    with checking_s3(tmp_path_factory.mktemp("moto") / "moto.log") as server:
         yield server
-    finally:
-        server.stop()
-
-
-def _s3(endpoint: str) -> Any:
-    return boto3.session.Session(
-        aws_access_key_id=aws.ACCESS_KEY_ID,
-        aws_secret_access_key=aws.SECRET_ACCESS_KEY,
-        region_name=aws.REGION,
-    ).client("s3", endpoint_url=endpoint)
 
 
 @pytest.fixture
 async def plane(
-    dev_env: WorkflowEnvironment, secret: SecretStr, task_queue: str, moto: aws.LocalMoto
+    dev_env: WorkflowEnvironment, secret: SecretStr, task_queue: str, s3: CheckingS3
 ) -> AsyncIterator[Plane]:
     client = dev_env.client
     bucket = f"levers9-test-{uuid.uuid4().hex[:8]}"
-    _s3(moto.endpoint).create_bucket(Bucket=bucket)
+    s3.client().create_bucket(Bucket=bucket)
     gateway = Gateway(
         TemporalWorkerRecords(client),
         secret,
@@ -176,11 +169,14 @@ async def plane(
             tokens[1],
             f"a-{suffix}",
             f"b-{suffix}",
-            moto.endpoint,
+            s3.endpoint,
             bucket,
             secret,
             task_queue,
             f"127.0.0.1:{port}",
+            s3.allowed.access_key_id,
+            s3.allowed.secret_access_key,
+            s3.denied,
         )
 
 
@@ -247,6 +243,38 @@ async def test_a_missing_bucket_is_refused_with_s3s_code_and_nothing_recorded(pl
     assert await records.get("default", name) is None
     handle = plane.client.get_workflow_handle(volume_workflow_id("default", name))
     assert await or_none(handle.describe()) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "code"),
+    [
+        ("wrong-secret", "SignatureDoesNotMatch"),
+        ("unknown-key", "InvalidAccessKeyId"),
+        ("denied", "AccessDenied"),
+    ],
+)
+async def test_bad_credentials_are_refused_with_s3s_code_and_nothing_recorded(
+    plane: Plane, key: str, code: str
+) -> None:
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    key_id, secret = {
+        "wrong-secret": (plane.key_id, wrong),
+        "unknown-key": ("AKIANOSUCHKEY0000000", wrong),
+        "denied": (plane.denied.access_key_id, plane.denied.secret_access_key),
+    }[key]
+    name = f"bad-{uuid.uuid4().hex[:6]}"
+    refused = await _refused(
+        plane.volumes.CreateVolume(
+            plane.create(name, access_key_id=key_id, secret_access_key=secret),
+            metadata=plane.a,
+            timeout=TIMEOUT_S,
+        )
+    )
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.details.startswith(f"volume {name}: {code} on s3://{plane.bucket}/runs")
+    assert secret not in refused.details
+    records = TemporalVolumeRecords(plane.client, plane.task_queue)
+    assert await records.get(plane.workspace_a, name) is None
 
 
 async def test_another_workspaces_volume_is_not_found_and_untouched(plane: Plane) -> None:
