@@ -141,6 +141,7 @@ class EndpointWorkflow:
             ready_path=spec.ready_path,
             endpoint=spec.name,
             workspace=spec.workspace,
+            borrow=spec.borrow,
         )
         # A workspace's replica is listed under it (Levers9Workspace), as its tasks are.
         attributes = (

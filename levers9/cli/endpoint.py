@@ -126,6 +126,13 @@ def create(
     ] = "1500s",
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE")] = None,
     public: Annotated[bool, typer.Option("--public", help="requests need no token")] = False,
+    borrow: Annotated[
+        bool,
+        typer.Option(
+            "--borrow",
+            help="replicas may run past the workspace's GPU quota on idle cards; taken back first",
+        ),
+    ] = False,
     workspace: Annotated[
         str | None,
         typer.Option(
@@ -174,6 +181,7 @@ def create(
         request_timeout_seconds=request_timeout_s,
         public=public,
         workspace=workspace or "",  # "": the token's own
+        borrow=borrow,
     )
     try:
         created = asyncio.run(EndpointAccess(settings).create(spec))

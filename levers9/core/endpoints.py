@@ -77,6 +77,9 @@ class EndpointSpec(BaseModel):
     workspace: str = DEFAULT_WORKSPACE
     """The workspace it belongs to: its replicas are that workspace's tasks (its quota counts
     their cards), and only its tokens (and the operator's) reach it."""
+    borrow: bool = False
+    """Its replicas may run past the workspace's GPU quota on cards nobody within quota waits
+    for (`--borrow`), and are the first taken back (a replica taken back is started again)."""
 
 
 class Replica(BaseModel):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/endpoints.proto\x12\nlevers9.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x03\n\x0c\x45ndpointSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04port\x18\x04 \x01(\x05\x12\r\n\x05image\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.levers9.v1.EndpointSpec.EnvEntry\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\x12\x12\n\ncpu_millis\x18\t \x01(\x03\x12\x14\n\x0cmin_replicas\x18\n \x01(\x05\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x18\n\x10target_in_flight\x18\x0c \x01(\x05\x12\x14\n\x0cidle_seconds\x18\r \x01(\x01\x12\x12\n\nready_path\x18\x0e \x01(\t\x12\"\n\x1a\x63old_start_timeout_seconds\x18\x0f \x01(\x01\x12\x1f\n\x17request_timeout_seconds\x18\x10 \x01(\x01\x12\x0e\n\x06public\x18\x11 \x01(\x08\x12\x11\n\tworkspace\x18\x12 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x0f\x45ndpointReplica\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12.\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08ready_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"V\n\rEndpointEvent\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xb9\x02\n\x0c\x45ndpointView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x08replicas\x18\x04 \x03(\x0b\x32\x1b.levers9.v1.EndpointReplica\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x0e\n\x06wanted\x18\x07 \x01(\x05\x12\x0f\n\x07\x66\x61iling\x18\x08 \x01(\t\x12\x13\n\x0b\x63old_starts\x18\t \x01(\x05\x12)\n\x06\x65vents\x18\n \x03(\x0b\x32\x19.levers9.v1.EndpointEvent\x12\x0f\n\x07\x64\x65leted\x18\x0b \x01(\x08\"?\n\x15\x43reateEndpointRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\"@\n\x16\x43reateEndpointResponse\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\"\"\n\x12GetEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetEndpointResponse\x12&\n\x04view\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointView\"\x16\n\x14ListEndpointsRequest\"@\n\x15ListEndpointsResponse\x12\'\n\x05views\x18\x01 \x03(\x0b\x32\x18.levers9.v1.EndpointView\";\n\x15\x44\x65leteEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"O\n\x16\x44\x65leteEndpointResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\x12&\n\x04view\x18\x02 \x01(\x0b\x32\x18.levers9.v1.EndpointView2\xe3\x02\n\tEndpoints\x12W\n\x0e\x43reateEndpoint\x12!.levers9.v1.CreateEndpointRequest\x1a\".levers9.v1.CreateEndpointResponse\x12N\n\x0bGetEndpoint\x12\x1e.levers9.v1.GetEndpointRequest\x1a\x1f.levers9.v1.GetEndpointResponse\x12T\n\rListEndpoints\x12 .levers9.v1.ListEndpointsRequest\x1a!.levers9.v1.ListEndpointsResponse\x12W\n\x0e\x44\x65leteEndpoint\x12!.levers9.v1.DeleteEndpointRequest\x1a\".levers9.v1.DeleteEndpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dlevers9/proto/endpoints.proto\x12\nlevers9.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x03\n\x0c\x45ndpointSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpool_name\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04port\x18\x04 \x01(\x05\x12\r\n\x05image\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12.\n\x03\x65nv\x18\x07 \x03(\x0b\x32!.levers9.v1.EndpointSpec.EnvEntry\x12\x14\n\x0cmemory_bytes\x18\x08 \x01(\x03\x12\x12\n\ncpu_millis\x18\t \x01(\x03\x12\x14\n\x0cmin_replicas\x18\n \x01(\x05\x12\x14\n\x0cmax_replicas\x18\x0b \x01(\x05\x12\x18\n\x10target_in_flight\x18\x0c \x01(\x05\x12\x14\n\x0cidle_seconds\x18\r \x01(\x01\x12\x12\n\nready_path\x18\x0e \x01(\t\x12\"\n\x1a\x63old_start_timeout_seconds\x18\x0f \x01(\x01\x12\x1f\n\x17request_timeout_seconds\x18\x10 \x01(\x01\x12\x0e\n\x06public\x18\x11 \x01(\x08\x12\x11\n\tworkspace\x18\x12 \x01(\t\x12\x0e\n\x06\x62orrow\x18\x13 \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8f\x01\n\x0f\x45ndpointReplica\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12.\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08ready_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"V\n\rEndpointEvent\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"\xb9\x02\n\x0c\x45ndpointView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x04spec\x18\x02 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\x08replicas\x18\x04 \x03(\x0b\x32\x1b.levers9.v1.EndpointReplica\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x0e\n\x06wanted\x18\x07 \x01(\x05\x12\x0f\n\x07\x66\x61iling\x18\x08 \x01(\t\x12\x13\n\x0b\x63old_starts\x18\t \x01(\x05\x12)\n\x06\x65vents\x18\n \x03(\x0b\x32\x19.levers9.v1.EndpointEvent\x12\x0f\n\x07\x64\x65leted\x18\x0b \x01(\x08\"?\n\x15\x43reateEndpointRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\"@\n\x16\x43reateEndpointResponse\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointSpec\"\"\n\x12GetEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x13GetEndpointResponse\x12&\n\x04view\x18\x01 \x01(\x0b\x32\x18.levers9.v1.EndpointView\"\x16\n\x14ListEndpointsRequest\"@\n\x15ListEndpointsResponse\x12\'\n\x05views\x18\x01 \x03(\x0b\x32\x18.levers9.v1.EndpointView\";\n\x15\x44\x65leteEndpointRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"O\n\x16\x44\x65leteEndpointResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\x12&\n\x04view\x18\x02 \x01(\x0b\x32\x18.levers9.v1.EndpointView2\xe3\x02\n\tEndpoints\x12W\n\x0e\x43reateEndpoint\x12!.levers9.v1.CreateEndpointRequest\x1a\".levers9.v1.CreateEndpointResponse\x12N\n\x0bGetEndpoint\x12\x1e.levers9.v1.GetEndpointRequest\x1a\x1f.levers9.v1.GetEndpointResponse\x12T\n\rListEndpoints\x12 .levers9.v1.ListEndpointsRequest\x1a!.levers9.v1.ListEndpointsResponse\x12W\n\x0e\x44\x65leteEndpoint\x12!.levers9.v1.DeleteEndpointRequest\x1a\".levers9.v1.DeleteEndpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,31 +35,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINTSPEC_ENVENTRY']._loaded_options = None
   _globals['_ENDPOINTSPEC_ENVENTRY']._serialized_options = b'8\001'
   _globals['_ENDPOINTSPEC']._serialized_start=79
-  _globals['_ENDPOINTSPEC']._serialized_end=536
-  _globals['_ENDPOINTSPEC_ENVENTRY']._serialized_start=494
-  _globals['_ENDPOINTSPEC_ENVENTRY']._serialized_end=536
-  _globals['_ENDPOINTREPLICA']._serialized_start=539
-  _globals['_ENDPOINTREPLICA']._serialized_end=682
-  _globals['_ENDPOINTEVENT']._serialized_start=684
-  _globals['_ENDPOINTEVENT']._serialized_end=770
-  _globals['_ENDPOINTVIEW']._serialized_start=773
-  _globals['_ENDPOINTVIEW']._serialized_end=1086
-  _globals['_CREATEENDPOINTREQUEST']._serialized_start=1088
-  _globals['_CREATEENDPOINTREQUEST']._serialized_end=1151
-  _globals['_CREATEENDPOINTRESPONSE']._serialized_start=1153
-  _globals['_CREATEENDPOINTRESPONSE']._serialized_end=1217
-  _globals['_GETENDPOINTREQUEST']._serialized_start=1219
-  _globals['_GETENDPOINTREQUEST']._serialized_end=1253
-  _globals['_GETENDPOINTRESPONSE']._serialized_start=1255
-  _globals['_GETENDPOINTRESPONSE']._serialized_end=1316
-  _globals['_LISTENDPOINTSREQUEST']._serialized_start=1318
-  _globals['_LISTENDPOINTSREQUEST']._serialized_end=1340
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=1342
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=1406
-  _globals['_DELETEENDPOINTREQUEST']._serialized_start=1408
-  _globals['_DELETEENDPOINTREQUEST']._serialized_end=1467
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_start=1469
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_end=1548
-  _globals['_ENDPOINTS']._serialized_start=1551
-  _globals['_ENDPOINTS']._serialized_end=1906
+  _globals['_ENDPOINTSPEC']._serialized_end=552
+  _globals['_ENDPOINTSPEC_ENVENTRY']._serialized_start=510
+  _globals['_ENDPOINTSPEC_ENVENTRY']._serialized_end=552
+  _globals['_ENDPOINTREPLICA']._serialized_start=555
+  _globals['_ENDPOINTREPLICA']._serialized_end=698
+  _globals['_ENDPOINTEVENT']._serialized_start=700
+  _globals['_ENDPOINTEVENT']._serialized_end=786
+  _globals['_ENDPOINTVIEW']._serialized_start=789
+  _globals['_ENDPOINTVIEW']._serialized_end=1102
+  _globals['_CREATEENDPOINTREQUEST']._serialized_start=1104
+  _globals['_CREATEENDPOINTREQUEST']._serialized_end=1167
+  _globals['_CREATEENDPOINTRESPONSE']._serialized_start=1169
+  _globals['_CREATEENDPOINTRESPONSE']._serialized_end=1233
+  _globals['_GETENDPOINTREQUEST']._serialized_start=1235
+  _globals['_GETENDPOINTREQUEST']._serialized_end=1269
+  _globals['_GETENDPOINTRESPONSE']._serialized_start=1271
+  _globals['_GETENDPOINTRESPONSE']._serialized_end=1332
+  _globals['_LISTENDPOINTSREQUEST']._serialized_start=1334
+  _globals['_LISTENDPOINTSREQUEST']._serialized_end=1356
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=1358
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=1422
+  _globals['_DELETEENDPOINTREQUEST']._serialized_start=1424
+  _globals['_DELETEENDPOINTREQUEST']._serialized_end=1483
+  _globals['_DELETEENDPOINTRESPONSE']._serialized_start=1485
+  _globals['_DELETEENDPOINTRESPONSE']._serialized_end=1564
+  _globals['_ENDPOINTS']._serialized_start=1567
+  _globals['_ENDPOINTS']._serialized_end=1922
 # @@protoc_insertion_point(module_scope)

@@ -69,6 +69,7 @@ class EndpointSpec(_message.Message):
     REQUEST_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     PUBLIC_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    BORROW_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     pool_name: _builtins.str
     port: _builtins.int
@@ -87,6 +88,8 @@ class EndpointSpec(_message.Message):
     public: _builtins.bool
     workspace: _builtins.str
     """"": the caller's own (a workspace token's workspace; the operator's `default`)."""
+    borrow: _builtins.bool
+    """Its replicas may run past the workspace's GPU quota on idle cards, taken back first."""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -112,10 +115,11 @@ class EndpointSpec(_message.Message):
         request_timeout_seconds: _builtins.float = ...,
         public: _builtins.bool = ...,
         workspace: _builtins.str = ...,
+        borrow: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cold_start_timeout_seconds", b"cold_start_timeout_seconds", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpus", b"gpus", "idle_seconds", b"idle_seconds", "image", b"image", "max_replicas", b"max_replicas", "memory_bytes", b"memory_bytes", "min_replicas", b"min_replicas", "name", b"name", "pool_name", b"pool_name", "port", b"port", "public", b"public", "ready_path", b"ready_path", "request_timeout_seconds", b"request_timeout_seconds", "target_in_flight", b"target_in_flight", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow", b"borrow", "cold_start_timeout_seconds", b"cold_start_timeout_seconds", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpus", b"gpus", "idle_seconds", b"idle_seconds", "image", b"image", "max_replicas", b"max_replicas", "memory_bytes", b"memory_bytes", "min_replicas", b"min_replicas", "name", b"name", "pool_name", b"pool_name", "port", b"port", "public", b"public", "ready_path", b"ready_path", "request_timeout_seconds", b"request_timeout_seconds", "target_in_flight", b"target_in_flight", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -35,6 +35,7 @@ EVERY_FIELD = EndpointSpec(
     request_timeout_seconds=1200,
     public=True,
     workspace="team-a",
+    borrow=True,
 )
 
 
