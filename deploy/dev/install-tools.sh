@@ -18,6 +18,8 @@
 #                    private ranges and other tasks
 #   runsc            gVisor, a pool's `runtime: runsc` (a user-space kernel per task): the dev
 #                    pool offers it (levers9/devstack/values.py RUNTIMES: `--runtime runsc`)
+#   rclone, fuse3    a task's workspace volume: its bucket FUSE-mounted (levers9/agent/volumes.py)
+#   s3fs             the other FUSE backend of volumes (benchmarks/storage.py measures both)
 # Idempotent: with all present it does nothing and needs no root. Without them it needs root
 # (or passwordless sudo) for apt-get; otherwise it names the packages and fails.
 set -euo pipefail
@@ -33,6 +35,9 @@ command -v buildah >/dev/null 2>&1 || missing+=(buildah)
 command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || missing+=(nftables)
 command -v runsc >/dev/null 2>&1 || [ -x /usr/bin/runsc ] || missing+=(runsc)
+command -v rclone >/dev/null 2>&1 || missing+=(rclone)
+command -v s3fs >/dev/null 2>&1 || missing+=(s3fs)
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 say() { echo "install-tools: $*" >&2; }

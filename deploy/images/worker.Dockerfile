@@ -46,11 +46,14 @@ LABEL org.opencontainers.image.title="levers9-worker" \
 # bookworm's upstream versions; the globs accept Debian's rebuilds. Each task's network of its
 # own (levers9/agent/task_network.py): slirp4netns for its outbound NAT, nftables for the rules
 # in it (util-linux's unshare and nsenter come with the base image); e2fsprogs' mkfs.ext4 for
-# each task's writable layer, a filesystem of its own with a size cap.
+# each task's writable layer, a filesystem of its own with a size cap, and for each durable disk
+# (levers9/agent/disks.py). A task's workspace volumes (levers9/agent/volumes.py): rclone mounts
+# the bucket with FUSE (fuse3's fusermount3 unmounts it); s3fs is the other backend measured.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
        "runc=1.1.5+ds1-*" "runsc=0.0~20221219.0-*" "umoci=0.4.7+ds-*" "skopeo=1.9.3+ds1-*" \
        "slirp4netns=1.2.0-*" "nftables=1.0.6-*" "e2fsprogs=1.47.0-*" \
+       "rclone=1.60.1+dfsg-*" "s3fs=1.90-*" "fuse3=3.14.0-*" \
     && rm -rf /var/lib/apt/lists/*
 
 COPY --from=builder /opt/venv /opt/venv

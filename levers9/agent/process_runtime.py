@@ -125,6 +125,10 @@ class ProcessRuntime:
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
         if not spec.command:
             raise StartError("the task has no command")
+        if spec.mounts:
+            raise StartError(
+                "volumes and disks are mounted into containers only: run the task with an image"
+            )
         env = self.environment(spec)
         spec.work_dir.mkdir(parents=True, exist_ok=True)
         spec.result_path.parent.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,7 @@ def container_config(
     devices: Sequence[DeviceNode],
     *,
     mounts: Sequence[tuple[str, str]] = (),
+    storage: Sequence[tuple[str, str, bool]] = (),
     limits: Limits = DEFAULT_LIMITS,
     resolv_conf: Path | None = Path("/etc/resolv.conf"),
     network: Path | None = None,
@@ -178,6 +179,8 @@ def container_config(
     binds.append(_bind(str(spec.result_path.parent), TASK_MOUNT, read_only=False))
     for host, container in mounts:
         binds.append(_bind(host, container, read_only=True))
+    for host, container, read_only in storage:  # its volumes and disks (task_storage)
+        binds.append(_bind(host, container, read_only=read_only))
     if resolv_conf is not None and resolv_conf.exists():
         binds.append(_bind(str(resolv_conf), "/etc/resolv.conf", read_only=True))
     config["mounts"] = binds

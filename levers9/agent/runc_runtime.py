@@ -38,6 +38,7 @@ from typing import Any
 from levers9.agent import cdi
 from levers9.agent.cdi import DRIVER_ROOT
 from levers9.agent.cgroups import TASK_ROOTS, pids_limited, remove_cgroups
+from levers9.agent.disks import Owner
 from levers9.agent.id_ranges import FIRST_ID, IdRange, IdRanges, NoIdRange, slot_of
 from levers9.agent.images import (
     ImageCache,
@@ -57,6 +58,7 @@ from levers9.agent.runtime import (
 )
 from levers9.agent.seccomp import DEFAULT_PROFILE, load_profile
 from levers9.agent.task_network import TaskNetworks
+from levers9.agent.task_storage import TaskStorage
 from levers9.core.image_reference import ImageReferenceError
 from levers9.core.workspaces import name_problem
 from levers9.logs import get_logger
@@ -99,6 +101,7 @@ class RuncRuntime:
         seccomp_profile: Path | None = None,
         id_ranges: IdRanges | None = None,
         networks: TaskNetworks | None = None,
+        storage: TaskStorage | None = None,
     ) -> None:
         """`cards`: the worker's (default: every `/dev/nvidiaN` of the node). Generates their
         CDI spec (levers9.agent.cdi) and writes it beside `state_dir`; raises cdi.CdiError
@@ -108,10 +111,12 @@ class RuncRuntime:
         under `userns/` beside `state_dir`; the agent passes the image cache's, which every
         agent of the node shares).
         `networks`: the tasks' own networks (default: under `networks/` beside `state_dir`,
-        no CIDR allowed beyond the public internet)."""
+        no CIDR allowed beyond the public internet). `storage`: the tasks' volumes and disks
+        (default: volumes under `volumes/` beside `state_dir`, no durable disks)."""
         self._images = images
         self._state = state_dir
         self._networks = networks or TaskNetworks(state_dir.parent / "networks")
+        self._storage = storage or TaskStorage(state_dir.parent / "volumes")
         self._limits = limits
         self._runc, self._umoci = runc, umoci
         self._seccomp = load_profile(seccomp_profile or DEFAULT_PROFILE)
@@ -176,7 +181,14 @@ class RuncRuntime:
         results = spec.result_path.parent
         results.mkdir(parents=True, exist_ok=True)
         user = base.get("process", {}).get("user", {})
-        os.chown(results, owner + int(user.get("uid", 0)), owner + int(user.get("gid", 0)))
+        uid, gid = owner + int(user.get("uid", 0)), owner + int(user.get("gid", 0))
+        os.chown(results, uid, gid)
+        # Its volumes and disks, mounted for its user (unmounted at its end, however it ends).
+        release.callback(self._storage.detach, spec.task_id)
+        size = ids.size if ids is not None else 0
+        storage = await self._storage.attach(
+            spec.task_id, spec.mounts, Owner(uid, gid, owner, size)
+        )
         limits = dataclasses.replace(
             self._limits,
             memory_bytes=spec.memory_bytes or self._limits.memory_bytes,
@@ -192,6 +204,7 @@ class RuncRuntime:
             image.config,
             edits.device_nodes,
             mounts=edits.mounts,
+            storage=[(str(b.source), b.destination, b.read_only) for b in storage],
             limits=limits,
             resolv_conf=network.resolv_conf,
             network=network.netns,
@@ -341,6 +354,7 @@ class RuncRuntime:
         )
         release = contextlib.ExitStack()
         release.enter_context(self._images.in_use(record.image_digest))
+        release.callback(self._storage.detach, task_id)
         release.callback(_unmount_bundle, record.bundle)
         network = await self._networks.adopt(task_id)
         release.callback(self._networks.remove, task_id)
@@ -374,8 +388,10 @@ class RuncRuntime:
             self._forget(name)
             log.warning("container swept", task_id=task_id, bundle=str(bundle or ""))
             swept.append(task_id)
-        # Networks of tasks none of whose containers runs (an agent killed mid-start).
+        # Networks, volumes and disks of tasks none of whose containers runs (an agent killed
+        # mid-start, or a task that ended while no agent ran).
         self._networks.sweep(keep)
+        await asyncio.to_thread(self._storage.sweep, keep)
         return swept
 
     async def _list(self) -> dict[str, Path | None]:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from levers9.agent.disks import DiskAccess
     from levers9.agent.images import PulledImage
+    from levers9.agent.volumes import VolumeAccess
 
 NO_CARDS = "void"
 """`NVIDIA_VISIBLE_DEVICES` for a task without cards: the NVIDIA runtime exposes none."""
@@ -42,6 +44,21 @@ class TaskDefaults:
     worker_image: str = ""
     """The worker Job's own image: a task in it runs its command as given, never the image's
     Entrypoint (the agent)."""
+
+
+@dataclass(frozen=True)
+class StorageMount:
+    """One volume or disk of a task (TaskSpec.mounts) with what mounts it (RunTaskRequest's
+    VolumeAccess or DiskAccess of that name): levers9.agent.task_storage mounts it."""
+
+    kind: str
+    """volume or disk"""
+    name: str
+    path: str
+    """Where its container sees it."""
+    read_only: bool = False
+    volume: VolumeAccess | None = None
+    disk: DiskAccess | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,9 @@ class ContainerSpec:
     pool: str = ""
     """The pool of the worker that runs it: its container's `levers9.pool` annotation; "": none
     is written."""
+    mounts: tuple[StorageMount, ...] = ()
+    """Its volumes and disks, mounted before it starts and bound in (a runtime that cannot
+    refuses it at start)."""
 
 
 class Container(Protocol):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.agent.cdi import DRIVER_ROOT
+from levers9.agent.disks import DiskStore
 from levers9.agent.driver import DriverSetup
 from levers9.agent.id_ranges import IdRanges
 from levers9.agent.images import ImageCache
@@ -46,6 +47,7 @@ from levers9.agent.runtime import ByImage, ByRuntime, Container, ContainerSpec, 
 from levers9.agent.seccomp import SeccompProfileError, load_profile
 from levers9.agent.settings import PREFIX, SettingsError, WorkerSettings
 from levers9.agent.task_network import TaskNetworks
+from levers9.agent.task_storage import TaskStorage
 from levers9.contract import runtime_problem
 from levers9.logs import get_logger
 
@@ -94,6 +96,14 @@ class RuntimeContext:
             max_bytes=settings.image_cache_bytes,
         )
         return cache, ""
+
+    @functools.cached_property
+    def storage(self) -> TaskStorage:
+        """The tasks' volumes (under the work dir) and durable disks (under the pool's
+        durableDisksPath, when the Job gives one), one for every runtime of this worker."""
+        path = self.settings.durable_disks_path
+        disks = DiskStore(self.paths.map(path)) if path else None
+        return TaskStorage(self.work_dir / "volumes", disks)
 
     @functools.cached_property
     def processes(self) -> ProcessRuntime:
@@ -170,6 +180,7 @@ def _runc(context: RuntimeContext) -> tuple[RuncRuntime | None, str]:
         driver_root=context.paths.map(DRIVER_ROOT),
         cards=context.cards,
         networks=_networks(context),
+        storage=context.storage,
         seccomp_profile=_seccomp_profile(context),
         # The node's: every agent of the node takes its tasks' id ranges from the same slots.
         id_ranges=IdRanges(cache.root / "userns"),
@@ -215,6 +226,7 @@ def runsc(context: RuntimeContext) -> Runtime:
     return RunscRuntime(
         cache,
         context.work_dir / "runsc",
+        storage=context.storage,
         dev_root=context.paths.map("/dev"),
         driver_root=context.paths.map(DRIVER_ROOT),
     )

@@ -64,7 +64,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     async def RunTask(
         self, request: worker_pb2.RunTaskRequest, context: Context
     ) -> worker_pb2.RunTaskResponse:
-        already = await _answer(context, lambda: self._tasks.run(request.task))
+        already = await _answer(
+            context, lambda: self._tasks.run(request.task, request.volumes, request.disks)
+        )
         return worker_pb2.RunTaskResponse(task_id=request.task.task_id, already_running=already)
 
     async def GetTask(

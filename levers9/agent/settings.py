@@ -95,6 +95,9 @@ class WorkerSettings(BaseModel):
     images_path: str = ""
     """The node path of the image cache (the pool's `imagesPath`, a hostPath of the Job)."""
     image_cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=0)
+    durable_disks_path: str = ""
+    """The node path of the durable disks (the pool's `durableDisksPath`, a hostPath of the
+    Job): each disk an ext4 image file there (levers9.agent.disks); "": this worker keeps none."""
     registry_mirrors: str = ""
     insecure_registries: str = ""
     runtime: str = DEFAULT_RUNTIME

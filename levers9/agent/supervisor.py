@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.agent import task_ports
+from levers9.agent.disks import DiskAccess, DiskBusy
 from levers9.agent.output import TaskOutput
 from levers9.agent.runtime import (
     Container,
@@ -30,6 +31,7 @@ from levers9.agent.runtime import (
     ImageUnavailable,
     Runtime,
     StartError,
+    StorageMount,
     TaskDefaults,
 )
 from levers9.agent.task_errors import InvalidTask, ShuttingDown, TaskNotFound, TaskNotRunning
@@ -52,7 +54,9 @@ from levers9.agent.task_record import (
     read_result,
     save,
 )
+from levers9.agent.volumes import VolumeAccess, bucket_problem
 from levers9.contract import task_input_problem
+from levers9.core.storage import TaskMount, mounts_problem
 from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.logs import get_logger
 from levers9.proto import worker_pb2
@@ -98,6 +102,8 @@ class TaskManager:
         self._clock = clock
         self._keep = keep_finished
         self._records: dict[str, TaskRecord] = {}
+        self._mounts: dict[str, tuple[StorageMount, ...]] = {}
+        """Each task's volumes and disks with what mounts them, until it ends."""
         self._finished: list[str] = []
         self._watchers: set[asyncio.Task[Any]] = set()
         self._idle_since: float | None = clock()
@@ -118,8 +124,14 @@ class TaskManager:
 
     # -- the calls ---------------------------------------------------------------------------
 
-    async def run(self, spec: worker_pb2.TaskSpec) -> bool:
-        """Accepts and starts a task; True when a task of that id was already accepted."""
+    async def run(
+        self,
+        spec: worker_pb2.TaskSpec,
+        volumes: Sequence[worker_pb2.VolumeAccess] = (),
+        disks: Sequence[worker_pb2.DiskAccess] = (),
+    ) -> bool:
+        """Accepts and starts a task (its mounts with what mounts them: `volumes` and `disks`,
+        RunTaskRequest's); True when a task of that id was already accepted."""
         if not spec.task_id:
             raise InvalidTask("task_id is required")
         known = self._records.get(spec.task_id)
@@ -133,8 +145,10 @@ class TaskManager:
         workspace_refused = name_problem(spec.workspace) if spec.workspace else None
         if workspace_refused is not None:  # it names the container (runc_config)
             raise InvalidTask(f"workspace {workspace_refused}")
-        if spec.mounts:  # never run a task without the data it asked for
-            raise InvalidTask("task.mounts: this agent mounts no volume or disk yet")
+        mounts = storage_mounts(spec, volumes, disks)  # InvalidTask naming what is missing
+        busy = self._disk_in_use(spec.task_id, mounts)
+        if busy is not None:
+            raise DiskBusy(busy)
         refused = task_input_problem(spec.command, spec.env)
         if refused is not None:  # the controlplane refused it at submit; a caller that is not
             raise InvalidTask(refused)  # the controlplane is refused here, before anything runs
@@ -142,6 +156,8 @@ class TaskManager:
             raise ShuttingDown("the worker is shutting down")
         task_ports.check_ports(spec)
         record = self._accept(spec)
+        # In memory only, for its start: the credentials are never in its record on disk.
+        self._mounts[spec.task_id] = mounts
         for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
             problem = check(record)
             if problem is not None:
@@ -300,6 +316,7 @@ class TaskManager:
             entrypoint=not spec.image or spec.image != self._defaults.worker_image,
             workspace=spec.workspace or DEFAULT_WORKSPACE,
             pool=self._pool_name,
+            mounts=self._mounts.get(spec.task_id, ()),
         )
         try:
             container = await self._runtime.start(container_spec, record.output.write)
@@ -368,7 +385,25 @@ class TaskManager:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
 
+    def _disk_in_use(self, task_id: str, mounts: Sequence[StorageMount]) -> str | None:
+        """Why one of the task's disks cannot be had now: another running task of this
+        worker has it (another agent's task on the machine: its start says so)."""
+        for mount in mounts:
+            if mount.disk is None:
+                continue
+            for other, held in self._mounts.items():
+                record = self._records.get(other)
+                if other == task_id or record is None or record.state != RUNNING:
+                    continue
+                if any(m.disk is not None and m.disk.disk_id == mount.disk.disk_id for m in held):
+                    return (
+                        f"disk {mount.name} is in use by task {other} on this machine: a disk"
+                        " is mounted for one task at a time"
+                    )
+        return None
+
     def _finish(self, record: TaskRecord, state: State, reason: str) -> None:
+        self._mounts.pop(record.task_id, None)
         record.state = state
         record.reason = reason
         record.cards = ()
@@ -454,3 +489,55 @@ class TaskManager:
             record = self._records.pop(victim)
             with contextlib.suppress(OSError):
                 shutil.rmtree(record.directory)
+
+
+def storage_mounts(
+    spec: worker_pb2.TaskSpec,
+    volumes: Sequence[worker_pb2.VolumeAccess],
+    disks: Sequence[worker_pb2.DiskAccess],
+) -> tuple[StorageMount, ...]:
+    """The task's mounts (TaskSpec.mounts) each with its VolumeAccess or DiskAccess of that
+    name; InvalidTask naming the field when one is malformed or has no access entry."""
+    mounts = [
+        TaskMount(kind=m.kind, name=m.name, path=m.path, read_only=m.read_only) for m in spec.mounts
+    ]
+    problem = mounts_problem(mounts)
+    if problem is not None:
+        raise InvalidTask(f"task.mounts: {problem}")
+    by_volume = {v.name: v for v in volumes}
+    by_disk = {d.name: d for d in disks}
+    found = []
+    for mount in mounts:
+        if mount.kind == "volume":
+            given = by_volume.get(mount.name)
+            if given is None:
+                raise InvalidTask(
+                    f"task.mounts: volume {mount.name} has no entry in volumes"
+                    " (RunTaskRequest.volumes: its bucket and credentials)"
+                )
+            bucket_refused = bucket_problem(given.bucket)
+            if bucket_refused is not None:
+                raise InvalidTask(f"volumes[{mount.name}].bucket: {bucket_refused}")
+            volume = VolumeAccess(
+                name=given.name,
+                bucket=given.bucket,
+                endpoint=given.endpoint,
+                region=given.region,
+                access_key_id=given.access_key_id,
+                secret_access_key=given.secret_access_key,
+            )
+            found.append(StorageMount("volume", mount.name, mount.path, mount.read_only, volume))
+        else:
+            disk = by_disk.get(mount.name)
+            if disk is None:
+                raise InvalidTask(
+                    f"task.mounts: disk {mount.name} has no entry in disks"
+                    " (RunTaskRequest.disks: its disk_id and size_bytes)"
+                )
+            if not disk.disk_id or disk.size_bytes <= 0:
+                raise InvalidTask(
+                    f"disks[{mount.name}]: disk_id and a size_bytes above 0 are required"
+                )
+            access = DiskAccess(disk.name, disk.disk_id, disk.size_bytes)
+            found.append(StorageMount("disk", mount.name, mount.path, mount.read_only, disk=access))
+    return tuple(found)
