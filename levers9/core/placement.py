@@ -14,7 +14,7 @@ its node's cards (a neighbour had the rest when it started) can be reserved too:
 down, and the machine's next worker takes every card the node has free.
 A task that mounts a durable disk is pinned to the disk's node (`Waiting.node`): it goes to a
 worker of that node only, and waits (the reason says for which disk and machine) while there is
-none or it is busy.
+none or it is busy, or while another placed task holds the disk (one task mounts it at a time).
 """
 
 from __future__ import annotations
@@ -243,7 +243,10 @@ class PoolState(BaseModel):
             if waiting.task_id == task_id:
                 over = not waiting.borrow and not self._within_quota(waiting, self.held())
                 reason = QUOTA if over else ""
-                if not over and waiting.node:
+                holder = self._disk_holder(waiting) if waiting.disk_ids else None
+                if not over and holder is not None:
+                    reason = f"waiting for {waiting.pinned_by or 'its disk'}: task {holder} uses it"
+                elif not over and waiting.node:
                     reason = pinned_reason(waiting.pinned_by or "its disk", waiting.node)
                 return QueueSpot(
                     position=index + 1,
@@ -254,6 +257,15 @@ class PoolState(BaseModel):
                     reason=reason,
                     workspace=waiting.workspace,
                 )
+        return None
+
+    def _disk_holder(self, waiting: Waiting) -> str | None:
+        """The placed task that holds one of the disks the waiting task mounts (a disk is
+        mounted for one task at a time), or None."""
+        wanted = set(waiting.disk_ids)
+        for task_id, placement in self.placed.items():
+            if wanted.intersection(placement.disk_ids):
+                return task_id
         return None
 
     def disk_users(self, disk_id: str) -> list[str]:
@@ -395,10 +407,12 @@ class PoolState(BaseModel):
                 fits = waiting.gpus <= open_free or (
                     waiting.task_id in reservers and waiting.gpus <= most_free
                 )
-                slot = self._fit(waiting) if fits else None
+                busy = bool(waiting.disk_ids) and self._disk_holder(waiting) is not None
+                slot = self._fit(waiting) if fits and not busy else None
                 if slot is None:
                     looked[workspace] += max(waiting.gpus, 1)
-                    if now - waiting.since >= reserve_after and self._reserve(waiting):
+                    due = now - waiting.since >= reserve_after and not busy
+                    if due and self._reserve(waiting):
                         reservers.add(waiting.task_id)
                 else:
                     placed = self._place(waiting, slot, borrowed=borrowing)

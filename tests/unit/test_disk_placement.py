@@ -146,3 +146,22 @@ def test_a_disk_size_out_of_bounds_is_refused_naming_them(given: str, problem: s
     with pytest.raises(ValueError, match="^" + problem.replace("(", r"\(")):
         parse_disk_size(given)
     assert parse_disk_size("64Mi") == 64 * 2**20
+
+
+def test_a_disk_is_held_by_one_task_at_a_time_even_with_cards_free() -> None:
+    state = _pool(a=(0, 1, 2, 3))
+    _pinned(state, "first", 1, "n-a")
+    [placed] = state.assign(T0, RESERVE)
+    assert placed.task_id == "first"
+    _pinned(state, "second", 1, "n-a", T0 + timedelta(seconds=1))
+    state.request("other", 1, T0 + timedelta(seconds=2), node="n-a", disk_ids=("ws.other.1",))
+    # Three cards are free on the disk's worker: a task of another disk takes one; the
+    # second task of this disk waits for the first to let it go.
+    assert [p.task_id for p in state.assign(T0 + RESERVE * 2, RESERVE)] == ["other"]
+    spot = state.spot("second")
+    assert spot is not None
+    assert spot.reason == "waiting for disk data: task first uses it"
+    assert state.reservations == {}
+    state.release("first")
+    [then] = state.assign(T0 + RESERVE * 3, RESERVE)
+    assert (then.task_id, then.worker_id) == ("second", "a")
