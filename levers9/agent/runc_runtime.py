@@ -86,6 +86,9 @@ class RuncRuntime:
     """Each task in a user namespace of its own range (levers9.agent.id_ranges)."""
     SECCOMP = True
     """Each task under the seccomp profile (levers9.agent.seccomp)."""
+    VOLUME_BACKEND = ""
+    """What FUSE-mounts its tasks' volumes (levers9.agent.volumes.BACKENDS); "": the
+    storage's (rclone)."""
 
     def __init__(
         self,
@@ -187,7 +190,7 @@ class RuncRuntime:
         release.callback(self._storage.detach, spec.task_id)
         size = ids.size if ids is not None else 0
         storage = await self._storage.attach(
-            spec.task_id, spec.mounts, Owner(uid, gid, owner, size)
+            spec.task_id, spec.mounts, Owner(uid, gid, owner, size), self.VOLUME_BACKEND
         )
         limits = dataclasses.replace(
             self._limits,

@@ -54,6 +54,9 @@ class RunscRuntime(RuncRuntime):
     USER_NAMESPACE = False
     """gVisor's own kernel stands between the task and the node's; this runsc (2022) refuses
     to join a user namespace by path (`gofer: error setting namespace of type user`)."""
+    VOLUME_BACKEND = "s3fs"
+    """Its gofer serves a volume's FUSE mount: files it creates through rclone 1.60's mount fail
+    with EIO, through s3fs's they are made (tests/agent/test_storage.py)."""
 
     def __init__(self, images: ImageCache, state_dir: Path, **options: Any) -> None:
         """RuncRuntime's, with no cards (NO_GPUS) and runsc as its binary unless `runc` names

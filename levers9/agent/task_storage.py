@@ -62,9 +62,14 @@ class TaskStorage:
         return str(self.volumes_dir)
 
     async def attach(
-        self, task_id: str, mounts: Collection[StorageMount], owner: Owner
+        self,
+        task_id: str,
+        mounts: Collection[StorageMount],
+        owner: Owner,
+        backend: str = "",
     ) -> list[Bind]:
-        """Mounts each of `mounts` for the task (files owned by `owner`); what to bind where.
+        """Mounts each of `mounts` for the task (files owned by `owner`; its volumes by
+        `backend`, "": this storage's); what to bind where.
         StartError (VolumeError, DiskError) naming the mount when one cannot be: nothing of
         the task's is left mounted then."""
         binds: list[Bind] = []
@@ -72,13 +77,13 @@ class TaskStorage:
             return binds
         try:
             for mount in mounts:
-                binds.append(await self._attach(task_id, mount, owner))
+                binds.append(await self._attach(task_id, mount, owner, backend or self.backend))
         except BaseException:
             self.detach(task_id)
             raise
         return binds
 
-    async def _attach(self, task_id: str, mount: StorageMount, owner: Owner) -> Bind:
+    async def _attach(self, task_id: str, mount: StorageMount, owner: Owner, backend: str) -> Bind:
         if mount.kind == "volume":
             if mount.volume is None:
                 raise StartError(f"volume {mount.name}: no access to it came with the task")
@@ -90,7 +95,7 @@ class TaskStorage:
                 target,
                 volumes.Owner(owner.uid, owner.gid),
                 mount.read_only,
-                backend=self.backend,
+                backend=backend,
             )
             return Bind(target, mount.path, mount.read_only)
         if mount.disk is None:

@@ -30,6 +30,7 @@ from levers9.agent.images import ImageCache
 from levers9.agent.runc_config import Limits
 from levers9.agent.runc_container import container_id
 from levers9.agent.runc_runtime import LAYER_FILE, RuncRuntime
+from levers9.agent.runsc_runtime import RunscRuntime
 from levers9.agent.runtime import StorageMount
 from levers9.agent.supervisor import TaskManager
 from levers9.agent.task_errors import InvalidTask
@@ -409,3 +410,38 @@ def _access(s3: S3) -> volumes.VolumeAccess:
 
 def _disk() -> DiskAccess:
     return DiskAccess("scratch", "d-swept", 32 * 1024**2)
+
+
+@pytest.fixture
+def runsc(
+    image: tuple[LocalRegistry, str], tmp_path: Path, storage: TaskStorage
+) -> Iterator[RunscRuntime]:
+    registry, _ = image
+    yield RunscRuntime(
+        ImageCache(tmp_path / "images", insecure=[registry.address]),
+        tmp_path / "runsc",
+        dev_root=tmp_path / "dev",
+        driver_root=tmp_path / "nvidia",
+        limits=Limits(memory_bytes=256 * 1024**2, pids=256),
+        storage=storage,
+    )
+    storage.sweep(keep=())
+
+
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc is not installed")
+async def test_runsc_tasks_have_volumes_through_s3fs_and_disks(
+    runsc: RunscRuntime, s3: S3, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    """gVisor's gofer serves the task's mounts: a disk as runc's; a volume through s3fs (its
+    file creation through rclone 1.60's mount answers EIO in this runsc)."""
+    tasks = TaskManager(runsc, (), tmp_path / "work", lambda _: None)
+    mounts = [_mount("volume", "data", "/data"), _mount("disk", "scratch", "/scratch")]
+    disk = worker_pb2.DiskAccess(name="scratch", disk_id="d-runsc", size_bytes=32 * 1024**2)
+    s3.client().put_object(Bucket=BUCKET, Key="runs/given.txt", Body=b"given\n")
+    script = "cat /data/given.txt && echo gv > /data/gvisor.txt && echo dk > /scratch/d"
+    status, out = await _run(tasks, "gv", image[1], script, mounts, [s3.access()], [disk])
+    assert (status.state, out) == (worker_pb2.TASK_STATE_SUCCEEDED, "given\n"), status.reason
+    assert status.host == "runsc"
+    assert _object(s3, "runs/gvisor.txt") == b"gv\n"
+    status, out = await _run(tasks, "gv2", image[1], "cat /scratch/d", mounts[1:], [], [disk])
+    assert (status.state, out) == (worker_pb2.TASK_STATE_SUCCEEDED, "dk\n"), status.reason
