@@ -107,3 +107,28 @@ async def test_a_disk_keeps_a_tasks_data_on_its_machine_and_enforces_its_size(
     await eventually(delete, within=30)
     assert f"stays under durableDisksPath on node {machine}" in deleted[-1]
     assert json.loads(_ok(await plane.cli("disk", "list", "-o", "json"))) == []
+
+
+async def test_a_workspace_sees_only_its_own_disks_through_the_cli(plane: Controlplane) -> None:
+    for team in ("team-d", "team-e"):
+        _ok(await plane.cli("workspace", "create", team))
+    d = _ok(await plane.cli("workspace", "token", "create", "team-d")).strip()
+    e = _ok(await plane.cli("workspace", "token", "create", "team-e")).strip()
+    made = _ok(await plane.cli("disk", "create", "notes", "--size", "32Mi", token=d))
+    assert "disk notes created in workspace team-d: 32Mi on machine" in made
+    [mine] = json.loads(_ok(await plane.cli("disk", "list", "-o", "json", token=d)))
+    assert (mine["name"], mine["workspace"]) == ("notes", "team-d")
+    assert json.loads(_ok(await plane.cli("disk", "list", "-o", "json", token=e))) == []
+    missing = await plane.cli("disk", "get", "nothing", token=e)
+    for args in (("get", "notes"), ("delete", "notes")):
+        theirs = await plane.cli("disk", *args, token=e)
+        assert theirs.returncode == missing.returncode == 1
+        assert "NOT_FOUND: no disk notes" in theirs.stdout + theirs.stderr
+    refused = await plane.cli(
+        "run", "--pool", POOL, "--gpus", "0", "--disk", "notes:/data", "--", "true", token=e
+    )
+    assert refused.returncode != 0
+    assert "no disk notes in workspace team-e" in refused.stdout + refused.stderr
+    # Still d's, as it was.
+    [kept] = json.loads(_ok(await plane.cli("disk", "list", "-o", "json", token=d)))
+    assert kept == mine
