@@ -89,9 +89,9 @@ class Agent:
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
             gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
-            runtime = make_runtime(
-                RuntimeContext(settings, self._paths, self._env, driver, work_dir, visible)
-            )
+            context = RuntimeContext(settings, self._paths, self._env, driver, work_dir, visible)
+            runtime = make_runtime(context)
+            service_disks = context.storage.disks
             log.info("task runtime ready", runtime=settings.runtime)
             tasks = TaskManager(
                 runtime,
@@ -110,14 +110,17 @@ class Agent:
                 sockets = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="l9-")))
                 socket_path = sockets / "worker.sock"
                 server = await WorkerServer.start_unix(
-                    WorkerService(tasks), token, str(socket_path), settings.command_digest
+                    WorkerService(tasks, service_disks),
+                    token,
+                    str(socket_path),
+                    settings.command_digest,
                 )
                 tunnel = TunnelClient(
                     channel, token, settings.pool_name, settings.worker_id, socket_path
                 )
             else:
                 server = await WorkerServer.start(
-                    WorkerService(tasks),
+                    WorkerService(tasks, service_disks),
                     token,
                     host,
                     settings.worker_port,

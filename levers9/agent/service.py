@@ -1,5 +1,6 @@
 """WorkerService: what the controlplane calls on this worker (RunTask, GetTask, CancelTask,
-StreamLogs, Exec, PortForward), over `supervisor.TaskManager`. Errors map to gRPC codes the
+StreamLogs, Exec, PortForward), over `supervisor.TaskManager`; ListNodeDisks and DeleteNodeDisk
+over the machine's durable disks (levers9.agent.disks). Errors map to gRPC codes the
 caller can act on: an unknown task is NOT_FOUND, a malformed one (or a port it did not publish)
 INVALID_ARGUMENT, Exec or PortForward on an ended task FAILED_PRECONDITION, a task while the
 worker shuts down (or a port nothing accepts on yet) UNAVAILABLE.
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 
+from levers9.agent.disks import DiskStore, disk_id_problem
 from levers9.agent.runtime import StartError
 from levers9.agent.supervisor import TaskManager
 from levers9.agent.task_errors import (
@@ -29,6 +31,7 @@ from levers9.agent.task_errors import (
     TaskNotFound,
     TaskNotRunning,
 )
+from levers9.agent.task_storage import NO_DISKS
 from levers9.contract import PORT_CONNECTED_HEADER
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from levers9.rpc.malformed import read_checked
@@ -58,8 +61,45 @@ async def _answer(context: Context, call: Callable[[], Awaitable[T]]) -> T:
 
 
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, tasks: TaskManager) -> None:
+    def __init__(self, tasks: TaskManager, disks: DiskStore | None = None) -> None:
+        """`disks`: this machine's durable disks (None: the Job gives no durableDisksPath)."""
         self._tasks = tasks
+        self._disks = disks
+
+    async def ListNodeDisks(
+        self, request: worker_pb2.ListNodeDisksRequest, context: Context
+    ) -> worker_pb2.ListNodeDisksResponse:
+        if self._disks is None:
+            return worker_pb2.ListNodeDisksResponse()
+        found = await asyncio.to_thread(self._disks.disks)
+        return worker_pb2.ListNodeDisksResponse(
+            disks=[
+                worker_pb2.NodeDisk(
+                    disk_id=d.disk_id,
+                    size_bytes=d.size_bytes,
+                    used_bytes=d.used_bytes,
+                    task_id=d.task_id,
+                )
+                for d in found
+            ]
+        )
+
+    async def DeleteNodeDisk(
+        self, request: worker_pb2.DeleteNodeDiskRequest, context: Context
+    ) -> worker_pb2.DeleteNodeDiskResponse:
+        disks = self._disks
+        if disks is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_DISKS)
+            raise AssertionError  # abort raises
+        problem = disk_id_problem(request.disk_id)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+        async def delete() -> bool:
+            return await asyncio.to_thread(disks.delete, request.disk_id)
+
+        deleted = await _answer(context, delete)
+        return worker_pb2.DeleteNodeDiskResponse(deleted=deleted)
 
     async def RunTask(
         self, request: worker_pb2.RunTaskRequest, context: Context

@@ -703,3 +703,116 @@ class PortForwardResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PortForwardResponse: _TypeAlias = PortForwardResponse  # noqa: Y015
+
+@_typing.final
+class NodeDisk(_message.Message):
+    """A durable disk's file on this machine (levers9.agent.disks: an ext4 image under the pool's
+    durableDisksPath, `<disk_id>.ext4`). Named NodeDisk: levers9.v1.Disk is the controlplane's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISK_ID_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    USED_BYTES_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    disk_id: _builtins.str
+    size_bytes: _builtins.int
+    """its file's size: the disk's cap"""
+    used_bytes: _builtins.int
+    """what its filesystem holds (ext4's own structures included)"""
+    task_id: _builtins.str
+    """the task it is mounted for now; "": none"""
+    def __init__(
+        self,
+        *,
+        disk_id: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        used_bytes: _builtins.int = ...,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disk_id", b"disk_id", "size_bytes", b"size_bytes", "task_id", b"task_id", "used_bytes", b"used_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeDisk: _TypeAlias = NodeDisk  # noqa: Y015
+
+@_typing.final
+class ListNodeDisksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNodeDisksRequest: _TypeAlias = ListNodeDisksRequest  # noqa: Y015
+
+@_typing.final
+class ListNodeDisksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def disks(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeDisk]: ...
+    def __init__(
+        self,
+        *,
+        disks: _abc.Iterable[Global___NodeDisk] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disks", b"disks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNodeDisksResponse: _TypeAlias = ListNodeDisksResponse  # noqa: Y015
+
+@_typing.final
+class DeleteNodeDiskRequest(_message.Message):
+    """Removes the disk's file (its data gone for good). FAILED_PRECONDITION while a task has it
+    mounted (the message names the task) or when this worker keeps no disks; INVALID_ARGUMENT
+    for a disk_id that could not name one.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISK_ID_FIELD_NUMBER: _builtins.int
+    disk_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        disk_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disk_id", b"disk_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeDiskRequest: _TypeAlias = DeleteNodeDiskRequest  # noqa: Y015
+
+@_typing.final
+class DeleteNodeDiskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeDiskResponse: _TypeAlias = DeleteNodeDiskResponse  # noqa: Y015

@@ -64,6 +64,16 @@ class WorkerServiceStub:
                 request_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
                 _registered_method=True)
+        self.ListNodeDisks = channel.unary_unary(
+                '/levers9.v1.WorkerService/ListNodeDisks',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.ListNodeDisksRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.ListNodeDisksResponse.FromString,
+                _registered_method=True)
+        self.DeleteNodeDisk = channel.unary_unary(
+                '/levers9.v1.WorkerService/DeleteNodeDisk',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -105,6 +115,19 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodeDisks(self, request, context):
+        """The durable disks on this machine, with their use (`levers9 disk list`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteNodeDisk(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +160,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.PortForward,
                     request_deserializer=levers9_dot_proto_dot_worker__pb2.PortForwardRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.PortForwardResponse.SerializeToString,
+            ),
+            'ListNodeDisks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodeDisks,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.ListNodeDisksRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.ListNodeDisksResponse.SerializeToString,
+            ),
+            'DeleteNodeDisk': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNodeDisk,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +334,60 @@ class WorkerService:
             '/levers9.v1.WorkerService/PortForward',
             levers9_dot_proto_dot_worker__pb2.PortForwardRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.PortForwardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodeDisks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.WorkerService/ListNodeDisks',
+            levers9_dot_proto_dot_worker__pb2.ListNodeDisksRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.ListNodeDisksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNodeDisk(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.WorkerService/DeleteNodeDisk',
+            levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.FromString,
             options,
             channel_credentials,
             insecure,

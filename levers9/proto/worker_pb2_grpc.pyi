@@ -39,6 +39,9 @@ class WorkerServiceStub:
     StreamLogs: _grpc.UnaryStreamMultiCallable[_worker_pb2.StreamLogsRequest, _worker_pb2.LogChunk]
     Exec: _grpc.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]
     PortForward: _grpc.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]
+    ListNodeDisks: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ListNodeDisksRequest, _worker_pb2.ListNodeDisksResponse]
+    """The durable disks on this machine, with their use (`levers9 disk list`)."""
+    DeleteNodeDisk: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -49,6 +52,9 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     StreamLogs: _aio.UnaryStreamMultiCallable[_worker_pb2.StreamLogsRequest, _worker_pb2.LogChunk]  # type: ignore[assignment]
     Exec: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
     PortForward: _aio.StreamStreamMultiCallable[_worker_pb2.PortForwardRequest, _worker_pb2.PortForwardResponse]  # type: ignore[assignment]
+    ListNodeDisks: _aio.UnaryUnaryMultiCallable[_worker_pb2.ListNodeDisksRequest, _worker_pb2.ListNodeDisksResponse]  # type: ignore[assignment]
+    """The durable disks on this machine, with their use (`levers9 disk list`)."""
+    DeleteNodeDisk: _aio.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]  # type: ignore[assignment]
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -92,5 +98,20 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_worker_pb2.PortForwardRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_worker_pb2.PortForwardResponse], _abc.AsyncIterator[_worker_pb2.PortForwardResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListNodeDisks(
+        self,
+        request: _worker_pb2.ListNodeDisksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.ListNodeDisksResponse, _abc.Awaitable[_worker_pb2.ListNodeDisksResponse]]:
+        """The durable disks on this machine, with their use (`levers9 disk list`)."""
+
+    @_abc_1.abstractmethod
+    def DeleteNodeDisk(
+        self,
+        request: _worker_pb2.DeleteNodeDiskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.DeleteNodeDiskResponse, _abc.Awaitable[_worker_pb2.DeleteNodeDiskResponse]]: ...
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

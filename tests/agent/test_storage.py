@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import grpc
 import pytest
+from grpc import aio
 
 from levers9.agent import volumes
 from levers9.agent.disks import DiskAccess, DiskBusy, DiskStore, Owner
@@ -32,12 +34,15 @@ from levers9.agent.runc_container import container_id
 from levers9.agent.runc_runtime import LAYER_FILE, RuncRuntime
 from levers9.agent.runsc_runtime import RunscRuntime
 from levers9.agent.runtime import StorageMount
+from levers9.agent.server import WorkerServer
+from levers9.agent.service import WorkerService
 from levers9.agent.supervisor import TaskManager
 from levers9.agent.task_errors import InvalidTask
 from levers9.agent.task_storage import TaskStorage
-from levers9.proto import worker_pb2
+from levers9.proto import worker_pb2, worker_pb2_grpc
 from sandbox.aws import endpoint_url, moto_argv, moto_ready
 from sandbox.registries import LocalRegistry, free_port
+from tests.agent.kit import AUTH, TOKEN
 from tests.waiting import eventually
 
 pytestmark = [
@@ -445,3 +450,68 @@ async def test_runsc_tasks_have_volumes_through_s3fs_and_disks(
     assert _object(s3, "runs/gvisor.txt") == b"gv\n"
     status, out = await _run(tasks, "gv2", image[1], "cat /scratch/d", mounts[1:], [], [disk])
     assert (status.state, out) == (worker_pb2.TASK_STATE_SUCCEEDED, "dk\n"), status.reason
+
+
+async def test_the_controlplane_lists_and_deletes_a_machines_disks(
+    tasks: TaskManager, image: tuple[LocalRegistry, str], storage: TaskStorage
+) -> None:
+    server = await WorkerServer.start(WorkerService(tasks, storage.disks), TOKEN, "127.0.0.1")
+    bare = await WorkerServer.start(WorkerService(tasks), TOKEN, "127.0.0.1")
+    channel = aio.insecure_channel(server.advertised_address)
+    bare_channel = aio.insecure_channel(bare.advertised_address)
+    stub = worker_pb2_grpc.WorkerServiceStub(channel)
+    try:
+        disk = worker_pb2.DiskAccess(name="scratch", disk_id="d-listed", size_bytes=32 * 1024**2)
+        spec = worker_pb2.TaskSpec(
+            task_id="holds-disk",
+            image=image[1],
+            command=["sh", "-c", "head -c 1048576 /dev/zero > /scratch/f; echo up; sleep 60"],
+            mounts=[_mount("disk", "scratch", "/scratch")],
+        )
+        request = worker_pb2.RunTaskRequest(task=spec, disks=[disk])
+        await stub.RunTask(request, metadata=AUTH)
+        await _printed(tasks, "holds-disk", "up")
+        listed = await stub.ListNodeDisks(worker_pb2.ListNodeDisksRequest(), metadata=AUTH)
+        (shown,) = listed.disks
+        assert (shown.disk_id, shown.size_bytes, shown.task_id) == (
+            "d-listed",
+            32 * 1024**2,
+            "holds-disk",
+        )
+        assert shown.used_bytes >= 1024**2
+        with pytest.raises(grpc.aio.AioRpcError) as busy:
+            await stub.DeleteNodeDisk(
+                worker_pb2.DeleteNodeDiskRequest(disk_id="d-listed"), metadata=AUTH
+            )
+        assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "in use by task holds-disk" in (busy.value.details() or "")
+        await tasks.cancel("holds-disk")
+        (shown,) = (
+            await stub.ListNodeDisks(worker_pb2.ListNodeDisksRequest(), metadata=AUTH)
+        ).disks
+        assert shown.task_id == ""
+        assert shown.used_bytes >= 1024**2, "read from the unmounted file"
+        for deleted in (True, False):
+            answer = await stub.DeleteNodeDisk(
+                worker_pb2.DeleteNodeDiskRequest(disk_id="d-listed"), metadata=AUTH
+            )
+            assert answer.deleted is deleted
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await stub.DeleteNodeDisk(
+                worker_pb2.DeleteNodeDiskRequest(disk_id="../x"), metadata=AUTH
+            )
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        bare_stub = worker_pb2_grpc.WorkerServiceStub(bare_channel)
+        none = await bare_stub.ListNodeDisks(worker_pb2.ListNodeDisksRequest(), metadata=AUTH)
+        assert list(none.disks) == []
+        with pytest.raises(grpc.aio.AioRpcError) as no_disks:
+            await bare_stub.DeleteNodeDisk(
+                worker_pb2.DeleteNodeDiskRequest(disk_id="d-listed"), metadata=AUTH
+            )
+        assert no_disks.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "durableDisksPath" in (no_disks.value.details() or "")
+    finally:
+        await channel.close()
+        await bare_channel.close()
+        await server.stop(0)
+        await bare.stop(0)
