@@ -21,8 +21,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
-from levers9.core.disks import LOST, DiskState
-from levers9.core.placement import Placement, Share
+from levers9.core.disks import LOST, DiskFile, DiskState
+from levers9.core.placement import Placement, Share, Slot
 from levers9.core.quantity import binary_text
 from levers9.core.task_reports import TaskReport
 from levers9.core.volumes import endpoint_of, sealing_context
@@ -77,6 +77,21 @@ class Largest(NamedTuple):
         return (self.gpus is None or request.gpus <= self.gpus) and (
             self.memory_bytes is None or request.memory_bytes <= self.memory_bytes
         )
+
+
+class WorkerRoute(Protocol):
+    """Where one worker is called: a task's (WorkerTaskInput), or a disk file's (DiskFile)."""
+
+    @property
+    def pool_name(self) -> str: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def task_queue(self) -> str | None: ...
+    @property
+    def tls(self) -> bool: ...
 
 
 class TunnelEndpoints(Protocol):
@@ -156,7 +171,7 @@ class TaskActivities:
         self._shares: dict[str, tuple[float, Share | None]] = {}
         """By workspace: when its record was read, and its quota and weight."""
 
-    def _address(self, input: WorkerTaskInput) -> str:
+    def _address(self, input: WorkerRoute) -> str:
         """Where the worker answers: a tunnelled worker's current session on this replica
         (re-homed after a gateway restart), else the address it advertised."""
         if input.task_queue and self._tunnels is not None:
@@ -410,6 +425,41 @@ class TaskActivities:
         return access
 
     @activity.defn
+    async def disk_worker(self, file: DiskFile) -> DiskFile | None:
+        """The disk file with the route to a worker of its node that can be called now (the
+        pool's placement knows them); None when the node has none."""
+        handle = self._client.get_workflow_handle(pool_workflow_id(file.pool_name))
+        slots: list[Slot] | None = await or_none(
+            handle.query("node_workers", file.node_name, result_type=list[Slot])
+        )
+        if not slots:
+            return None
+        slot = slots[0]
+        return file.model_copy(
+            update={
+                "worker_id": slot.worker_id,
+                "address": slot.address,
+                "task_queue": slot.task_queue,
+                "tls": slot.tls,
+            }
+        )
+
+    @activity.defn
+    async def delete_node_disk(self, file: DiskFile) -> bool:
+        """DeleteNodeDisk on the worker: the disk's file removed from its node (True), or there
+        was none (False: no task had used the disk)."""
+        response = await self._call(
+            file,
+            "DeleteNodeDisk",
+            lambda stub, md: stub.DeleteNodeDisk(
+                worker_pb2.DeleteNodeDiskRequest(disk_id=file.disk_id),
+                metadata=md,
+                timeout=RPC_TIMEOUT_S,
+            ),
+        )
+        return bool(response.deleted)
+
+    @activity.defn
     async def cancel_task(self, input: WorkerTaskInput) -> bool:
         """CancelTask on the worker: SIGTERM, its grace, SIGKILL; returns once the container is
         gone (True), or at once when the task had already ended (False)."""
@@ -444,7 +494,7 @@ class TaskActivities:
 
     async def _call(
         self,
-        input: WorkerTaskInput,
+        input: WorkerRoute,
         rpc: str,
         call: Callable[[worker_pb2_grpc.WorkerServiceAsyncStub, Metadata], Awaitable[T]],
     ) -> T:
@@ -476,7 +526,7 @@ class TaskActivities:
 
     async def _call_at(
         self,
-        input: WorkerTaskInput,
+        input: WorkerRoute,
         address: str,
         channel: aio.Channel,
         metadata: Metadata,

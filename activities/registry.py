@@ -61,7 +61,7 @@ def replica_activities(
     """What this replica's own task queue serves: calls to the workers whose tunnel sessions
     it holds (they can only be reached from here)."""
     tasks = TaskActivities(client, settings, tunnels)
-    return [tasks.run_task, tasks.get_task, tasks.cancel_task]
+    return [tasks.run_task, tasks.get_task, tasks.cancel_task, tasks.delete_node_disk]
 
 
 def controlplane_activities(
@@ -88,6 +88,8 @@ def controlplane_activities(
         tasks.run_task,
         tasks.get_task,
         tasks.cancel_task,
+        tasks.disk_worker,
+        tasks.delete_node_disk,
         endpoints.replica_environment,
         *cloud_activities(client, clients, settings),
     ]

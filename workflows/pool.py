@@ -123,6 +123,12 @@ class PoolWorkflow:
         return self._state.spot(task_id)
 
     @workflow.query
+    def node_workers(self, node_name: str) -> list[Slot]:
+        """The workers of the node that can be called now (not silent), by id."""
+        slots = [s for s in self._state.placeable() if s.node_name == node_name]
+        return sorted(slots, key=lambda s: s.worker_id)
+
+    @workflow.query
     def disk_users(self, disk_id: str) -> list[str]:
         """The tasks placed or waiting that mount the disk (a disk in use is not deleted)."""
         return self._state.disk_users(disk_id)

@@ -178,8 +178,8 @@ def get(
 
 @app.command()
 def delete(name: str, workspace: WorkspaceOption = "") -> None:
-    """Delete a disk's record (refused while a task uses it)."""
+    """Delete a disk: its record, and its file on its node (refused while a task uses it)."""
     request = disks_pb2.DeleteDiskRequest(name=_name(name), workspace=workspace)
     reply = _call(lambda stub, md: stub.DeleteDisk(request, metadata=md, timeout=CALL_TIMEOUT_S))
-    said = "its file removed" if reply.file_removed else reply.file
+    said = reply.file or ("its file removed" if reply.file_removed else "its file stays")
     console.print(f"disk {name} deleted: {said}", highlight=False)

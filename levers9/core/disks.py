@@ -95,6 +95,9 @@ class DiskState(BaseModel):
     used_bytes: int | None = None
     """What the agent last reported in use (None: never reported)."""
     deleting: bool = False
+    file: str = ""
+    """Once deleted: what became of its file on the node (removed, or why it stays)."""
+    file_removed: bool = False
 
 
 class DiskInput(BaseModel):
@@ -102,6 +105,20 @@ class DiskInput(BaseModel):
 
     state: DiskState
     max_history_events: int = Field(default=1_000, ge=20)
+
+
+class DiskFile(BaseModel):
+    """A disk's file on its node: which worker of the node to ask about it (its route, as the
+    pool's placement holds it) and the file's id."""
+
+    pool_name: str
+    node_name: str
+    disk_id: str
+    worker_id: str = ""
+    address: str = ""
+    task_queue: str | None = None
+    """A tunnelled worker's: the replica queue whose process holds its session."""
+    tls: bool = False
 
 
 class DiskView(BaseModel):

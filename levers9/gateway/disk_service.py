@@ -7,8 +7,8 @@ and names the workspace (none: `default`), which must exist to create in.
 
 A new disk goes to a Ready machine of its pool (the one whose node holds the fewest disks; the
 answer says which and why). A delete is refused while a task that mounts the disk waits or runs
-(FAILED_PRECONDITION naming them); the disk's image file stays on its node until an agent offers
-to remove it (the answer says where it is).
+(FAILED_PRECONDITION naming them); else the disk's record has a worker of its node remove its
+file, and the answer says whether it did (or why the file stays, and where).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from levers9.temporal import no_such_pool
 
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_USERS_SHOWN = 5
+DELETE_WAIT_S = 20.0
+"""How long a DeleteDisk waits for the disk's file to be removed from its node."""
 
 log = get_logger(__name__)
 
@@ -210,10 +212,22 @@ class DisksService(disks_pb2_grpc.DisksServicer):
         if deleted is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, _missing(request.name))
         assert deleted is not None
-        log.info("disk deleted", disk=disk.name, workspace=disk.workspace, node_name=disk.node_name)
-        kept = (
-            f"its file {disk.disk_id}.ext4 stays under durableDisksPath on node {disk.node_name}"
-            " (the agent does not remove disk files): remove it there to free the space"
+        ended = await self._records.ended(deleted, DELETE_WAIT_S)
+        if ended is None:
+            file = (
+                f"its file {disk.disk_id}.ext4 is being removed from node {disk.node_name}"
+                f" (not within {DELETE_WAIT_S:g} s)"
+            )
+        else:
+            deleted, file = ended, ended.file
+        log.info(
+            "disk deleted",
+            disk=disk.name,
+            workspace=disk.workspace,
+            node_name=disk.node_name,
+            file_removed=deleted.file_removed,
         )
         view = await self._records.view(deleted)
-        return disks_pb2.DeleteDiskResponse(disk=disk_message(view), file=kept)
+        return disks_pb2.DeleteDiskResponse(
+            disk=disk_message(view), file_removed=deleted.file_removed, file=file
+        )

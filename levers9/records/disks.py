@@ -10,6 +10,7 @@ server alone, so whose a disk is is known even while no Temporal worker polls.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from typing import Any
 
@@ -115,6 +116,19 @@ class TemporalDiskRecords:
             self._handle(workspace, name).execute_update("delete", result_type=DiskState)
         )
         return state
+
+    async def ended(self, disk: DiskState, within: float) -> DiskState | None:
+        """The disk's record once its workflow ended (its file removed, or why not), or None
+        after `within` seconds."""
+        handle = self._client.get_workflow_handle(
+            disk_workflow_id(disk.workspace, disk.name), result_type=DiskState
+        )
+        try:
+            async with asyncio.timeout(within):
+                ended: DiskState = await handle.result()
+        except TimeoutError:
+            return None
+        return ended
 
     async def pool_names(self) -> builtins.list[str]:
         """The pools a disk may go to: those this controlplane reconciles."""

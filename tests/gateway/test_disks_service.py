@@ -4,7 +4,8 @@ MachineWorkflow's: a workspace token creates a disk in its own workspace on a Re
 the pool (the answer names the node and why), lists, gets and deletes its own; another
 workspace's token gets and deletes it exactly as a missing one (NOT_FOUND, same words) and the
 disk is untouched (no Update in its history); a delete is refused while a task that mounts it
-waits in the pool, and goes once that task leaves; a disk whose node is no machine of its pool
+waits in the pool, and goes once that task leaves (the answer saying its file stays, and where,
+while its node has no worker); a disk whose node is no machine of its pool
 any more reads `lost`; sizes, pools and names the gateway cannot take are refused naming the
 field; a task submitted with a disk its workspace does not have is refused at submit.
 """
@@ -30,6 +31,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.dispatch import TaskActivities
 from levers9.config import ControlplaneSettings
 from levers9.core.disks import disk_workflow_id
 from levers9.core.storage import TaskMount
@@ -140,14 +142,20 @@ async def plane(
     suffix = uuid.uuid4().hex[:8]
     pool, empty = f"pool-{suffix}", f"empty-{suffix}"
     settings = ControlplaneSettings.model_validate(
-        {"taskQueue": task_queue, "reconcileIntervalSeconds": 3600}  # no pass starts here
+        {
+            "taskQueue": task_queue,
+            "reconcileIntervalSeconds": 3600,  # no pass starts here
+            "workerTokenSecret": secret.get_secret_value(),
+        }
     )
+    tasks = TaskActivities(client, settings)
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(
             Worker(
                 client,
                 task_queue=task_queue,
                 workflows=[WorkspaceWorkflow, DiskWorkflow, PoolWorkflow, StandingMachine],
+                activities=[tasks.disk_worker, tasks.delete_node_disk],
                 workflow_runner=RUNNER,
             )
         )
@@ -255,7 +263,10 @@ async def test_a_workspace_creates_lists_gets_and_deletes_its_own_disk(plane: Pl
     )
     assert deleted.disk.state == "deleting"
     assert not deleted.file_removed
-    assert f"{view.disk.disk_id}.ext4 stays under durableDisksPath" in deleted.file
+    assert deleted.file == (
+        f"its file {view.disk.disk_id}.ext4 stays under durableDisksPath on node"
+        f" {view.disk.node_name} (the node has no worker now): remove it there"
+    )
     gone = await _refused(
         plane.disks.GetDisk(disks_pb2.GetDiskRequest(name="data"), metadata=plane.a)
     )

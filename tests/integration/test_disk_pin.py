@@ -1,12 +1,13 @@
 """A task that mounts a durable disk runs only on the disk's node: on the dev server, TaskWorkflow
 and PoolWorkflow with the real task activities (request_placement, run_task), two workers on two
-nodes (each a recording WorkerService), and the disk's record on the first node. The first task
-with the disk goes to that node's worker (not the other, free one) and its RunTask carries the
-disk (name, id, size); a second waits while the first holds the worker, its record saying
-`waiting for disk data's machine N`, while a task without the disk takes the other node's
-free worker; once the first ends, the second runs on the disk's node. When the disk's node is
-no machine of the pool any more, a task with the disk fails with the disk's lost reason
-instead of waiting.
+nodes (each a recording WorkerService), and the disk's record on the first node. While a task
+without the disk holds that node's worker, a task with the disk waits (`waiting for disk data's
+machine N`) and a later task without it takes the other node's free worker; once the machine
+frees, the disk's task runs there, its RunTask carrying the disk (name, id, size). A second task
+of the disk waits for the first to let it go (`waiting for disk data: task T uses it`), then
+runs on the same worker. When the disk's node is no machine of the pool any more, a task with
+the disk fails with the disk's lost reason instead of waiting. A deleted disk's record has the
+worker of its node remove its file (DeleteNodeDisk), and says so.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class RecordingAgent(worker_pb2_grpc.WorkerServiceServicer):
 
     def __init__(self) -> None:
         self.requests: list[worker_pb2.RunTaskRequest] = []
+        self.deleted: list[str] = []
 
     async def RunTask(
         self, request: worker_pb2.RunTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -87,6 +89,14 @@ class RecordingAgent(worker_pb2_grpc.WorkerServiceServicer):
         return worker_pb2.TaskStatus(
             task_id=request.task_id, state=worker_pb2.TaskState.TASK_STATE_RUNNING
         )
+
+    async def DeleteNodeDisk(
+        self,
+        request: worker_pb2.DeleteNodeDiskRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.DeleteNodeDiskResponse:
+        self.deleted.append(request.disk_id)
+        return worker_pb2.DeleteNodeDiskResponse(deleted=True)
 
     def ran(self) -> list[str]:
         return [r.task.task_id for r in self.requests]
@@ -181,6 +191,8 @@ async def pool(dev_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[P
                     activities.cancel_task,
                     activities.worker_ended,
                     activities.worker_route,
+                    activities.disk_worker,
+                    activities.delete_node_disk,
                 ],
                 workflow_runner=RUNNER,
             )
@@ -232,47 +244,64 @@ async def pool(dev_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[P
                     await client.get_workflow_handle(execution.id).terminate("test done")
 
 
+async def _waits(pool: Pool, task_id: str, reason: str) -> None:
+    """Until the queued task's record says it waits, then that it waits for `reason`."""
+
+    async def queued() -> bool:
+        return (await pool.record(task_id)).queue is not None
+
+    await eventually(queued, within=30)
+    record = await pool.record(task_id)
+    assert record.state == "queued"
+    assert record.queue is not None
+    assert record.queue.reason == reason
+
+
+async def _end(pool: Pool, task_id: str, worker_id: str) -> None:
+    """Its worker reports it succeeded (as the gateway signals a ReportTask)."""
+    handle = pool.client.get_workflow_handle(task_workflow_id(task_id))
+    report = TaskReport(
+        pool_name=pool.name, worker_id=worker_id, task_id=task_id, state="succeeded"
+    )
+    await handle.signal("report", report)
+    await pool.until(task_id, "succeeded")
+
+
 async def test_tasks_with_a_disk_run_only_on_its_node_and_wait_for_it_with_the_reason(
     pool: Pool,
 ) -> None:
     disk_node, other_node = pool.nodes
-    first, second, free = pool.task("first"), pool.task("second"), pool.task("free", disk=False)
+    filler = pool.task("filler", disk=False)
+    first, second = pool.task("first"), pool.task("second")
+    free = pool.task("free", disk=False)
+    # A task without the disk takes the disk node's worker (the first by id of two equals).
+    await start_task(pool.client, pool.task_queue, filler)
+    assert (await pool.until(filler.task_id, "running")).worker_id == "w-0"
+    # The disk's task waits for that machine, though the other node's worker is free ...
     await start_task(pool.client, pool.task_queue, first)
-    placed = await pool.until(first.task_id, "running")
-    assert (placed.worker_id, placed.node_name) == ("w-0", disk_node)
-    [request] = pool.agents[0].requests
-    assert [(d.name, d.disk_id, d.size_bytes) for d in request.disks] == [
-        ("data", pool.disk.disk_id, SIZE)
-    ]
-    await start_task(pool.client, pool.task_queue, second)
-
-    async def waits_for_the_disk() -> bool:
-        record = await pool.record(second.task_id)
-        return record.queue is not None
-
-    await eventually(waits_for_the_disk, within=30)
-    queued = await pool.record(second.task_id)
-    assert queued.state == "queued"
-    assert queued.queue is not None
-    assert queued.queue.reason == f"waiting for disk data's machine {disk_node}"
-    # The other node's worker is free all along: a task without the disk takes it, the
-    # waiting one does not.
+    await _waits(pool, first.task_id, f"waiting for disk data's machine {disk_node}")
+    # ... which a task without the disk then takes, while the disk's task still waits.
     await start_task(pool.client, pool.task_queue, free)
     elsewhere = await pool.until(free.task_id, "running")
     assert (elsewhere.worker_id, elsewhere.node_name) == ("w-1", other_node)
-    assert (await pool.record(second.task_id)).state == "queued"
-    assert pool.agents[1].ran() == [free.task_id]
-    # The first ends (its worker reports it): the second runs on the disk's node.
-    handle = pool.client.get_workflow_handle(task_workflow_id(first.task_id))
-    await handle.signal(
-        "report",
-        TaskReport(pool_name=pool.name, worker_id="w-0", task_id=first.task_id, state="succeeded"),
-    )
-    await pool.until(first.task_id, "succeeded")
+    assert (await pool.record(first.task_id)).state == "queued"
+    # The machine frees: the disk's task runs there, its RunTask carrying the disk.
+    await _end(pool, filler.task_id, "w-0")
+    placed = await pool.until(first.task_id, "running")
+    assert (placed.worker_id, placed.node_name) == ("w-0", disk_node)
+    request = pool.agents[0].requests[-1]
+    assert [(d.name, d.disk_id, d.size_bytes) for d in request.disks] == [
+        ("data", pool.disk.disk_id, SIZE)
+    ]
+    # A second task of the disk waits for the first to let it go, then runs there.
+    await start_task(pool.client, pool.task_queue, second)
+    await _waits(pool, second.task_id, f"waiting for disk data: task {first.task_id} uses it")
+    await _end(pool, first.task_id, "w-0")
     then = await pool.until(second.task_id, "running")
     assert (then.worker_id, then.node_name) == ("w-0", disk_node)
-    assert pool.agents[0].ran() == [first.task_id, second.task_id]
+    assert pool.agents[0].ran() == [filler.task_id, first.task_id, second.task_id]
     assert pool.agents[1].ran() == [free.task_id]
+    assert [[d.name for d in r.disks] for r in pool.agents[0].requests] == [[], ["data"], ["data"]]
 
 
 async def test_a_task_with_a_disk_whose_node_left_the_pool_fails_with_the_reason(
@@ -294,3 +323,16 @@ async def test_a_task_with_a_disk_whose_node_left_the_pool_fails_with_the_reason
         " (a disk lives on its node's own disk, as a local SSD)"
     )
     assert pool.agents[0].ran() == []
+
+
+async def test_a_deleted_disks_file_is_removed_by_a_worker_of_its_node(pool: Pool) -> None:
+    records = TemporalDiskRecords(pool.client, pool.task_queue)
+    assert await records.delete(pool.disk.workspace, pool.disk.name) is not None
+    ended = await records.ended(pool.disk, within=30)
+    assert ended is not None
+    assert (ended.file_removed, ended.file) == (
+        True,
+        f"its file removed from node {pool.nodes[0]}",
+    )
+    assert pool.agents[0].deleted == [pool.disk.disk_id]
+    assert pool.agents[1].deleted == []

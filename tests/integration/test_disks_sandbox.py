@@ -4,7 +4,7 @@ user drives it: `disk create scratch --size 64Mi` puts the disk on a machine and
 write of 100 MiB ends in ENOSPC (the disk's size is enforced in the task, not the node's disk);
 a later task on the same disk, also placed on that machine, reads what the first wrote; the disk
 cannot be deleted while a task that mounts it runs (the refusal names the task), and is deleted
-once none does.
+once none does, its file removed from its node by the agent there.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ async def test_a_disk_keeps_a_tasks_data_on_its_machine_and_enforces_its_size(
         return done.returncode == 0
 
     await eventually(delete, within=30)
-    assert f"stays under durableDisksPath on node {machine}" in deleted[-1]
+    assert f"disk scratch deleted: its file removed from node {machine}" in deleted[-1]
     assert json.loads(_ok(await plane.cli("disk", "list", "-o", "json"))) == []
 
 
