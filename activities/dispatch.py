@@ -445,6 +445,19 @@ class TaskActivities:
         )
 
     @activity.defn
+    async def node_disk_use(self, file: DiskFile) -> int | None:
+        """What the disk's filesystem holds, as the worker of its node reads it (ListNodeDisks);
+        None when the node has no file of it yet."""
+        response = await self._call(
+            file,
+            "ListNodeDisks",
+            lambda stub, md: stub.ListNodeDisks(
+                worker_pb2.ListNodeDisksRequest(), metadata=md, timeout=RPC_TIMEOUT_S
+            ),
+        )
+        return next((d.used_bytes for d in response.disks if d.disk_id == file.disk_id), None)
+
+    @activity.defn
     async def delete_node_disk(self, file: DiskFile) -> bool:
         """DeleteNodeDisk on the worker: the disk's file removed from its node (True), or there
         was none (False: no task had used the disk)."""

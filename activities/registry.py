@@ -61,7 +61,13 @@ def replica_activities(
     """What this replica's own task queue serves: calls to the workers whose tunnel sessions
     it holds (they can only be reached from here)."""
     tasks = TaskActivities(client, settings, tunnels)
-    return [tasks.run_task, tasks.get_task, tasks.cancel_task, tasks.delete_node_disk]
+    return [
+        tasks.run_task,
+        tasks.get_task,
+        tasks.cancel_task,
+        tasks.delete_node_disk,
+        tasks.node_disk_use,
+    ]
 
 
 def controlplane_activities(
@@ -90,6 +96,7 @@ def controlplane_activities(
         tasks.cancel_task,
         tasks.disk_worker,
         tasks.delete_node_disk,
+        tasks.node_disk_use,
         endpoints.replica_environment,
         *cloud_activities(client, clients, settings),
     ]

@@ -1,8 +1,9 @@
 """DiskWorkflow (`disk:<workspace>:<name>`): a durable disk's record (`levers9 disk create`).
 
 It holds where the disk is (pool, node), its size and its id (the image file's name under the
-node's `durableDisksPath`), and what the agent last said it uses (signal `usage`). The Update
-`delete` marks it deleting; the gateway refuses a delete while a task uses the disk, before it
+node's `durableDisksPath`), and what it held when a task of it last ended (signal `task_ended`,
+from its pool: it reads the use from a worker of its node, ListNodeDisks). The Update `delete`
+marks it deleting; the gateway refuses a delete while a task uses the disk, before it
 asks. Deleting, it has a worker of the disk's node remove the file (DeleteNodeDisk, on the
 replica queue of a tunnelled worker) and ends, its record saying what became of the file (it
 stays when the node has no worker now, or the agent could not remove it). Query `disk`.
@@ -36,16 +37,16 @@ class DiskWorkflow:
     @workflow.init
     def __init__(self, input: DiskInput) -> None:
         self._state: DiskState = input.state
+        self._stale = False
 
     @workflow.query
     def disk(self) -> DiskState:
         return self._state
 
     @workflow.signal
-    def usage(self, used_bytes: int) -> None:
-        if used_bytes != self._state.used_bytes:
-            self._state.used_bytes = used_bytes
-            self._publish()
+    def task_ended(self, task_id: str) -> None:
+        """A task that mounted the disk ended (its pool says so): its use is read again."""
+        self._stale = True
 
     @workflow.update
     def delete(self) -> DiskState:
@@ -61,19 +62,52 @@ class DiskWorkflow:
 
     @workflow.run
     async def run(self, input: DiskInput) -> DiskState:
-        await workflow.wait_condition(
-            lambda: (
-                self._state.deleting
-                or workflow.info().get_current_history_length() > input.max_history_events
-            )
-        )
+        def long() -> bool:
+            return workflow.info().get_current_history_length() > input.max_history_events
+
+        while not self._state.deleting:
+            await workflow.wait_condition(lambda: self._state.deleting or self._stale or long())
+            if self._stale and not self._state.deleting:
+                self._stale = False
+                await self._read_use()
+            elif long() and not self._state.deleting:
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._state.deleting:
+                    workflow.continue_as_new(
+                        input.model_copy(update={"state": self._state}), memo=self._memo()
+                    )
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if not self._state.deleting:
-            workflow.continue_as_new(
-                input.model_copy(update={"state": self._state}), memo=self._memo()
-            )
         await self._remove_file()
         return self._state
+
+    async def _read_use(self) -> None:
+        """What the disk's filesystem holds now, from a worker of its node (kept as it was when
+        the node has no worker, or it does not answer)."""
+        state = self._state
+        file = DiskFile(pool_name=state.pool_name, node_name=state.node_name, disk_id=state.disk_id)
+        try:
+            worker: DiskFile | None = await workflow.execute_activity_method(
+                TaskActivities.disk_worker,
+                file,
+                schedule_to_close_timeout=FILE_TIMEOUT,
+                retry_policy=FILE_RETRY,
+            )
+            if worker is None:
+                return
+            used: int | None = await workflow.execute_activity_method(
+                TaskActivities.node_disk_use,
+                worker,
+                task_queue=worker.task_queue or workflow.info().task_queue,
+                schedule_to_close_timeout=FILE_TIMEOUT,
+                retry_policy=FILE_RETRY,
+                summary=f"ListNodeDisks on worker {worker.worker_id} ({state.node_name})",
+            )
+        except ActivityError as exc:
+            workflow.logger.warning("disk use not read: %s", failure_reason(exc))
+            return
+        if used is not None and used != state.used_bytes:
+            state.used_bytes = used
+            self._publish()
 
     async def _remove_file(self) -> None:
         """Has a worker of the disk's node remove its file; the record says what became of it."""

@@ -23,6 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from levers9.core.disks import disk_record_id
     from levers9.core.placement import Placement, PoolState, QueueSpot, Slot
     from levers9.models import (
         POOL_WORKFLOW,
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 PREEMPT_SIGNAL = "reclaim-by-preempt-signal"
+DISK_TASK_ENDED = "disk-task-ended-signal"
 RESERVE_AFTER = timedelta(seconds=30)
 """How long a task waits before it reserves a worker against smaller tasks."""
 
@@ -77,8 +79,28 @@ class PoolWorkflow:
 
     @workflow.signal
     def release(self, task_id: str) -> None:
+        placement = self._state.placed.get(task_id)
         self._state.release(task_id)
         self._changed = True
+        if placement is not None and placement.disk_ids and workflow.patched(DISK_TASK_ENDED):
+            for disk_id in placement.disk_ids:
+                self._telling += 1
+                teller = asyncio.create_task(self._disk_task_ended(disk_id, task_id))
+                self._tellers.add(teller)
+                teller.add_done_callback(self._tellers.discard)
+
+    async def _disk_task_ended(self, disk_id: str, task_id: str) -> None:
+        """Tells the disk's record a task of it ended (it reads the disk's use then)."""
+        try:
+            record = disk_record_id(disk_id)
+            if record is not None:
+                handle = workflow.get_external_workflow_handle(record)
+                with contextlib.suppress(FailureError):  # the disk was deleted since
+                    await handle.signal("task_ended", task_id)
+        finally:
+            self._telling -= 1
+            if self._telling == 0:
+                self._changed = True
 
     @workflow.signal
     def request(self, request: PlaceRequest) -> None:

@@ -46,6 +46,15 @@ def disk_id(workspace: str, name: str, unique: str) -> str:
     return f"{workspace}.{name}.{unique}"
 
 
+def disk_record_id(disk_id: str) -> str | None:
+    """The id of the record of the disk whose id this is (`disk_id`'s own form), or None for an
+    id of another form."""
+    parts = disk_id.split(".")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return disk_workflow_id(parts[0], parts[1])
+
+
 def disk_name_problem(name: str) -> str | None:
     """Why `name` cannot name a disk (None: it can): a DNS label, as a workspace's."""
     problem = name_problem(name)

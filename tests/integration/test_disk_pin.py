@@ -5,9 +5,10 @@ without the disk holds that node's worker, a task with the disk waits (`waiting 
 machine N`) and a later task without it takes the other node's free worker; once the machine
 frees, the disk's task runs there, its RunTask carrying the disk (name, id, size). A second task
 of the disk waits for the first to let it go (`waiting for disk data: task T uses it`), then
-runs on the same worker. When the disk's node is no machine of the pool any more, a task with
-the disk fails with the disk's lost reason instead of waiting. A deleted disk's record has the
-worker of its node remove its file (DeleteNodeDisk), and says so.
+runs on the same worker; the first's end has the disk's record read its use from the node.
+When the disk's node is no machine of the pool any more, a task with the disk fails with the
+disk's lost reason instead of waiting. A deleted disk's record has the worker of its node
+remove its file (DeleteNodeDisk), and says so.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ pytestmark = pytest.mark.integration
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SIZE = 64 * 2**20
+USED = 3 * 2**20
 
 
 @workflow.defn(name=MACHINE_WORKFLOW)
@@ -88,6 +90,15 @@ class RecordingAgent(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.TaskStatus:
         return worker_pb2.TaskStatus(
             task_id=request.task_id, state=worker_pb2.TaskState.TASK_STATE_RUNNING
+        )
+
+    async def ListNodeDisks(
+        self, request: worker_pb2.ListNodeDisksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> worker_pb2.ListNodeDisksResponse:
+        """Each disk a task of it mounted, as holding USED bytes."""
+        ids = sorted({d.disk_id for run in self.requests for d in run.disks})
+        return worker_pb2.ListNodeDisksResponse(
+            disks=[worker_pb2.NodeDisk(disk_id=d, size_bytes=SIZE, used_bytes=USED) for d in ids]
         )
 
     async def DeleteNodeDisk(
@@ -193,6 +204,7 @@ async def pool(dev_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[P
                     activities.worker_route,
                     activities.disk_worker,
                     activities.delete_node_disk,
+                    activities.node_disk_use,
                 ],
                 workflow_runner=RUNNER,
             )
@@ -297,6 +309,14 @@ async def test_tasks_with_a_disk_run_only_on_its_node_and_wait_for_it_with_the_r
     await start_task(pool.client, pool.task_queue, second)
     await _waits(pool, second.task_id, f"waiting for disk data: task {first.task_id} uses it")
     await _end(pool, first.task_id, "w-0")
+    # Its pool tells the disk's record the task ended: it reads the disk's use from the node.
+    records = TemporalDiskRecords(pool.client, pool.task_queue)
+
+    async def used() -> bool:
+        disk = await records.get(pool.disk.workspace, pool.disk.name)
+        return disk is not None and disk.used_bytes == USED
+
+    await eventually(used, within=30)
     then = await pool.until(second.task_id, "running")
     assert (then.worker_id, then.node_name) == ("w-0", disk_node)
     assert pool.agents[0].ran() == [filler.task_id, first.task_id, second.task_id]

@@ -1,10 +1,11 @@
 """Durable disks end to end, on the sandbox's pool with containers (runc), through the CLI as a
 user drives it: `disk create scratch --size 64Mi` puts the disk on a machine and says which;
 `disk list -o json` names that machine; a task with `--disk scratch:/data` runs there, and its
-write of 100 MiB ends in ENOSPC (the disk's size is enforced in the task, not the node's disk);
-a later task on the same disk, also placed on that machine, reads what the first wrote; the disk
-cannot be deleted while a task that mounts it runs (the refusal names the task), and is deleted
-once none does, its file removed from its node by the agent there.
+write of 100 MiB ends in ENOSPC (the disk's size is enforced in the task, not the node's disk),
+and once it ends `disk list` shows the disk's use; a later task on the same disk, also placed on
+that machine, reads what the first wrote; the disk cannot be deleted while a task that mounts it
+runs (the refusal names the task), and is deleted once none does, its file removed from its node
+by the agent there.
 """
 
 from __future__ import annotations
@@ -78,6 +79,16 @@ async def test_a_disk_keeps_a_tasks_data_on_its_machine_and_enforces_its_size(
     assert "No space left on device" in out
     assert "wrote-100MiB" not in out
     assert await _node_of(plane, _task_id(out)) == machine
+    # Its end has the disk's record read the disk's use on its node: `disk list` shows it.
+    listed: list[dict[str, object]] = []
+
+    async def used_shown() -> bool:
+        [row] = json.loads(_ok(await plane.cli("disk", "list", "-o", "json")))
+        listed.append(row)
+        return isinstance(row["used_bytes"], int) and row["used_bytes"] > 0
+
+    await eventually(used_shown, within=30)
+    assert listed[-1]["used"] != "-"
 
     second = await plane.cli(
         "run", "--pool", POOL, "--gpus", "0", "--disk", "scratch:/data", "--",
