@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backends", default=",".join(volumes.BACKENDS))
+    parser.add_argument("--disks-only", action="store_true", help="skip the volumes")
     args = parser.parse_args()
     os.environ.pop("AWS_CA_BUNDLE", None)  # rclone fails to load this environment's
     print(f"nproc={os.cpu_count()} {platform.processor() or platform.machine()} {args.mib} MiB")
@@ -187,7 +188,7 @@ def main() -> None:
             results: dict[str, list[tuple[float, float]]] = {"boto3 direct": []}
             for backend in args.backends.split(","):
                 results[f"volume ({backend})"] = []
-            for _ in range(args.runs):
+            for _ in range(0 if args.disks_only else args.runs):
                 results["boto3 direct"].append(_direct(moto.endpoint, "bench", args.mib))
                 for backend in args.backends.split(","):
                     results[f"volume ({backend})"].append(
@@ -196,6 +197,13 @@ def main() -> None:
         finally:
             moto.stop()
         disk_runs = [_disk(work / f"disk{i}", args.mib) for i in range(args.runs)]
+    _volumes_table(results, args.mib)
+    _disks_table(disk_runs, args.mib)
+
+
+def _volumes_table(results: dict[str, list[tuple[float, float]]], mib: int) -> None:
+    if not results["boto3 direct"]:
+        return
     direct_w = statistics.median(w for w, _ in results["boto3 direct"])
     direct_r = statistics.median(r for _, r in results["boto3 direct"])
     print("| path | write MiB/s | read MiB/s | write vs direct | read vs direct |")
@@ -204,18 +212,22 @@ def main() -> None:
         w = statistics.median(x for x, _ in runs)
         r = statistics.median(y for _, y in runs)
         print(
-            f"| {name} | {args.mib / w:.0f} | {args.mib / r:.0f} |"
-            f" {direct_w / w:.0%} | {direct_r / r:.0%} |"
+            f"| {name} | {mib / w:.0f} | {mib / r:.0f} | {direct_w / w:.0%} | {direct_r / r:.0%} |"
         )
+
+
+def _disks_table(
+    disk_runs: list[tuple[tuple[float, float], tuple[float, float]]], mib: int
+) -> None:
     dw = statistics.median(d[0][0] for d in disk_runs)
     dr = statistics.median(d[0][1] for d in disk_runs)
     nw = statistics.median(d[1][0] for d in disk_runs)
     nr = statistics.median(d[1][1] for d in disk_runs)
     print("| disk | write MiB/s | read MiB/s | write vs node | read vs node |")
     print("| - | - | - | - | - |")
-    print(f"| node's own disk | {args.mib / nw:.0f} | {args.mib / nr:.0f} | 100% | 100% |")
+    print(f"| node's own disk | {mib / nw:.0f} | {mib / nr:.0f} | 100% | 100% |")
     print(
-        f"| durable disk (ext4 on loop) | {args.mib / dw:.0f} | {args.mib / dr:.0f} |"
+        f"| durable disk (ext4 on loop, direct I/O) | {mib / dw:.0f} | {mib / dr:.0f} |"
         f" {nw / dw:.0%} | {nr / dr:.0%} |"
     )
 

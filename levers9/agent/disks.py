@@ -152,6 +152,7 @@ class DiskStore:
         point = self.point(access.disk_id)
         point.mkdir(exist_ok=True)
         _run(name, "mount", "-o", "loop,nosuid,nodev", str(image), str(point))
+        _direct_io(point)
         try:
             self._own(access.disk_id, point, owner)
             (self.points / f"{access.disk_id}.task").write_text(f"{task_id}\n{holder}\n")
@@ -270,6 +271,25 @@ class DiskStore:
         if existed:
             log.info("disk deleted", disk_id=disk_id)
         return existed
+
+
+def _direct_io(point: Path) -> None:
+    """The loop device under `point` reads and writes its file with direct I/O: no second copy
+    of each block in the node's page cache (the ext4 above keeps one). About four times the
+    sequential write of a buffered loop device here (benchmarks/README.md)."""
+    device = ""
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            if len(fields) > 4 and fields[4] == str(point) and " - " in line:
+                device = line.split(" - ", 1)[1].split()[1]
+    if not device.startswith("/dev/loop"):
+        return
+    done = subprocess.run(
+        ["losetup", "--direct-io=on", device], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        log.warning("disk without direct I/O", device=device, why=done.stderr.strip()[-200:])
 
 
 def _shift(root: Path, before: int, after: int, size: int) -> None:

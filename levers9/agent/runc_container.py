@@ -161,6 +161,9 @@ class RuncContainer:
         self.oom_killed = oom_killed(self.task_id)
         self.limit_hit = self._runtime._limit_hit(self._record)
         await self._runtime._remove(self.id)
+        # Its volumes' last uploads (and its disks' sync) before its end is reported: off the
+        # event loop, as they may take a while; the release below finds them done.
+        await self._runtime._detach_storage(self.task_id)
         self._release.close()
         self._runtime._forget(self.id)
         if code is None:

@@ -487,6 +487,11 @@ class RuncRuntime:
             str(root),
         )
 
+    async def _detach_storage(self, task_id: str) -> None:
+        """Unmounts the task's volumes and disks (its container gone): a volume's unmount waits
+        for its FUSE process's last uploads."""
+        await asyncio.to_thread(self._storage.detach, task_id)
+
     def _limit_hit(self, record: ContainerRecord) -> str:
         """Which of its limits the ended container ran into, besides memory ("" for none): a
         fork refused at its pids limit, its writable layer full. Read before its cgroup and

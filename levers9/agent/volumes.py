@@ -39,8 +39,9 @@ CHECK_S = 20.0
 """How long the bucket check before a mount may take (connect and read timeouts inside it)."""
 MOUNTED_WITHIN_S = 20.0
 """How long a FUSE process may take to mount before the task fails at start."""
-UNMOUNTED_WITHIN_S = 30.0
-"""How long a FUSE process may take to end after its unmount (its last uploads)."""
+UNMOUNTED_WITHIN_S = 900.0
+"""How long a FUSE process may take to end after its unmount: rclone uploads what the task
+closed last (a checkpoint of tens of GiB takes minutes); past it, it is killed and says so."""
 GCS_ENDPOINT = "https://storage.googleapis.com"
 BACKENDS = ("s3fs", "rclone")
 DEFAULT_BACKEND = "rclone"
@@ -344,10 +345,11 @@ def _prepare(target: Path) -> Path:
     return cache
 
 
-def _last_line(path: Path) -> str:
+def _last_line(path: Path, marks: tuple[str, ...] = ()) -> str:
+    """The last line of the FUSE process's log (holding one of `marks`, when given)."""
     with contextlib.suppress(OSError):
         lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
-        lines = [line for line in lines if line]
+        lines = [line for line in lines if line and (not marks or any(m in line for m in marks))]
         if lines:
             return lines[-1][:300]
     return ""
@@ -371,14 +373,24 @@ def unmount(target: Path) -> None:
                 ["umount", "-l", str(target)], capture_output=True, check=False, timeout=30
             )
     if pid and _is_fuse(pid):
-        deadline = time.monotonic() + UNMOUNTED_WITHIN_S
-        while _is_fuse(pid) and time.monotonic() < deadline:
+        started = time.monotonic()
+        said = started
+        while _is_fuse(pid) and time.monotonic() < started + UNMOUNTED_WITHIN_S:
             time.sleep(0.05)
+            if time.monotonic() > said + 60:
+                said = time.monotonic()
+                log.warning(
+                    "volume still uploading", target=str(target), seconds=int(said - started)
+                )
         if _is_fuse(pid):
             log.error("volume process did not end after unmount: killed", pid=pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    for leftover in (pid_file, target.parent / f".{target.name}.log"):
+    errors = target.parent / f".{target.name}.log"
+    last = _last_line(errors, ("ERROR", "[ERR]", "[CRT]"))
+    if last:  # an upload that failed, say
+        log.error("volume process reported an error", target=str(target), error=last)
+    for leftover in (pid_file, errors):
         leftover.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         target.rmdir()
