@@ -338,10 +338,12 @@ def run(
     if record is None:
         spot = last.queue if last is not None else None
         doing = (
-            f"is queued ({spot.position} of {spot.waiting}, waiting for one worker with"
+            "is still running"
+            if spot is None
+            else f"is queued ({spot.position} of {spot.waiting}, reason: {spot.reason})"
+            if spot.reason
+            else f"is queued ({spot.position} of {spot.waiting}, waiting for one worker with"
             f" {spot.gpus} free cards)"
-            if spot is not None
-            else "is still running"
         )
         console.print(
             f"DEADLINE_EXCEEDED: task {task.task_id} {doing}; levers9 task get {task.task_id}",
