@@ -79,8 +79,8 @@ class DisksService(disks_pb2_grpc.DisksServicer):
                     await context.abort(
                         grpc.StatusCode.PERMISSION_DENIED,
                         f"workspace: a workspace token (workspace {identity.workspace}) creates"
-                        f" disks only in its own workspace, not in {asked}; leave --workspace"
-                        " out, or ask the operator",
+                        f" disks only in its own workspace, not in {shown(asked)}; leave"
+                        " --workspace out, or ask the operator",
                     )
                 return None
             return identity.own_workspace
