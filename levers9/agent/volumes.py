@@ -128,6 +128,7 @@ async def check(access: VolumeAccess) -> None:
 def _list_one(access: VolumeAccess) -> str | None:
     """The error listing the prefix gave (S3's code and message), or None."""
     import boto3
+    import botocore
     import botocore.config
     import botocore.exceptions
 
@@ -136,13 +137,16 @@ def _list_one(access: VolumeAccess) -> str | None:
         read_timeout=CHECK_S / 3,
         retries={"max_attempts": 1, "mode": "standard"},
         s3={"addressing_style": "path"},
+        # No key: anonymous, never the agent's own (its environment, the node's role).
+        signature_version=None if access.access_key_id else botocore.UNSIGNED,
     )
-    client = boto3.session.Session().client(
+    client = boto3.session.Session(
+        aws_access_key_id=access.access_key_id or None,
+        aws_secret_access_key=access.secret_access_key or None,
+    ).client(
         "s3",
         endpoint_url=access.endpoint_url,
         region_name=access.region or "us-east-1",
-        aws_access_key_id=access.access_key_id or None,
-        aws_secret_access_key=access.secret_access_key or None,
         config=config,
     )
     prefix = f"{access.prefix}/" if access.prefix else ""

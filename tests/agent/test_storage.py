@@ -515,3 +515,24 @@ async def test_the_controlplane_lists_and_deletes_a_machines_disks(
         await bare_channel.close()
         await server.stop(0)
         await bare.stop(0)
+
+
+async def test_a_volume_without_a_key_is_anonymous_never_the_agents_own(
+    tasks: TaskManager,
+    s3: S3,
+    image: tuple[LocalRegistry, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The agent's own environment holds a key that could list the bucket (a node's role, say):
+    # a volume given no key must not borrow it.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret)
+    access = s3.access(access_key_id="", secret_access_key="")
+    mounts = [_mount("volume", "data", "/data")]
+    status, _ = await _run(tasks, "anonymous", image[1], "echo ran", mounts, [access])
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    # moto, checking credentials, answers an unsigned request 500 (S3 would say AccessDenied):
+    # either way it was refused, which the agent's own key would not have been.
+    assert status.reason.startswith("volume data: "), status.reason
+    assert status.reason.endswith("on s3://workspace-a/runs"), status.reason
+    assert "ran" not in tasks.output("anonymous").tail()
