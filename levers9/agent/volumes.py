@@ -185,9 +185,10 @@ def fuse_argv(
         env.update(
             {
                 f"RCLONE_CONFIG_{remote}_TYPE": "s3",
-                f"RCLONE_CONFIG_{remote}_PROVIDER": "GCS"
-                if access.bucket.startswith("gs://")
-                else ("Other" if access.endpoint else "AWS"),
+                # GCS through its S3 interface (an HMAC key) is "Other" to rclone 1.60.
+                f"RCLONE_CONFIG_{remote}_PROVIDER": "Other"
+                if access.endpoint or access.bucket.startswith("gs://")
+                else "AWS",
                 f"RCLONE_CONFIG_{remote}_ENDPOINT": access.endpoint_url,
                 f"RCLONE_CONFIG_{remote}_REGION": access.region or "us-east-1",
                 f"RCLONE_CONFIG_{remote}_ACCESS_KEY_ID": access.access_key_id,
