@@ -34,7 +34,7 @@ from activities.kube_clients import KubeClients
 from levers9.agent.cgroups import cgroup_dirs
 from levers9.cli.runtime import read_env_file
 from levers9.config import load
-from sandbox import aws, registries, task_images, worker_image
+from sandbox import aws, buckets, registries, task_images, worker_image
 from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
 from tests.waiting import until
@@ -240,6 +240,33 @@ def _workers_available(dev: Dev, within: float) -> str | None:
     except TimeoutError:
         return said[0]
     return None
+
+
+def test_up_serves_s3_with_a_bucket_the_default_workspace_mounts(dev: Dev) -> None:
+    """As README's Volumes section says: the bucket `up` made, its credentials file, and a task
+    that writes to it through a volume (once attach let the pool have workers)."""
+    moto = f"http://127.0.0.1:{_port(dev, '--moto-port')}"
+    credentials = dev.home / ".levers9" / "dev" / buckets.CREDENTIALS_FILE
+    assert credentials.stat().st_mode & 0o777 == 0o600
+    listed = [b["Name"] for b in buckets.s3_client(moto).list_buckets()["Buckets"]]
+    assert listed.count("levers9-default") == 1
+    made = dev.run(
+        *("volume", "create", "data", "--bucket", "s3://levers9-default/demo"),
+        *("--endpoint", moto, "--credentials-file", str(credentials)),
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    shown = dev.run("volume", "list", "-o", "json")
+    assert [(v["name"], v["workspace"]) for v in json.loads(shown.stdout)] == [("data", "default")]
+    ran = dev.run(
+        *("run", "--gpus", "0", "--wait", "240", "--volume", "data:/data"),
+        *("--", "sh", "-c", "echo from-the-demo > /data/hello.txt"),
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    got = buckets.s3_client(moto).get_object(Bucket="levers9-default", Key="demo/hello.txt")
+    assert got["Body"].read() == b"from-the-demo\n"
+    deleted = dev.run("volume", "delete", "data")
+    assert deleted.returncode == 0, deleted.stderr
 
 
 def test_replace_eks_nodes_moves_the_egress_ip(dev: Dev) -> None:
