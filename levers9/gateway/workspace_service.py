@@ -30,6 +30,7 @@ from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2
+from levers9.records.volumes import TemporalVolumeRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords, WorkspaceExists
 from levers9.task_wire import to_message
 from levers9.temporal import no_such_pool
@@ -61,9 +62,15 @@ def token_message(token: WorkspaceToken) -> gateway_pb2.WorkspaceTokenRecord:
 
 
 class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
-    def __init__(self, records: TemporalWorkspaceRecords, authority: Authority) -> None:
+    def __init__(
+        self,
+        records: TemporalWorkspaceRecords,
+        authority: Authority,
+        volumes: TemporalVolumeRecords | None = None,
+    ) -> None:
         self._records = records
         self._authority = authority
+        self._volumes = volumes
 
     async def _identify(self, context: Context) -> Identity:
         try:
@@ -227,6 +234,14 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"workspace {request.name} has {running} running task(s): cancel them first"
                 f" (`levers9 task list` shows them), then delete it",
+            )
+        volumes = 0 if self._volumes is None else await self._volumes.count(request.name)
+        if volumes:
+            # A workspace made again under this name would otherwise mount them.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"workspace {request.name} has {volumes} volume(s): delete them first"
+                f" (`levers9 volume list --workspace {request.name}`), then delete it",
             )
         if not await self._records.delete(request.name):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")

@@ -87,6 +87,15 @@ class TemporalVolumeRecords:
                 records.append(record)
         return sorted(records, key=lambda r: (r.spec.workspace, r.spec.name))
 
+    async def count(self, workspace: str) -> int:
+        """How many volumes `workspace` has (Temporal's visibility: a create is counted once
+        it is indexed, within a second or so)."""
+        query = (
+            f"WorkflowType='{VOLUME_WORKFLOW}' AND ExecutionStatus='Running'"
+            f" AND TaskQueue='{self._task_queue}'" + workspace_clause(workspace)
+        )
+        return (await self._client.count_workflows(query)).count
+
     async def delete(self, workspace: str, name: str) -> bool:
         """Ends the volume's record; False when the workspace has no such volume."""
         return await delivered(self._handle(workspace, name).execute_update("delete"))
