@@ -26,6 +26,7 @@ from activities.pool_cache import PoolCaches
 from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
+from levers9.dashboard.app import Dashboard
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
 from levers9.gateway.endpoint_connections import FrontLimits
@@ -201,6 +202,7 @@ def serving(
         settings.replica_id,
         operator_generation=settings.operator_token_generation,
         limits=FrontLimits.of(settings),
+        ui=Dashboard.of(gateway, secret, settings.endpoints_base_url()).handle,
     )
     return Serving(worker, replica, gateway, caches, endpoints)
 

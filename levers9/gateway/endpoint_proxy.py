@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from ssl import SSLContext
 
@@ -122,7 +122,10 @@ class EndpointProxy:
         operator_generation: int = 1,
         limits: FrontLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ui: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] | None = None,
     ) -> None:
+        """`ui`: what answers under `/ui/` (the dashboard, `levers9.dashboard`)."""
+        self._ui = ui
         self._views = EndpointViews(book, gateway_id, clock=clock)
         self._tasks = tasks
         self._authority: Authority | None = getattr(tasks, "authority", None)
@@ -175,6 +178,8 @@ class EndpointProxy:
         arrived = asyncio.get_running_loop().time()
         name = request.raw_path.lstrip("/").partition("/")[0].partition("?")[0]
         progress = _Progress()
+        if name == "ui" and self._ui is not None:
+            return await self._ui(request)
         try:
             if not name:
                 raise Refused(404, "no endpoint named: <endpoints URL>/<name>/<path>")

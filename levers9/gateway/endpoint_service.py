@@ -51,6 +51,8 @@ def submitted_endpoint(request: endpoints_pb2.CreateEndpointRequest) -> Endpoint
         raise InvalidRequest("spec", "missing: the endpoint to create (its name, pool, command)")
     sent = request.spec
     _label("spec.name", sent.name, "an endpoint name")
+    if sent.name == "ui":
+        raise InvalidRequest("spec.name", "ui is the dashboard's path (<endpoints URL>/ui/)")
     _label("spec.pool_name", sent.pool_name, "a pool name")
     if not sent.command:
         raise InvalidRequest("spec.command", "missing: give the replicas' command after --")

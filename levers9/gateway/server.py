@@ -111,7 +111,9 @@ class Gateway:
         self.authority = Authority(secret, operator_generation, workspaces)
         """Who calls the CLI's services: the operator, or a workspace by its token."""
         self._workspaces = (
-            WorkspacesService(workspaces, self.authority) if workspaces is not None else None
+            WorkspacesService(workspaces, self.authority, volumes)
+            if workspaces is not None
+            else None
         )
         self._pools = PoolsService(pools, self.authority) if pools is not None else None
         self._endpoints = (
@@ -140,6 +142,9 @@ class Gateway:
         )
         self.tasks_service = self._tasks
         """The CLI's service (the endpoints' proxy opens replicas' ports through it)."""
+        self.pools_service, self.endpoints_service = self._pools, self._endpoints
+        self.workspaces_service = self._workspaces
+        """The CLI's other services, which the dashboard (`levers9.dashboard`) calls too."""
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None

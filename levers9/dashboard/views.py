@@ -1,0 +1,257 @@
+"""What each page shows, from the services' answers (escaped cells, `levers9.dashboard.html`)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from levers9.dashboard.html import ENDED, csrf_field, esc, path, table, when
+from levers9.proto import endpoints_pb2, gateway_pb2, pools_pb2
+
+STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def waits(record: gateway_pb2.TaskRecord) -> str:
+    """Why a queued task waits, as `levers9 task get` says it."""
+    if record.state != "queued" or not record.HasField("queue"):
+        return ""
+    spot = record.queue
+    if spot.reason == "quota":
+        why = f"workspace {spot.workspace or record.workspace} holds its GPU quota"
+    elif spot.reason:
+        why = spot.reason
+    else:
+        why = (
+            f"waiting for {spot.gpus} card(s): the most free on one of {spot.workers}"
+            f" worker(s) is {spot.most_free}"
+        )
+    return f"{why} (position {spot.position} of {spot.waiting})"
+
+
+def task_rows(records: Sequence[gateway_pb2.TaskRecord], operator: bool, next_page: str) -> str:
+    rows = []
+    for r in records:
+        link = f'<a href="{esc(path("tasks", r.task_id))}">{esc(r.task_id)}</a>'
+        cells = [link]
+        if operator:
+            cells.append(esc(r.workspace))
+        cells += [
+            esc(r.pool_name),
+            f'<span class="state {esc(r.state)}">{esc(r.state)}</span>',
+            esc(r.gpus),
+            f"<code>{esc(shlex.join(r.command))}</code>",
+            esc(when(r, "created_at")),
+            esc(waits(r) or r.reason),
+        ]
+        rows.append(cells)
+    headers = ["Task", *(["Workspace"] if operator else []), "Pool", "State", "GPUs"]
+    headers += ["Command", "Created (UTC)", "Reason"]
+    shown = table(headers, rows, "No task matches.", "tasks")
+    if next_page:
+        shown += f'<p><a href="{esc(next_page)}" data-testid="next-page">Next page →</a></p>'
+    return shown
+
+
+def task_filters(state: str, pool: str, text: str, workspace: str, operator: bool) -> str:
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == state else ""}>{s}</option>'
+        for s in ("", *STATES)
+    )
+    workspace_field = (
+        f'<label>Workspace <input name="workspace" value="{esc(workspace)}"></label>'
+        if operator
+        else ""
+    )
+    return (
+        '<form class="filters" method="get" action="/ui/tasks">'
+        f'<label>State <select name="state">{options}</select></label>'
+        f'<label>Pool <input name="pool" value="{esc(pool)}"></label>{workspace_field}'
+        f'<label>Text <input name="q" value="{esc(text)}" data-testid="filter-text"></label>'
+        '<button type="submit">Filter</button></form>'
+    )
+
+
+def cli_run(r: gateway_pb2.TaskRecord) -> str:
+    args = ["levers9", "run", "--pool", r.pool_name, "--gpus", str(r.gpus)]
+    if r.image:
+        args += ["--image", r.image]
+    for port in r.ports:
+        args += ["--port", str(port)]
+    return shlex.join([*args, "--", *r.command])
+
+
+def task_status(r: gateway_pb2.TaskRecord, csrf: str) -> str:
+    """The live part of a task's page: its state, why it waits, its timeline, cancel."""
+    facts = [
+        ("State", f'<span class="state {esc(r.state)}" data-testid="state">{esc(r.state)}</span>'),
+        ("Waits", esc(waits(r)) or "-"),
+        ("Reason", esc(r.reason) or "-"),
+        ("Exit code", esc(r.exit_code) if r.HasField("exit_code") else "-"),
+        ("Node", esc(r.node_name) if r.HasField("node_name") else "-"),
+        ("Worker", esc(r.worker_id) if r.HasField("worker_id") else "-"),
+        ("GPU indices", esc(", ".join(map(str, r.gpu_indices))) or "-"),
+        ("Finished (UTC)", esc(when(r, "finished_at"))),
+    ]
+    shown = "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+    phases = [["queued", esc(when(r, "created_at")), "", ""]]
+    phases += [[esc(p.name), esc(when(p, "at")), esc(p.detail), esc(p.error)] for p in r.phases]
+    if r.state in ENDED:
+        phases.append([esc(r.state), esc(when(r, "finished_at")), esc(r.reason), ""])
+    shown += "<h2>Timeline</h2>" + table(
+        ["Phase", "At (UTC)", "Detail", "Error"], phases, "No event yet.", "timeline"
+    )
+    if r.state not in ENDED:
+        shown += (
+            f'<form method="post" action="{esc(path("tasks", r.task_id, "cancel"))}">'
+            f'{csrf_field(csrf)}<button type="submit" class="danger" data-testid="cancel">'
+            "Cancel task</button></form>"
+        )
+    return shown
+
+
+def task_spec(r: gateway_pb2.TaskRecord) -> str:
+    spec = [
+        ("Workspace", esc(r.workspace)),
+        ("Pool", esc(r.pool_name)),
+        ("GPUs", esc(r.gpus)),
+        ("Image", esc(r.image) or "(the pool's)"),
+        ("Command", f"<code>{esc(shlex.join(r.command))}</code>"),
+        ("Ports", esc(", ".join(map(str, r.ports))) or "-"),
+        ("Retries", esc(r.retries)),
+        ("Borrowed", "yes" if r.borrowed else "no"),
+        ("Endpoint", esc(r.endpoint) or "-"),
+        ("Created (UTC)", esc(when(r, "created_at"))),
+    ]
+    return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in spec) + "</dl>"
+
+
+def cli_commands(r: gateway_pb2.TaskRecord) -> str:
+    lines = [
+        cli_run(r),
+        f"levers9 task get {r.task_id}",
+        f"levers9 task logs -f {r.task_id}",
+        f"levers9 task cancel {r.task_id}",
+    ]
+    return "".join(
+        f'<div class="cli"><code>{esc(line)}</code>'
+        f'<button type="button" class="copy" data-copy="{esc(line)}">Copy</button></div>'
+        for line in lines
+    )
+
+
+def machines(found: Sequence[pools_pb2.Machine]) -> str:
+    rows = []
+    for m in found:
+        held = m.total_gpus - m.free_gpus
+        rows.append(
+            [
+                esc(m.node_name),
+                esc(m.machine_id),
+                esc(m.gpu_type) if m.HasField("gpu_type") else "-",
+                f"{m.free_gpus} free / {held} held of {m.total_gpus}",
+                esc(f"{m.free_cpu_millis / 1000:g}"),
+                esc(f"{_mib(m.free_memory_bytes)} of {_mib(m.total_memory_bytes)}"),
+                esc(m.status) + ("" if m.machine else " (not a machine)"),
+                esc(", ".join(m.workers)) or "-",
+                esc(when(m, "observed_at")),
+            ]
+        )
+    headers = ["Node", "Machine", "GPU", "Cards", "CPU free", "Memory free", "State"]
+    return table([*headers, "Workers", "Last reconcile (UTC)"], rows, "No machine yet.", "machines")
+
+
+def pool_card(pool: pools_pb2.Pool, got: pools_pb2.GetPoolResponse | None) -> str:
+    state = "paused" if pool.paused else f"reconciles every {pool.every or '-'}"
+    shown = (
+        f'<section class="pool" data-testid="pool-{esc(pool.name)}"><h2>{esc(pool.name)}</h2>'
+        f"<p>{esc(state)}; {pool.passes} passes, the last at {esc(when(pool, 'last_pass'))}"
+        f"{' (joined cluster)' if pool.joined else ''}</p>"
+    )
+    if got is not None and got.HasField("usage"):
+        u = got.usage
+        shown += (
+            f'<p class="usage">{u.workers} worker(s), {u.free_gpus} of {u.gpus} card(s) free,'
+            f" {u.placed} task(s) placed, {u.waiting} waiting</p>"
+        )
+        rows = [
+            [
+                esc(w.workspace),
+                esc(w.gpus),
+                esc(w.borrowed_gpus),
+                esc(w.gpu_quota) if w.HasField("gpu_quota") else "none",
+                esc(w.placed),
+                esc(w.waiting),
+            ]
+            for w in u.workspaces
+        ]
+        shown += table(
+            ["Workspace", "GPUs held", "Borrowed", "Quota", "Placed", "Waiting"],
+            rows,
+            "No workspace has work here.",
+            f"usage-{pool.name}",
+        )
+    elif got is not None and got.usage_note:
+        shown += f"<p>{esc(got.usage_note)}</p>"
+    return shown + "</section>"
+
+
+def endpoint_rows(views: Sequence[endpoints_pb2.EndpointView], base_url: str) -> str:
+    rows = []
+    for v in views:
+        ready = sum(1 for r in v.replicas if r.state == "ready")
+        starting = sum(1 for r in v.replicas if r.state == "starting")
+        url = f"{base_url}/{v.name}/" if base_url else f"/{v.name}/"
+        last = v.events[-1] if v.events else None
+        rows.append(
+            [
+                esc(v.name),
+                esc(v.spec.workspace),
+                esc(v.spec.pool_name),
+                f'<a href="{esc(url)}">{esc(url)}</a>' + (" (public)" if v.spec.public else ""),
+                f"{ready} ready / {starting} starting (wants {v.wanted})",
+                esc(v.in_flight),
+                esc(v.waiting),
+                esc(v.cold_starts),
+                esc(v.failing) or "-",
+                esc(f"{last.kind}: {last.message}") if last else "-",
+            ]
+        )
+    headers = ["Endpoint", "Workspace", "Pool", "URL", "Replicas", "In flight", "Waiting"]
+    return table(
+        [*headers, "Cold starts", "Errors", "Last event"], rows, "No endpoint.", "endpoints"
+    )
+
+
+def token_rows(
+    workspace: str, tokens: Sequence[gateway_pb2.WorkspaceTokenRecord], csrf: str
+) -> str:
+    rows = []
+    for t in tokens:
+        revoke = "revoked " + when(t, "revoked_at") if t.HasField("revoked_at") else ""
+        action = (
+            esc(revoke)
+            if revoke
+            else '<form method="post"'
+            f' action="{esc(path("workspaces", workspace, "tokens", t.token_id, "revoke"))}">'
+            f'{csrf_field(csrf)}<button type="submit" class="danger">Revoke</button></form>'
+        )
+        rows.append(
+            [
+                esc(t.token_id),
+                esc(t.label),
+                esc(when(t, "created_at")),
+                esc(when(t, "expires_at")),
+                esc(when(t, "last_used_at")),
+                action,
+            ]
+        )
+    return table(
+        ["Token id", "Label", "Created", "Expires", "Last used", ""],
+        rows,
+        "No token.",
+        f"tokens-{workspace}",
+    )

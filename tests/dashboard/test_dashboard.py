@@ -1,0 +1,221 @@
+"""The dashboard (`/ui/` of the endpoints' front) in a real browser: Playwright driving the
+system's Chromium against a controlplane on the sandbox, with workspaces `team-a` and `team-b`
+and a token each, tasks started by the real CLI.
+
+A workspace token signs in to an HttpOnly, SameSite=Strict, expiring session; the dev pool's
+machines appear; a task started with the CLI appears on the open task list without a reload,
+and its log lines stream onto its page; a form POST without the CSRF token is refused and
+changes nothing; cancel from the page ends the task; another workspace's task is not listed
+and its URL answers exactly as a missing task's; the operator sees both teams' tasks and the
+workspaces' tokens by label, never a token.
+
+The tests of this module share one sandbox, one controlplane and one browser, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.tokens import operator_token
+from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+HAS_CHROMIUM = Path(CHROMIUM).exists()
+WITHIN = 60
+SHOWN_S = 10
+"""The browser's bound on a pushed change reaching the page (the page pushes each second)."""
+LINES_TASK = (
+    "import time\nfor i in range(100000):\n    print('dashboard line', i, flush=True)\n"
+    "    time.sleep(0.3)"
+)
+
+
+@dataclass
+class Board:
+    cp: Controlplane
+    browser: Browser
+    a: str
+    b: str
+    url: str
+    tasks: dict[str, str] = field(default_factory=dict)
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+async def board(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Board]:
+    if not HAS_CHROMIUM:
+        pytest.fail("no /usr/bin/chromium: apt-get install chromium (.ci/run installs it)")
+    async with (
+        reconciling(dev_env.client, tmp_path_factory.mktemp("dashboard"), containers=True) as cp,
+        async_playwright() as playwright,
+    ):
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            await eventually(lambda: workers_available(cp), within=WITHIN)
+            tokens = []
+            for team in ("team-a", "team-b"):
+                _ok(await cp.cli("workspace", "create", team, "--gpu-quota", "2"))
+                made = await cp.cli("workspace", "token", "create", team, "--name", "ci")
+                tokens.append(_ok(made).strip())
+            url = cp.settings.endpoints_base_url() + "/ui/"
+            yield Board(cp, browser, tokens[0], tokens[1], url)
+        finally:
+            await browser.close()
+
+
+async def _signed_in(board: Board, token: str) -> Page:
+    context = await board.browser.new_context()
+    page = await context.new_page()
+    await page.goto(board.url)
+    await expect(page).to_have_url(board.url + "sign-in")
+    await page.get_by_test_id("token").fill(token)
+    await page.get_by_test_id("sign-in").click()
+    await expect(page).to_have_url(board.url + "tasks")
+    return page
+
+
+async def test_a_workspace_token_signs_in_to_a_strict_http_only_expiring_session(
+    board: Board,
+) -> None:
+    page = await _signed_in(board, board.a)
+    await expect(page.get_by_test_id("who")).to_contain_text("workspace team-a (ci)")
+    [session] = [c for c in await page.context.cookies() if c["name"] == "l9_session"]
+    assert session["httpOnly"] is True
+    assert session["sameSite"] == "Strict"
+    assert time.time() < session["expires"] < time.time() + 9 * 3600
+    assert board.a not in session["value"]  # sealed: the browser never holds the token
+    # A wrong token is refused on the page, saying why, and signs nobody in.
+    other = await (await board.browser.new_context()).new_page()
+    await other.goto(board.url + "sign-in")
+    await other.get_by_test_id("token").fill("l9ws_team-a_nope_nope")
+    await other.get_by_test_id("sign-in").click()
+    await expect(other.get_by_test_id("problem")).to_contain_text("not signed in")
+    assert not [c for c in await other.context.cookies() if c["name"] == "l9_session"]
+    # Signing out ends the session: the pages ask for a sign-in again.
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page).to_have_url(board.url + "sign-in")
+    await page.goto(board.url + "pools")
+    await expect(page).to_have_url(board.url + "sign-in")
+
+
+async def test_the_dev_pools_machines_appear(board: Board) -> None:
+    listed = json.loads(_ok(await board.cp.cli("machine", "list", "--pool", POOL, "-o", "json")))
+    nodes = {m["node_name"] for m in listed}
+    assert nodes
+    page = await _signed_in(board, board.a)
+    await page.goto(board.url + "pools")
+    machines = page.get_by_test_id("machines")
+    for node in nodes:
+        await expect(machines).to_contain_text(node)
+    await expect(page.get_by_test_id(f"pool-{POOL}")).to_contain_text("card(s) free")
+
+
+async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(board: Board) -> None:
+    page = await _signed_in(board, board.a)
+    await expect(page.get_by_test_id("task-list")).to_be_attached()
+    done = await board.cp.cli(
+        "run", "--pool", POOL, "--gpus", "0", "--detach", "--", "python", "-c", LINES_TASK,
+        token=board.a,
+    )  # fmt: skip
+    task_id = _ok(done).strip()
+    board.tasks["a"] = task_id
+    # Pushed onto the open list: no reload.
+    link = page.get_by_role("link", name=task_id)
+    await expect(link).to_be_visible(timeout=SHOWN_S * 1000)
+    await link.click()
+    await expect(page).to_have_url(board.url + f"tasks/{task_id}")
+    logs = page.get_by_test_id("logs")
+    await expect(logs).to_contain_text("dashboard line 0", timeout=WITHIN * 1000)
+    await expect(logs).to_contain_text("dashboard line 3", timeout=WITHIN * 1000)
+    await expect(page.get_by_test_id("state")).to_have_text("running")
+    await expect(page.get_by_test_id("timeline")).to_contain_text("container.start")
+    await expect(page.locator(".cli code").first).to_contain_text("levers9 run --pool")
+
+
+async def test_a_form_without_the_csrf_token_is_refused_and_changes_nothing(board: Board) -> None:
+    task_id = board.tasks["a"]
+    page = await _signed_in(board, board.a)
+    cancel = board.url + f"tasks/{task_id}/cancel"
+    bare = await page.request.post(cancel, form={}, max_redirects=0)
+    assert bare.status == 403
+    assert "CSRF" in await bare.text()
+    # Another session's token is no better.
+    other = await _signed_in(board, board.a)
+    await other.goto(board.url + f"tasks/{task_id}")
+    theirs = await other.locator("input[name=csrf]").first.get_attribute("value")
+    assert theirs
+    forged = await page.request.post(cancel, form={"csrf": theirs}, max_redirects=0)
+    assert forged.status == 403
+    got = json.loads(_ok(await board.cp.cli("task", "get", task_id, "-o", "json")))
+    assert got["state"] == "running"
+
+
+async def test_cancel_from_the_page_ends_the_task(board: Board) -> None:
+    task_id = board.tasks["a"]
+    page = await _signed_in(board, board.a)
+    await page.goto(board.url + f"tasks/{task_id}")
+    await page.get_by_test_id("cancel").click()
+    await expect(page.get_by_test_id("state")).to_have_text("cancelled", timeout=WITHIN * 1000)
+    got = json.loads(_ok(await board.cp.cli("task", "get", task_id, "-o", "json")))
+    assert got["state"] == "cancelled"
+
+
+async def test_another_workspaces_task_is_not_listed_and_its_url_answers_not_found(
+    board: Board,
+) -> None:
+    done = await board.cp.cli(
+        "run", "--pool", POOL, "--gpus", "0", "--detach", "--", "python", "-c", LINES_TASK,
+        token=board.b,
+    )  # fmt: skip
+    board.tasks["b"] = _ok(done).strip()
+    page = await _signed_in(board, board.b)
+    # Proof the list could show it: team B's own task is listed.
+    await expect(page.get_by_role("link", name=board.tasks["b"])).to_be_visible(
+        timeout=SHOWN_S * 1000
+    )
+    await expect(page.get_by_role("link", name=board.tasks["a"])).to_have_count(0)
+    theirs = await page.goto(board.url + f"tasks/{board.tasks['a']}")
+    assert theirs is not None
+    theirs_text = await page.get_by_test_id("problem").inner_text()
+    missing_id = board.tasks["a"][:-4] + "0000"
+    none = await page.goto(board.url + f"tasks/{missing_id}")
+    assert none is not None
+    none_text = await page.get_by_test_id("problem").inner_text()
+    assert theirs.status == none.status == 404
+    assert theirs_text.replace(board.tasks["a"], "ID") == none_text.replace(missing_id, "ID")
+    stream = await page.request.get(board.url + f"tasks/{board.tasks['a']}/logs/stream")
+    assert stream.status == 404
+
+
+async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Board) -> None:
+    page = await _signed_in(board, operator_token(TOKEN_SECRET))
+    await expect(page.get_by_test_id("who")).to_have_text("operator")
+    listed = page.get_by_test_id("tasks")
+    for task_id in board.tasks.values():
+        await expect(listed).to_contain_text(task_id)
+    await expect(listed).to_contain_text("team-b")
+    await page.get_by_role("link", name="Workspaces").click()
+    for team in ("team-a", "team-b"):
+        await expect(page.get_by_test_id(f"tokens-{team}")).to_contain_text("ci")
+    content = await page.content()
+    assert board.a not in content
+    assert board.b not in content
+    _ok(await board.cp.cli("task", "cancel", board.tasks["b"]))
