@@ -32,7 +32,8 @@ def test_the_default_section_is_read() -> None:
     credentials = parse_credentials(GOOD, "creds")
     assert credentials.access_key_id == KEY_ID
     assert credentials.secret_access_key == SECRET
-    assert SECRET not in repr(credentials) and SECRET not in str(credentials)
+    assert SECRET not in repr(credentials)
+    assert SECRET not in str(credentials)
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_a_bucket_url(given: str, url: str) -> None:
 
 @pytest.mark.parametrize("given", ["levers9", "http://b", "s3://B", "s3://ab", "s3://b1/../x"])
 def test_a_bad_bucket_url_is_refused(given: str) -> None:
-    with pytest.raises(ValueError, match="bucket|s3://BUCKET|prefix"):
+    with pytest.raises(ValueError, match=r"bucket|s3://BUCKET|prefix"):
         parse_bucket(given)
 
 
@@ -83,7 +84,8 @@ def test_sealed_credentials_open_only_with_the_secret_generation_and_volume() ->
     context = sealing_context("team-a", "data")
     sealed = seal("controlplane-secret", 2, credentials, context)
     assert sealed.generation == 2
-    assert SECRET not in sealed.model_dump_json() and KEY_ID not in sealed.model_dump_json()
+    assert SECRET not in sealed.model_dump_json()
+    assert KEY_ID not in sealed.model_dump_json()
     assert unseal("controlplane-secret", sealed, context) == credentials
     with pytest.raises(Unsealable, match="generation 2"):
         unseal("another-secret", sealed, context)
@@ -96,4 +98,5 @@ def test_sealed_credentials_open_only_with_the_secret_generation_and_volume() ->
             context,
         )
     again = seal("controlplane-secret", 2, credentials, context)
-    assert again.nonce != sealed.nonce and again.ciphertext != sealed.ciphertext
+    assert again.nonce != sealed.nonce
+    assert again.ciphertext != sealed.ciphertext
