@@ -89,7 +89,9 @@ class TaskStorage:
                 raise StartError(f"volume {mount.name}: no access to it came with the task")
             self.volumes_dir.mkdir(parents=True, exist_ok=True)
             self.volumes_dir.chmod(0o711)
-            target = self.task_dir(task_id) / mount.name
+            # One volume may be mounted at two paths (one of them :ro, say): a point each.
+            taken = len(volumes.mounts_under(self.task_dir(task_id)))
+            target = self.task_dir(task_id) / (f"{mount.name}.{taken}" if taken else mount.name)
             await volumes.mount(
                 mount.volume,
                 target,

@@ -223,6 +223,19 @@ async def test_a_read_only_volume_refuses_writes(
     assert listed["KeyCount"] == 0
 
 
+async def test_one_volume_at_two_paths_one_read_only(
+    tasks: TaskManager, s3: S3, image: tuple[LocalRegistry, str], storage: TaskStorage
+) -> None:
+    mounts = [_mount("volume", "data", "/data"), _mount("volume", "data", "/ro", read_only=True)]
+    script = "echo two > /data/two.txt; echo no > /ro/no.txt; mount | grep -c ' /ro .*ro,'"
+    status, out = await _run(tasks, "twice", image[1], script, mounts, [s3.access()])
+    assert status.state == worker_pb2.TASK_STATE_SUCCEEDED, status.reason
+    assert "Read-only file system" in out, out
+    assert out.endswith("1\n"), out
+    assert _object(s3, "runs/two.txt") == b"two\n"
+    assert volumes.mounts_under(storage.volumes_dir) == []
+
+
 @pytest.mark.parametrize(
     ("changes", "error"),
     [
