@@ -7,6 +7,9 @@ plain run of each type, `<Type>-<path>.json` a path worth pinning (`-settings`, 
 `-liveness-job-deleted`). A change to a workflow that running workflows of the old code could
 not follow (another activity, another order, a timer removed) fails here: guard it with
 `workflow.patched(...)` (docs/operations.md), then record the histories again.
+`DiskWorkflow.json` and `PoolWorkflow-disk.json` (a disk's tasks pinned to its node, the pool
+telling the disk's record a task of it ended) come from tests/integration/test_disk_pin.py's
+flow on the dev server, as `WorkflowHistory.to_json_dict()` gives them.
 """
 
 from __future__ import annotations
