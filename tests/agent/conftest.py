@@ -1,13 +1,18 @@
 """Fixtures for the worker agent's tests: a node filesystem, a WorkerService on 127.0.0.1 with
-the process runtime, and a recording gateway."""
+the process runtime, a recording gateway, and an S3 (moto) that checks credentials."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 from grpc import aio
 
@@ -17,7 +22,8 @@ from levers9.agent.server import WorkerServer
 from levers9.agent.service import WorkerService
 from levers9.agent.supervisor import TaskManager
 from levers9.proto import worker_pb2, worker_pb2_grpc
-from sandbox.registries import LocalRegistry, push_layout
+from sandbox.aws import endpoint_url, moto_argv, moto_ready
+from sandbox.registries import LocalRegistry, free_port, push_layout
 from sandbox.task_images import build_busybox
 from tests.agent.kit import TOKEN
 from tests.agent.recording_gateway import RecordingGateway
@@ -78,3 +84,81 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRegis
 async def gateway() -> AsyncIterator[RecordingGateway]:
     async with RecordingGateway() as started:
         yield started
+
+
+BUCKET = "workspace-a"
+POLICY = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'
+
+
+@dataclass(frozen=True)
+class S3:
+    endpoint: str
+    key_id: str
+    secret: str
+    denied_key_id: str
+    """A user with no policy: S3 answers AccessDenied."""
+    denied_secret: str
+
+    def client(self) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=self.secret,
+        )
+
+    def access(self, name: str = "data", **changes: str) -> worker_pb2.VolumeAccess:
+        fields = {
+            "name": name,
+            "bucket": f"s3://{BUCKET}/runs",
+            "endpoint": self.endpoint,
+            "region": "us-east-1",
+            "access_key_id": self.key_id,
+            "secret_access_key": self.secret,
+            **changes,
+        }
+        return worker_pb2.VolumeAccess(**fields)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """moto checking credentials after its first five calls (which make two IAM users: one
+    allowed everything, one nothing) and a bucket of the first's."""
+    port = free_port()
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "5"}
+    child = subprocess.Popen(moto_argv(port), env=env, stdout=log, stderr=log)
+    endpoint = endpoint_url(port)
+    try:
+        deadline = time.monotonic() + 60
+        while not moto_ready(endpoint):
+            assert child.poll() is None, "moto exited"
+            assert time.monotonic() < deadline, "moto did not start within 60 s"
+            time.sleep(0.1)
+        iam = boto3.client(
+            "iam",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        keys = []
+        for user in ("owner", "stranger"):
+            iam.create_user(UserName=user)
+            keys.append(iam.create_access_key(UserName=user)["AccessKey"])
+            if user == "owner":
+                iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=POLICY)
+        world = S3(
+            endpoint,
+            keys[0]["AccessKeyId"],
+            keys[0]["SecretAccessKey"],
+            keys[1]["AccessKeyId"],
+            keys[1]["SecretAccessKey"],
+        )
+        world.client().create_bucket(Bucket=BUCKET)
+        yield world
+    finally:
+        child.kill()
+        child.wait()
+        log.close()

@@ -32,6 +32,7 @@ from levers9.contract import DEVICE_PLUGIN_DIR
 from levers9.proto import worker_pb2, worker_pb2_grpc
 from sandbox.cluster.kubelet import make_device_nodes
 from sandbox.registries import LocalRegistry
+from tests.agent.conftest import BUCKET, S3
 from tests.agent.kit import AUTH, POD_UID, TOKEN, write_checkpoint
 from tests.agent.recording_gateway import Calls, RecordingGateway
 
@@ -264,3 +265,57 @@ def _remove_containers(work: Path) -> None:
         TaskNetworks(work / "networks").sweep(keep=())
     for line in _mounts_under(work).splitlines():
         subprocess.run(["umount", "-l", line.split()[1]], check=False)
+
+
+async def test_a_restarted_agent_adopts_a_task_with_its_volume_and_disk(
+    gateway: RecordingGateway,
+    runc_env: dict[str, str],
+    image: tuple[LocalRegistry, str],
+    s3: S3,
+    node_root: Path,
+    work: Path,
+    tmp_path: Path,
+) -> None:
+    """The FUSE process and the disk's mount outlive a SIGKILLed agent; the next one adopts the
+    task, and at its end the object is in the bucket and nothing is left mounted."""
+    env = {**runc_env, "LEVERS9_DURABLE_DISKS_PATH": "/var/lib/levers9/disks"}
+    script = (
+        "echo before; while [ ! -e /levers9/go ]; do sleep 0.1; done;"
+        " echo adopted > /data/adopted.txt && echo kept > /scratch/kept && echo after"
+    )
+    request = _task("mounts", image[1], ["sh", "-c", script], card=())
+    request.task.mounts.extend(
+        [
+            worker_pb2.TaskMount(kind="volume", name="data", path="/data"),
+            worker_pb2.TaskMount(kind="disk", name="scratch", path="/scratch"),
+        ]
+    )
+    request.volumes.append(s3.access())
+    request.disks.append(
+        worker_pb2.DiskAccess(name="scratch", disk_id="d-adopted", size_bytes=32 * 1024**2)
+    )
+    first = await _agent(gateway, env, tmp_path / "first.log")
+    try:
+        async with _worker(gateway) as stub:
+            await stub.RunTask(request, metadata=AUTH)
+            await gateway.wait_for(_started("mounts"))
+            await _eventually(lambda: "before" in _output(work, "mounts"))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    second = await _agent(gateway, env, tmp_path / "second.log")
+    try:
+        (_task_dir(work, "mounts") / "result" / "go").write_text("")
+        await gateway.wait_for(_ended("mounts"))
+        [ended] = _ends(gateway.calls, "mounts")
+        assert ended.state == worker_pb2.TASK_STATE_SUCCEEDED, ended.reason
+        assert ended.log_tail == "before\nafter\n"
+        body = s3.client().get_object(Bucket=BUCKET, Key="runs/adopted.txt")["Body"].read()
+        assert body == b"adopted\n", "uploaded before the end was reported"
+        disks = node_root / "var/lib/levers9/disks"
+        assert (disks / "d-adopted.ext4").exists(), "the disk's file stays"
+        assert _mounts_under(work) == "", "its volume unmounted"
+        assert _mounts_under(disks) == "", "its disk unmounted"
+    finally:
+        second.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(second.wait(), 30)
