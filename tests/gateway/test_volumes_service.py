@@ -63,6 +63,7 @@ from tests.buckets import CheckingS3, checking_s3
 from tests.factories import run_levers9
 from tests.gateway.conftest import LOOPBACK
 from tests.reliability.secrets_scan import corpus_of_json
+from tests.waiting import eventually
 from workflows import RUNNER
 from workflows.volume import VolumeWorkflow
 from workflows.workspace import WorkspaceWorkflow
@@ -90,6 +91,7 @@ class Plane:
     secret: SecretStr
     task_queue: str
     address: str
+    channel: grpc.aio.Channel
     key_id: str
     key: str
     denied: Credentials
@@ -174,6 +176,7 @@ async def plane(
             secret,
             task_queue,
             f"127.0.0.1:{port}",
+            channel,
             s3.allowed.access_key_id,
             s3.allowed.secret_access_key,
             s3.denied,
@@ -541,3 +544,34 @@ async def test_the_cli_creates_lists_gets_and_deletes_with_a_workspaces_token(
     assert deleted.returncode == 0, deleted.stderr
     for done in (made, listed, got, unknown, other, deleted):
         assert plane.key not in done.stdout + done.stderr
+
+
+async def test_a_workspace_with_volumes_is_not_deleted_until_they_are(plane: Plane) -> None:
+    """Else a workspace made again under its name would mount the old one's buckets."""
+    name = f"data-{uuid.uuid4().hex[:6]}"
+    await plane.volumes.CreateVolume(plane.create(name), metadata=plane.b, timeout=TIMEOUT_S)
+    records = TemporalVolumeRecords(plane.client, plane.task_queue)
+
+    async def counted() -> bool:
+        return await records.count(plane.workspace_b) == 1
+
+    await eventually(counted, within=10)
+    workspaces = gateway_pb2_grpc.WorkspacesStub(plane.channel)
+    delete = gateway_pb2.DeleteWorkspaceRequest(name=plane.workspace_b)
+    refused = await _refused(
+        workspaces.DeleteWorkspace(delete, metadata=plane.operator, timeout=TIMEOUT_S)
+    )
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.details.startswith(f"workspace {plane.workspace_b} has 1 volume(s)")
+    await plane.volumes.GetVolume(  # its team still has it, and its workspace
+        volumes_pb2.GetVolumeRequest(name=name), metadata=plane.b, timeout=TIMEOUT_S
+    )
+    await plane.volumes.DeleteVolume(
+        volumes_pb2.DeleteVolumeRequest(name=name), metadata=plane.b, timeout=TIMEOUT_S
+    )
+
+    async def none() -> bool:
+        return await records.count(plane.workspace_b) == 0
+
+    await eventually(none, within=10)
+    await workspaces.DeleteWorkspace(delete, metadata=plane.operator, timeout=TIMEOUT_S)
