@@ -42,6 +42,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
     FailureError,
     TimeoutType,
 )
@@ -89,6 +90,9 @@ RETRY_BACKOFF = (timedelta(seconds=10), timedelta(minutes=5))
 (as a Job's backoffLimit does); a preempted one queues again at once."""
 ASK_AGAIN_AT_MOST = timedelta(hours=1)
 """A queued task asks the pool again after TaskInput.ask_again_seconds, doubling to this."""
+MOUNT_REFUSALS = ("VolumeNotFound", "VolumeUnsealable", "NoSuchDisk")
+"""run_task's refusals of a task's volume or disk (activities/dispatch.py): the reason is the
+refusal itself (`volume data: ...`), not a lost worker."""
 
 
 class _NeverStarted(Exception):
@@ -398,7 +402,9 @@ class TaskWorkflow:
                 f" cards {','.join(map(str, placement.gpu_indices)) or 'none'}",
             )
         except ActivityError as exc:
-            reason = f"worker lost before the task started: {failure_reason(exc)}"
+            reason = failure_reason(exc)
+            if not _refused_mount(exc):
+                reason = f"worker lost before the task started: {reason}"
             if await self._worker_ended(on_worker):
                 raise _NeverStarted(f"worker {placement.worker_id} ended; {reason}") from None
             return self._finish("failed", reason)
@@ -565,6 +571,11 @@ class TaskWorkflow:
         self._update(state=state, reason=reason, finished_at=workflow.now())
         assert self._record is not None
         return self._record
+
+
+def _refused_mount(exc: ActivityError) -> bool:
+    cause = exc.cause
+    return isinstance(cause, ApplicationError) and cause.type in MOUNT_REFUSALS
 
 
 def _not_picked_up(exc: ActivityError) -> bool:

@@ -58,6 +58,8 @@ class Cluster:
     failures: int = 0
     """How many of its first runs end `failed` (exit code 3) before one succeeds."""
     cancels: int = 0
+    mount_refusal: str = ""
+    """RunTask's refusal of the task's volume (run_task's VolumeNotFound), when set."""
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -89,6 +91,10 @@ class Cluster:
 
         @activity.defn(name="run_task")
         async def run_task(input: WorkerTaskInput) -> bool:
+            if self.mount_refusal:
+                raise ApplicationError(
+                    self.mount_refusal, type="VolumeNotFound", non_retryable=True
+                )
             if input.worker_id not in self.reachable:
                 raise ApplicationError("UNAVAILABLE: connection refused", non_retryable=True)
             self.runs.append(input.worker_id)
@@ -225,6 +231,18 @@ async def test_an_unreachable_worker_still_running_fails_the_task_and_never_plac
     assert record.reason.startswith("worker lost before the task started")
     assert cluster.placed == ["w-partitioned"]
     assert cluster.runs == []
+
+
+async def test_a_volume_refused_at_runtask_fails_the_task_with_that_reason(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    refusal = (
+        "volume data: no volume data in workspace default (deleted since the task was submitted?)"
+    )
+    cluster = Cluster(workers=["w-ok"], gone=set(), reachable={"w-ok"}, mount_refusal=refusal)
+    record = await _run(time_env, task_queue, cluster)
+    assert (record.state, record.reason) == ("failed", refusal)
+    assert cluster.placed == ["w-ok"]
 
 
 async def test_placements_are_bounded(time_env: WorkflowEnvironment, task_queue: str) -> None:
