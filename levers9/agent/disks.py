@@ -2,8 +2,8 @@
 (LEVERS9_DURABLE_DISKS_PATH, a hostPath of the worker Job), loop-mounted for the one task that
 uses it and bound into its container.
 
-A disk's file is `<durableDisksPath>/<disk_id>.ext4`, made on its first use (a sparse file of
-DiskAccess.size_bytes, `mkfs.ext4`): its size is a hard cap (a write past it is ENOSPC in the
+A disk's file is `<durableDisksPath>/<disk_id>.ext4`, made on its first use (DiskAccess.size_bytes
+allocated on the node, `mkfs.ext4`): its size is a hard cap (a write past it is ENOSPC in the
 task, never a full node). It outlives its tasks, the agent and the worker Job; only DeleteDisk
 removes it. While a task uses it, it is mounted at `<durableDisksPath>/.mounts/<disk_id>` (beside
 it a `<disk_id>.task` naming the task), which is how any agent of the machine knows it is busy:
@@ -166,9 +166,8 @@ class DiskStore:
         if shutil.which("mkfs.ext4") is None:
             raise DiskError(f"disk {access.name}: mkfs.ext4 is not installed on this worker")
         fresh = image.with_name(f".{image.name}.new")
-        with fresh.open("wb") as sparse:
-            sparse.truncate(access.size_bytes)
         try:
+            _reserve(fresh, access.size_bytes, access.name)
             _run(f"disk {access.name}", "mkfs.ext4", "-q", "-F", "-m", "0", str(fresh))
         except BaseException:
             fresh.unlink(missing_ok=True)
@@ -178,8 +177,7 @@ class DiskStore:
 
     def _grow(self, access: DiskAccess, image: Path) -> None:
         """The disk's file and filesystem grown to `size_bytes` (a disk is never shrunk)."""
-        with image.open("r+b") as sparse:
-            sparse.truncate(access.size_bytes)
+        _reserve(image, access.size_bytes, access.name)
         _run(f"disk {access.name}", "e2fsck", "-f", "-p", str(image))
         _run(f"disk {access.name}", "resize2fs", str(image))
 
@@ -271,6 +269,22 @@ class DiskStore:
         if existed:
             log.info("disk deleted", disk_id=disk_id)
         return existed
+
+
+def _reserve(path: Path, size: int, name: str) -> None:
+    """`path` made `size` bytes long with all its blocks allocated on the node (fallocate): a
+    disk's room is the node's promise, not an overcommit that a full node breaks mid-write as
+    EIO in the task; and a first write into allocated blocks is about four times faster than
+    into a sparse file's holes here (benchmarks/README.md). DiskError when the node has no
+    room for it."""
+    with path.open("ab") as file:
+        try:
+            os.posix_fallocate(file.fileno(), 0, size)
+        except OSError as error:
+            raise DiskError(
+                f"disk {name}: the node has no room for {size} bytes under its durableDisksPath"
+                f" ({error.strerror})"
+            ) from None
 
 
 def _direct_io(point: Path) -> None:
