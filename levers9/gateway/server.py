@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import SecretStr
 
+from levers9.gateway.box_service import BoxesService
 from levers9.gateway.clusters import ClusterHub
 from levers9.gateway.disk_service import DisksService
 from levers9.gateway.endpoint_service import EndpointsService
@@ -33,6 +34,7 @@ from levers9.gateway.volume_service import VolumesService
 from levers9.gateway.workspace_service import WorkspacesService
 from levers9.logs import get_logger
 from levers9.proto import (
+    boxes_pb2_grpc,
     disks_pb2_grpc,
     endpoints_pb2_grpc,
     gateway_pb2,
@@ -40,6 +42,7 @@ from levers9.proto import (
     pools_pb2_grpc,
     volumes_pb2_grpc,
 )
+from levers9.records.boxes import TemporalBoxRecords
 from levers9.records.disks import TemporalDiskRecords
 from levers9.records.endpoints import TemporalEndpointRecords
 from levers9.records.pools import TemporalPoolRecords
@@ -82,6 +85,7 @@ class Gateway:
         endpoints: TemporalEndpointRecords | None = None,
         volumes: TemporalVolumeRecords | None = None,
         disks: TemporalDiskRecords | None = None,
+        boxes: TemporalBoxRecords | None = None,
         volume_key_generation: int = 1,
         operator_generation: int = 1,
         ca_generation: int = 1,
@@ -111,7 +115,7 @@ class Gateway:
         self.authority = Authority(secret, operator_generation, workspaces)
         """Who calls the CLI's services: the operator, or a workspace by its token."""
         self._workspaces = (
-            WorkspacesService(workspaces, self.authority, volumes)
+            WorkspacesService(workspaces, self.authority, volumes, disks)
             if workspaces is not None
             else None
         )
@@ -141,6 +145,11 @@ class Gateway:
             else None
         )
         self.tasks_service = self._tasks
+        self._boxes = (
+            BoxesService(boxes, self._tasks, self.authority)
+            if boxes is not None and self._tasks is not None
+            else None
+        )
         """The CLI's service (the endpoints' proxy opens replicas' ports through it)."""
         self.pools_service, self.endpoints_service = self._pools, self._endpoints
         self.workspaces_service = self._workspaces
@@ -182,6 +191,8 @@ class Gateway:
             volumes_pb2_grpc.add_VolumesServicer_to_server(self._volumes, server)
         if self._disks is not None:
             disks_pb2_grpc.add_DisksServicer_to_server(self._disks, server)
+        if self._boxes is not None:
+            boxes_pb2_grpc.add_BoxesServicer_to_server(self._boxes, server)
         health_pb2_grpc.add_HealthServicer_to_server(checker, server)
         port = _bind(server, listen, tls)
         await server.start()

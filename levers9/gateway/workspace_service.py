@@ -30,12 +30,15 @@ from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2
+from levers9.records.disks import TemporalDiskRecords
 from levers9.records.volumes import TemporalVolumeRecords
 from levers9.records.workspaces import TemporalWorkspaceRecords, WorkspaceExists
 from levers9.task_wire import to_message
 from levers9.temporal import no_such_pool
 
 MAX_EXPIRY = timedelta(days=3650)
+MAX_NAMED = 10
+"""The most volumes (and disks) a refused workspace delete names, each with its command."""
 Context = grpc.aio.ServicerContext[Any, Any]
 
 log = get_logger(__name__)
@@ -67,10 +70,12 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         records: TemporalWorkspaceRecords,
         authority: Authority,
         volumes: TemporalVolumeRecords | None = None,
+        disks: TemporalDiskRecords | None = None,
     ) -> None:
         self._records = records
         self._authority = authority
         self._volumes = volumes
+        self._disks = disks
 
     async def _identify(self, context: Context) -> Identity:
         try:
@@ -235,19 +240,42 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
                 f"workspace {request.name} has {running} running task(s): cancel them first"
                 f" (`levers9 task list` shows them), then delete it",
             )
-        volumes = 0 if self._volumes is None else await self._volumes.count(request.name)
-        if volumes:
+        kept = await self._storage(request.name)
+        if kept:
             # A workspace made again under this name would otherwise mount them.
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"workspace {request.name} has {volumes} volume(s): delete them first"
-                f" (`levers9 volume list --workspace {request.name}`), then delete it",
+                f"workspace {request.name} has {kept}: delete them first, then delete it",
             )
         if not await self._records.delete(request.name):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
         self._authority.forget(request.name)
         log.info("workspace deleted", workspace=request.name)
         return gateway_pb2.DeleteWorkspaceResponse()
+
+    async def _storage(self, workspace: str) -> str:
+        """What storage `workspace` still has, each with the command that deletes it ("":
+        none): `1 volume(s) (data: `levers9 volume delete data --workspace W`) and ...`."""
+        kinds: list[tuple[str, list[str]]] = []
+        if self._volumes is not None:
+            volumes = await self._volumes.list(workspace)
+            kinds.append(("volume", [v.spec.name for v in volumes]))
+        if self._disks is not None:
+            disks = await self._disks.list(workspace=workspace)
+            kinds.append(("disk", [d.name for d in disks]))
+        said = []
+        for kind, names in kinds:
+            if not names:
+                continue
+            each = [
+                f"{name}: `levers9 {kind} delete {name} --workspace {workspace}`"
+                for name in names[:MAX_NAMED]
+            ]
+            more = len(names) - MAX_NAMED
+            if more > 0:
+                each.append(f"{more} more: `levers9 {kind} list --workspace {workspace}`")
+            said.append(f"{len(names)} {kind}(s) ({'; '.join(each)})")
+        return " and ".join(said)
 
     async def CreateWorkspaceToken(
         self, request: gateway_pb2.CreateWorkspaceTokenRequest, context: Context

@@ -65,7 +65,7 @@ from workflows.workspace import WorkspaceWorkflow
 
 if TYPE_CHECKING:
     from levers9.proto.disks_pb2_grpc import DisksAsyncStub
-    from levers9.proto.gateway_pb2_grpc import TasksAsyncStub
+    from levers9.proto.gateway_pb2_grpc import TasksAsyncStub, WorkspacesAsyncStub
 
 Metadata = tuple[tuple[str, str], ...]
 TIMEOUT_S = 10
@@ -96,6 +96,7 @@ class Plane:
     pool: str
     empty_pool: str
     task_queue: str
+    workspaces: WorkspacesAsyncStub
 
     def machine_id(self, node: str) -> str:
         return f"machine:{self.pool}:{node}"
@@ -198,6 +199,7 @@ async def plane(
                 pool,
                 empty,
                 task_queue,
+                workspaces,
             )
         finally:
             await sync_reconcile_schedules(client, [], settings)
@@ -427,3 +429,38 @@ async def test_a_task_naming_a_disk_its_workspace_lacks_is_refused_at_submit(
     handle = plane.client.get_workflow_handle(f"task:{task.task_id}")
     with pytest.raises(Exception, match="not found"):
         await handle.describe()
+
+
+async def test_a_workspace_with_disks_is_not_deleted_until_they_are(plane: Plane) -> None:
+    """Else a workspace made again under its name would find the old one's disks: the refusal
+    names each and the command that deletes it."""
+    await _create(plane, plane.b, "keep")
+    await _create(plane, plane.b, "notes")
+    await _listed(plane, plane.b, [("keep", plane.workspace_b), ("notes", plane.workspace_b)])
+    workspaces = plane.workspaces
+    delete = gateway_pb2.DeleteWorkspaceRequest(name=plane.workspace_b)
+    refused = await _refused(
+        workspaces.DeleteWorkspace(delete, metadata=plane.operator, timeout=TIMEOUT_S)
+    )
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    w = plane.workspace_b
+    assert refused.details() == (
+        f"workspace {w} has 2 disk(s) (keep: `levers9 disk delete keep --workspace {w}`;"
+        f" notes: `levers9 disk delete notes --workspace {w}`): delete them first, then"
+        " delete it"
+    )
+    # Still there, and still its team's.
+    got = await plane.disks.GetDisk(disks_pb2.GetDiskRequest(name="keep"), metadata=plane.b)
+    assert got.disk.workspace == w
+    for name in ("keep", "notes"):
+        await plane.disks.DeleteDisk(
+            disks_pb2.DeleteDiskRequest(name=name, workspace=w), metadata=plane.operator
+        )
+    await _listed(plane, plane.b, [])
+    await workspaces.DeleteWorkspace(delete, metadata=plane.operator, timeout=TIMEOUT_S)
+    gone = await _refused(
+        workspaces.GetWorkspace(
+            gateway_pb2.GetWorkspaceRequest(name=w), metadata=plane.operator, timeout=TIMEOUT_S
+        )
+    )
+    assert gone.code() == grpc.StatusCode.NOT_FOUND
