@@ -219,6 +219,16 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             task = submitted_task(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        task = await self.admit(task, identity, context)
+        await self._records.start(task)
+        return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+
+    async def admit(
+        self, task: TaskInput, identity: Identity, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> TaskInput:
+        """The task as it may run: in the caller's workspace, its volumes and disks that
+        workspace's, a runtime its pool offers, within max-queued; else the call is aborted
+        naming the field (a box's task is admitted so too, `levers9.gateway.box_service`)."""
         task = await self._in_workspace(task, identity, context)
         await self._volumes_exist(task, context)
         await self._disks_exist(task, context)
@@ -227,8 +237,11 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             field, problem = refused
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
         await self._within_max_queued(task, context)
-        await self._records.start(task)
-        return gateway_pb2.SubmitTaskResponse(task_id=task.task_id)
+        return task
+
+    async def record_of(self, task_id: str) -> TaskRecord | None:
+        """The task's record (a box's task: its state and node), None when there is none."""
+        return await self._records.get(task_id)
 
     async def _disks_exist(
         self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]

@@ -1,0 +1,198 @@
+"""BoxWorkflow (`box:<workspace>:<name>`): a box's record (`levers9 box create`).
+
+    create -> start its task (a TaskWorkflow child from the box's template, left running across
+    continue-as-new) -> follow it -> `stop` (Update: cancel it; the box reads stopped, with what
+    was kept) -> `start` (Update: a new task from the template, the same home) -> ... ->
+    `delete` (Update: cancel its task, end)
+
+The task started in this run is followed through its child handle: when it ends by itself (its
+command exited, its worker was lost) the box reads stopped with the task's end as the reason.
+After a continue-as-new the gateway tells the record (signal `task_ended`) when it finds the
+box's task ended. Signal `used` (from the gateway, at each exec, shell, ports or ssh use) moves
+the idle deadline of `--idle-stop`; the record's timer stops the box when it passes.
+
+The record is also its memo (`record`), so the gateway reads a box without a Temporal worker.
+It continues as new with its state past `max_history_events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import FailureError
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from levers9.core.boxes import (
+        BOX_WORKFLOW,
+        DELETING,
+        NO_CHECKPOINT,
+        RUNNING,
+        STOPPED,
+        BoxInput,
+        BoxState,
+        box_task_id,
+    )
+    from levers9.core.workspaces import DEFAULT_WORKSPACE
+    from levers9.models import TASK_WORKFLOW, TaskRecord, task_workflow_id
+    from levers9.search_attributes import WORKSPACE
+
+
+@workflow.defn(name=BOX_WORKFLOW)
+class BoxWorkflow:
+    @workflow.init
+    def __init__(self, input: BoxInput) -> None:
+        self._state: BoxState = input.state
+        self._live = input.state.state == RUNNING and bool(input.state.task_id)
+        """Its current task runs (or waits to): set once started, cleared once it is cancelled
+        or has ended."""
+        self._cancel: list[tuple[str, str]] = []
+        self._changed = True
+        self._follow: asyncio.Task[None] | None = None
+
+    @workflow.query
+    def box(self) -> BoxState:
+        return self._state
+
+    @workflow.signal
+    def used(self) -> None:
+        self._state.last_used_at = workflow.now()
+        self._changed = True
+
+    @workflow.signal
+    def task_ended(self, task_id: str, state: str, reason: str) -> None:
+        """Its task ended (the gateway read so from the task's record)."""
+        self._ended(task_id, state, reason)
+
+    @workflow.update
+    async def stop(self, reason: str) -> BoxState:
+        state = self._state
+        if state.state == RUNNING:
+            self._stop(reason or "box stop")
+        await workflow.wait_condition(lambda: not self._changed)
+        return state
+
+    @workflow.update
+    async def start(self) -> BoxState:
+        state = self._state
+        if state.state == STOPPED:
+            state.state = RUNNING
+            state.reason = ""
+            state.last_used_at = workflow.now()
+            self._changed = True
+        await workflow.wait_condition(lambda: not self._changed)
+        return state
+
+    @workflow.update
+    def delete(self) -> BoxState:
+        state = self._state
+        if state.state != DELETING:
+            if self._live:
+                self._cancel.append((state.task_id, f"box {state.name} deleted"))
+                self._live = False
+            state.state = DELETING
+            state.note(workflow.now(), "delete", "deleted: its task is stopped")
+            self._changed = True
+        return state
+
+    def _stop(self, why: str) -> None:
+        state = self._state
+        now = workflow.now()
+        if self._live:
+            self._cancel.append((state.task_id, f"box {state.name} stopped: {why}"))
+            self._live = False
+        state.state = STOPPED
+        state.reason = f"{why}; {NO_CHECKPOINT.format(home=state.home())}"
+        state.note(now, "stop", state.reason)
+        self._changed = True
+
+    def _ended(self, task_id: str, end: str, reason: str) -> None:
+        state = self._state
+        if task_id != state.task_id or not self._live:
+            return
+        self._live = False
+        if state.state == RUNNING:
+            why = f"its task {task_id} ended {end}" + (f": {reason}" if reason else "")
+            state.state = STOPPED
+            state.reason = f"{why} (levers9 box start {state.name} starts it again)"
+            state.note(workflow.now(), "ended", why)
+        self._changed = True
+
+    def _publish(self) -> None:
+        workflow.upsert_memo({"record": self._state.model_dump(mode="json")})
+
+    @workflow.run
+    async def run(self, input: BoxInput) -> BoxState:
+        state = self._state
+        while True:
+            await self._act()
+            self._publish()
+            self._changed = False
+            if state.state == DELETING:
+                break
+            deadline = state.idle_deadline()
+            timeout = None if deadline is None else deadline - workflow.now()
+            with contextlib.suppress(TimeoutError):
+                if timeout is None or timeout.total_seconds() > 0:
+                    await workflow.wait_condition(lambda: self._changed, timeout=timeout)
+            deadline = state.idle_deadline()
+            if deadline is not None and workflow.now() >= deadline and state.state == RUNNING:
+                self._stop(f"idle for {state.idle_stop_seconds} s (--idle-stop)")
+            if (
+                not self._changed
+                and workflow.info().get_current_history_length() > input.max_history_events
+            ):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._changed:
+                    workflow.continue_as_new(input.model_copy(update={"state": state}))
+        await self._act()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return state
+
+    async def _act(self) -> None:
+        state = self._state
+        while self._cancel:
+            task_id, reason = self._cancel.pop(0)
+            handle = workflow.get_external_workflow_handle(task_workflow_id(task_id))
+            with contextlib.suppress(FailureError):  # its record ended meanwhile
+                await handle.signal("cancel", reason)
+        if state.state == RUNNING and not self._live:
+            await self._start_task()
+
+    async def _start_task(self) -> None:
+        state = self._state
+        state.starts += 1
+        task_id = box_task_id(state.name, state.starts, workflow.uuid4().hex[:8])
+        task = state.task.model_copy(update={"task_id": task_id, "workspace": state.workspace})
+        attributes = (
+            TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
+            if state.workspace != DEFAULT_WORKSPACE
+            else None
+        )
+        handle: ChildWorkflowHandle[object, TaskRecord] = await workflow.start_child_workflow(
+            TASK_WORKFLOW,
+            task,
+            id=task_workflow_id(task_id),
+            task_queue=workflow.info().task_queue,
+            parent_close_policy=ParentClosePolicy.ABANDON,
+            static_summary=f"box {state.name} of workspace {state.workspace}",
+            search_attributes=attributes,
+            result_type=TaskRecord,
+        )
+        state.task_id = task_id
+        self._live = True
+        state.note(workflow.now(), "start", f"started task {task_id}")
+        self._follow = asyncio.create_task(self._follow_task(handle, task_id))
+
+    async def _follow_task(
+        self, handle: ChildWorkflowHandle[object, TaskRecord], task_id: str
+    ) -> None:
+        try:
+            record = await handle
+        except FailureError as exc:
+            self._ended(task_id, "failed", str(exc))
+            return
+        self._ended(task_id, record.state, record.reason)
