@@ -26,14 +26,13 @@ from temporalio.exceptions import FailureError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from levers9.box_state import BoxInput, BoxState
     from levers9.core.boxes import (
         BOX_WORKFLOW,
         DELETING,
         NO_CHECKPOINT,
         RUNNING,
         STOPPED,
-        BoxInput,
-        BoxState,
         box_task_id,
     )
     from levers9.core.workspaces import DEFAULT_WORKSPACE

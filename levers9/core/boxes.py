@@ -12,12 +12,7 @@ record's timer; the gateway tells the record of each use.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-
-from pydantic import BaseModel, Field
-
 from levers9.core.workspaces import name_problem
-from levers9.models import TaskInput
 
 BOX_WORKFLOW = "BoxWorkflow"
 MAX_BOX_NAME_CHARS = 40
@@ -68,54 +63,6 @@ def parse_duration(text: str) -> int:
     if not number.isdigit():
         raise ValueError(f"{text!r} is not a duration: give e.g. 90s, 30m, 2h or 1d")
     return int(number) * (unit or 1)
-
-
-class BoxEvent(BaseModel):
-    at: datetime
-    kind: str
-    message: str
-
-
-class BoxState(BaseModel):
-    """The box's record, also its memo (`record`): what `levers9 box get` shows."""
-
-    name: str
-    workspace: str
-    task: TaskInput
-    """The task it runs, as a template: each start is this with a new task id."""
-    idle_stop_seconds: int = 0
-    created_at: datetime
-    state: str = RUNNING
-    """running (its task runs or waits to), stopped, deleting"""
-    task_id: str = ""
-    """Its current (or last) task."""
-    starts: int = 0
-    reason: str = ""
-    """Why it is stopped (`box stop`, idle, its task ended) and what was kept."""
-    last_used_at: datetime | None = None
-    events: list[BoxEvent] = Field(default_factory=list)
-
-    def note(self, at: datetime, kind: str, message: str) -> None:
-        self.events.append(BoxEvent(at=at, kind=kind, message=message))
-        del self.events[:-MAX_EVENTS]
-
-    def home(self) -> str:
-        """Where its files survive a stop: its disks and volumes, or nothing."""
-        kept = [f"{m.kind} {m.name} at {m.path}" for m in self.task.mounts]
-        return ", ".join(kept) or "none: no --disk or --volume"
-
-    def idle_deadline(self) -> datetime | None:
-        """When it is stopped for want of use (None: never, or it is not running)."""
-        if not self.idle_stop_seconds or self.state != RUNNING:
-            return None
-        since = self.last_used_at or self.created_at
-        return since + timedelta(seconds=self.idle_stop_seconds)
-
-
-class BoxInput(BaseModel):
-    state: BoxState
-    max_history_events: int = Field(default=2_000, ge=50)
-    """Continue as new (with the state) past this many events: the uses the gateway reports."""
 
 
 def box_task_id(name: str, start: int, unique: str) -> str:

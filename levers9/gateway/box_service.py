@@ -19,10 +19,10 @@ from typing import Any
 
 import grpc
 
+from levers9.box_state import BoxState
 from levers9.core.boxes import (
     KEEP_ALIVE,
     RUNNING,
-    BoxState,
     box_name_problem,
     idle_stop_problem,
 )

@@ -14,7 +14,8 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from levers9.core.boxes import BOX_WORKFLOW, DELETING, BoxInput, BoxState, box_workflow_id
+from levers9.box_state import BoxInput, BoxState
+from levers9.core.boxes import BOX_WORKFLOW, DELETING, box_workflow_id
 from levers9.records.found import delivered, or_none
 from levers9.records.workspaces import workspace_clause
 from levers9.search_attributes import POOL_NAME, WORKSPACE
