@@ -39,6 +39,7 @@ from levers9.gateway.tunnel import TunnelHub
 from levers9.operations import start_pool_removal
 from levers9.process import exit_now
 from levers9.providers.joined import ClusterState, pool_block
+from levers9.records.boxes import TemporalBoxRecords
 from levers9.records.clusters import joined_clusters
 from levers9.records.disks import TemporalDiskRecords
 from levers9.records.endpoints import TemporalEndpointRecords
@@ -189,6 +190,7 @@ def serving(
         endpoints=TemporalEndpointRecords(client, settings.task_queue),
         volumes=TemporalVolumeRecords(client, settings.task_queue),
         disks=TemporalDiskRecords(client, settings.task_queue),
+        boxes=TemporalBoxRecords(client, settings.task_queue),
         volume_key_generation=settings.volume_key_generation,
         operator_generation=settings.operator_token_generation,
         ca_generation=settings.worker_ca_generation,

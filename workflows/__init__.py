@@ -6,6 +6,7 @@ from __future__ import annotations
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from workflows.attach import AttachClusterWorkflow
+from workflows.box import BoxWorkflow
 from workflows.cluster import ClusterWorkflow
 from workflows.cluster_session import ClusterSessionWorkflow
 from workflows.disk import DiskWorkflow
@@ -35,6 +36,7 @@ WORKFLOWS = [
     WorkspaceWorkflow,
     VolumeWorkflow,
     DiskWorkflow,
+    BoxWorkflow,
 ]
 """What the controlplane's Temporal worker hosts. AttachClusterWorkflow runs on the task queue
 of the `levers9 gke attach` process, with the operator's credentials."""
@@ -53,6 +55,7 @@ __all__ = [
     "RUNNER",
     "WORKFLOWS",
     "AttachClusterWorkflow",
+    "BoxWorkflow",
     "ClusterSessionWorkflow",
     "ClusterWorkflow",
     "DiskWorkflow",
