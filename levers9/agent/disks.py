@@ -178,7 +178,7 @@ class DiskStore:
     def _grow(self, access: DiskAccess, image: Path) -> None:
         """The disk's file and filesystem grown to `size_bytes` (a disk is never shrunk)."""
         _reserve(image, access.size_bytes, access.name)
-        _run(f"disk {access.name}", "e2fsck", "-f", "-p", str(image))
+        _run(f"disk {access.name}", "e2fsck", "-f", "-p", str(image), ok=(0, 1))
         _run(f"disk {access.name}", "resize2fs", str(image))
 
     def _own(self, disk_id: str, point: Path, owner: Owner) -> None:
@@ -326,11 +326,13 @@ def _shift(root: Path, before: int, after: int, size: int) -> None:
                     os.chmod(entry, mode & 0o7777)  # chown drops setuid/setgid bits
 
 
-def _run(name: str, *argv: str) -> None:
+def _run(name: str, *argv: str, ok: tuple[int, ...] = (0,)) -> None:
+    """`argv`; DiskError naming the disk and the tool's last words unless it exits with one of
+    `ok` (e2fsck: 1 is "errors corrected")."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
     except FileNotFoundError:
         raise DiskError(f"{name}: {argv[0]} is not installed on this worker") from None
-    if done.returncode != 0:
+    if done.returncode not in ok:
         words = (done.stderr or done.stdout).strip().splitlines()
         raise DiskError(f"{name}: {argv[0]} failed: {words[-1] if words else done.returncode}")

@@ -468,3 +468,26 @@ async def test_a_volume_without_a_key_is_anonymous_never_the_agents_own(
     assert status.reason.startswith("volume data: "), status.reason
     assert status.reason.endswith("on s3://workspace-a/runs"), status.reason
     assert "ran" not in tasks.output("anonymous").tail()
+
+
+async def test_a_disk_given_a_larger_size_grows_and_keeps_its_data(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "durable-disks")
+    small = DiskAccess("scratch", "d-grows", 16 * 1024**2)
+    point = await store.attach(small, "first", Owner(0, 0))
+    (point / "kept").write_text("kept\n")
+    before = os.statvfs(point)
+    store.detach("d-grows")
+    point = await store.attach(
+        DiskAccess("scratch", "d-grows", 64 * 1024**2), "second", Owner(0, 0)
+    )
+    try:
+        assert (point / "kept").read_text() == "kept\n"
+        after = os.statvfs(point)
+        assert after.f_blocks * after.f_frsize > 3 * before.f_blocks * before.f_frsize
+        assert store.image("d-grows").stat().st_size == 64 * 1024**2
+    finally:
+        store.detach("d-grows")
+    # A smaller size later is not a shrink: the disk keeps its room.
+    point = await store.attach(small, "third", Owner(0, 0))
+    store.detach("d-grows")
+    assert store.image("d-grows").stat().st_size == 64 * 1024**2
