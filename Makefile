@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest down clean mutation properties
+.PHONY: demo test lint typecheck pytest down clean mutation properties screenshots
 
 $(STAMP): pyproject.toml
 	deploy/dev/install-tools.sh
@@ -46,6 +46,11 @@ mutation: $(STAMP)
 
 properties: $(STAMP)
 	$(BIN)/python benchmarks/properties.py
+
+# The dashboard's pages as docs/dashboard.md shows them: its browser tests, saving each page.
+screenshots: $(STAMP)
+	mkdir -p docs/dashboard
+	LEVERS9_SCREENSHOTS=docs/dashboard $(BIN)/pytest -n 0 -p no:cacheprovider tests/dashboard
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -85,6 +85,9 @@ def up(stack: DevStack) -> None:
     _print_status(stack, Output.table)
     console.print(f"\nsource [bold]{stack.env_file}[/bold] to point temporal/kubectl at it")
     console.print(f"kubectl: KUBECONFIG={stack.env()['KUBECONFIG']} kubectl get nodes")
+    console.print(
+        f"dashboard: {stack.env()['LEVERS9_ENDPOINTS_URL']}/ui/ (token: {stack.api_token_file})"
+    )
 
 
 @app.command()

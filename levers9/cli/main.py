@@ -95,6 +95,11 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.profile",
         "Profiles: which controlplane and token the CLI uses (levers9 login writes them).",
     ),
+    "ui": _Entry(
+        "levers9.cli.ui",
+        "Open the web dashboard (pools, machines, tasks, endpoints, workspaces); prints its URL.",
+        attr="ui",
+    ),
     "gke": _Entry("levers9.cli.gke", "The cloud side of GKE pools."),
     "egress": _Entry("levers9.cli.egress", "The controlplane's egress IPs on GKE allowlists."),
     "image": _Entry("levers9.cli.image", "The worker image in the pools' registries."),

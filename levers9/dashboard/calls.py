@@ -14,6 +14,7 @@ from typing import Any, cast
 import grpc
 
 from levers9.gateway.endpoint_service import EndpointsService
+from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.pool_service import PoolsService
 from levers9.gateway.task_service import TasksService
 from levers9.gateway.workspace_service import WorkspacesService
@@ -95,7 +96,21 @@ class Calls:
     # -- who ----------------------------------------------------------------------------------
 
     async def whoami(self) -> gateway_pb2.WhoAmIResponse:
-        return await self._workspaces().WhoAmI(gateway_pb2.WhoAmIRequest(), _context(self._token))
+        """Who the token makes the caller (WhoAmI; a gateway without workspaces: its
+        Authority, which knows the operator's token only)."""
+        if self._services.workspaces is not None:
+            request = gateway_pb2.WhoAmIRequest()
+            return await self._services.workspaces.WhoAmI(request, _context(self._token))
+        try:
+            identity = await self._tasks().authority.identify(bearer.metadata(self._token))
+        except Unauthenticated as exc:
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED, exc.message) from None
+        return gateway_pb2.WhoAmIResponse(
+            operator=identity.operator,
+            workspace=identity.workspace or "",
+            token_id=identity.token_id,
+            label="operator" if identity.operator else identity.token_id,
+        )
 
     # -- tasks --------------------------------------------------------------------------------
 

@@ -152,7 +152,8 @@ def machines(found: Sequence[pools_pb2.Machine]) -> str:
                 esc(m.node_name),
                 esc(m.machine_id),
                 esc(m.gpu_type) if m.HasField("gpu_type") else "-",
-                f"{m.free_gpus} free / {held} held of {m.total_gpus}",
+                f"{m.total_gpus} ({held} held by pods, levers9's worker among them;"
+                f" {m.free_gpus} free)",
                 esc(f"{m.free_cpu_millis / 1000:g}"),
                 esc(f"{_mib(m.free_memory_bytes)} of {_mib(m.total_memory_bytes)}"),
                 esc(m.status) + ("" if m.machine else " (not a machine)"),
@@ -174,7 +175,8 @@ def pool_card(pool: pools_pb2.Pool, got: pools_pb2.GetPoolResponse | None) -> st
     if got is not None and got.HasField("usage"):
         u = got.usage
         shown += (
-            f'<p class="usage">{u.workers} worker(s), {u.free_gpus} of {u.gpus} card(s) free,'
+            f'<p class="usage">{u.workers} worker(s), {u.free_gpus} of {u.gpus} card(s) free'
+            " for tasks,"
             f" {u.placed} task(s) placed, {u.waiting} waiting</p>"
         )
         rows = [

@@ -9,12 +9,15 @@ changes nothing; cancel from the page ends the task; another workspace's task is
 and its URL answers exactly as a missing task's; the operator sees both teams' tasks and the
 workspaces' tokens by label, never a token.
 
-The tests of this module share one sandbox, one controlplane and one browser, in order.
+The tests of this module share one sandbox, one controlplane and one browser, in order. With
+LEVERS9_SCREENSHOTS=DIR (`make screenshots`: docs/dashboard/) they also save each page there,
+as docs/dashboard.md shows them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -36,6 +39,7 @@ HAS_CHROMIUM = Path(CHROMIUM).exists()
 WITHIN = 60
 SHOWN_S = 10
 """The browser's bound on a pushed change reaching the page (the page pushes each second)."""
+SCREENSHOTS = os.environ.get("LEVERS9_SCREENSHOTS", "")
 LINES_TASK = (
     "import time\nfor i in range(100000):\n    print('dashboard line', i, flush=True)\n"
     "    time.sleep(0.3)"
@@ -81,11 +85,18 @@ async def board(
             await browser.close()
 
 
+async def _snap(page: Page, name: str) -> None:
+    """The page as docs/dashboard.md shows it (only with LEVERS9_SCREENSHOTS set)."""
+    if SCREENSHOTS:
+        await page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"))
+
+
 async def _signed_in(board: Board, token: str) -> Page:
-    context = await board.browser.new_context()
+    context = await board.browser.new_context(viewport={"width": 1280, "height": 800})
     page = await context.new_page()
     await page.goto(board.url)
     await expect(page).to_have_url(board.url + "sign-in")
+    await _snap(page, "sign-in")
     await page.get_by_test_id("token").fill(token)
     await page.get_by_test_id("sign-in").click()
     await expect(page).to_have_url(board.url + "tasks")
@@ -126,6 +137,7 @@ async def test_the_dev_pools_machines_appear(board: Board) -> None:
     for node in nodes:
         await expect(machines).to_contain_text(node)
     await expect(page.get_by_test_id(f"pool-{POOL}")).to_contain_text("card(s) free")
+    await _snap(page, "pools")
 
 
 async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(board: Board) -> None:
@@ -148,6 +160,7 @@ async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(boar
     await expect(page.get_by_test_id("state")).to_have_text("running")
     await expect(page.get_by_test_id("timeline")).to_contain_text("container.start")
     await expect(page.locator(".cli code").first).to_contain_text("levers9 run --pool")
+    await _snap(page, "task")
 
 
 async def test_a_form_without_the_csrf_token_is_refused_and_changes_nothing(board: Board) -> None:
@@ -212,10 +225,20 @@ async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Boa
     for task_id in board.tasks.values():
         await expect(listed).to_contain_text(task_id)
     await expect(listed).to_contain_text("team-b")
+    await _snap(page, "tasks")
+    await page.get_by_role("link", name="Endpoints").click()
+    await expect(page.get_by_test_id("endpoints-empty")).to_have_text("No endpoint.")
+    await _snap(page, "endpoints")
     await page.get_by_role("link", name="Workspaces").click()
     for team in ("team-a", "team-b"):
         await expect(page.get_by_test_id(f"tokens-{team}")).to_contain_text("ci")
+    await _snap(page, "workspaces")
     content = await page.content()
     assert board.a not in content
     assert board.b not in content
     _ok(await board.cp.cli("task", "cancel", board.tasks["b"]))
+
+
+async def test_levers9_ui_prints_the_dashboards_url(board: Board) -> None:
+    done = await board.cp.cli("ui", "--no-open")
+    assert _ok(done).strip() == board.url
