@@ -391,6 +391,7 @@ def worker_spec(
         registry_mirrors=settings.registry_mirrors,
         insecure_registries=settings.insecure_registries,
         image_cache_bytes=pool.image_cache_bytes,
+        image_cache_report=pool.cache.enabled,
         runtime=pool.runtime,
         runtimes=pool.offered_runtimes,
         task_network_allow=tuple(pool.task_network.allow),

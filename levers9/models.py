@@ -148,6 +148,9 @@ class WorkerHeartbeat(_Record):
     worker_id: str
     running_tasks: int
     idle_since: datetime | None = None
+    images: tuple[str, ...] | None = None
+    """`placement.image_key`s of what its node's image cache holds, when the agent reports it
+    (the pool's `cache.enabled`) and it changed since its last beat; None: unchanged."""
 
 
 class WorkerInput(_Record):
@@ -164,6 +167,8 @@ class WorkerInput(_Record):
     """Set when the record continues as new while available."""
     resume_beat: WorkerHeartbeat | None = None
     """Its latest heartbeat then (running tasks, the agent's idle-since)."""
+    resume_images: tuple[str, ...] = ()
+    """What its node's image cache held, as its heartbeats last said (`WorkerHeartbeat.images`)."""
     max_history_events: int = Field(default=5_000, ge=20)
     """Continue as new past this many events (an available worker beats every 10 s)."""
 
@@ -264,6 +269,9 @@ class PlaceRequest(_Record):
     pinned_by: str = ""
     """What pins it there (`disk scratch`): the reason it waits names it."""
     disk_ids: tuple[str, ...] = ()
+    image: str = ""
+    """Its image reference ("": none): a worker whose node's cache holds it goes first (the
+    pool's `cache.enabled`)."""
 
 
 class WorkerSlotInput(_Record):
@@ -278,6 +286,9 @@ class WorkerSlotInput(_Record):
     """Tunnelled workers: where calls to it run (WorkerRegistration.task_queue)."""
     tls: bool = False
     """Dial it with TLS (WorkerRegistration.tls)."""
+    images: tuple[str, ...] = ()
+    """`placement.image_key`s of what its node's image cache holds, as its heartbeats last said
+    (only with the pool's `cache.enabled`)."""
 
 
 class StopWorker(_Record):

@@ -24,7 +24,7 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from levers9.core.disks import disk_record_id
-    from levers9.core.placement import Placement, PoolState, QueueSpot, Slot
+    from levers9.core.placement import Placement, PoolState, QueueSpot, Slot, image_key
     from levers9.models import (
         POOL_WORKFLOW,
         PlaceRequest,
@@ -61,6 +61,7 @@ class PoolWorkflow:
                 tls=slot.tls,
                 devices=slot.devices,
                 node_gpus=slot.node_gpus,
+                images=slot.images,
             )
         )
         self._changed = True
@@ -125,6 +126,7 @@ class PoolWorkflow:
                 node=request.node,
                 pinned_by=request.pinned_by,
                 disk_ids=request.disk_ids,
+                image=image_key(request.image) if request.image else "",
             )
         self._changed = True
 

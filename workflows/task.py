@@ -317,6 +317,7 @@ class TaskWorkflow:
             workspace=input.workspace,
             borrow=input.borrow,
             disks=tuple(m.name for m in input.mounts if m.kind == "disk"),
+            image=input.image,
         )
         self._offered = None
         self._queued = True

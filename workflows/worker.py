@@ -77,6 +77,9 @@ PROBE_RETRY = RetryPolicy(
 placement), and the record does not wait minutes on it."""
 FINISHED_PHASES = frozenset({"Failed", "Succeeded"})
 SILENT = "silent: no heartbeat for the liveness window, nothing placed on it until heard again"
+CACHE_REPORT = "cache-report-announced"
+"""Patch: a change in what the node's image cache holds (its heartbeats say, with the pool's
+`cache.enabled`) is announced to the pool's placement."""
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -96,6 +99,9 @@ class WorkerWorkflow:
         self._timings: WorkerTimings | None = None
         self._settings_changes = 0
         self._announced: WorkerRegistration | None = None
+        self._images: tuple[str, ...] = ()
+        """What its node's image cache holds, as its heartbeats last said (cache.enabled)."""
+        self._announced_images: tuple[str, ...] = ()
         self._job_finished = False
         self._silent = False
 
@@ -133,6 +139,8 @@ class WorkerWorkflow:
     def heartbeat(self, beat: WorkerHeartbeat) -> None:
         self._beat = beat
         self._beat_at = workflow.now()
+        if beat.images is not None:
+            self._images = beat.images
         if beat.running_tasks:
             self._idle_from = None
         else:
@@ -154,6 +162,7 @@ class WorkerWorkflow:
             # A registration or heartbeat handled before run (same first task) is newer.
             self._registration = self._registration or input.resume
             self._beat = self._beat or input.resume_beat
+            self._images = self._images or input.resume_images
             self._beat_at = self._beat_at or workflow.now()
             carried = input.resume_beat
             if carried is not None and not carried.running_tasks:
@@ -254,9 +263,11 @@ class WorkerWorkflow:
                     tls=registration.tls,
                     devices=registration.visible_devices,
                     node_gpus=input.node_gpus,
+                    images=self._images,
                 ),
             )
             self._announced = registration
+            self._announced_images = self._images
 
     async def _serve(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord:
         """Available: heartbeats keep it; idle past the pool's minutes winds it down."""
@@ -315,6 +326,12 @@ class WorkerWorkflow:
                 # record and the pool both learn the worker's route now.
                 self._set(input, "available")
                 await self._announce(input)
+            elif (
+                self._images != self._announced_images
+                and not self._silent
+                and workflow.patched(CACHE_REPORT)
+            ):
+                await self._announce(input)  # its node's cache changed: placement prefers it
             long = workflow.info().get_current_history_length() > input.max_history_events
             # Not while a stop waits (it came during the announcement): this run acts on it;
             # nor while silent (the next run would announce it placeable).
@@ -327,6 +344,7 @@ class WorkerWorkflow:
                             update={
                                 "resume": self._registration,
                                 "resume_beat": self._beat,
+                                "resume_images": self._images,
                                 "timings": self._settings(),
                             }
                         ),

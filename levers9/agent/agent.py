@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from levers9.agent.smi import NvidiaSmi, NvidiaSmiError
 from levers9.agent.supervisor import TaskManager
 from levers9.agent.tunnel import TunnelClient
 from levers9.contract import AGENT_FILE, WORK_ROOT
+from levers9.core.placement import MAX_CACHED_IMAGES
 from levers9.logs import get_logger
 from levers9.rpc.channel import gateway_channel
 
@@ -88,8 +89,14 @@ class Agent:
             work_dir = self._work_dir(cleanup)
             channel = gateway_channel(settings.gateway_address, self._credentials)
             token = settings.worker_token.get_secret_value()
-            gateway = GatewayClient(channel, token, settings.pool_name, settings.worker_id)
             context = RuntimeContext(settings, self._paths, self._env, driver, work_dir, visible)
+            gateway = GatewayClient(
+                channel,
+                token,
+                settings.pool_name,
+                settings.worker_id,
+                cache=cache_report(context) if settings.image_cache_report else None,
+            )
             runtime = make_runtime(context)
             service_disks = context.storage.disks
             log.info("task runtime ready", runtime=settings.runtime)
@@ -228,3 +235,14 @@ def _version() -> str:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return ""
+
+
+def cache_report(context: RuntimeContext) -> Callable[[], Sequence[str]]:
+    """What heartbeats report with the pool's `cache.enabled`: the references the node's image
+    cache holds, most recently used first (none while the worker runs no images)."""
+
+    def held() -> Sequence[str]:
+        cache, _ = context.images
+        return cache.references(MAX_CACHED_IMAGES) if cache is not None else ()
+
+    return held

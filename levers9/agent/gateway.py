@@ -3,7 +3,9 @@
 The worker dials out (the gateway never dials it for these). Registration is retried with
 bounded, jittered back-off for as long as the gateway is unreachable. Heartbeats follow every
 `heartbeat_seconds` the gateway asked for, with the running task count and since when the
-worker has been idle (the controlplane decides on wind-down). A gateway that restarted no longer
+worker has been idle (the controlplane decides on wind-down), and, with the pool's
+`cache.enabled`, the image references the node's cache holds when they changed (placement
+prefers a worker whose node holds a task's image). A gateway that restarted no longer
 knows the worker and answers NOT_FOUND or UNAUTHENTICATED: the worker registers again. Each
 task's end is reported, retried for as long as the controlplane would wait on the worker's
 record; GetTask remains the fallback. A task's reports are delivered in the order they were
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -95,6 +97,7 @@ class GatewayClient:
         *,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        cache: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self._stub = gateway_pb2_grpc.GatewayStub(channel)
         self._metadata = bearer.metadata(token)
@@ -106,6 +109,10 @@ class GatewayClient:
         self._reports: set[asyncio.Task[None]] = set()
         self._latest: dict[str, asyncio.Task[None]] = {}
         """Each task's latest report under way: the next one waits for it."""
+        self._cache = cache
+        """The references the node's image cache holds (`ImageCache.references`), with the
+        pool's `cache.enabled`: heartbeats report them when they change."""
+        self._reported: list[str] | None = None
 
     async def run(self, registration: Registration, load: Load) -> None:
         request = registration.request(self._pool_name, self._worker_id)
@@ -168,16 +175,22 @@ class GatewayClient:
 
     async def _heartbeat(self, load: Load, heartbeat_s: int) -> None:
         """Heartbeats until the gateway forgets this worker."""
+        self._reported = None  # the record may be new: the first beat says what the cache holds
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._forgotten.wait(), heartbeat_s)
             if not self._forgotten.is_set():
                 try:
+                    request = self._heartbeat_request(load)
+                    cached = await self._cache_report()
+                    if cached is not None:
+                        request.cached_images.extend(cached)
+                        request.cache_reported = True
                     await self._stub.Heartbeat(
-                        self._heartbeat_request(load),
-                        metadata=self._metadata,
-                        timeout=CALL_TIMEOUT_S,
+                        request, metadata=self._metadata, timeout=CALL_TIMEOUT_S
                     )
+                    if cached is not None:
+                        self._reported = cached
                     continue
                 except aio.AioRpcError as error:
                     if error.code() not in FORGOTTEN:
@@ -186,6 +199,18 @@ class GatewayClient:
                     self._forgotten.set()
             log.info("the gateway does not know this worker, registering again")
             return
+
+    async def _cache_report(self) -> list[str] | None:
+        """What the node's image cache holds (the pool's `cache.enabled`), when it changed since
+        the last beat the gateway took; None: unchanged, or not reported."""
+        if self._cache is None:
+            return None
+        try:
+            held = list(await asyncio.to_thread(self._cache))
+        except OSError as error:  # the cache's folder: the beat goes without it
+            log.warning("image cache unreadable for the heartbeat", error=str(error))
+            return None
+        return None if held == self._reported else held
 
     def _heartbeat_request(self, load: Load) -> gateway_pb2.HeartbeatRequest:
         idle_since = load.idle_since

@@ -8,6 +8,8 @@ the worker):
     rootfs/<hex>/      the image's root filesystem (`umoci raw unpack`), read-only to tasks:
                        each container gets its own writable layer above it (overlayfs)
     rootfs/<hex>.used  touched at each use: least recently used images go first past the cap
+    rootfs/<hex>.refs  the references (as Docker reads them) pulled as that digest, one a line:
+                       what heartbeats report with the pool's `cache.enabled` (`references`)
     shifted/<hex>-<id>/
                        the same root owned by a task's user-namespace range (its 0 is the
                        node's <id>: levers9.agent.id_ranges), unpacked once per digest and
@@ -49,6 +51,8 @@ log = get_logger("levers9.agent")
 
 DEFAULT_MAX_BYTES = 100 * 1024**3
 """The cache's cap when the pool sets none: 100 GiB of blobs and root filesystems."""
+MAX_REFS = 8
+"""The most references one digest keeps (tags that moved onto it): the newest."""
 PULL_TIMEOUT_S = 30 * 60.0
 """A 20 GB CUDA image over a slow link; a registry that never answers fails sooner (skopeo's
 own timeouts)."""
@@ -152,13 +156,13 @@ class ImageCache:
         rootfs = self.root / "rootfs" / hex_
         with await asyncio.to_thread(self._locked):
             if (rootfs / ".complete").exists():
-                self._touch(hex_)
+                self._touch(hex_, parsed)
                 return PulledImage(reference, digest, rootfs, self._config(hex_), True, 0)
             before = self._blob_bytes()
             await self._copy(parsed, reference, digest, f"sha256-{hex_}")
             pulled = self._blob_bytes() - before
             await self._unpack(f"sha256-{hex_}", rootfs)
-            self._touch(hex_)
+            self._touch(hex_, parsed)
             log.info("image pulled", image=reference, digest=digest, bytes=pulled)
             image = PulledImage(reference, digest, rootfs, self._config(hex_), False, pulled)
             self._evict(keep=hex_)
@@ -319,8 +323,34 @@ class ImageCache:
             return (self.root / "rootfs" / f"{hex_}.used").stat().st_mtime
         return 0.0
 
-    def _touch(self, hex_: str) -> None:
+    def _touch(self, hex_: str, parsed: ImageReference | None = None) -> None:
         (self.root / "rootfs" / f"{hex_}.used").touch()  # its mtime is the last use
+        if parsed is None:
+            return
+        refs = self.root / "rootfs" / f"{hex_}.refs"
+        known = self._refs(hex_)
+        if str(parsed) not in known:  # under the lock: one writer
+            tmp = refs.with_suffix(".refs-tmp")
+            tmp.write_text("".join(f"{r}\n" for r in [str(parsed), *known][:MAX_REFS]))
+            tmp.replace(refs)
+
+    def _refs(self, hex_: str) -> list[str]:
+        with contextlib.suppress(FileNotFoundError):
+            return (self.root / "rootfs" / f"{hex_}.refs").read_text().split()
+        return []
+
+    def references(self, limit: int = 64) -> list[str]:
+        """The references (normalized) pulled as the images the cache holds, most recently
+        used first, at most `limit`: what a heartbeat reports with the pool's `cache.enabled`
+        (a digest pinned reference names itself; a digest pulled under no reference, none)."""
+        held: list[str] = []
+        for digest in reversed(self.cached()):
+            for reference in self._refs(digest.removeprefix("sha256:")):
+                if len(held) >= limit:
+                    return held
+                if reference not in held:
+                    held.append(reference)
+        return held
 
     # -- in use, and eviction -----------------------------------------------------------------
 
@@ -354,6 +384,7 @@ class ImageCache:
                     freed += _tree_bytes(shifted)
                     shutil.rmtree(shifted, ignore_errors=True)
             (self.root / "rootfs" / f"{hex_}.used").unlink(missing_ok=True)
+            (self.root / "rootfs" / f"{hex_}.refs").unlink(missing_ok=True)
             self._untag(f"sha256-{hex_}")
             # Its blobs go now, not after the loop: until then they still count.
             total -= freed + self._gc()

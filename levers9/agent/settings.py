@@ -16,6 +16,7 @@ its token Secret put in the container's environment, read once at start.
 | `LEVERS9_WORK_DIR` | tasks' output, results, runc state (a restarted agent adopts); else temp |
 | `LEVERS9_TASK_NETWORK_ALLOW` | the pool's `taskNetwork.allow` (CIDRs, comma-separated) |
 | `LEVERS9_TASK_SECCOMP_PROFILE` | the pool's `taskSeccompProfile`: a node path; else the default |
+| `LEVERS9_IMAGE_CACHE_REPORT` | the pool's `cache.enabled`: heartbeats name the cached images |
 | `LEVERS9_WORKER_IMAGE` | the Job's image: where a task without one runs (no taskDefaults.image) |
 | `LEVERS9_RUNTIME` | the pool's `runtime`: `runc` (default) or `runsc` (see `runtimes`) |
 | `LEVERS9_RUNTIMES` | the pool's `runtimes`: the others a task may name (`runc,runsc`) |
@@ -95,6 +96,8 @@ class WorkerSettings(BaseModel):
     images_path: str = ""
     """The node path of the image cache (the pool's `imagesPath`, a hostPath of the Job)."""
     image_cache_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=0)
+    image_cache_report: bool = False
+    """The pool's `cache.enabled`: heartbeats report the references the image cache holds."""
     durable_disks_path: str = ""
     """The node path of the durable disks (the pool's `durableDisksPath`, a hostPath of the
     Job): each disk an ext4 image file there (levers9.agent.disks); "": this worker keeps none."""

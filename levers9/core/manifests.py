@@ -68,6 +68,8 @@ class WorkerJobSpec:
     insecure_registries: str = ""
     image_cache_bytes: int = 0
     """The pool's `imageCacheSize`; 0: the worker's default."""
+    image_cache_report: bool = False
+    """The pool's `cache.enabled`: heartbeats report what the node's image cache holds."""
     runtime: str = DEFAULT_RUNTIME
     """The pool's `runtime`: what the agent runs its tasks with (`levers9.agent.runtimes`)."""
     runtimes: tuple[str, ...] = ()
@@ -141,6 +143,8 @@ def _env(spec: WorkerJobSpec) -> list[dict[str, Any]]:
         plain.append(("LEVERS9_INSECURE_REGISTRIES", spec.insecure_registries))
     if spec.image_cache_bytes:
         plain.append(("LEVERS9_IMAGE_CACHE_BYTES", str(spec.image_cache_bytes)))
+    if spec.image_cache_report:
+        plain.append(("LEVERS9_IMAGE_CACHE_REPORT", "true"))
     if spec.default_image:
         plain.append(("LEVERS9_DEFAULT_IMAGE", spec.default_image))
     if spec.default_memory_bytes:

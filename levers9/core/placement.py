@@ -15,11 +15,17 @@ down, and the machine's next worker takes every card the node has free.
 A task that mounts a durable disk is pinned to the disk's node (`Waiting.node`): it goes to a
 worker of that node only, and waits (the reason says for which disk and machine) while there is
 none or it is busy, or while another placed task holds the disk (one task mounts it at a time).
+With the pool's `cache.enabled`, each worker reports the images its node's cache holds (`Slot.
+images`: a short key of each normalized reference, the node's most recently used first, at most
+`MAX_CACHED_IMAGES`): a task goes to a fitting worker that holds its image (`Waiting.image`)
+before any other, then the tightest fit as ever; with it off the agents report nothing and
+placement has nothing to prefer.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import heapq
 from collections import defaultdict, deque
 from datetime import datetime, timedelta
@@ -27,7 +33,23 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from levers9.core.disks import pinned_reason
+from levers9.core.image_reference import ImageReference, ImageReferenceError
 from levers9.core.workspaces import DEFAULT_WORKSPACE
+
+MAX_CACHED_IMAGES = 64
+"""The most images a worker's report names (its node's most recently used): PoolWorkflow keeps a
+key of 16 characters for each, about 1 KiB a worker in its 2 MB state."""
+
+
+def image_key(reference: str) -> str:
+    """The key placement matches a task's image and a node's cache by: 16 hex of the sha256 of
+    the reference as Docker reads it (`pytorch/pytorch` is `docker.io/pytorch/pytorch`); ""
+    for a text that is not a reference (it matches nothing)."""
+    try:
+        normalized = str(ImageReference.parse(reference))
+    except ImageReferenceError:
+        return ""
+    return hashlib.sha256(normalized.encode()).hexdigest()[:16]
 
 
 class Slot(BaseModel):
@@ -46,6 +68,9 @@ class Slot(BaseModel):
     silent: bool = False
     """No heartbeat for the liveness window: nothing is placed on it until it is heard again
     (its ledger kept: its tasks may still run), or until its record ends and it leaves."""
+    images: tuple[str, ...] = ()
+    """`image_key`s of the images its node's cache holds (reported only with the pool's
+    `cache.enabled`; at most MAX_CACHED_IMAGES)."""
 
     def could_hold(self, gpus: int) -> bool:
         return max(self.node_gpus, len(self.devices)) >= gpus
@@ -75,6 +100,8 @@ class Waiting(BaseModel):
     """What pins it there (`disk scratch`), for the reason it waits."""
     disk_ids: tuple[str, ...] = ()
     """The disks it mounts (a disk in use is not deleted)."""
+    image: str = ""
+    """`image_key` of its image: a worker whose node's cache holds it goes first ("": none)."""
 
 
 class Placement(BaseModel):
@@ -203,6 +230,7 @@ class PoolState(BaseModel):
         node: str = "",
         pinned_by: str = "",
         disk_ids: tuple[str, ...] = (),
+        image: str = "",
     ) -> None:
         """Queues the task (once: a repeated request changes nothing), in the order of `now`:
         its creation when the request carries it, so the queue keeps the tasks' own order."""
@@ -218,6 +246,7 @@ class PoolState(BaseModel):
             node=node,
             pinned_by=pinned_by,
             disk_ids=disk_ids,
+            image=image,
         )
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
@@ -464,7 +493,12 @@ class PoolState(BaseModel):
             and self.reservations.get(slot.worker_id, waiting.task_id) == waiting.task_id
             and not (waiting.ports and self._published(slot) & set(waiting.ports))
         ]
-        return min(fits, key=lambda s: (len(s.free()), s.worker_id), default=None)
+        # A worker whose node holds the task's image first (no pull), then the tightest fit.
+        return min(
+            fits,
+            key=lambda s: (not _holds(s, waiting), len(s.free()), s.worker_id),
+            default=None,
+        )
 
     def _published(self, slot: Slot) -> set[int]:
         """Ports the tasks placed on the worker publish."""
@@ -512,3 +546,8 @@ def _reserves(waiting: Waiting) -> bool:
 def _on_its_node(waiting: Waiting, slot: Slot) -> bool:
     """Whether the task may run on the worker: any, unless a disk pins it to one node."""
     return not waiting.node or slot.node_name == waiting.node
+
+
+def _holds(slot: Slot, waiting: Waiting) -> bool:
+    """Whether the worker's node's cache holds the task's image (as its agent reported)."""
+    return bool(waiting.image) and waiting.image in slot.images

@@ -21,6 +21,7 @@ from levers9.contract import (
     task_runtime_problem,
 )
 from levers9.core.image_reference import DIGEST, ImageReference, ImageReferenceError
+from levers9.core.placement import MAX_CACHED_IMAGES, image_key
 from levers9.core.storage import TaskMount, mounts_problem
 from levers9.core.task_reports import TaskPhase, TaskReport, TaskState
 from levers9.gateway.errors import InvalidRequest, shown
@@ -210,7 +211,25 @@ def heartbeat(request: gateway_pb2.HeartbeatRequest) -> WorkerHeartbeat:
         worker_id=request.worker_id,
         running_tasks=request.running_tasks,
         idle_since=_instant("idle_since_unix_ms", request.idle_since_unix_ms),
+        images=_cached_images(request) if request.cache_reported else None,
     )
+
+
+def _cached_images(request: gateway_pb2.HeartbeatRequest) -> tuple[str, ...]:
+    """The `placement.image_key`s of the references the node's image cache holds."""
+    if len(request.cached_images) > MAX_CACHED_IMAGES:
+        raise InvalidRequest(
+            "cached_images",
+            f"{len(request.cached_images)} images; at most {MAX_CACHED_IMAGES}, the most recent",
+        )
+    keys: list[str] = []
+    for index, reference in enumerate(request.cached_images):
+        key = image_key(reference)
+        if not key:
+            raise InvalidRequest(f"cached_images[{index}]", "not an image reference")
+        if key not in keys:
+            keys.append(key)
+    return tuple(keys)
 
 
 def task_report(request: gateway_pb2.ReportTaskRequest) -> TaskReport:

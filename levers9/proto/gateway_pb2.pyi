@@ -107,11 +107,21 @@ class HeartbeatRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
     IDLE_SINCE_UNIX_MS_FIELD_NUMBER: _builtins.int
+    CACHED_IMAGES_FIELD_NUMBER: _builtins.int
+    CACHE_REPORTED_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     worker_id: _builtins.str
     running_tasks: _builtins.int
     idle_since_unix_ms: _builtins.int
     """0 while tasks run"""
+    cache_reported: _builtins.bool
+    @_builtins.property
+    def cached_images(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With the pool's `cache.enabled`: the image references its node's cache holds, most
+        recently used first (at most 64), sent when they changed since its last beat (and on the
+        first beat after registering), with `cache_reported` set; unset: unchanged, or not reported.
+        """
+
     def __init__(
         self,
         *,
@@ -119,10 +129,12 @@ class HeartbeatRequest(_message.Message):
         worker_id: _builtins.str = ...,
         running_tasks: _builtins.int = ...,
         idle_since_unix_ms: _builtins.int = ...,
+        cached_images: _abc.Iterable[_builtins.str] | None = ...,
+        cache_reported: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idle_since_unix_ms", b"idle_since_unix_ms", "pool_name", b"pool_name", "running_tasks", b"running_tasks", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_reported", b"cache_reported", "cached_images", b"cached_images", "idle_since_unix_ms", b"idle_since_unix_ms", "pool_name", b"pool_name", "running_tasks", b"running_tasks", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
