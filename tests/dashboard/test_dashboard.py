@@ -236,7 +236,53 @@ async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Boa
     content = await page.content()
     assert board.a not in content
     assert board.b not in content
+    # The operator's workspace filter.
+    await page.goto(board.url + "tasks?workspace=team-b")
+    listed = page.get_by_test_id("tasks")
+    await expect(listed).to_contain_text(board.tasks["b"])
+    await expect(listed).not_to_contain_text(board.tasks["a"])
     _ok(await board.cp.cli("task", "cancel", board.tasks["b"]))
+
+
+async def test_the_operator_creates_a_workspace_and_a_token_and_revokes_it(board: Board) -> None:
+    page = await _signed_in(board, operator_token(TOKEN_SECRET))
+    await page.goto(board.url + "workspaces")
+    await page.get_by_placeholder("GPU quota (empty: none)").fill("lots")
+    await page.get_by_placeholder("name", exact=True).fill("team-c")
+    await page.get_by_role("button", name="Create workspace").click()
+    await expect(page.get_by_test_id("problem")).to_contain_text("GPU quota: a whole number")
+    await page.goto(board.url + "workspaces")
+    await page.get_by_placeholder("name", exact=True).fill("team-c")
+    await page.get_by_placeholder("GPU quota (empty: none)").fill("1")
+    await page.get_by_role("button", name="Create workspace").click()
+    section = page.get_by_test_id("workspace-team-c")
+    await expect(section).to_contain_text("GPU quota 1")
+    await section.get_by_placeholder("label").fill("laptop")
+    await section.get_by_role("button", name="Create token").click()
+    token = (await page.get_by_test_id("new-token").inner_text()).strip()
+    tokens = await board.cp.cli("workspace", "token", "list", "team-c", "-o", "json")
+    listed = json.loads(_ok(tokens))
+    assert [t["label"] for t in listed] == ["laptop"]
+    # The new token signs in to team-c's own view; a workspace token has no Workspaces page.
+    theirs = await _signed_in(board, token)
+    await expect(theirs.get_by_test_id("who")).to_contain_text("workspace team-c (laptop)")
+    await expect(theirs.get_by_role("link", name="Workspaces")).to_have_count(0)
+    refused = await theirs.goto(board.url + "workspaces")
+    assert refused is not None
+    assert refused.status == 403
+    # Revoked from the page: its session ends within the Authority's bound.
+    await page.goto(board.url + "workspaces")
+    await page.get_by_test_id("workspace-team-c").get_by_role("button", name="Revoke").click()
+    await expect(page.get_by_test_id("tokens-team-c")).to_contain_text("revoked")
+
+    async def signed_out() -> bool:
+        await theirs.goto(board.url + "tasks")
+        return (
+            theirs.url == board.url + "sign-in"
+            or await theirs.get_by_test_id("problem").filter(has_text="signed out").count() > 0
+        )
+
+    await eventually(signed_out, within=WITHIN)
 
 
 async def test_levers9_ui_prints_the_dashboards_url(board: Board) -> None:
