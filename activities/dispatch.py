@@ -272,7 +272,7 @@ class TaskActivities:
         if cached is not None and now - cached[0] < SHARE_TTL_S:
             return cached[1]
         state = await self._workspaces.get(workspace)
-        share = None if state is None else Share(quota=state.gpu_quota)
+        share = None if state is None else Share(quota=state.gpu_quota, weight=state.weight)
         self._shares[workspace] = (now, share)
         return share
 

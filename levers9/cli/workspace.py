@@ -26,13 +26,14 @@ from levers9.cli.gateway_api import (
 )
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.runtime import settings_from_env
-from levers9.core.workspaces import MAX_LABEL_CHARS, name_problem
+from levers9.core.workspaces import MAX_LABEL_CHARS, MAX_WEIGHT, name_problem
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
 if TYPE_CHECKING:
     # Only the type checker knows the async stub class; at runtime WorkspacesStub builds it.
     from levers9.proto.gateway_pb2_grpc import WorkspacesAsyncStub as Stub
 
+WEIGHT_HELP = "its fair share against other waiting workspaces (GPUs held over weight; default 1)"
 app = typer.Typer(
     help="Workspaces: a team's share of the controlplane, its quota and its tokens.",
     no_args_is_help=True,
@@ -45,6 +46,7 @@ COLUMNS = [
     ("name", "NAME"),
     ("gpu_quota", "GPU QUOTA"),
     ("max_queued", "MAX QUEUED"),
+    ("weight", "WEIGHT"),
     ("default_pool", "DEFAULT POOL"),
     ("running_tasks", "RUNNING TASKS"),
     ("live_tokens", "TOKENS"),
@@ -113,6 +115,7 @@ def _row(workspace: gateway_pb2.Workspace, now: datetime) -> dict[str, object]:
         "name": workspace.name,
         "gpu_quota": workspace.gpu_quota if workspace.HasField("gpu_quota") else None,
         "max_queued": workspace.max_queued if workspace.HasField("max_queued") else None,
+        "weight": workspace.weight or 1,
         "default_pool": workspace.default_pool or None,
         "running_tasks": workspace.running_tasks,
         "live_tokens": workspace.live_tokens,
@@ -161,10 +164,17 @@ def create(
     default_pool: Annotated[
         str, typer.Option("--default-pool", help="where its tasks go without --pool")
     ] = "",
+    weight: Annotated[
+        int | None, typer.Option("--weight", min=1, max=MAX_WEIGHT, help=WEIGHT_HELP)
+    ] = None,
 ) -> None:
     """Create a workspace (its name a DNS label)."""
     request = gateway_pb2.CreateWorkspaceRequest(
-        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued, default_pool=default_pool
+        name=_name(name),
+        gpu_quota=gpu_quota,
+        max_queued=max_queued,
+        default_pool=default_pool,
+        weight=weight,
     )
     _call(lambda stub, md: stub.CreateWorkspace(request, metadata=md, timeout=CALL_TIMEOUT_S))
     console.print(
@@ -217,14 +227,22 @@ def set_(
         str | None,
         typer.Option("--default-pool", help='where its tasks go without --pool; "" clears it'),
     ] = None,
+    weight: Annotated[
+        int | None, typer.Option("--weight", min=1, max=MAX_WEIGHT, help=WEIGHT_HELP)
+    ] = None,
 ) -> None:
-    """Change a workspace's limits or default pool (only those given)."""
-    if gpu_quota is None and max_queued is None and default_pool is None:
+    """Change a workspace's limits, weight or default pool (only those given)."""
+    if gpu_quota is None and max_queued is None and default_pool is None and weight is None:
         raise typer.BadParameter(
-            "give --gpu-quota N, --max-queued N or --default-pool POOL", param_hint="options"
+            "give --gpu-quota N, --max-queued N, --weight N or --default-pool POOL",
+            param_hint="options",
         )
     request = gateway_pb2.SetWorkspaceRequest(
-        name=_name(name), gpu_quota=gpu_quota, max_queued=max_queued, default_pool=default_pool
+        name=_name(name),
+        gpu_quota=gpu_quota,
+        max_queued=max_queued,
+        default_pool=default_pool,
+        weight=weight,
     )
     reply = _call(lambda stub, md: stub.SetWorkspace(request, metadata=md, timeout=CALL_TIMEOUT_S))
     _show([reply], Output.table, f"workspace {name}")

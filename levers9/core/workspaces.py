@@ -92,11 +92,16 @@ class WorkspaceToken(BaseModel):
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
 
+MAX_WEIGHT = 1000
+"""A workspace's fair-share weight is 1 to this."""
+
+
 class WorkspaceLimits(BaseModel):
     """`workspace set`: the limits to change (None: as they are)."""
 
     gpu_quota: int | None = Field(default=None, ge=0)
     max_queued: int | None = Field(default=None, ge=0)
+    weight: int | None = Field(default=None, ge=1, le=MAX_WEIGHT)
     default_pool: str | None = None
     """The pool its tasks go to without `--pool` ("": none); the gateway checks it names one."""
 
@@ -109,6 +114,9 @@ class WorkspaceState(BaseModel):
     """The most GPUs its work may hold at once; None: no quota."""
     max_queued: int | None = Field(default=None, ge=0)
     """The most tasks it may keep waiting; None: no bound."""
+    weight: int = Field(default=1, ge=1, le=MAX_WEIGHT)
+    """Its fair share against the other waiting workspaces (dominant share: GPUs held over
+    weight); 1 unless set."""
     created_at: datetime
     default_pool: str = ""
     """Where its tasks go when `levers9 run` is given no `--pool` ("": the only pool)."""
@@ -120,6 +128,8 @@ class WorkspaceState(BaseModel):
             self.gpu_quota = limits.gpu_quota
         if limits.max_queued is not None:
             self.max_queued = limits.max_queued
+        if limits.weight is not None:
+            self.weight = limits.weight
         if limits.default_pool is not None:
             self.default_pool = limits.default_pool
 

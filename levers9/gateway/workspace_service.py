@@ -18,6 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from levers9.core.workspaces import (
     MAX_LABEL_CHARS,
+    MAX_WEIGHT,
     TOKEN_ID_CHARS,
     WorkspaceLimits,
     WorkspaceState,
@@ -128,6 +129,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             live_tokens=sum(1 for t in state.tokens if t.live(now)),
             running_tasks=await self._records.running_tasks(state.name),
             default_pool=state.default_pool,
+            weight=state.weight,
             pools=pools,
         )
 
@@ -156,6 +158,13 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
                         grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {value} is below 0"
                     )
                 given[field] = value
+        if request.HasField("weight"):
+            if not 1 <= request.weight <= MAX_WEIGHT:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"weight: {request.weight} is not 1 to {MAX_WEIGHT}",
+                )
+            given["weight"] = request.weight
         if isinstance(request, gateway_pb2.SetWorkspaceRequest) and request.HasField(
             "default_pool"
         ):
@@ -173,6 +182,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             name=request.name,
             gpu_quota=limits.gpu_quota,
             max_queued=limits.max_queued,
+            weight=limits.weight or 1,
             default_pool=request.default_pool,
             created_at=datetime.now(UTC),
         )
@@ -208,10 +218,10 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         await self._operator(context, "changing a workspace")
         await self._name(context, request.name)
         limits = await self._limits(context, request)
-        if limits.gpu_quota is None and limits.max_queued is None and limits.default_pool is None:
+        if limits == WorkspaceLimits():
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "nothing to set: give gpu_quota, max_queued or default_pool",
+                "nothing to set: give gpu_quota, max_queued, weight or default_pool",
             )
         await self._default_pool(context, limits.default_pool or "")
         state = await self._records.set_limits(request.name, limits)
@@ -223,6 +233,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             workspace=state.name,
             gpu_quota=state.gpu_quota,
             max_queued=state.max_queued,
+            weight=state.weight,
             default_pool=state.default_pool,
         )
         return await self._message(state)

@@ -957,6 +957,7 @@ class Workspace(_message.Message):
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
     DEFAULT_POOL_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     """unset: no quota"""
@@ -967,6 +968,8 @@ class Workspace(_message.Message):
     """its tasks queued, placed or running"""
     default_pool: _builtins.str
     """where its tasks go without --pool; "": none"""
+    weight: _builtins.int
+    """its fair-share weight (1 to 1000; 1 unless set)"""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -984,10 +987,11 @@ class Workspace(_message.Message):
         running_tasks: _builtins.int = ...,
         default_pool: _builtins.str = ...,
         pools: _abc.Iterable[Global___WorkspacePoolUsage] | None = ...,
+        weight: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "live_tokens", b"live_tokens", "max_queued", b"max_queued", "name", b"name", "pools", b"pools", "running_tasks", b"running_tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "created_at", b"created_at", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "live_tokens", b"live_tokens", "max_queued", b"max_queued", "name", b"name", "pools", b"pools", "running_tasks", b"running_tasks", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
@@ -1079,11 +1083,14 @@ class CreateWorkspaceRequest(_message.Message):
     GPU_QUOTA_FIELD_NUMBER: _builtins.int
     MAX_QUEUED_FIELD_NUMBER: _builtins.int
     DEFAULT_POOL_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     max_queued: _builtins.int
     default_pool: _builtins.str
     """a pool of this controlplane, or "": none"""
+    weight: _builtins.int
+    """1 to 1000; unset: 1"""
     def __init__(
         self,
         *,
@@ -1091,19 +1098,24 @@ class CreateWorkspaceRequest(_message.Message):
         gpu_quota: _builtins.int | None = ...,
         max_queued: _builtins.int | None = ...,
         default_pool: _builtins.str = ...,
+        weight: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "_weight", b"_weight", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "weight", b"weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "_weight", b"_weight", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_quota: _TypeAlias = _typing.Literal["gpu_quota"]  # noqa: Y015
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
     _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
     _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    _WhichOneofReturnType__weight: _TypeAlias = _typing.Literal["weight"]  # noqa: Y015
+    _WhichOneofArgType__weight: _TypeAlias = _typing.Literal["_weight", b"_weight"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight) -> _WhichOneofReturnType__weight | None: ...
 
 Global___CreateWorkspaceRequest: _TypeAlias = CreateWorkspaceRequest  # noqa: Y015
 
@@ -1171,11 +1183,14 @@ class SetWorkspaceRequest(_message.Message):
     GPU_QUOTA_FIELD_NUMBER: _builtins.int
     MAX_QUEUED_FIELD_NUMBER: _builtins.int
     DEFAULT_POOL_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     gpu_quota: _builtins.int
     max_queued: _builtins.int
     default_pool: _builtins.str
     """a pool of this controlplane; "": none"""
+    weight: _builtins.int
+    """1 to 1000"""
     def __init__(
         self,
         *,
@@ -1183,10 +1198,11 @@ class SetWorkspaceRequest(_message.Message):
         gpu_quota: _builtins.int | None = ...,
         max_queued: _builtins.int | None = ...,
         default_pool: _builtins.str | None = ...,
+        weight: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "_weight", b"_weight", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "weight", b"weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool", "_gpu_quota", b"_gpu_quota", "_max_queued", b"_max_queued", "_weight", b"_weight", "default_pool", b"default_pool", "gpu_quota", b"gpu_quota", "max_queued", b"max_queued", "name", b"name", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__default_pool: _TypeAlias = _typing.Literal["default_pool"]  # noqa: Y015
     _WhichOneofArgType__default_pool: _TypeAlias = _typing.Literal["_default_pool", b"_default_pool"]  # noqa: Y015
@@ -1194,12 +1210,16 @@ class SetWorkspaceRequest(_message.Message):
     _WhichOneofArgType__gpu_quota: _TypeAlias = _typing.Literal["_gpu_quota", b"_gpu_quota"]  # noqa: Y015
     _WhichOneofReturnType__max_queued: _TypeAlias = _typing.Literal["max_queued"]  # noqa: Y015
     _WhichOneofArgType__max_queued: _TypeAlias = _typing.Literal["_max_queued", b"_max_queued"]  # noqa: Y015
+    _WhichOneofReturnType__weight: _TypeAlias = _typing.Literal["weight"]  # noqa: Y015
+    _WhichOneofArgType__weight: _TypeAlias = _typing.Literal["_weight", b"_weight"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__default_pool) -> _WhichOneofReturnType__default_pool | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_quota) -> _WhichOneofReturnType__gpu_quota | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued) -> _WhichOneofReturnType__max_queued | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight) -> _WhichOneofReturnType__weight | None: ...
 
 Global___SetWorkspaceRequest: _TypeAlias = SetWorkspaceRequest  # noqa: Y015
 

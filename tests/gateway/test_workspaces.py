@@ -194,7 +194,19 @@ async def test_a_workspace_is_created_read_listed_changed_and_deleted(plane: Pla
         metadata=op,
         timeout=10,
     )
-    assert (changed.gpu_quota, changed.max_queued) == (4, 10)
+    assert (changed.gpu_quota, changed.max_queued, changed.weight) == (4, 10, 1)
+    weighted = await ws.SetWorkspace(
+        gateway_pb2.SetWorkspaceRequest(name=name, weight=3), metadata=op, timeout=10
+    )
+    assert (weighted.gpu_quota, weighted.weight) == (4, 3), "only the weight changed"
+    for bad in (0, 1001):
+        refused = await _status(
+            ws.SetWorkspace(
+                gateway_pb2.SetWorkspaceRequest(name=name, weight=bad), metadata=op, timeout=10
+            )
+        )
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"weight: {bad} is not 1 to 1000" in (refused.details() or "")
     listed = await ws.ListWorkspaces(gateway_pb2.ListWorkspacesRequest(), metadata=op, timeout=10)
     assert [w.name for w in listed.workspaces].count(name) == 1
     again = await _status(
