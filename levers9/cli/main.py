@@ -81,6 +81,10 @@ COMMANDS: dict[str, _Entry] = {
         "levers9.cli.disk",
         "Disks: a workspace's durable filesystems on one machine, which pin its tasks there.",
     ),
+    "box": _Entry(
+        "levers9.cli.box",
+        "Boxes: a workspace's long-lived machines with a shell, ports and a home that stays.",
+    ),
     "login": _Entry(
         "levers9.cli.profile",
         "Check a token with the controlplane, then keep it as a profile, made current.",

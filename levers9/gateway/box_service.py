@@ -38,12 +38,25 @@ from levers9.records.boxes import BoxExists, TemporalBoxRecords
 from levers9.task_wire import submit_request
 
 Context = grpc.aio.ServicerContext[Any, Any]
+CONTAINER_START = "container.start"
 
 log = get_logger(__name__)
 
 
 def _missing(name: str) -> str:
     return f"no box {name}: `levers9 box list` shows them"
+
+
+def task_state(record: TaskRecord | None) -> str:
+    """The box's task's state: `running` once its container runs (the worker reported its
+    `container.start`), `starting` before; else its record's."""
+    if record is None:
+        return ""
+    if record.state == "running" and not any(
+        p.name == CONTAINER_START and p.at is not None and not p.error for p in record.phases
+    ):
+        return "starting"
+    return record.state
 
 
 def box_message(box: BoxState, record: TaskRecord | None) -> boxes_pb2.Box:
@@ -53,7 +66,7 @@ def box_message(box: BoxState, record: TaskRecord | None) -> boxes_pb2.Box:
         state=box.state,
         reason=box.reason,
         task_id=box.task_id,
-        task_state=record.state if record is not None else "",
+        task_state=task_state(record),
         node_name=(record.node_name or "") if record is not None else "",
         idle_stop_seconds=box.idle_stop_seconds,
         starts=box.starts,
@@ -259,8 +272,8 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"box {box.name} is {box.state} ({box.reason}): levers9 box start {box.name}",
             )
-        if record is None or record.state != "running":
-            doing = record.state if record is not None else "not started yet"
+        if task_state(record) != "running":
+            doing = task_state(record) or "not started yet"
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"box {box.name}'s task {box.task_id or '-'} is {doing}, not running yet:"

@@ -123,9 +123,12 @@ class EndpointProxy:
         limits: FrontLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
         ui: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] | None = None,
+        box: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] | None = None,
     ) -> None:
-        """`ui`: what answers under `/ui/` (the dashboard, `levers9.dashboard`)."""
+        """`ui`: what answers under `/ui/` (the dashboard, `levers9.dashboard`); `box`: under
+        `/box/` (boxes' ports, `levers9.gateway.box_front`)."""
         self._ui = ui
+        self._box = box
         self._views = EndpointViews(book, gateway_id, clock=clock)
         self._tasks = tasks
         self._authority: Authority | None = getattr(tasks, "authority", None)
@@ -180,6 +183,8 @@ class EndpointProxy:
         progress = _Progress()
         if name == "ui" and self._ui is not None:
             return await self._ui(request)
+        if name == "box" and self._box is not None:
+            return await self._box(request)
         try:
             if not name:
                 raise Refused(404, "no endpoint named: <endpoints URL>/<name>/<path>")

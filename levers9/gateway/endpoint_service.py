@@ -53,6 +53,8 @@ def submitted_endpoint(request: endpoints_pb2.CreateEndpointRequest) -> Endpoint
     _label("spec.name", sent.name, "an endpoint name")
     if sent.name == "ui":
         raise InvalidRequest("spec.name", "ui is the dashboard's path (<endpoints URL>/ui/)")
+    if sent.name == "box":
+        raise InvalidRequest("spec.name", "box is the boxes' ports' path (<endpoints URL>/box/)")
     _label("spec.pool_name", sent.pool_name, "a pool name")
     if not sent.command:
         raise InvalidRequest("spec.command", "missing: give the replicas' command after --")

@@ -1,0 +1,178 @@
+"""Boxes end to end, on the sandbox's pool with containers (runc), through the CLI with a
+workspace's token as a user drives it: `box create` with a counter and a web server on :8080;
+`box list -o json` and `box get` show its running task; `box exec web -- sh -c 'exit 3'` exits 3
+and `box exec` reads the counter; `box ports` prints the port's URL on the endpoints' front,
+which answers the box's web server with the workspace's token (401 without one, 404 with another
+workspace's, as for a missing box); another workspace's `box get`, `exec` and `stop` answer as
+for a box that does not exist; `box stop` stops it (saying no checkpoint was taken) and refuses
+exec until `box start` starts a new task with the same command and ports; `box delete` ends it.
+
+The tests of this module share one sandbox and one controlplane and run in order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.records.tasks import task_record
+from levers9.temporal import connect
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 90
+BOX = (
+    "mkdir -p /tmp/www && echo served-by-box > /tmp/www/index.html && cd /tmp/www"
+    " && (python -m http.server 8080 >/dev/null 2>&1 &)"
+    " && i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done"
+)
+
+
+@dataclass
+class Teams:
+    cp: Controlplane
+    tokens: dict[str, str]
+
+    async def cli(self, team: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return await self.cp.cli(*args, token=self.tokens[team])
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+async def teams(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Teams]:
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("boxes"), containers=True
+    ) as plane:
+        await eventually(lambda: workers_available(plane), within=WITHIN)
+        tokens = {}
+        for team in ("boxers", "others"):
+            _ok(await plane.cli("workspace", "create", team))
+            made = await plane.cli("workspace", "token", "create", team, "--name", "ci")
+            tokens[team] = _ok(made).strip()
+        yield Teams(plane, tokens)
+
+
+async def _box(teams: Teams, name: str) -> dict[str, object]:
+    shown: dict[str, object] = json.loads(
+        _ok(await teams.cli("boxers", "box", "get", name, "-o", "json"))
+    )
+    return shown
+
+
+async def _running(teams: Teams, name: str) -> dict[str, object]:
+    async def running() -> bool:
+        return (await _box(teams, name))["task_state"] == "running"
+
+    await eventually(running, within=WITHIN)
+    return await _box(teams, name)
+
+
+async def _count(teams: Teams) -> int:
+    return int(_ok(await teams.cli("boxers", "box", "exec", "web", "--", "cat", "/tmp/count")))
+
+
+async def test_a_box_runs_its_task_and_execs_with_the_exit_status(teams: Teams) -> None:
+    create = ("box", "create", "web", "--pool", POOL, "--gpus", "0", "--port", "8080")
+    made = _ok(await teams.cli("boxers", *create, "--", "sh", "-c", BOX))
+    assert "box web created in workspace boxers" in made, made
+    box = await _running(teams, "web")
+    assert (box["state"], box["workspace"], box["ports"]) == ("running", "boxers", "8080")
+    listed = json.loads(_ok(await teams.cli("boxers", "box", "list", "-o", "json")))
+    assert [(b["name"], b["task"]) for b in listed] == [("web", box["task"])]
+    failed = await teams.cli("boxers", "box", "exec", "web", "--", "sh", "-c", "exit 3")
+    assert failed.returncode == 3, (failed.stderr, await _box(teams, "web"))
+
+    async def counting() -> bool:
+        return await _count(teams) >= 2
+
+    await eventually(counting, within=WITHIN)
+
+
+async def test_box_ports_url_answers_the_box_s_web_server_for_its_workspace_only(
+    teams: Teams,
+) -> None:
+    shown = _ok(await teams.cli("boxers", "box", "ports", "web"))
+    [url] = re.findall(r"^8080: (\S+)$", shown, re.M)
+    box = await _box(teams, "web")
+    assert f"levers9 port-forward {box['task']} :8080" in shown, shown
+    async with aiohttp.ClientSession() as session:
+
+        async def get(token: str | None, at: str = url) -> tuple[int, str]:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with session.get(at, headers=headers) as response:
+                return response.status, await response.text()
+
+        async def served() -> bool:
+            return await get(teams.tokens["boxers"]) == (200, "served-by-box\n")
+
+        await eventually(served, within=WITHIN)
+        assert (await get(None))[0] == 401
+        status, text = await get(teams.tokens["others"])
+        assert (status, text) == (404, "no box web: `levers9 box list` shows them\n")
+        missing = await get(teams.tokens["boxers"], url.replace("/web/", "/nosuch/"))
+        assert missing == (404, "no box nosuch: `levers9 box list` shows them\n")
+
+
+async def test_another_workspace_s_box_is_not_found_as_a_missing_one(teams: Teams) -> None:
+    for args in (("get", "web"), ("exec", "web", "--", "true"), ("stop", "web")):
+        theirs = await teams.cli("others", "box", *args)
+        missing = await teams.cli("others", "box", args[0], "nosuch", *args[2:])
+        assert theirs.returncode == missing.returncode == 1, theirs.stderr
+        assert "no box web" in theirs.stderr, theirs.stderr
+        assert theirs.stderr.replace("web", "X") == missing.stderr.replace("nosuch", "X")
+    assert json.loads(_ok(await teams.cli("others", "box", "list", "-o", "json"))) == []
+    assert (await _box(teams, "web"))["state"] == "running"
+
+
+async def test_stop_and_start_run_a_new_task_with_the_same_command_and_ports(
+    teams: Teams,
+) -> None:
+    before = await _box(teams, "web")
+    stopped = _ok(await teams.cli("boxers", "box", "stop", "web"))
+    assert "stopped (box stop; no checkpoint" in stopped, stopped
+    refused = await teams.cli("boxers", "box", "exec", "web", "--", "true")
+    assert refused.returncode == 1
+    assert "levers9 box start web" in refused.stderr, refused.stderr
+    client = await connect(teams.cp.settings)
+
+    async def cancelled() -> bool:
+        record = await task_record(client, str(before["task"]))
+        return record is not None and record.state == "cancelled"
+
+    await eventually(cancelled, within=WITHIN)
+    started = _ok(await teams.cli("boxers", "box", "start", "web"))
+    assert "box web starting: task web-2-" in started, started
+    after = await _running(teams, "web")
+    assert after["task"] != before["task"]
+    assert after["starts"] == 2
+    assert (after["command"], after["ports"]) == (before["command"], before["ports"])
+    # Without a checkpoint the counter starts again (the box's processes start fresh).
+    assert await _count(teams) < 100
+
+
+async def test_delete_ends_the_box_and_its_task(teams: Teams) -> None:
+    box = await _box(teams, "web")
+    _ok(await teams.cli("boxers", "box", "delete", "web"))
+    assert json.loads(_ok(await teams.cli("boxers", "box", "list", "-o", "json"))) == []
+    client = await connect(teams.cp.settings)
+
+    async def ended() -> bool:
+        record = await task_record(client, str(box["task"]))
+        return record is not None and record.state == "cancelled"
+
+    await eventually(ended, within=WITHIN)
