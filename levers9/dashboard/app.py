@@ -43,7 +43,7 @@ from levers9.dashboard.sessions import (
 )
 from levers9.gateway.server import Gateway
 from levers9.logs import get_logger
-from levers9.proto import gateway_pb2
+from levers9.proto import gateway_pb2, worker_pb2
 
 log = get_logger(__name__)
 
@@ -472,7 +472,7 @@ class Dashboard:
         self.live_streams += 1
         last, quiet = "", 0.0
         try:
-            while True:
+            while not _closing(request):
                 try:
                     content = await self._fragment(me, src)
                 except Refused as refused:
@@ -488,10 +488,11 @@ class Dashboard:
                     quiet = 0.0
                 await asyncio.sleep(self._every)
                 quiet += self._every
-        except (ConnectionResetError, asyncio.CancelledError):
-            return response
+        except ConnectionResetError:
+            pass
         finally:
             self.live_streams -= 1
+        return response
 
     async def _logs_stream(
         self, request: web.BaseRequest, me: Me, task_id: str
@@ -503,16 +504,32 @@ class Dashboard:
             offset = 0
         response = await _event_stream(request)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        chunks = me.calls.logs(task_id, follow=True, offset=offset)
+        pending: asyncio.Future[worker_pb2.LogChunk] | None = None
         try:
-            async for chunk in me.calls.logs(task_id, follow=True, offset=offset):
+            while not _closing(request):
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(chunks))
+                done, _ = await asyncio.wait({pending}, timeout=self._every)
+                if not done:
+                    continue  # no output for a while: look again whether the front stops
+                try:
+                    chunk = pending.result()
+                except StopAsyncIteration:
+                    await response.write(_event("end", ""))
+                    break
+                pending = None
                 text = decoder.decode(chunk.data)
                 offset = chunk.offset + len(chunk.data)
                 await response.write(_event("message", text, event_id=str(offset)))
-            await response.write(_event("end", ""))
         except Refused as refused:
             await response.write(_event("failed", refused.details))
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:
             pass
+        finally:
+            if pending is not None:
+                pending.cancel()
+            await chunks.aclose()  # type: ignore[attr-defined]
         return response
 
     async def _logs_download(self, me: Me, task_id: str) -> web.Response:
@@ -581,6 +598,13 @@ def _haystack(r: gateway_pb2.TaskRecord) -> str:
 def _query_string(query: Query) -> str:
     kept = {k: v for k, v in query.items() if k in ("state", "pool", "q", "workspace", "page")}
     return html.path("", **kept)[len("/ui/") :] if kept else ""
+
+
+def _closing(request: web.BaseRequest) -> bool:
+    """Whether the front stops (aiohttp's connection shutting down): a stream ends then, and
+    the browser reconnects, to this replica once it is back or to another, instead of holding
+    the front's shutdown for its timeout."""
+    return bool(getattr(request.protocol, "_force_close", False))
 
 
 def _redirect(location: str) -> web.Response:

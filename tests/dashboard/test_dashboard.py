@@ -16,6 +16,7 @@ as docs/dashboard.md shows them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -28,6 +29,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.rpc import tls
 from levers9.tokens import operator_token
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -288,3 +290,26 @@ async def test_the_operator_creates_a_workspace_and_a_token_and_revokes_it(board
 async def test_levers9_ui_prints_the_dashboards_url(board: Board) -> None:
     done = await board.cp.cli("ui", "--no-open")
     assert _ok(done).strip() == board.url
+
+
+async def test_a_page_whose_front_stops_says_so_and_recovers_by_itself(board: Board) -> None:
+    """The endpoints' front (and so the dashboard) stops with a task page open: its streams end
+    at once rather than holding the stop, the page says the controlplane cannot be reached, and
+    once the front serves again the page's streams reconnect by themselves. Last: the front's
+    endpoint views stay stopped after this."""
+    cp = board.cp
+    assert cp.endpoints is not None
+    page = await _signed_in(board, board.a)
+    await page.goto(board.url + f"tasks/{board.tasks['a']}")
+    offline = page.locator("#offline")
+    await expect(page.get_by_test_id("logs")).to_contain_text("dashboard line 0")
+    await expect(offline).to_be_hidden()
+    async with asyncio.timeout(WITHIN / 2):  # not the front's 60 s shutdown timeout
+        await cp.endpoints.stop()
+    try:
+        await expect(offline).to_be_visible(timeout=SHOWN_S * 1000)
+    finally:
+        await cp.endpoints.start(
+            cp.settings.endpoints_listen, tls.endpoints_ssl_context(cp.settings)
+        )
+    await expect(offline).to_be_hidden(timeout=SHOWN_S * 1000)
