@@ -50,6 +50,7 @@ class ProcessContainer:
     image = None
     oom_killed = False
     limit_hit = ""
+    storage_error = ""
     lost = ""
     netns: Path | None = None
 

@@ -18,7 +18,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from levers9.agent.cgroups import oom_killed
 from levers9.agent.images import PulledImage
@@ -113,6 +113,7 @@ class RuncContainer:
         self.image = image
         self.oom_killed = False
         self.limit_hit = ""
+        self.storage_error = ""
         self.lost = ""
         self.netns: Path | None = None
         """Its network namespace (levers9.agent.task_network), set by its runtime."""
@@ -146,6 +147,11 @@ class RuncContainer:
                 await self._runtime._signal(self.id, signal.SIGKILL)
         return await self.wait()
 
+    async def checkpoint(self, path: Path, meta: dict[str, Any]) -> int:
+        """Checkpoints it to the image folder `path` through its runtime (which ends it);
+        returns the image's size. levers9.agent.checkpoints' errors when it cannot."""
+        return await self._runtime.checkpoint(self, path, meta)
+
     async def _shim_gone(self) -> None:
         if self._shim is not None:
             await self._shim.wait()
@@ -163,7 +169,7 @@ class RuncContainer:
         await self._runtime._remove(self.id)
         # Its volumes' last uploads (and its disks' sync) before its end is reported: off the
         # event loop, as they may take a while; the release below finds them done.
-        await self._runtime._detach_storage(self.task_id)
+        self.storage_error = await self._runtime._detach_storage(self.task_id)
         self._release.close()
         self._runtime._forget(self.id)
         if code is None:

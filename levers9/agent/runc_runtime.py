@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from levers9.agent import cdi
+from levers9.agent import cdi, checkpoints
 from levers9.agent.cdi import DRIVER_ROOT
 from levers9.agent.cgroups import TASK_ROOTS, pids_limited, remove_cgroups
 from levers9.agent.disks import Owner
@@ -70,6 +70,11 @@ LAYER_FILE = "layer.ext4"
 DISK_FULL_BELOW = 1024**2
 """A writable layer with less than this free (or no inode) is full: the task's failure says so."""
 RUNNING_WITHIN_S = 30.0
+NO_RESTORE = (
+    "runc cannot restore a checkpoint on this worker: its checkpoints need CRIU, which the agent"
+    " does not drive; restore it with --runtime runsc (a checkpoint is restored only into the"
+    " runtime that took it)"
+)
 """How long runc may take to create a container before the start is a failure."""
 
 
@@ -142,6 +147,8 @@ class RuncRuntime:
         """Why this runtime cannot run the task (None: it can)."""
         if spec.workspace and (problem := name_problem(spec.workspace)) is not None:
             return f"workspace {problem}"  # it names the container (runc_config)
+        if spec.restore_from is not None:
+            return NO_RESTORE
         return None if spec.image else NO_IMAGE
 
     async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
@@ -219,7 +226,7 @@ class RuncRuntime:
             seccomp=self._seccomp if self.SECCOMP else None,
         )
         release.callback(_unmount_bundle, bundle)
-        await self._overlay(lower, bundle, limits.disk_bytes, owner)
+        await self._overlay(lower, bundle, limits.disk_bytes, owner, self._layer_seed(spec))
         if user_namespace is not None and not user_namespace.shifted_root:
             await asyncio.to_thread(_mount_points, root_mount(bundle), config)
         config["root"]["path"] = str(root_mount(bundle))
@@ -234,7 +241,7 @@ class RuncRuntime:
             "levers9-shim",
             str(log_path),
             str(exit_path),
-            *self._runc_argv("run", *self.RUN_FLAGS, "--bundle", str(bundle), name),
+            *self._run_argv(spec, bundle, name),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
@@ -272,6 +279,24 @@ class RuncRuntime:
             user_ids=owner,
         )
         return container
+
+    def _run_argv(self, spec: ContainerSpec, bundle: Path, name: str) -> list[str]:
+        """What the shim runs: `runc run` (a runtime that restores: its restore)."""
+        return self._runc_argv("run", *self.RUN_FLAGS, "--bundle", str(bundle), name)
+
+    def _layer_seed(self, spec: ContainerSpec) -> Path | None:
+        """What the task's writable layer starts with (a restore's copy of it); None: empty."""
+        return None
+
+    async def checkpoint(self, container: RuncContainer, path: Path, meta: dict[str, Any]) -> int:
+        """runc's checkpoint needs CRIU: refused (CheckpointRefused) with `criu check`'s word;
+        nothing is written and the task runs on."""
+        code, said = await checkpoints.probe("criu", "check")
+        why = f"`criu check` fails on this machine: {said}" if code else "the agent drives none"
+        raise checkpoints.CheckpointRefused(
+            f"task {container.task_id} runs under runc, whose checkpoint needs CRIU, and {why};"
+            " run tasks to be checkpointed with --runtime runsc"
+        )
 
     def _claim_ids(self) -> IdRange | None:
         """The task's user-namespace range (None: this runtime gives none); StartError when
@@ -454,7 +479,9 @@ class RuncRuntime:
         document: dict[str, Any] = json.loads(target.read_text())
         return document
 
-    async def _overlay(self, lower: Path, bundle: Path, disk_bytes: int, owner: int) -> None:
+    async def _overlay(
+        self, lower: Path, bundle: Path, disk_bytes: int, owner: int, seed: Path | None = None
+    ) -> None:
         """The task's root: an overlay of `lower` and its writable layer, which is a filesystem
         of `disk_bytes` of its own (ext4 on a sparse file, loop-mounted: on disk rather than in
         memory as a tmpfs would be, its size a hard cap that one task filling it cannot pass to
@@ -477,6 +504,10 @@ class RuncRuntime:
             folder.mkdir(exist_ok=True)
             os.chown(folder, owner, owner)
         os.chmod(upper, os.stat(lower).st_mode & 0o7777)
+        if seed is not None:
+            # A restored task's writable layer, as its checkpoint copied it (before the overlay
+            # is mounted over it: an overlay's upper folder must not change under it).
+            await checkpoints.copy_tree(seed, upper)
         await _run(
             "mount",
             "-t",
@@ -487,10 +518,10 @@ class RuncRuntime:
             str(root),
         )
 
-    async def _detach_storage(self, task_id: str) -> None:
+    async def _detach_storage(self, task_id: str) -> str:
         """Unmounts the task's volumes and disks (its container gone): a volume's unmount waits
-        for its FUSE process's last uploads."""
-        await asyncio.to_thread(self._storage.detach, task_id)
+        for its FUSE process's last uploads; what went wrong with them ("" when nothing)."""
+        return "; ".join(await asyncio.to_thread(self._storage.detach, task_id))
 
     def _limit_hit(self, record: ContainerRecord) -> str:
         """Which of its limits the ended container ran into, besides memory ("" for none): a

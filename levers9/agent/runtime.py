@@ -96,6 +96,9 @@ class ContainerSpec:
     mounts: tuple[StorageMount, ...] = ()
     """Its volumes and disks, mounted before it starts and bound in (a runtime that cannot
     refuses it at start)."""
+    restore_from: Path | None = None
+    """A checkpoint image (levers9.agent.checkpoints) its processes are restored from, rather
+    than its command started; a runtime that cannot restore refuses it at start."""
 
 
 class Container(Protocol):
@@ -120,6 +123,12 @@ class Container(Protocol):
     def limit_hit(self) -> str:
         """Once it has exited: which of its limits other than memory it ran into ("pids limit:
         ...", "disk full: ..."), "" when none."""
+        ...
+
+    @property
+    def storage_error(self) -> str:
+        """Once it has exited: why what it wrote to a volume may not be in the bucket (an
+        upload its FUSE process reported failed), "" when nothing went wrong."""
         ...
 
     @property

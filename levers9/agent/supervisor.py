@@ -375,6 +375,8 @@ class TaskManager:
             state, reason = record.ending
         elif container.lost:
             state, reason = LOST, container.lost
+        elif container.storage_error:
+            state, reason = FAILED, f"{container.storage_error} (exited with code {code})"
         elif code == 0:
             state, reason = SUCCEEDED, ""
         elif container.oom_killed:

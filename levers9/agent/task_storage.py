@@ -108,11 +108,15 @@ class TaskStorage:
         point = await self.disks.attach(access, task_id, owner, holder=self.holder)
         return Bind(point, mount.path, mount.read_only)
 
-    def detach(self, task_id: str) -> None:
-        """Unmounts every volume and disk of the task (its volumes' last uploads done first)."""
+    def detach(self, task_id: str) -> list[str]:
+        """Unmounts every volume and disk of the task (its volumes' last uploads done first);
+        what their FUSE processes said went wrong (`volume NAME: x.txt: Failed to copy: ...`)."""
         folder = self.task_dir(task_id)
+        problems = []
         for point in volumes.mounts_under(folder):
-            volumes.unmount(point)
+            error = volumes.unmount(point)
+            if error:
+                problems.append(f"volume {point.name.split('.')[0]}: {error}")
         if folder.is_dir():
             for child in folder.iterdir():
                 if child.is_dir() and not volumes.mounted(child):
@@ -121,6 +125,7 @@ class TaskStorage:
                 folder.rmdir()
         if self.disks is not None:
             self.disks.sweep(self.holder, keep=(), tasks={task_id})
+        return problems
 
     def sweep(self, keep: Collection[str]) -> list[str]:
         """Unmounts the volumes and disks of every task of this agent but those in `keep`;

@@ -360,15 +360,18 @@ def _last_line(path: Path, marks: tuple[str, ...] = ()) -> str:
     return ""
 
 
-def unmount(target: Path) -> None:
+def unmount(target: Path) -> str:
     """Unmounts the volume at `target` and waits (at most UNMOUNTED_WITHIN_S) for its FUSE
-    process to end, so that its last uploads are done; then removes the mount point. Safe to
-    call on one never mounted or already gone."""
+    process to end, so that its last uploads are done; then removes the mount point. What went
+    wrong with them, "" when nothing (an upload rclone reports failed: `x.txt: Failed to copy:
+    AccessDenied: Access Denied`). Safe to call on one never mounted or already gone."""
+    problem = ""
     pid_file = target.parent / f".{target.name}.pid"
     pid = 0
     with contextlib.suppress(OSError, ValueError):
         pid = int(pid_file.read_text())
     if mounted(target):
+        _wait_for_uploads(target)
         done = subprocess.run(
             ["fusermount3", "-u", str(target)], capture_output=True, check=False, timeout=30
         )
@@ -389,12 +392,17 @@ def unmount(target: Path) -> None:
                 )
         if _is_fuse(pid):
             log.error("volume process did not end after unmount: killed", pid=pid)
+            problem = f"its uploads did not end within {UNMOUNTED_WITHIN_S:.0f} s of the task's end"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     errors = target.parent / f".{target.name}.log"
+    failed = _failed_upload(errors)
+    if failed:
+        log.error("volume upload failed", target=str(target), error=failed)
+        problem = problem or failed
     last = _last_line(errors, ("ERROR", "[ERR]", "[CRT]"))
-    if last:  # an upload that failed, say
-        log.error("volume process reported an error", target=str(target), error=last)
+    if last:
+        log.warning("volume process reported an error", target=str(target), error=last)
     for leftover in (pid_file, errors):
         leftover.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
@@ -402,6 +410,42 @@ def unmount(target: Path) -> None:
     cache = target.parent / f".{target.name}.cache"
     if cache.is_dir() and not mounted(cache):
         subprocess.run(["rm", "-rf", "--one-file-system", str(cache)], check=False, timeout=60)
+    return problem
+
+
+def _wait_for_uploads(target: Path) -> None:
+    """Returns once rclone's write cache for `target` holds no file still to upload (its
+    `vfsMeta` says `"Dirty": true` until the upload is done), one failed, or UNMOUNTED_WITHIN_S
+    is over: rclone quits with what it has not begun to upload left in its cache (for a later
+    run of it, which there is not), so the unmount waits here first. s3fs keeps no such cache:
+    its uploads are done when the task's close returns."""
+    meta = target.parent / f".{target.name}.cache" / "vfsMeta"
+    errors = target.parent / f".{target.name}.log"
+    deadline = time.monotonic() + UNMOUNTED_WITHIN_S
+    while time.monotonic() < deadline and not _failed_upload(errors):
+        dirty = False
+        with contextlib.suppress(OSError):
+            for folder, _, names in os.walk(meta):
+                for name in names:
+                    with contextlib.suppress(OSError):
+                        if '"Dirty": true' in (Path(folder) / name).read_text():
+                            dirty = True
+                            break
+                if dirty:
+                    break
+        if not dirty:
+            return
+        time.sleep(0.05)
+
+
+def _failed_upload(log_path: Path) -> str:
+    """The first upload rclone reports failed in its log (`x.txt: Failed to copy: ...`)."""
+    with contextlib.suppress(OSError):
+        for line in log_path.read_text(errors="replace").splitlines():
+            _, mark, said = line.partition(" ERROR : ")
+            if mark and ("Failed to copy" in said or "failed to transfer" in said):
+                return said.strip()[:300]
+    return ""
 
 
 def _is_fuse(pid: int) -> bool:

@@ -88,6 +88,10 @@ async def gateway() -> AsyncIterator[RecordingGateway]:
 
 BUCKET = "workspace-a"
 POLICY = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'
+READ_ONLY = (
+    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
+    '"Action":["s3:ListBucket","s3:GetObject"],"Resource":"*"}]}'
+)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class S3:
     denied_key_id: str
     """A user with no policy: S3 answers AccessDenied."""
     denied_secret: str
+    reader_key_id: str
+    """A user that may list and read, not write: a mount checks, an upload is refused."""
+    reader_secret: str
 
     def client(self) -> Any:
         return boto3.client(
@@ -123,11 +130,11 @@ class S3:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
-    """moto checking credentials after its first five calls (which make two IAM users: one
-    allowed everything, one nothing) and a bucket of the first's."""
+    """moto checking credentials after its first eight calls (which make three IAM users: one
+    allowed everything, one nothing, one reading only) and a bucket of the first's."""
     port = free_port()
     log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "5"}
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "8"}
     child = subprocess.Popen(moto_argv(port), env=env, stdout=log, stderr=log)
     endpoint = endpoint_url(port)
     try:
@@ -144,17 +151,19 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
             aws_secret_access_key="setup",
         )
         keys = []
-        for user in ("owner", "stranger"):
+        for user, policy in (("owner", POLICY), ("stranger", ""), ("reader", READ_ONLY)):
             iam.create_user(UserName=user)
             keys.append(iam.create_access_key(UserName=user)["AccessKey"])
-            if user == "owner":
-                iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=POLICY)
+            if policy:
+                iam.put_user_policy(UserName=user, PolicyName="p", PolicyDocument=policy)
         world = S3(
             endpoint,
             keys[0]["AccessKeyId"],
             keys[0]["SecretAccessKey"],
             keys[1]["AccessKeyId"],
             keys[1]["SecretAccessKey"],
+            keys[2]["AccessKeyId"],
+            keys[2]["SecretAccessKey"],
         )
         world.client().create_bucket(Bucket=BUCKET)
         yield world

@@ -189,6 +189,23 @@ async def test_a_volume_that_cannot_be_mounted_fails_the_task_at_start(
     assert volumes.mounts_under(storage.volumes_dir) == [], "nothing left mounted"
 
 
+async def test_a_write_the_bucket_refuses_fails_the_task_naming_it(
+    tasks: TaskManager, s3: S3, image: tuple[LocalRegistry, str], storage: TaskStorage
+) -> None:
+    """A key that may list but not write mounts; the task's close succeeds (rclone uploads
+    after it), the upload is refused: the task does not end succeeded."""
+    access = s3.access(access_key_id=s3.reader_key_id, secret_access_key=s3.reader_secret)
+    mounts = [_mount("volume", "data", "/data")]
+    status, _ = await _run(
+        tasks, "refused-put", image[1], "echo hi > /data/put.txt", mounts, [access]
+    )
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert status.reason == (
+        "volume data: put.txt: Failed to copy: AccessDenied: Access Denied (exited with code 0)"
+    ), status.reason
+    assert volumes.mounts_under(storage.volumes_dir) == []
+
+
 async def test_a_mount_without_its_access_entry_is_invalid(
     tasks: TaskManager, s3: S3, image: tuple[LocalRegistry, str]
 ) -> None:
