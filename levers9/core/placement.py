@@ -29,8 +29,16 @@ import hashlib
 import heapq
 from collections import defaultdict, deque
 from datetime import datetime, timedelta
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from levers9.core.disks import pinned_reason
 from levers9.core.image_reference import ImageReference, ImageReferenceError
@@ -102,6 +110,15 @@ class Waiting(BaseModel):
     """The disks it mounts (a disk in use is not deleted)."""
     image: str = ""
     """`image_key` of its image: a worker whose node's cache holds it goes first ("": none)."""
+
+    @model_serializer(mode="wrap")
+    def _without_no_image(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Left out when "": a standing queue of 10,000 is 1.5 MB of the pool's 2 MB state,
+        and a pool without `cache.enabled` should pay nothing for it."""
+        data = handler(self)
+        if not self.image and isinstance(data, dict):
+            data.pop("image", None)
+        return data
 
 
 class Placement(BaseModel):

@@ -142,3 +142,25 @@ def _settings(**overrides: object) -> WorkerSettings:
 def test_the_pools_cache_setting_reaches_the_agent() -> None:
     assert _settings(image_cache_report=True).image_cache_report
     assert not _settings().image_cache_report, "off unless the pool's cache.enabled"
+
+
+def test_the_pools_state_stays_small() -> None:
+    """The state is PoolWorkflow's continue-as-new payload (Temporal's limit: 2 MB): a task
+    without an image costs nothing, a standing queue of 10,000 with one stays under it, and
+    what workers report is bounded."""
+    plain, cached = PoolState(), PoolState()
+    for n in range(10_000):
+        plain.request(f"t{n:08d}", 1, T0)
+        cached.request(f"t{n:08d}", 1, T0, image=image_key(f"r/i:{n}"))
+    assert '"image"' not in plain.model_dump_json()
+    assert len(cached.model_dump_json()) < 1_900_000
+    again = PoolState.model_validate_json(cached.model_dump_json())
+    assert again.waiting[7].image == image_key("r/i:7")
+    assert PoolState.model_validate_json(plain.model_dump_json()).waiting[7].image == ""
+    workers = _pool(
+        **{
+            f"w{n:04d}": ((0, 1, 2, 3), tuple(f"r/i:{n}-{i}" for i in range(64)))
+            for n in range(500)
+        }
+    )
+    assert len(workers.model_dump_json()) < 750_000  # 500 workers, 64 images each
