@@ -228,8 +228,18 @@ async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Boa
         await expect(listed).to_contain_text(task_id)
     await expect(listed).to_contain_text("team-b")
     await _snap(page, "tasks")
+    # An endpoint of team-b (no replica until a request): listed with its URL, to the operator.
+    _ok(
+        await board.cp.cli(
+            "endpoint", "create", "echo-b", "--pool", POOL, "--gpus", "0", "--port", "8080",
+            "--workspace", "team-b", "--", "python", "-m", "http.server", "8080",
+        )
+    )  # fmt: skip
     await page.get_by_role("link", name="Endpoints").click()
-    await expect(page.get_by_test_id("endpoints-empty")).to_have_text("No endpoint.")
+    endpoints = page.get_by_test_id("endpoints")
+    await expect(endpoints).to_contain_text("echo-b")
+    await expect(endpoints).to_contain_text(board.cp.settings.endpoints_base_url() + "/echo-b/")
+    await expect(endpoints).to_contain_text("0 ready / 0 starting")
     await _snap(page, "endpoints")
     await page.get_by_role("link", name="Workspaces").click()
     for team in ("team-a", "team-b"):
@@ -269,6 +279,8 @@ async def test_the_operator_creates_a_workspace_and_a_token_and_revokes_it(board
     theirs = await _signed_in(board, token)
     await expect(theirs.get_by_test_id("who")).to_contain_text("workspace team-c (laptop)")
     await expect(theirs.get_by_role("link", name="Workspaces")).to_have_count(0)
+    await theirs.goto(board.url + "endpoints")
+    await expect(theirs.get_by_test_id("endpoints-empty")).to_have_text("No endpoint.")
     refused = await theirs.goto(board.url + "workspaces")
     assert refused is not None
     assert refused.status == 403
