@@ -132,6 +132,14 @@ class BoxWorkflow:
             self._changed = False
             if state.state == DELETING:
                 break
+            if workflow.info().get_current_history_length() > input.max_history_events:
+                # An Update in flight waits for this loop to act on it: it goes first.
+                await workflow.wait_condition(
+                    lambda: self._changed or workflow.all_handlers_finished()
+                )
+                if not self._changed:
+                    workflow.continue_as_new(input.model_copy(update={"state": state}))
+                continue
             deadline = state.idle_deadline()
             timeout = None if deadline is None else deadline - workflow.now()
             with contextlib.suppress(TimeoutError):
@@ -140,13 +148,6 @@ class BoxWorkflow:
             deadline = state.idle_deadline()
             if deadline is not None and workflow.now() >= deadline and state.state == RUNNING:
                 self._stop(f"idle for {state.idle_stop_seconds} s (--idle-stop)")
-            if (
-                not self._changed
-                and workflow.info().get_current_history_length() > input.max_history_events
-            ):
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._changed:
-                    workflow.continue_as_new(input.model_copy(update={"state": state}))
         await self._act()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return state

@@ -1,0 +1,175 @@
+"""BoxWorkflow on the time-skipping server, its task a stand-in TaskWorkflow (registered under
+the task record's name: it runs until its `cancel` signal, or ends `failed` at once when its
+command is `false`), so that the box's own timers and messages are what is tested:
+
+- `--idle-stop`: a box nobody uses is stopped once the idle time has passed (its task told to
+  cancel, the box's reason says so and that no checkpoint was taken); a use (signal `used`)
+  moves the deadline;
+- a task that ends by itself leaves the box stopped with the task's end, and `start` starts a
+  new task of the same template;
+- past `max_history_events` the record continues as new with its state, and still acts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from levers9.box_state import BoxInput, BoxState
+from levers9.core.boxes import BOX_WORKFLOW
+from levers9.models import TASK_WORKFLOW, TaskInput, TaskRecord
+from tests.waiting import eventually
+from workflows.box import BoxWorkflow
+
+pytestmark = pytest.mark.integration
+
+
+@workflow.defn(name=TASK_WORKFLOW, sandboxed=False)
+class StandInTask:
+    def __init__(self) -> None:
+        self._cancelled = ""
+
+    @workflow.signal
+    def cancel(self, reason: str = "") -> None:
+        self._cancelled = reason or "cancelled"
+
+    @workflow.run
+    async def run(self, task: TaskInput) -> TaskRecord:
+        record = TaskRecord(
+            task_id=task.task_id,
+            pool_name=task.pool_name,
+            command=task.command,
+            gpus=task.gpus,
+            image=task.image,
+            state="failed",
+            created_at=workflow.now(),
+            reason="exit code 1",
+        )
+        if task.command != ("false",):
+            await workflow.wait_condition(lambda: bool(self._cancelled))
+            record = record.model_copy(update={"state": "cancelled", "reason": self._cancelled})
+        return record
+
+
+@pytest.fixture
+async def worker(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[None]:
+    async with Worker(time_env.client, task_queue=task_queue, workflows=[BoxWorkflow, StandInTask]):
+        yield
+
+
+async def _box(
+    env: WorkflowEnvironment,
+    task_queue: str,
+    command: tuple[str, ...] = ("sleep", "infinity"),
+    idle_stop_seconds: int = 0,
+    max_history_events: int = 2_000,
+) -> WorkflowHandle[BoxWorkflow, BoxState]:
+    name = f"b{uuid.uuid4().hex[:6]}"
+    state = BoxState(
+        name=name,
+        workspace="default",
+        task=TaskInput(task_id="-", pool_name="p", command=command, gpus=0),
+        idle_stop_seconds=idle_stop_seconds,
+        created_at=datetime.now(UTC),
+    )
+    handle: WorkflowHandle[BoxWorkflow, BoxState] = await env.client.start_workflow(
+        BOX_WORKFLOW,
+        BoxInput(state=state, max_history_events=max_history_events),
+        id=f"box:default:{name}",
+        task_queue=task_queue,
+        result_type=BoxState,
+    )
+    return handle
+
+
+async def _state(handle: WorkflowHandle[BoxWorkflow, BoxState]) -> BoxState:
+    state: BoxState = await handle.query("box", result_type=BoxState)
+    return state
+
+
+async def _task_state(env: WorkflowEnvironment, task_id: str) -> TaskRecord | None:
+    handle = env.client.get_workflow_handle(f"task:{task_id}", result_type=TaskRecord)
+    description = await handle.describe()
+    if description.status is None or description.close_time is None:
+        return None
+    record: TaskRecord = await handle.result()
+    return record
+
+
+async def test_idle_stop_stops_a_box_nobody_used_and_a_use_moves_it(
+    time_env: WorkflowEnvironment, task_queue: str, worker: None
+) -> None:
+    handle = await _box(time_env, task_queue, idle_stop_seconds=600)
+
+    async def started() -> bool:
+        return bool((await _state(handle)).task_id)
+
+    await eventually(started, within=30)
+    first = (await _state(handle)).task_id
+    await time_env.sleep(timedelta(seconds=400))
+    await handle.signal("used")
+    await time_env.sleep(timedelta(seconds=400))  # 800 s from create, 400 from the use
+    assert (await _state(handle)).state == "running"
+    await time_env.sleep(timedelta(seconds=300))  # 700 s from the use
+    state = await _state(handle)
+    assert state.state == "stopped", state
+    assert state.reason.startswith("idle for 600 s (--idle-stop); no checkpoint"), state.reason
+    ended = await _task_state(time_env, first)
+    assert ended is not None
+    assert (ended.state, ended.reason) == (
+        "cancelled",
+        f"box {state.name} stopped: " + state.reason.split(";")[0],
+    )
+
+
+async def test_a_task_that_ends_leaves_the_box_stopped_and_start_runs_a_new_one(
+    time_env: WorkflowEnvironment, task_queue: str, worker: None
+) -> None:
+    handle = await _box(time_env, task_queue, command=("false",))
+
+    async def stopped() -> bool:
+        return (await _state(handle)).state == "stopped"
+
+    await eventually(stopped, within=30)
+    state = await _state(handle)
+    assert state.reason.startswith(f"its task {state.task_id} ended failed: exit code 1"), state
+    assert state.starts == 1
+    started: BoxState = await handle.execute_update("start", result_type=BoxState)
+    assert started.starts == 2
+    assert started.task_id != state.task_id
+    assert started.task_id.startswith(f"{state.name}-2-")
+
+
+async def test_the_record_continues_as_new_with_its_state(
+    time_env: WorkflowEnvironment, task_queue: str, worker: None
+) -> None:
+    handle = await _box(time_env, task_queue, max_history_events=50)
+
+    async def started() -> bool:
+        return bool((await _state(handle)).task_id)
+
+    await eventually(started, within=30)
+    first_run = (await handle.describe()).run_id
+    task_id = (await _state(handle)).task_id
+    for _ in range(40):
+        await handle.signal("used")
+
+    async def continued() -> bool:
+        return (await handle.describe()).run_id != first_run
+
+    await eventually(continued, within=30)
+    latest = time_env.client.get_workflow_handle(handle.id, result_type=BoxState)
+    state = await _state(latest)
+    assert (state.task_id, state.starts, state.state) == (task_id, 1, "running")
+    stopped: BoxState = await latest.execute_update("stop", "box stop", result_type=BoxState)
+    assert stopped.state == "stopped"
+    ended = await _task_state(time_env, task_id)
+    assert ended is not None
+    assert ended.state == "cancelled"
