@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -328,6 +329,8 @@ class TaskManager:
             record.phase(CONTAINER_START, str(error))
             self._finish(record, FAILED, str(error))
             return
+        finally:
+            self._forget_credentials(spec.task_id)
         record.container = container
         pulled = container.image
         if pulled is not None:
@@ -386,6 +389,13 @@ class TaskManager:
         else:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
+
+    def _forget_credentials(self, task_id: str) -> None:
+        """Once its volumes are mounted (or could not be), the agent keeps no key of theirs: the
+        FUSE processes hold them; its disks stay known (one task at a time)."""
+        held = self._mounts.get(task_id)
+        if held:
+            self._mounts[task_id] = tuple(dataclasses.replace(m, volume=None) for m in held)
 
     def _disk_in_use(self, task_id: str, mounts: Sequence[StorageMount]) -> str | None:
         """Why one of the task's disks cannot be had now: another running task of this

@@ -238,6 +238,8 @@ async def test_the_credentials_reach_the_fuse_process_and_nothing_of_the_task(
     await tasks.run(spec, [s3.access()], [])
     await _printed(tasks, "holds", "up")
     secret = s3.secret.encode()
+    held = tasks._mounts["holds"]
+    assert [m.volume for m in held] == [None], "the agent keeps no key once its volume is up"
     ps = await asyncio.create_subprocess_exec(
         *runtime._runc_argv("ps", "--format", "json", container_id("holds")),
         stdout=asyncio.subprocess.PIPE,
