@@ -22,6 +22,8 @@ import codecs
 import hashlib
 import json
 import shlex
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -43,7 +45,7 @@ from levers9.dashboard.sessions import (
 )
 from levers9.gateway.server import Gateway
 from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, worker_pb2
+from levers9.proto import gateway_pb2, pools_pb2, worker_pb2
 
 log = get_logger(__name__)
 
@@ -53,6 +55,8 @@ LIST_PAGE = 100
 LIVE_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 RENDERED_KEPT = 256
+SAMPLE_EVERY_S = 30.0
+CHART_WINDOW_S = 3 * 3600.0
 STATIC = {
     "htmx.min.js": "text/javascript",
     "dashboard.js": "text/javascript",
@@ -118,6 +122,8 @@ class Dashboard:
         self._every = live_every_s
         self.live_streams = 0
         self._rendered: dict[bytes, str] = {}
+        self._samples: dict[str, deque[views.Sample]] = {}
+        """Each pool's cards in use and tasks waiting, as the pools page read them."""
         """Task rows rendered, by a digest of the page of records and the filters they were
         rendered from: an open list's pushes re-read its records each second but render them
         again only when they changed."""
@@ -460,8 +466,24 @@ class Dashboard:
             except Refused:
                 got = None
             shown += views.pool_card(pool, got)
+            if got is not None and got.HasField("usage"):
+                now = time.time()
+                samples = self._sample(pool.name, now, got.usage)
+                shown += views.chart(samples, now, CHART_WINDOW_S, f"chart-{pool.name}")
             shown += views.machines([m for m in machines if m.pool_name == pool.name])
         return shown or html.problem("No pool yet.")
+
+    def _sample(
+        self, pool_name: str, now: float, usage: pools_pb2.PoolUsage
+    ) -> deque[views.Sample]:
+        """The pool's samples, with one of `usage` when the last is SAMPLE_EVERY_S old."""
+        samples = self._samples.setdefault(
+            pool_name, deque(maxlen=int(CHART_WINDOW_S / SAMPLE_EVERY_S) + 1)
+        )
+        if not samples or now - samples[-1][0] >= SAMPLE_EVERY_S:
+            in_use = usage.gpus - usage.free_gpus
+            samples.append((now, in_use, usage.gpus, usage.waiting))
+        return samples
 
     async def _events(self, request: web.BaseRequest, me: Me) -> web.StreamResponse:
         src = request.query.get("src", "")

@@ -257,3 +257,39 @@ def token_rows(
         "No token.",
         f"tokens-{workspace}",
     )
+
+
+Sample = tuple[float, int, int, int]
+"""(when, cards in use, cards in all, tasks waiting) of one pool."""
+
+
+def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) -> str:
+    """Cards in use (blue, of the pool's cards) and tasks waiting (orange, of the most seen)
+    over the window, as an inline SVG; a note when there are too few samples yet."""
+    kept = [s for s in samples if now - s[0] <= window_s]
+    if len(kept) < 2:
+        return (
+            f'<p class="empty" data-testid="{esc(test_id)}">The chart of cards in use and tasks'
+            " waiting fills in while this page is open.</p>"
+        )
+    width, height = 600.0, 80.0
+    cards = max(max(s[2] for s in kept), 1)
+    waiting = max(max(s[3] for s in kept), 1)
+
+    def line(value: int, top: int) -> str:
+        return " ".join(
+            f"{width * (1 - (now - s[0]) / window_s):.1f},{height - height * (s[value] / top):.1f}"
+            for s in kept
+        )
+
+    hours = window_s / 3600
+    return (
+        f'<figure data-testid="{esc(test_id)}"><svg viewBox="0 0 {width:g} {height:g}"'
+        ' width="600" height="80" role="img" aria-label="cards in use and tasks waiting">'
+        f'<rect width="{width:g}" height="{height:g}" fill="#ffffff" stroke="#d9dee7"/>'
+        f'<polyline fill="none" stroke="#2f5bd3" stroke-width="2" points="{line(1, cards)}"/>'
+        f'<polyline fill="none" stroke="#e07b00" stroke-width="2" points="{line(3, waiting)}"/>'
+        f"</svg><figcaption>Last {hours:g} h: cards in use (blue, of {cards}) and tasks waiting"
+        f" (orange, at most {waiting}); now {kept[-1][1]} in use, {kept[-1][3]} waiting."
+        " Sampled by this replica while a pools page is open.</figcaption></figure>"
+    )

@@ -139,6 +139,7 @@ async def test_the_dev_pools_machines_appear(board: Board) -> None:
     for node in nodes:
         await expect(machines).to_contain_text(node)
     await expect(page.get_by_test_id(f"pool-{POOL}")).to_contain_text("card(s) free")
+    await expect(page.get_by_test_id(f"chart-{POOL}")).to_be_attached()
     await _snap(page, "pools")
 
 
