@@ -94,6 +94,18 @@ async def _state(handle: WorkflowHandle[BoxWorkflow, BoxState]) -> BoxState:
     return state
 
 
+async def _ended(env: WorkflowEnvironment, task_id: str) -> TaskRecord:
+    """The stand-in task's record once it ended (it ends on its cancel signal)."""
+
+    async def ended() -> bool:
+        return await _task_state(env, task_id) is not None
+
+    await eventually(ended, within=30)
+    record = await _task_state(env, task_id)
+    assert record is not None
+    return record
+
+
 async def _task_state(env: WorkflowEnvironment, task_id: str) -> TaskRecord | None:
     handle = env.client.get_workflow_handle(f"task:{task_id}", result_type=TaskRecord)
     description = await handle.describe()
@@ -121,8 +133,7 @@ async def test_idle_stop_stops_a_box_nobody_used_and_a_use_moves_it(
     state = await _state(handle)
     assert state.state == "stopped", state
     assert state.reason.startswith("idle for 600 s (--idle-stop); no checkpoint"), state.reason
-    ended = await _task_state(time_env, first)
-    assert ended is not None
+    ended = await _ended(time_env, first)
     assert (ended.state, ended.reason) == (
         "cancelled",
         f"box {state.name} stopped: " + state.reason.split(";")[0],
@@ -170,6 +181,5 @@ async def test_the_record_continues_as_new_with_its_state(
     assert (state.task_id, state.starts, state.state) == (task_id, 1, "running")
     stopped: BoxState = await latest.execute_update("stop", "box stop", result_type=BoxState)
     assert stopped.state == "stopped"
-    ended = await _task_state(time_env, task_id)
-    assert ended is not None
+    ended = await _ended(time_env, task_id)
     assert ended.state == "cancelled"
