@@ -4,14 +4,16 @@ workspace's token as a user drives it: `box create` with a counter and a web ser
 and `box exec` reads the counter; `box ports` prints the port's URL on the endpoints' front,
 which answers the box's web server with the workspace's token (401 without one, 404 with another
 workspace's, as for a missing box); another workspace's `box get`, `exec` and `stop` answer as
-for a box that does not exist; `box stop` stops it (saying no checkpoint was taken) and refuses
-exec until `box start` starts a new task with the same command and ports; `box delete` ends it.
+for a box that does not exist; `box ssh-proxy` carries stdin and stdout to a port; `box stop`
+stops it (saying no checkpoint was taken) and refuses exec until `box start` starts a new task
+with the same command and ports; `box delete` ends it.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -25,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.factories import LEVERS9
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -126,6 +129,26 @@ async def test_box_ports_url_answers_the_box_s_web_server_for_its_workspace_only
         assert (status, text) == (404, "no box web: `levers9 box list` shows them\n")
         missing = await get(teams.tokens["boxers"], url.replace("/web/", "/nosuch/"))
         assert missing == (404, "no box nosuch: `levers9 box list` shows them\n")
+
+
+async def test_ssh_proxy_carries_stdin_and_stdout_to_the_box_s_port(teams: Teams) -> None:
+    """What OpenSSH's ProxyCommand does with it, with the box's web server in place of an sshd:
+    the bytes on stdin reach the port and its answer comes back on stdout."""
+    env = {**teams.cp.cli_env(), "LEVERS9_API_TOKEN": teams.tokens["boxers"]}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(LEVERS9), "box", "ssh-proxy", "web", "--port", "8080"],
+        input=b"GET / HTTP/1.0\r\n\r\n",
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(b"HTTP/1.0 200"), done.stdout
+    assert done.stdout.endswith(b"\r\n\r\nserved-by-box\n"), done.stdout
+    refused = await teams.cli("boxers", "box", "ssh-proxy", "web")
+    assert refused.returncode == 1
+    assert "does not publish port 22: create it with --port 22" in refused.stderr
 
 
 async def test_another_workspace_s_box_is_not_found_as_a_missing_one(teams: Teams) -> None:
