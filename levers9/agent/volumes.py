@@ -4,9 +4,12 @@ Each volume of a task (`levers9 run --volume NAME:/data[:ro]`) is mounted before
 starts, at a directory of the task's own under the agent's work dir, by a FUSE process of its
 own (`rclone mount`, the default, or `s3fs`: `BACKENDS`), and unmounted when the task ends:
 whatever the task wrote is then an object in the bucket (rclone, with its VFS cache in `writes`
-mode, uploads a file once it is closed, and its unmount waits for the uploads it has pending;
-`unmount` waits for the FUSE process to end). Its files are the container user's (their host
-ids), `allow_other` so that the task's user namespace may reach them; `:ro` mounts read-only.
+mode, uploads a file once it is closed: `unmount` waits for its cache to hold nothing still to
+upload, then for the FUSE process to end, and says which upload failed; s3fs uploads in the
+close itself). Its files are the container user's (their host ids), `allow_other` so that the
+task's user namespace may reach them; `:ro` mounts read-only. runc tasks get rclone (reads
+about ten times s3fs's on a 1 GiB file), runsc tasks s3fs (gVisor's gofer cannot create files
+through rclone's mount): benchmarks/README.md.
 
 The workspace's credentials (VolumeAccess, decrypted by the controlplane for that RunTask) go
 to the FUSE process alone, in its environment: never a file, never the task's environment. The
