@@ -225,8 +225,8 @@ async def test_a_disk_is_snapshotted_to_a_volume_and_a_new_disk_made_from_it(
         assert "nothing to copy at volume backups/snaps/none" in said
         assert "disk hollow was deleted again" in said
         assert f"levers9 disk create hollow --size 32Mi --pool {POOL} --from" in said
-        names = [d["name"] for d in json.loads(_ok(await plane.cli("disk", "list", "-o", "json")))]
-        assert sorted(names) == ["restored", "source"]
+        listed = await plane.cli("disk", "list", "--workspace", "default", "-o", "json")
+        assert sorted(d["name"] for d in json.loads(_ok(listed))) == ["restored", "source"]
         # A volume the workspace does not have: said before any disk is made.
         missing = await plane.cli(
             "disk", "create", "never", "--size", "32Mi", "--pool", POOL, "--from", "nope/x"
