@@ -9,7 +9,10 @@ not follow (another activity, another order, a timer removed) fails here: guard 
 `workflow.patched(...)` (docs/operations.md), then record the histories again.
 `DiskWorkflow.json` and `PoolWorkflow-disk.json` (a disk's tasks pinned to its node, the pool
 telling the disk's record a task of it ended) come from tests/integration/test_disk_pin.py's
-flow on the dev server, as `WorkflowHistory.to_json_dict()` gives them.
+flow on the dev server, as `WorkflowHistory.to_json_dict()` gives them. `WorkerWorkflow-cache.json`
+(with the pool's `cache.enabled`, a heartbeat saying what the node's image cache holds, announced
+to the pool: the patched marker `cache-report-announced`) comes from
+tests/integration/test_cache_locality_sandbox.py's flow on the sandbox, the same way.
 """
 
 from __future__ import annotations
