@@ -106,6 +106,25 @@ async def test_a_box_runs_its_task_and_execs_with_the_exit_status(teams: Teams) 
     await eventually(counting, within=WITHIN)
 
 
+async def test_a_box_is_refused_at_create_naming_the_field(teams: Teams) -> None:
+    create = ("box", "create", "--pool", POOL, "--gpus", "0")
+    again = await teams.cli("boxers", *create, "web")
+    assert again.returncode == 1
+    assert "box web exists already in workspace boxers" in again.stderr, again.stderr
+    theirs = await teams.cli("boxers", *create, "spy", "--workspace", "others")
+    assert theirs.returncode == 1
+    assert "PERMISSION_DENIED" in theirs.stderr, theirs.stderr
+    assert "creates boxes only in its own workspace" in theirs.stderr
+    disk = await teams.cli("boxers", *create, "nodisk", "--disk", "nosuch:/home")
+    assert disk.returncode == 1
+    assert "task.mounts: no disk nosuch in workspace boxers" in disk.stderr, disk.stderr
+    idle = await teams.cli("boxers", *create, "idle", "--idle-stop", "10s")
+    assert idle.returncode == 2
+    assert "10 s is not between 60 s and 30 days" in idle.stderr, idle.stderr
+    listed = json.loads(_ok(await teams.cp.cli("box", "list", "-o", "json")))
+    assert [(b["name"], b["workspace"]) for b in listed] == [("web", "boxers")]
+
+
 async def test_box_ports_url_answers_the_box_s_web_server_for_its_workspace_only(
     teams: Teams,
 ) -> None:
