@@ -13,6 +13,8 @@ flow on the dev server, as `WorkflowHistory.to_json_dict()` gives them. `WorkerW
 (with the pool's `cache.enabled`, a heartbeat saying what the node's image cache holds, announced
 to the pool: the patched marker `cache-report-announced`) comes from
 tests/integration/test_cache_locality_sandbox.py's flow on the sandbox, the same way.
+`BoxWorkflow.json` (a box of team-a: its task started, a use, stop, start, a stale task end,
+delete) from tests/integration/test_box_workflow.py's stand-in task on the dev server.
 """
 
 from __future__ import annotations
