@@ -388,16 +388,24 @@ def _copy(
         else record.reason
         or (f"exit code {record.exit_code}" if record.exit_code is not None else record.state)
     )
-    started = "levers9-copy: copying" in record.log_tail
+    # It never ran (a volume refused at its start), or stopped at a check before the copy.
+    before = ("nothing to copy at", "cannot make the target of", "already holds files")
+    started = record.exit_code is not None and not (
+        reasons and any(said in reasons[-1] for said in before)
+    )
     on_failure(f"{why} (task {task.task_id} {record.state})", started)
     raise typer.Exit(1)
 
 
-def _copy_task(pool_name: str, disk: str, volume: str, *, to_volume: bool) -> TaskInput:
+def _copy_task(
+    pool_name: str, disk: str, volume: str, script: str, *, to_volume: bool
+) -> TaskInput:
+    """The copy's task: no cards, the disk at /disk, the volume at /volume (read-only when the
+    copy reads it), `script` (`copy_script`) run by sh."""
     return TaskInput(
         task_id=new_task_id(),
         pool_name=pool_name,
-        command=(),  # set by the caller
+        command=("sh", "-c", script),
         gpus=0,
         mounts=(
             TaskMount(kind="disk", name=disk, path="/disk"),
@@ -435,17 +443,9 @@ def snapshot(
         raise typer.Exit(1)
     bucket = _volume_bucket(volume)
     objects = _objects(bucket, path)
-    base = _copy_task(view.disk.pool_name, name, volume, to_volume=True)
     where = f"volume {volume}/{path}"
-    task = base.model_copy(
-        update={
-            "command": (
-                "sh",
-                "-c",
-                copy_script("/disk", f"/volume/{path}", where, fresh_target=True),
-            )
-        }
-    )
+    script = copy_script("/disk", f"/volume/{path}", where, fresh_target=True)
+    task = _copy_task(view.disk.pool_name, name, volume, script, to_volume=True)
     console.print(
         f"snapshot of disk {name} (machine {view.disk.node_name}) to {where} ({objects})",
         highlight=False,
@@ -476,16 +476,8 @@ def _restore(
     deleted again (nothing half filled is left), and said."""
     volume, path = source
     where = f"volume {volume}/{path}"
-    base = _copy_task(pool_name, name, volume, to_volume=False)
-    task = base.model_copy(
-        update={
-            "command": (
-                "sh",
-                "-c",
-                copy_script(f"/volume/{path}", "/disk", where, fresh_target=False),
-            )
-        }
-    )
+    script = copy_script(f"/volume/{path}", "/disk", where, fresh_target=False)
+    task = _copy_task(pool_name, name, volume, script, to_volume=False)
     console.print(f"copying {where} ({_objects(bucket, path)}) into disk {name}", highlight=False)
 
     def failed(why: str, started: bool) -> None:
