@@ -37,7 +37,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sandbox import decoding, defaults, errors, subresources
+from sandbox import decoding, defaults, disruption, errors, subresources
 from sandbox.errors import Cause
 from sandbox.gc import GarbageCollector
 from sandbox.options import DeleteOptions, DeleteOutcome
@@ -46,6 +46,7 @@ from sandbox.podlogs import PodLogs
 from sandbox.resources import (
     NAMESPACES,
     NODES,
+    POD_DISRUPTION_BUDGETS,
     PODS,
     Resource,
     ResourceCatalog,
@@ -554,9 +555,25 @@ class Registry:
         return self.store.update(PODS, pod)
 
     def evict(self, namespace: str, name: str, eviction: Any) -> None:
-        """pods/eviction: deletes the pod with the Eviction's DeleteOptions (no PDBs here)."""
+        """pods/eviction: deletes the pod with the Eviction's DeleteOptions, unless the one
+        PodDisruptionBudget covering it has no disruption left (429, `sandbox.disruption`).
+
+        The budget's status is recomputed from the namespace's pods first and written back,
+        so `kubectl get pdb` shows what the eviction was judged by.
+        """
         options = subresources.eviction_delete_options(eviction, namespace, name)
-        self.store.get(PODS, namespace, name)
+        pod = self.store.get(PODS, namespace, name)
+        pdbs = self.store.list(POD_DISRUPTION_BUDGETS, namespace).items()
+        pdb = disruption.covering(pdbs, pod)
+        if pdb is not None and not pod["metadata"].get("deletionTimestamp"):
+            pods = self.store.list(PODS, namespace).items()
+            budget = disruption.status(pdb, pods)
+            try:
+                if disruption.may_evict(pdb, budget, pod):
+                    budget["disruptionsAllowed"] -= 1
+            finally:
+                if pdb.get("status") != budget:
+                    self.store.update(POD_DISRUPTION_BUDGETS, {**pdb, "status": budget})
         self.delete(PODS, namespace, name, DeleteOptions.from_body(options, {}))
 
     def attach_kubelet(self, node: str) -> Callable[[], None]:

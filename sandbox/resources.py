@@ -289,6 +289,17 @@ LEASES = Resource(
     namespaced=True,
     storage_version_hash="gqkMMb/YqFM=",
 )
+POD_DISRUPTION_BUDGETS = Resource(
+    group="policy",
+    version="v1",
+    plural="poddisruptionbudgets",
+    kind="PodDisruptionBudget",
+    namespaced=True,
+    short_names=("pdb",),
+    subresources=(_status("PodDisruptionBudget"),),
+    tracks_generation=True,
+    storage_version_hash="6BGBu0kpHtk=",
+)
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
@@ -340,6 +351,7 @@ BUILTIN_RESOURCES: tuple[Resource, ...] = (
     DAEMON_SETS,
     JOBS,
     LEASES,
+    POD_DISRUPTION_BUDGETS,
     CLUSTER_ROLE_BINDINGS,
     CLUSTER_ROLES,
     ROLE_BINDINGS,
