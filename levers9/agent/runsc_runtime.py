@@ -20,21 +20,36 @@ adoption and the sweep. runsc speaks runc's command line; what differs is here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
+import os
+import signal
+import time
 import tty as termios_tty
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from levers9.agent.images import ImageCache
+from levers9.agent import checkpoints
+from levers9.agent.images import ImageCache, PulledImage
 from levers9.agent.runc_container import RuncContainer
 from levers9.agent.runc_runtime import RuncRuntime
 from levers9.agent.runtime import Container, ContainerSpec, StartError, exec_stdio
+from levers9.logs import get_logger
+
+log = get_logger("levers9.agent")
 
 HOST = "runsc"
 PLATFORM = "ptrace"
 NETWORK = "none"
+SANDBOX_KILL_AFTER_S = 0.5
+"""How long `runsc kill --all KILL` has to end a sandbox before its process is killed."""
+CHECKPOINT_MARGIN_BYTES = 16 * 1024**2
+"""Room a checkpoint needs beyond the sandbox's memory and writable layer."""
+LAYER_COPY_S = 600.0
+"""How long the copy of a checkpointed task's writable layer may take."""
 NO_GPUS = (
     "runsc (gVisor) on this worker cannot give a task GPUs: its gVisor has no nvproxy; run it"
     " with --runtime runc, or install a gVisor with nvproxy (release 20230605 or later) in the"
@@ -62,6 +77,10 @@ class RunscRuntime(RuncRuntime):
         """RuncRuntime's, with no cards (NO_GPUS) and runsc as its binary unless `runc` names
         another."""
         super().__init__(images, state_dir, **{"runc": "runsc", **options, "cards": ()})
+        self._checkpointing: dict[str, tuple[Path, Path, asyncio.Future[None]]] = {}
+        """Containers being checkpointed: their bundle, where their layer goes, and its copy."""
+        self._restoring: dict[str, str] = {}
+        """Tasks being restored: the image digest their checkpoint was taken of."""
 
     def _runc_argv(self, *args: str) -> list[str]:
         """`runsc --root <state> --platform=ptrace --network=none ARGS`."""
@@ -73,7 +92,171 @@ class RunscRuntime(RuncRuntime):
             return NO_GPUS
         if spec.ports:
             return NO_PORTS
-        return super()._refuse(spec)
+        return super()._refuse(dataclasses.replace(spec, restore_from=None))
+
+    # -- checkpoint and restore (levers9.agent.checkpoints) --------------------------------
+
+    async def checkpoint(self, container: RuncContainer, path: Path, meta: dict[str, Any]) -> int:
+        """`runsc checkpoint` of the task's sandbox into a staging folder beside `path`, its
+        writable layer copied there once the sandbox is gone (`_remove`), then sealed (manifest
+        of checksums, fsync, rename: levers9.agent.checkpoints.seal); returns the image's size.
+        The checkpoint ends the task. When `runsc checkpoint` fails the task runs on, nothing is
+        left (CheckpointFailed says so); when what follows fails the task has ended and no
+        image is left either."""
+        if container.exited:
+            raise checkpoints.CheckpointRefused(f"task {container.task_id} is not running")
+        if await asyncio.to_thread(path.exists):
+            raise checkpoints.CheckpointRefused(
+                f"checkpoint {path.name} exists: delete it or take another name"
+            )
+        await self._room_for(container, path)
+        staging = checkpoints.staging(path)
+        copied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._checkpointing[container.id] = (container.bundle, staging / checkpoints.LAYER, copied)
+        started = time.monotonic()
+        code, said = await checkpoints.probe(
+            *self._runc_argv(
+                "checkpoint", "--image-path", str(staging / checkpoints.STATE), container.id
+            )
+        )
+        if code != 0:
+            self._checkpointing.pop(container.id, None)
+            checkpoints.discard(staging)
+            # A save that failed leaves the sandbox's kernel paused: it goes on.
+            await checkpoints.probe(*self._runc_argv("resume", container.id))
+            running = not container.exited
+            raise checkpoints.CheckpointFailed(
+                f"runsc checkpoint failed: {said}; no image was kept and the task "
+                + ("runs on" if running else "has ended")
+            )
+        dumped = time.monotonic()
+        try:
+            # The sandbox is gone: the container's end removes it, copying its writable layer
+            # into the staging folder first (`_remove`).
+            await asyncio.wait_for(container.wait(), LAYER_COPY_S)
+            await copied
+            size = await asyncio.to_thread(
+                checkpoints.seal,
+                staging,
+                path,
+                {**meta, "runtime": self.host, "image_digest": container.image.digest},
+            )
+        except BaseException:
+            self._checkpointing.pop(container.id, None)
+            checkpoints.discard(staging)
+            raise
+        log.info(
+            "task checkpointed",
+            task_id=container.task_id,
+            image=str(path),
+            bytes=size,
+            checkpoint_s=round(dumped - started, 3),
+            seal_s=round(time.monotonic() - dumped, 3),
+        )
+        return size
+
+    async def _room_for(self, container: RuncContainer, path: Path) -> None:
+        """CheckpointRefused when the image's filesystem has less room than the sandbox's memory
+        and writable layer need (with a margin): this gVisor's save that fails midway (no space
+        left) ends the sandbox, so that failure is refused before it can happen."""
+        code, said = await checkpoints.probe(*self._runc_argv("events", "--stats", container.id))
+        memory = 0
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            memory = int(json.loads(said)["data"]["memory"]["usage"]["usage"]) if code == 0 else 0
+        layer = await asyncio.to_thread(_tree_bytes, container.bundle / "layer" / "upper")
+        await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
+        room = await asyncio.to_thread(os.statvfs, path.parent)
+        free = room.f_bavail * room.f_frsize
+        needed = memory + layer + CHECKPOINT_MARGIN_BYTES
+        if free < needed:
+            raise checkpoints.CheckpointRefused(
+                f"not enough room for checkpoint {path.name}: {free} bytes free in {path.parent},"
+                f" about {needed} needed (memory {memory}, writable layer {layer}); the task runs"
+                " on"
+            )
+
+    async def _remove(self, container_id: str) -> None:
+        held = self._checkpointing.pop(container_id, None)
+        if held is not None:
+            bundle, target, copied = held
+            try:
+                await checkpoints.copy_tree(bundle / "layer" / "upper", target)
+            except Exception as error:  # told to the checkpoint, which fails with it
+                if not copied.done():
+                    copied.set_exception(error)
+            else:
+                if not copied.done():
+                    copied.set_result(None)
+        await super()._remove(container_id)
+
+    async def _signal(self, container_id: str, sig: signal.Signals) -> None:
+        """RuncRuntime's; on SIGKILL, the sandbox's own process too once the signal has been
+        given a moment: this gVisor's sandbox of a restored container does not see its init
+        end (`runsc ps` empty, `runsc restore` waiting on), so killing its processes alone
+        never ends it."""
+        sandbox = await self._sandbox_pid(container_id) if sig == signal.SIGKILL else 0
+        await super()._signal(container_id, sig)
+        if sandbox:
+            await asyncio.sleep(SANDBOX_KILL_AFTER_S)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if _is_sandbox(sandbox):
+                    os.kill(sandbox, signal.SIGKILL)
+
+    async def _sandbox_pid(self, container_id: str) -> int:
+        state = await asyncio.create_subprocess_exec(
+            *self._runc_argv("state", container_id),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await state.communicate()
+        with contextlib.suppress(ValueError, TypeError):
+            return int(json.loads(out).get("pid", 0)) if state.returncode == 0 else 0
+        return 0
+
+    async def start(self, spec: ContainerSpec, output: Callable[[bytes], None]) -> Container:
+        """RuncRuntime's; a restore's image verified first (every checksum, its runtime), its
+        image's digest once pulled (`_start`)."""
+        if spec.restore_from is not None and self._refuse(spec) is None:
+            try:
+                meta = await asyncio.to_thread(checkpoints.verify, spec.restore_from)
+            except checkpoints.ImageInvalid as error:
+                raise StartError(f"restore refused: {error}") from None
+            if meta.get("runtime") != self.host:
+                raise StartError(
+                    f"restore refused: checkpoint {spec.restore_from.name} was taken under"
+                    f" {meta.get('runtime')}, not {self.host}: restore it with its runtime"
+                )
+            self._restoring[spec.task_id] = str(meta.get("image_digest", ""))
+        try:
+            return await super().start(spec, output)
+        finally:
+            self._restoring.pop(spec.task_id, None)
+
+    async def _start(
+        self,
+        spec: ContainerSpec,
+        image: PulledImage,
+        output: Callable[[bytes], None],
+        release: contextlib.ExitStack,
+    ) -> RuncContainer:
+        wanted = self._restoring.get(spec.task_id)
+        if wanted is not None and wanted != image.digest:
+            name = spec.restore_from.name if spec.restore_from else ""
+            raise StartError(
+                f"restore refused: checkpoint {name} was taken of image {wanted}, and"
+                f" {spec.image} is {image.digest}: restore it into the image it was taken of"
+            )
+        return await super()._start(spec, image, output, release)
+
+    def _run_argv(self, spec: ContainerSpec, bundle: Path, name: str) -> list[str]:
+        """`runsc restore` of its image (which creates the sandbox: no `create` before it)."""
+        if spec.restore_from is None:
+            return super()._run_argv(spec, bundle, name)
+        state = spec.restore_from / checkpoints.STATE
+        return self._runc_argv("restore", "--image-path", str(state), "--bundle", str(bundle), name)
+
+    def _layer_seed(self, spec: ContainerSpec) -> Path | None:
+        return None if spec.restore_from is None else spec.restore_from / checkpoints.LAYER
 
     async def exec(
         self, container: Container, command: Sequence[str], terminal: int | None = None
@@ -96,3 +279,21 @@ class RunscRuntime(RuncRuntime):
             )
         except FileNotFoundError:
             raise StartError(f"{self._runc} is not installed on this worker") from None
+
+
+def _is_sandbox(pid: int) -> bool:
+    """Whether `pid` is (still) a gVisor sandbox process (not reused by another)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"runsc-sandbox")
+    except OSError:
+        return False
+
+
+def _tree_bytes(folder: Path) -> int:
+    """What the files under `folder` hold (0 when it is not there)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
