@@ -362,6 +362,9 @@ class TaskInput(_Record):
     (`--borrow`); the first work taken back when a task within quota waits."""
     mounts: tuple[TaskMount, ...] = ()
     """The workspace's volumes and disks it mounts (`--volume NAME:/data[:ro]`, `--disk`)."""
+    restore_from: str = ""
+    """A checkpoint of its workspace its processes are restored from rather than its command
+    started (levers9.agent.checkpoints; runsc only); "": none."""
     retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
     """How many times it is queued again after an attempt that failed, was lost with its worker,
     or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);

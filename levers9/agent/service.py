@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 
+from levers9.agent import checkpoints
 from levers9.agent.disks import DiskStore, disk_id_problem
 from levers9.agent.runtime import StartError
 from levers9.agent.supervisor import TaskManager
@@ -47,6 +48,9 @@ _CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (StartError, grpc.StatusCode.FAILED_PRECONDITION),
     (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
     (PortUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (checkpoints.CheckpointRefused, grpc.StatusCode.FAILED_PRECONDITION),
+    (checkpoints.ImageInvalid, grpc.StatusCode.INVALID_ARGUMENT),
+    (checkpoints.CheckpointFailed, grpc.StatusCode.INTERNAL),
 )
 
 
@@ -108,6 +112,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             context, lambda: self._tasks.run(request.task, request.volumes, request.disks)
         )
         return worker_pb2.RunTaskResponse(task_id=request.task.task_id, already_running=already)
+
+    async def CheckpointTask(
+        self, request: worker_pb2.CheckpointTaskRequest, context: Context
+    ) -> worker_pb2.CheckpointTaskResponse:
+        """See worker.proto: the task checkpointed to its workspace's `name`, and ended."""
+        return await _answer(context, lambda: self._tasks.checkpoint(request.task_id, request.name))
 
     async def GetTask(
         self, request: worker_pb2.GetTaskRequest, context: Context

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from levers9.agent import task_ports
+from levers9.agent import checkpoints, task_ports
 from levers9.agent.disks import DiskAccess, DiskBusy
 from levers9.agent.output import TaskOutput
 from levers9.agent.runtime import (
@@ -92,7 +92,14 @@ class TaskManager:
         defaults: TaskDefaults = NO_DEFAULTS,
         task_host: str = "127.0.0.1",
         pool_name: str = "",
+        checkpoints_root: Path | None = None,
+        cuda_problem: str = "",
     ) -> None:
+        """`checkpoints_root`: where its tasks' checkpoints go, one folder per workspace
+        (default: the work dir's `checkpoints/`); `cuda_problem`: why this machine cannot
+        checkpoint a GPU task's CUDA state ("": it can: levers9.agent.checkpoints.cuda_problem)."""
+        self._checkpoints = checkpoints_root or work_dir / "checkpoints"
+        self._cuda_problem = cuda_problem
         self._runtime = runtime
         self._pool_name = pool_name
         self._task_host = task_host
@@ -205,6 +212,51 @@ class TaskManager:
         await asyncio.shield(self._stop(record, record.container))
         await record.finished.wait()
         return True
+
+    async def checkpoint(self, task_id: str, name: str) -> worker_pb2.CheckpointTaskResponse:
+        """Checkpoints the running task to its workspace's checkpoint `name` on this machine
+        (levers9.agent.checkpoints) and ends it CANCELLED, reason `checkpointed to NAME`: it
+        neither failed nor succeeded, and a cancelled task is not queued again. Refused
+        (CheckpointRefused, nothing written, the task runs on) where its runtime cannot, with
+        cards where this machine cannot checkpoint CUDA, while it starts or ends."""
+        record = self._record(task_id)
+        workspace = record.spec.workspace or DEFAULT_WORKSPACE
+        path = checkpoints.image_path(self._checkpoints, workspace, name)
+        container = record.container
+        if record.state != RUNNING or record.ending is not None or container is None:
+            raise checkpoints.CheckpointRefused(f"task {task_id} is not running")
+        take = getattr(container, "checkpoint", None)
+        if take is None:
+            raise checkpoints.CheckpointRefused(
+                f"task {task_id} runs in the {container.host} runtime, which cannot checkpoint;"
+                " run it with --runtime runsc"
+            )
+        if record.cards and self._cuda_problem:
+            raise checkpoints.CheckpointRefused(
+                f"task {task_id} holds GPUs and this machine cannot checkpoint CUDA state:"
+                f" {self._cuda_problem}"
+            )
+        started = time.monotonic()
+        record.ending = (CANCELLED, f"checkpointed to {name}")
+        try:
+            size = await take(
+                path,
+                {
+                    "task_id": task_id,
+                    "workspace": workspace,
+                    "image": record.spec.image,
+                    "command": list(record.spec.command),
+                    "taken_at_unix_ms": int(self._clock() * 1000),
+                },
+            )
+        except BaseException:
+            if not getattr(container, "exited", True):
+                record.ending = None  # it runs on
+            raise
+        await record.finished.wait()
+        return worker_pb2.CheckpointTaskResponse(
+            name=name, path=str(path), size_bytes=size, seconds=time.monotonic() - started
+        )
 
     async def exec(
         self, task_id: str, command: Sequence[str], terminal: int | None = None
@@ -319,6 +371,16 @@ class TaskManager:
             pool=self._pool_name,
             mounts=self._mounts.get(spec.task_id, ()),
         )
+        if spec.restore_from:
+            try:
+                restore = checkpoints.image_path(
+                    self._checkpoints, spec.workspace or DEFAULT_WORKSPACE, spec.restore_from
+                )
+            except checkpoints.ImageInvalid as error:
+                record.phase(CONTAINER_START, str(error))
+                self._finish(record, FAILED, f"restore_from: {error}")
+                return
+            container_spec = dataclasses.replace(container_spec, restore_from=restore)
         try:
             container = await self._runtime.start(container_spec, record.output.write)
         except ImageUnavailable as error:

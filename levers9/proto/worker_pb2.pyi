@@ -89,6 +89,7 @@ class TaskSpec(_message.Message):
     RETRIES_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     MOUNTS_FIELD_NUMBER: _builtins.int
+    RESTORE_FROM_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -120,6 +121,11 @@ class TaskSpec(_message.Message):
     """Which attempt of its task this RunTask starts (1, 2, ...; set by the record, not the user):
     a later attempt's RunTask replaces the worker's ended record of an earlier one; 0 (an older
     controlplane): the first.
+    """
+    restore_from: _builtins.str
+    """Restores its processes from this checkpoint of its workspace (CheckpointTask's name) rather
+    than starting its command: runsc only; its image and runtime must be the checkpoint's
+    (refused at start, naming which, otherwise, and when a file of the image fails its checksum).
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -160,10 +166,11 @@ class TaskSpec(_message.Message):
         retries: _builtins.int = ...,
         attempt: _builtins.int = ...,
         mounts: _abc.Iterable[Global___TaskMount] | None = ...,
+        restore_from: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -738,6 +745,67 @@ class NodeDisk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeDisk: _TypeAlias = NodeDisk  # noqa: Y015
+
+@_typing.final
+class CheckpointTaskRequest(_message.Message):
+    """Checkpoints a running task (its processes' memory, open files and writable layer) to the
+    checkpoint `name` of its workspace on this machine, and ends it: CANCELLED, reason
+    "checkpointed to NAME" (levers9.agent.checkpoints). FAILED_PRECONDITION (nothing written, the
+    task runs on): a task under runc (CRIU: `criu check`'s output), with cards on a machine
+    without cuda-checkpoint, not running, the name taken, not enough room for the image;
+    INVALID_ARGUMENT: a name that is not a DNS label; NOT_FOUND: an unknown task; INTERNAL: the
+    checkpoint failed (the message says whether the task runs on; no image is left).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointTaskRequest: _TypeAlias = CheckpointTaskRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointTaskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    path: _builtins.str
+    """the image's folder on this machine"""
+    size_bytes: _builtins.int
+    seconds: _builtins.float
+    """from the call to the image sealed"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        path: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "seconds", b"seconds", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointTaskResponse: _TypeAlias = CheckpointTaskResponse  # noqa: Y015
 
 @_typing.final
 class ListNodeDisksRequest(_message.Message):

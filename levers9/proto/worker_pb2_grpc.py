@@ -74,6 +74,11 @@ class WorkerServiceStub:
                 request_serializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.FromString,
                 _registered_method=True)
+        self.CheckpointTask = channel.unary_unary(
+                '/levers9.v1.WorkerService/CheckpointTask',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -128,6 +133,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +181,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.DeleteNodeDisk,
                     request_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.SerializeToString,
+            ),
+            'CheckpointTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointTask,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +404,33 @@ class WorkerService:
             '/levers9.v1.WorkerService/DeleteNodeDisk',
             levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.DeleteNodeDiskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.WorkerService/CheckpointTask',
+            levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

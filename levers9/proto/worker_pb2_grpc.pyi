@@ -42,6 +42,7 @@ class WorkerServiceStub:
     ListNodeDisks: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ListNodeDisksRequest, _worker_pb2.ListNodeDisksResponse]
     """The durable disks on this machine, with their use (`levers9 disk list`)."""
     DeleteNodeDisk: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]
+    CheckpointTask: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CheckpointTaskRequest, _worker_pb2.CheckpointTaskResponse]
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -55,6 +56,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     ListNodeDisks: _aio.UnaryUnaryMultiCallable[_worker_pb2.ListNodeDisksRequest, _worker_pb2.ListNodeDisksResponse]  # type: ignore[assignment]
     """The durable disks on this machine, with their use (`levers9 disk list`)."""
     DeleteNodeDisk: _aio.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]  # type: ignore[assignment]
+    CheckpointTask: _aio.UnaryUnaryMultiCallable[_worker_pb2.CheckpointTaskRequest, _worker_pb2.CheckpointTaskResponse]  # type: ignore[assignment]
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -113,5 +115,12 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.DeleteNodeDiskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.DeleteNodeDiskResponse, _abc.Awaitable[_worker_pb2.DeleteNodeDiskResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckpointTask(
+        self,
+        request: _worker_pb2.CheckpointTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.CheckpointTaskResponse, _abc.Awaitable[_worker_pb2.CheckpointTaskResponse]]: ...
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

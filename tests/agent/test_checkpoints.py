@@ -28,6 +28,8 @@ from levers9.agent.runc_container import RuncContainer
 from levers9.agent.runc_runtime import RuncRuntime
 from levers9.agent.runsc_runtime import RunscRuntime
 from levers9.agent.runtime import ContainerSpec, StartError
+from levers9.agent.supervisor import TaskManager
+from levers9.proto import worker_pb2
 from sandbox.registries import LocalRegistry
 from tests.waiting import eventually
 
@@ -214,3 +216,70 @@ async def test_a_checkpoint_without_room_is_refused_and_the_task_runs_on(
         await _counting(runtime, container, seen + 2)
     finally:
         await asyncio.wait_for(container.stop(grace_s=1), 30)
+
+
+async def test_the_worker_checkpoints_a_task_and_runs_its_restore(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    """TaskManager (what WorkerService.CheckpointTask and RunTask call): the task ends CANCELLED
+    `checkpointed to NAME`, its image under the checkpoints root's workspace folder; a TaskSpec
+    with restore_from NAME counts on; one naming a missing checkpoint fails saying so."""
+    reports: list[worker_pb2.TaskStatus] = []
+    tasks = TaskManager(
+        runtime, (), tmp_path / "agent", reports.append, checkpoints_root=tmp_path / "ck"
+    )
+    first = f"w1-{uuid.uuid4().hex[:8]}"
+    spec = worker_pb2.TaskSpec(
+        task_id=first, image=image[1], command=["sh", "-c", COUNTER], workspace="team-a"
+    )
+    await tasks.run(spec)
+
+    async def counted_past(task_id: str, above: int) -> int:
+        seen = 0
+
+        async def check() -> bool:
+            nonlocal seen
+            said = bytes(tasks.output(task_id).read(0, 1 << 20)).split()
+            seen = int(said[-1]) if said and said[-1].isdigit() else 0
+            return seen > above
+
+        await eventually(check, 30, what=f"{task_id} counts past {above}")
+        return seen
+
+    await counted_past(first, 3)
+    answer = await tasks.checkpoint(first, "box-1")
+    assert answer.path == str(tmp_path / "ck" / "team-a" / "box-1")
+    assert answer.size_bytes > 0
+    ended = tasks.status(first)
+    assert ended.state == worker_pb2.TASK_STATE_CANCELLED
+    assert ended.reason == "checkpointed to box-1"
+    before = int((Path(answer.path) / "layer" / "work" / "layer-count").read_text())
+    with pytest.raises(checkpoints.CheckpointRefused, match="not running"):
+        await tasks.checkpoint(first, "box-2")
+
+    second = f"w2-{uuid.uuid4().hex[:8]}"
+    restore = worker_pb2.TaskSpec(
+        task_id=second,
+        image=image[1],
+        command=["sh", "-c", COUNTER],
+        workspace="team-a",
+        restore_from="box-1",
+    )
+    await tasks.run(restore)
+    try:
+        assert await counted_past(second, before) > before
+        first_printed = int(bytes(tasks.output(second).read(0, 1 << 20)).split()[0])
+        assert first_printed > before - 2, "it went on from where it was, not from 1"
+    finally:
+        await tasks.cancel(second)
+    missing = worker_pb2.TaskSpec(
+        task_id=f"w3-{uuid.uuid4().hex[:8]}",
+        image=image[1],
+        command=["true"],
+        workspace="team-a",
+        restore_from="nope",
+    )
+    await tasks.run(missing)
+    status = tasks.status(missing.task_id)
+    assert status.state == worker_pb2.TASK_STATE_FAILED
+    assert "no checkpoint nope on this machine" in status.reason

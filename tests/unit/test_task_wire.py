@@ -48,6 +48,7 @@ EVERY_FIELD = TaskInput(
         TaskMount(kind="volume", name="data", path="/data", read_only=True),
         TaskMount(kind="disk", name="scratch", path="/scratch"),
     ),
+    restore_from="box-1",
 )
 
 
