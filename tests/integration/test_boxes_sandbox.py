@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from levers9.core.boxes import KEEP_ALIVE
 from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
@@ -205,6 +206,25 @@ async def test_stop_and_start_run_a_new_task_with_the_same_command_and_ports(
     assert (after["command"], after["ports"]) == (before["command"], before["ports"])
     # Without a checkpoint the counter starts again (the box's processes start fresh).
     assert await _count(teams) < 100
+
+
+async def test_a_box_without_a_command_keeps_running_until_stopped(teams: Teams) -> None:
+    _ok(await teams.cli("boxers", "box", "create", "plain", "--pool", POOL, "--gpus", "0"))
+    box = await _running(teams, "plain")
+    assert box["command"] == ["sh", "-c", KEEP_ALIVE[2]], box
+    assert _ok(await teams.cli("boxers", "box", "exec", "plain", "--", "echo", "up")) == "up\n"
+    _ok(await teams.cli("boxers", "box", "delete", "plain"))
+    client = await connect(teams.cp.settings)
+
+    async def ended() -> bool:
+        record = await task_record(client, str(box["task"]))
+        return record is not None and record.state == "cancelled"
+
+    await eventually(ended, within=WITHIN)
+    record = await task_record(client, str(box["task"]))
+    assert record is not None
+    # Its keep-alive exits 0 on SIGTERM (137 would be the SIGKILL after the grace).
+    assert record.exit_code == 0, record
 
 
 async def test_delete_ends_the_box_and_its_task(teams: Teams) -> None:
