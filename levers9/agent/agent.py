@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from levers9.agent import runtimes
+from levers9.agent import checkpoints, runtimes
 from levers9.agent.cdi import CdiError
 from levers9.agent.devices import DeviceError, resolve_visible_devices
 from levers9.agent.driver import register_driver_libraries
@@ -85,6 +85,9 @@ class Agent:
             resolved_visible_devices=",".join(str(i) for i in visible),
         )
         product = await self._gpu_product(smi, visible)
+        lib_dirs = tuple(Path(d) for d in (*driver.registered, *map(str, driver.library_path)))
+        capability = await checkpoints.detect(driver_lib_dirs=lib_dirs)
+        log.info("checkpoint capability", checkpoint=capability.summary(), **capability.detail())
         with contextlib.ExitStack() as cleanup:
             work_dir = self._work_dir(cleanup)
             channel = gateway_channel(settings.gateway_address, self._credentials)
@@ -108,6 +111,8 @@ class Agent:
                 defaults=settings.task_defaults(),
                 task_host=settings.task_host(),
                 pool_name=settings.pool_name,
+                checkpoints_root=_checkpoints_root(settings, self._paths),
+                cuda_problem=capability.cuda,
             )
             # Before serving: GetTask answers for what an agent before this one left running.
             await tasks.adopt()
@@ -149,6 +154,7 @@ class Agent:
                 agent_version=_version(),
                 tunnel=tunnel is not None,
                 tls=serving_tls is not None,
+                checkpoint=capability.summary(),
             )
             registering = asyncio.create_task(self._serve(gateway, registration, tasks))
             try:
@@ -246,3 +252,11 @@ def cache_report(context: RuntimeContext) -> Callable[[], Sequence[str]]:
         return cache.references(MAX_CACHED_IMAGES) if cache is not None else ()
 
     return held
+
+
+def _checkpoints_root(settings: WorkerSettings, paths: HostPaths) -> Path | None:
+    """Where tasks' checkpoints go: `checkpoints/` of the pool's durableDisksPath (on the
+    node's disk, beside its durable disks); None: the work dir's."""
+    if not settings.durable_disks_path:
+        return None
+    return paths.map(settings.durable_disks_path) / "checkpoints"

@@ -56,6 +56,8 @@ class Registration:
     tunnel: bool = False
     tls: bool = False
     """WorkerService serves TLS (the certificate from the worker's Secret)."""
+    checkpoint: str = ""
+    """What it can checkpoint tasks with (levers9.agent.checkpoints.Capability.summary)."""
 
     def request(self, pool_name: str, worker_id: str) -> gateway_pb2.RegisterRequest:
         return gateway_pb2.RegisterRequest(
@@ -70,6 +72,7 @@ class Registration:
             agent_version=self.agent_version,
             tunnel=self.tunnel,
             tls=self.tls,
+            checkpoint=self.checkpoint,
         )
 
 

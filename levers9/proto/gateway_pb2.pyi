@@ -38,6 +38,7 @@ class RegisterRequest(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     TUNNEL_FIELD_NUMBER: _builtins.int
     TLS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     worker_id: _builtins.str
     node_name: _builtins.str
@@ -55,6 +56,10 @@ class RegisterRequest(_message.Message):
     """WorkerService serves TLS with the certificate the worker's Secret carries, issued by the
     controlplane's worker CA for `<worker_id>.worker.levers9`; calls to it verify that name.
     """
+    checkpoint: _builtins.str
+    """What it can checkpoint tasks with (levers9.agent.checkpoints.Capability.summary): "runsc",
+    "runsc+cuda" (GPU tasks too), or "none (runsc: ...; criu check: ...)" saying why not.
+    """
     @_builtins.property
     def visible_devices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -71,10 +76,11 @@ class RegisterRequest(_message.Message):
         agent_version: _builtins.str = ...,
         tunnel: _builtins.bool = ...,
         tls: _builtins.bool = ...,
+        checkpoint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "tls", b"tls", "tunnel", b"tunnel", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertised_address", b"advertised_address", "agent_version", b"agent_version", "checkpoint", b"checkpoint", "gpu_product", b"gpu_product", "gpus", b"gpus", "node_name", b"node_name", "pod_uid", b"pod_uid", "pool_name", b"pool_name", "tls", b"tls", "tunnel", b"tunnel", "visible_devices", b"visible_devices", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -21,6 +21,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -145,6 +146,10 @@ async def test_registers_with_its_token_and_external_address(
     assert request.pod_uid == POD_UID
     assert (request.gpus, list(request.visible_devices)) == (2, [0, 1])
     assert request.gpu_product == PRODUCT
+    # What it can checkpoint with, detected (levers9.agent.checkpoints): runsc where it works
+    # here, else `none (...)` naming why (criu check's own words among them).
+    usable = shutil.which("runsc") is not None
+    assert request.checkpoint.startswith("runsc" if usable else "none (runsc: ")
 
 
 async def test_heartbeats_carry_the_running_count_and_idle_since(
