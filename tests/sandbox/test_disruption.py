@@ -164,3 +164,37 @@ def test_two_budgets_are_a_500_and_a_terminal_pod_goes_anyway(
     sandbox_call(sandbox.registry.replace, PODS, pod, subresource="status")
     sandbox_call(sandbox.registry.evict, namespace, "p", dict(EVICTION))
     assert not sandbox_call(sandbox.store.exists, PODS, namespace, "p")
+
+
+@pytest.mark.parametrize(("policy", "evicted"), [("AlwaysAllow", True), (None, False)])
+def test_an_unready_pod_goes_when_the_policy_lets_it(
+    sandbox: Sandbox,
+    sandbox_call: Call,
+    namespace: str,
+    node: str,
+    policy: str | None,
+    evicted: bool,
+) -> None:
+    app = unique("unready")
+    sandbox_call(_ready_pod, sandbox, namespace, "ready", node, app)
+    sandbox_call(
+        seed_pod, sandbox.registry, namespace, "starting", node=node, labels={"app": app},
+        phase="Running",
+    )  # fmt: skip
+    spec: dict[str, Any] = {"minAvailable": 2, "selector": {"matchLabels": {"app": app}}}
+    if policy:
+        spec["unhealthyPodEvictionPolicy"] = policy
+    sandbox_call(
+        sandbox.registry.create,
+        POD_DISRUPTION_BUDGETS,
+        {"metadata": {"name": app}, "spec": spec},
+        namespace=namespace,
+    )
+    # The budget is not met (1 healthy of 2 desired): only AlwaysAllow lets the unready one go.
+    if evicted:
+        sandbox_call(sandbox.registry.evict, namespace, "starting", dict(EVICTION))
+    else:
+        with pytest.raises(ApiError) as refused:
+            sandbox_call(sandbox.registry.evict, namespace, "starting", dict(EVICTION))
+        assert refused.value.code == 429
+    assert sandbox_call(sandbox.store.exists, PODS, namespace, "starting") is not evicted
