@@ -39,6 +39,11 @@ class GatewayDenied(GatewayUnavailable):
     a reader may not fall back to Temporal around that answer."""
 
 
+class NoToken(GatewayUnavailable):
+    """The CLI has no token to ask the gateway with: Temporal (the operator's way without one)
+    is the way it was asked, and its error the one to show."""
+
+
 class GatewayRefused(Exception):
     """The gateway answered no (not found, invalid, unauthenticated); the message is its own."""
 
@@ -50,7 +55,7 @@ class GatewayRefused(Exception):
 def _metadata(settings: ControlplaneSettings) -> tuple[tuple[str, str]]:
     token = settings.operator_token()
     if token is None:
-        raise GatewayUnavailable(
+        raise NoToken(
             "no token: levers9 login --token TOKEN, or set LEVERS9_TOKEN (or"
             " LEVERS9_API_TOKEN / LEVERS9_API_TOKEN_FILE); `levers9 dev up` writes the operator's"
         )

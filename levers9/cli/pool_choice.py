@@ -10,7 +10,7 @@ import asyncio
 
 import typer
 
-from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, pool_names
+from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable, NoToken, pool_names
 from levers9.config import ControlplaneSettings
 from levers9.errors import Unreachable
 
@@ -24,6 +24,8 @@ async def _listed(settings: ControlplaneSettings) -> tuple[list[str], str]:
         try:
             client = await temporal.connect(settings)
         except Unreachable:  # neither way answers: the gateway's reason is the one to fix
+            if isinstance(unavailable, NoToken):
+                raise  # unless there was no token to ask it with
             raise unavailable from None
         return await temporal.pool_names(client, settings.task_queue), ""
 

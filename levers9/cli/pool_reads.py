@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from levers9.cli.gateway_api import CALL_TIMEOUT_S, GatewayDenied, GatewayUnavailable, gateway_stub
+from levers9.cli.gateway_api import (
+    CALL_TIMEOUT_S,
+    GatewayDenied,
+    GatewayUnavailable,
+    NoToken,
+    gateway_stub,
+)
 from levers9.config import ControlplaneSettings
 from levers9.core.pool_usage import PoolUsage, WorkspaceUsage
 from levers9.errors import Unreachable
@@ -66,6 +72,8 @@ async def _either(gateway: Callable[[], Awaitable[T]], temporal: Callable[[], Aw
         try:
             return await temporal()
         except Unreachable:
+            if isinstance(unavailable, NoToken):
+                raise  # no token: Temporal was the way asked, its reason the one to fix
             raise unavailable from None
 
 
