@@ -159,10 +159,7 @@ class RunscRuntime(RuncRuntime):
         """CheckpointRefused when the image's filesystem has less room than the sandbox's memory
         and writable layer need (with a margin): this gVisor's save that fails midway (no space
         left) ends the sandbox, so that failure is refused before it can happen."""
-        code, said = await checkpoints.probe(*self._runc_argv("events", "--stats", container.id))
-        memory = 0
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            memory = int(json.loads(said)["data"]["memory"]["usage"]["usage"]) if code == 0 else 0
+        memory = await self._sandbox_stats(container.id)
         layer = await asyncio.to_thread(_tree_bytes, container.bundle / "layer" / "upper")
         await asyncio.to_thread(path.parent.mkdir, parents=True, exist_ok=True)
         room = await asyncio.to_thread(os.statvfs, path.parent)
@@ -174,6 +171,13 @@ class RunscRuntime(RuncRuntime):
                 f" about {needed} needed (memory {memory}, writable layer {layer}); the task runs"
                 " on"
             )
+
+    async def _sandbox_stats(self, container_id: str) -> int:
+        """The sandbox's memory in use (`runsc events --stats`), 0 when it cannot be read."""
+        code, said = await checkpoints.probe(*self._runc_argv("events", "--stats", container_id))
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return int(json.loads(said)["data"]["memory"]["usage"]["usage"]) if code == 0 else 0
+        return 0
 
     async def _remove(self, container_id: str) -> None:
         held = self._checkpointing.pop(container_id, None)
