@@ -51,7 +51,12 @@ def runtime(image: tuple[LocalRegistry, str], tmp_path: Path) -> RunscRuntime:
     )
 
 
-def _spec(tmp_path: Path, image: str, *command: str, name: str = "t") -> ContainerSpec:
+T = f"t{os.getpid()}"
+"""The default task id: gVisor names a sandbox's control socket by container id across the
+whole machine, so two runs at once (two test workers, two checkouts) must not share one."""
+
+
+def _spec(tmp_path: Path, image: str, *command: str, name: str = T) -> ContainerSpec:
     task = tmp_path / "tasks" / name
     return ContainerSpec(
         task_id=name,
@@ -87,7 +92,9 @@ async def test_the_task_runs_on_gvisors_kernel_in_its_image(
     assert code == 0
     assert "Starting gVisor..." in out, out
     script = 'id -u; pwd; echo "$IMAGE_GREETING $TASK_VAR"; cat /etc/levers9-marker; exit 3'
-    code, out = await _run(runtime, _spec(tmp_path, image[1], "sh", "-c", script, name="u"))
+    code, out = await _run(
+        runtime, _spec(tmp_path, image[1], "sh", "-c", script, name=f"u{os.getpid()}")
+    )
     assert code == 3
     assert out.splitlines() == ["1000", "/work", "hello mine", "runc"]
 
@@ -131,7 +138,9 @@ async def test_its_sandbox_is_annotated_with_its_task_workspace_and_pool(
     runtime: RunscRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
 ) -> None:
     spec = dataclasses.replace(
-        _spec(tmp_path, image[1], "sleep", "60", name="annotated"), workspace="team-a", pool="p"
+        _spec(tmp_path, image[1], "sleep", "60", name=f"annotated{os.getpid()}"),
+        workspace="team-a",
+        pool="p",
     )
     container = await runtime.start(spec, lambda _: None)
     assert isinstance(container, RuncContainer)
@@ -144,7 +153,7 @@ async def test_its_sandbox_is_annotated_with_its_task_workspace_and_pool(
     finally:
         await asyncio.wait_for(container.stop(grace_s=1), 30)
     assert {k: v for k, v in annotations.items() if k.startswith("levers9.")} == {
-        "levers9.task": "annotated",
+        "levers9.task": f"annotated{os.getpid()}",
         "levers9.workspace": "team-a",
         "levers9.pool": "p",
     }
@@ -181,9 +190,9 @@ async def test_each_runtime_sweeps_only_its_own_containers(
     started = await runtime.start(_spec(tmp_path, image[1], "sleep", "60"), lambda _: None)
     try:
         assert await runc.sweep(keep=()) == [], "runc leaves gVisor's sandbox alone"
-        assert await runc.adopt("t", lambda _: None, 0) is None
-        assert await _listed("runsc", tmp_path / "work" / "runsc") == ["l9-t"]
-        assert await runtime.sweep(keep=()) == ["t"]
+        assert await runc.adopt(T, lambda _: None, 0) is None
+        assert await _listed("runsc", tmp_path / "work" / "runsc") == [f"l9-{T}"]
+        assert await runtime.sweep(keep=()) == [T]
         assert await _listed("runsc", tmp_path / "work" / "runsc") == []
         assert await asyncio.wait_for(started.wait(), 30) == 128 + 9
     finally:
@@ -196,7 +205,7 @@ async def test_an_agent_started_after_this_one_adopts_its_sandbox(
     first = await runtime.start(_spec(tmp_path, image[1], "sleep", "60"), lambda _: None)
     # What an agent started on the same work dir builds (the first one SIGKILLed, say).
     again = RunscRuntime(_cache(image, tmp_path), tmp_path / "work" / "runsc")
-    adopted = await again.adopt("t", lambda _: None, 0)
+    adopted = await again.adopt(T, lambda _: None, 0)
     try:
         assert adopted is not None
         assert adopted.host == "runsc"
