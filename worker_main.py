@@ -27,6 +27,7 @@ from activities.registry import controlplane_activities, replica_activities
 from levers9 import logs, telemetry
 from levers9.config import ConfigError, ControlplaneSettings, Values, joined_pool, load
 from levers9.dashboard.app import Dashboard
+from levers9.dashboard.views import Temporal
 from levers9.gateway.box_front import BoxFront
 from levers9.gateway.cluster_relay import TemporalClusterRoutes
 from levers9.gateway.clusters import ClusterHub, TemporalClusterRecords
@@ -205,7 +206,12 @@ def serving(
         settings.replica_id,
         operator_generation=settings.operator_token_generation,
         limits=FrontLimits.of(settings),
-        ui=Dashboard.of(gateway, secret, settings.endpoints_base_url()).handle,
+        ui=Dashboard.of(
+            gateway,
+            secret,
+            settings.endpoints_base_url(),
+            Temporal(settings.temporal_ui_url, settings.temporal_namespace),
+        ).handle,
         box=BoxFront(
             TemporalBoxRecords(client, settings.task_queue),
             gateway.tasks_service,

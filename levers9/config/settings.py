@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from levers9.contract import host_list, registry_mirrors
@@ -109,6 +110,13 @@ class ControlplaneSettings(BaseSettings):
     )
     """The endpoints' base URL as users reach it (a load balancer's); `endpoint create` prints
     `<endpointsUrl>/<name>/`. Unset: from endpointsListen and the gateway's TLS."""
+    temporal_ui_url: str = Field(
+        default="",
+        validation_alias=AliasChoices("temporalUiUrl", "LEVERS9_TEMPORAL_UI_URL"),
+    )
+    """The Temporal UI's base URL (e.g. `https://cloud.temporal.io` or the dev server's
+    `http://127.0.0.1:8233`): the dashboard links each task, endpoint, workspace and box to
+    `<temporalUiUrl>/namespaces/<namespace>/workflows/<workflow id>`. Empty: no links."""
     endpoints_idle_timeout_seconds: float = Field(
         default=75.0,
         gt=0,
@@ -251,6 +259,20 @@ class ControlplaneSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The environment beats the values file (twelve-factor).
         return env_settings, init_settings
+
+    @field_validator("temporal_ui_url")
+    @classmethod
+    def _temporal_ui_url(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not value:
+            return ""
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(
+                f"temporalUiUrl: {value!r} is not an http(s) URL; give the Temporal UI's base"
+                " URL, e.g. http://127.0.0.1:8233 (empty: no links)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_token_secret(self) -> ControlplaneSettings:

@@ -1,12 +1,14 @@
 """The dashboard at `/ui/` of the endpoints' HTTP front (each controlplane replica, TLS as the
 gateway): `Dashboard.handle` answers every request under `/ui/`.
 
-Pages: sign-in and sign-out; tasks (filters, pages, live) and a task's page (spec, timeline,
-why it waits, its logs streamed live, cancel, the CLI's commands); pools and their machines;
-endpoints; workspaces (the operator's: quotas, usage, tokens' labels and last use, create and
-revoke). The live parts are pushed: one server-sent event stream per open page
-(`/ui/events?src=<part>`) renders its part again every `live_every_s` and sends it only when it
-changed; a task's logs are the gateway's StreamTaskLogs, relayed as events.
+Pages: sign-in and sign-out; tasks (filters, pages, live) and a task's page (spec, timeline, why
+it waits, its logs streamed live, cancel, the CLI's commands); pools and their machines;
+endpoints; boxes (each published port a link to its URL); workspaces (the operator's: quotas,
+usage, tokens' labels and last use, create and revoke); with `temporalUiUrl`, each task,
+endpoint, workspace and box links to its workflow in the Temporal UI. The live parts are pushed:
+one server-sent event stream per open page (`/ui/events?src=<part>`) renders its part again
+every `live_every_s` and sends it only when it changed; a task's logs are the gateway's
+StreamTaskLogs, relayed as events.
 
 Every call goes through the gateway's services with the signed-in token
 (`levers9.dashboard.calls`); their refusals become pages (404 for a task the caller may not see,
@@ -34,6 +36,7 @@ from aiohttp import web
 from multidict import MultiMapping
 from pydantic import SecretStr
 
+from levers9.core.workspaces import workspace_workflow_id
 from levers9.dashboard import html, views
 from levers9.dashboard.calls import Calls, Refused, Services
 from levers9.dashboard.sessions import (
@@ -114,9 +117,13 @@ class Dashboard:
         secret: SecretStr,
         *,
         endpoints_url: str = "",
+        temporal: views.Temporal = views.NO_TEMPORAL,
         live_every_s: float = LIVE_EVERY_S,
     ) -> None:
         self._services = services
+        self._temporal = temporal
+        """Where the Temporal UI shows each task's, endpoint's, workspace's and box's
+        workflow (no links without `temporalUiUrl`)."""
         self._sessions = Sessions(secret.get_secret_value())
         self._endpoints_url = endpoints_url.rstrip("/")
         self._every = live_every_s
@@ -130,15 +137,22 @@ class Dashboard:
         """Server-sent event streams open now (the benchmarks read it)."""
 
     @classmethod
-    def of(cls, gateway: Gateway, secret: SecretStr, endpoints_url: str = "") -> Dashboard:
+    def of(
+        cls,
+        gateway: Gateway,
+        secret: SecretStr,
+        endpoints_url: str = "",
+        temporal: views.Temporal = views.NO_TEMPORAL,
+    ) -> Dashboard:
         """The dashboard over `gateway`'s services (worker_main serves it at `/ui/`)."""
         services = Services(
             gateway.tasks_service,
             gateway.pools_service,
             gateway.endpoints_service,
             gateway.workspaces_service,
+            gateway.boxes_service,
         )
-        return cls(services, secret, endpoints_url=endpoints_url)
+        return cls(services, secret, endpoints_url=endpoints_url, temporal=temporal)
 
     # -- entry --------------------------------------------------------------------------------
 
@@ -230,6 +244,10 @@ class Dashboard:
             src = html.path("endpoints", "live")
             body = html.live(src, await self._fragment(me, src), "endpoints-live")
             return self._page(request, "Endpoints", body, me, "endpoints")
+        if parts == ["boxes"]:
+            src = html.path("boxes", "live")
+            body = html.live(src, await self._fragment(me, src), "boxes-live")
+            return self._page(request, "Boxes", body, me, "boxes")
         if parts == ["workspaces"]:
             return self._page(request, "Workspaces", await self._workspaces(me), me, "workspaces")
         return self._page(
@@ -364,7 +382,8 @@ class Dashboard:
         )
         body = (
             '<div class="columns"><section><h2>Spec</h2>'
-            f"{views.task_spec(record)}<h2>Commands</h2>{views.cli_commands(record)}</section>"
+            f"{views.task_spec(record, self._temporal)}"
+            f"<h2>Commands</h2>{views.cli_commands(record)}</section>"
             "<section><h2>Status</h2>"
             f"{html.live(src, views.task_status(record, me.csrf), 'status')}"
             "</section></div>"
@@ -382,6 +401,7 @@ class Dashboard:
             held = sum(p.usage.gpus for p in got.pools)
             waiting = sum(p.usage.waiting for p in got.pools)
             quota = str(ws.gpu_quota) if ws.HasField("gpu_quota") else "none"
+            workflow = self._temporal.link(workspace_workflow_id(ws.name))
             queued = str(ws.max_queued) if ws.HasField("max_queued") else "no bound"
             tokens = await me.calls.tokens(ws.name)
             new_token = (
@@ -395,7 +415,8 @@ class Dashboard:
                 f'<section class="workspace" data-testid="workspace-{html.esc(ws.name)}">'
                 f"<h2>{html.esc(ws.name)}</h2><p>GPU quota {html.esc(quota)}, holds {held},"
                 f" {waiting} waiting, {ws.running_tasks} task(s) not ended; max queued"
-                f" {html.esc(queued)}; default pool {html.esc(ws.default_pool or '-')}</p>"
+                f" {html.esc(queued)}; default pool {html.esc(ws.default_pool or '-')}"
+                f"{'; workflow ' + workflow if workflow else ''}</p>"
                 f"{views.token_rows(ws.name, tokens, me.csrf)}{new_token}</section>"
             )
         create = (
@@ -421,7 +442,13 @@ class Dashboard:
         if parts == ["pools", "live"]:
             return await self._pools(me)
         if parts == ["endpoints", "live"]:
-            return views.endpoint_rows(await me.calls.endpoints(), self._endpoints_url)
+            return views.endpoint_rows(
+                await me.calls.endpoints(), self._endpoints_url, self._temporal
+            )
+        if parts == ["boxes", "live"]:
+            return views.box_rows(
+                await me.calls.boxes(), self._endpoints_url, me.operator, self._temporal
+            )
         raise BadForm(f"src: no live part {src}")
 
     async def _task_rows(self, me: Me, query: dict[str, str]) -> str:

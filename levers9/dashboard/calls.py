@@ -1,8 +1,9 @@
 """The dashboard's way to the controlplane: the gateway's own services (`levers9.v1.Tasks`,
-`Pools`, `Endpoints`, `Workspaces`), called in this process with the signed-in user's token as
-the call's bearer token. Each call is authorised by the gateway's `Authority` and scoped by the
-service exactly as the CLI's call is: another workspace's task is NOT_FOUND here as there, a
-workspace token on an operator call PERMISSION_DENIED. The page keeps no rules of its own.
+`Pools`, `Endpoints`, `Workspaces`, `Boxes`), called in this process with the signed-in user's
+token as the call's bearer token. Each call is authorised by the gateway's `Authority` and
+scoped by the service exactly as the CLI's call is: another workspace's task is NOT_FOUND here
+as there, a workspace token on an operator call PERMISSION_DENIED. The page keeps no rules of
+its own.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import Any, cast
 
 import grpc
 
+from levers9.gateway.box_service import BoxesService
 from levers9.gateway.endpoint_service import EndpointsService
 from levers9.gateway.errors import Unauthenticated
 from levers9.gateway.pool_service import PoolsService
 from levers9.gateway.task_service import TasksService
 from levers9.gateway.workspace_service import WorkspacesService
 from levers9.proto import (
+    boxes_pb2,
     endpoints_pb2,
     gateway_pb2,
     pools_pb2,
@@ -64,6 +67,7 @@ class Services:
     pools: PoolsService | None
     endpoints: EndpointsService | None
     workspaces: WorkspacesService | None
+    boxes: BoxesService | None = None
 
 
 class Calls:
@@ -92,6 +96,11 @@ class Calls:
         if self._services.workspaces is None:
             raise Refused(grpc.StatusCode.UNIMPLEMENTED, "this controlplane has no workspaces")
         return self._services.workspaces
+
+    def _boxes(self) -> BoxesService:
+        if self._services.boxes is None:
+            raise Refused(grpc.StatusCode.UNIMPLEMENTED, "this controlplane serves no boxes")
+        return self._services.boxes
 
     # -- who ----------------------------------------------------------------------------------
 
@@ -161,6 +170,13 @@ class Calls:
         request = endpoints_pb2.ListEndpointsRequest()
         answer = await self._endpoints().ListEndpoints(request, _context(self._token))
         return list(answer.views)
+
+    # -- boxes ------------------------------------------------------------------------------
+
+    async def boxes(self) -> list[boxes_pb2.Box]:
+        """The caller's boxes (the operator's: every workspace's), as `levers9 box list`."""
+        answer = await self._boxes().ListBoxes(boxes_pb2.ListBoxesRequest(), _context(self._token))
+        return list(answer.boxes)
 
     # -- workspaces ---------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ def live(source: str, content: str, test_id: str) -> str:
     return f'<div class="live" data-live="{esc(source)}" data-testid="{test_id}">{content}</div>'
 
 
-NAV = (("tasks", "Tasks"), ("pools", "Pools"), ("endpoints", "Endpoints"))
+NAV = (("tasks", "Tasks"), ("pools", "Pools"), ("endpoints", "Endpoints"), ("boxes", "Boxes"))
 
 
 def page(

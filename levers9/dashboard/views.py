@@ -4,11 +4,45 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote
 
+from levers9.core.boxes import box_workflow_id
 from levers9.dashboard.html import ENDED, csrf_field, esc, path, table, when
-from levers9.proto import endpoints_pb2, gateway_pb2, pools_pb2
+from levers9.gateway.box_front import box_url
+from levers9.models import endpoint_workflow_id, task_workflow_id
+from levers9.proto import boxes_pb2, endpoints_pb2, gateway_pb2, pools_pb2
 
 STATES = ("queued", "placed", "running", "succeeded", "failed", "cancelled", "lost")
+
+
+@dataclass(frozen=True)
+class Temporal:
+    """Where the Temporal UI shows a workflow (`temporalUiUrl`; empty: no links)."""
+
+    ui_url: str = ""
+    namespace: str = "default"
+
+    def url(self, workflow_id: str) -> str:
+        if not self.ui_url:
+            return ""
+        return (
+            f"{self.ui_url.rstrip('/')}/namespaces/{quote(self.namespace, safe='')}"
+            f"/workflows/{quote(workflow_id, safe='')}"
+        )
+
+    def link(self, workflow_id: str) -> str:
+        """A link to the workflow in the Temporal UI, or "" without `temporalUiUrl`."""
+        url = self.url(workflow_id)
+        if not url:
+            return ""
+        return (
+            f'<a class="temporal" href="{esc(url)}" target="_blank" rel="noopener noreferrer"'
+            f' data-testid="temporal-{esc(workflow_id)}">{esc(workflow_id)}</a>'
+        )
+
+
+NO_TEMPORAL = Temporal()
 
 
 def _mib(n: int) -> str:
@@ -113,7 +147,7 @@ def task_status(r: gateway_pb2.TaskRecord, csrf: str) -> str:
     return shown
 
 
-def task_spec(r: gateway_pb2.TaskRecord) -> str:
+def task_spec(r: gateway_pb2.TaskRecord, temporal: Temporal = NO_TEMPORAL) -> str:
     spec = [
         ("Workspace", esc(r.workspace)),
         ("Pool", esc(r.pool_name)),
@@ -126,6 +160,9 @@ def task_spec(r: gateway_pb2.TaskRecord) -> str:
         ("Endpoint", esc(r.endpoint) or "-"),
         ("Created (UTC)", esc(when(r, "created_at"))),
     ]
+    workflow = temporal.link(task_workflow_id(r.task_id))
+    if workflow:
+        spec.append(("Workflow", workflow))
     return "<dl>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in spec) + "</dl>"
 
 
@@ -201,7 +238,9 @@ def pool_card(pool: pools_pb2.Pool, got: pools_pb2.GetPoolResponse | None) -> st
     return shown + "</section>"
 
 
-def endpoint_rows(views: Sequence[endpoints_pb2.EndpointView], base_url: str) -> str:
+def endpoint_rows(
+    views: Sequence[endpoints_pb2.EndpointView], base_url: str, temporal: Temporal = NO_TEMPORAL
+) -> str:
     rows = []
     for v in views:
         ready = sum(1 for r in v.replicas if r.state == "ready")
@@ -220,12 +259,50 @@ def endpoint_rows(views: Sequence[endpoints_pb2.EndpointView], base_url: str) ->
                 esc(v.cold_starts),
                 esc(v.failing) or "-",
                 esc(f"{last.kind}: {last.message}") if last else "-",
+                *([temporal.link(endpoint_workflow_id(v.name))] if temporal.ui_url else []),
             ]
         )
     headers = ["Endpoint", "Workspace", "Pool", "URL", "Replicas", "In flight", "Waiting"]
-    return table(
-        [*headers, "Cold starts", "Errors", "Last event"], rows, "No endpoint.", "endpoints"
-    )
+    headers += ["Cold starts", "Errors", "Last event", *(["Workflow"] if temporal.ui_url else [])]
+    return table(headers, rows, "No endpoint.", "endpoints")
+
+
+def box_rows(
+    boxes: Sequence[boxes_pb2.Box], base_url: str, operator: bool, temporal: Temporal = NO_TEMPORAL
+) -> str:
+    """The caller's boxes: state, task, and each published port as a link to its URL on the
+    endpoints' front (`levers9 box ports`)."""
+    rows = []
+    for b in boxes:
+        ports = [
+            f'<a href="{esc(url)}" target="_blank" rel="noopener noreferrer"'
+            f' data-testid="box-port-{esc(b.name)}-{port}">{port}</a>'
+            for port in b.task.task.ports
+            for url in [box_url(base_url, b.workspace, b.name, port)]
+        ]
+        task = (
+            f'<a href="{esc(path("tasks", b.task_id))}">{esc(b.task_id)}</a>'
+            f" ({esc(b.task_state or '-')})"
+            if b.task_id
+            else "-"
+        )
+        cells = [esc(b.name)]
+        if operator:
+            cells.append(esc(b.workspace))
+        cells += [
+            f'<span class="state {esc(b.state)}">{esc(b.state)}</span>',
+            esc(b.reason) or "-",
+            task,
+            esc(b.node_name) or "-",
+            " ".join(ports) or "-",
+            esc(when(b, "last_used_at")),
+        ]
+        if temporal.ui_url:
+            cells.append(temporal.link(box_workflow_id(b.workspace, b.name)))
+        rows.append(cells)
+    headers = ["Box", *(["Workspace"] if operator else []), "State", "Reason", "Task", "Node"]
+    headers += ["Ports", "Last used (UTC)", *(["Workflow"] if temporal.ui_url else [])]
+    return table(headers, rows, "No box (levers9 box create).", "boxes")
 
 
 def token_rows(

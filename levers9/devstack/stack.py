@@ -215,6 +215,8 @@ class DevStack:
             "LEVERS9_WORKER_TOKEN_SECRET_FILE": str(self.token_secret_file),
             "LEVERS9_GATEWAY_LISTEN": f"{HOST}:{self.options.gateway_port}",
             "LEVERS9_ENDPOINTS_LISTEN": f"{HOST}:{self.options.endpoints_port}",
+            # The dashboard links tasks, endpoints, workspaces and boxes to their workflows.
+            "LEVERS9_TEMPORAL_UI_URL": f"http://{HOST}:{self.options.ui_port}",
             "LEVERS9_GATEWAY_TLS_CERT_FILE": str(self.gateway_tls()["cert"]),
             "LEVERS9_GATEWAY_TLS_KEY_FILE": str(self.gateway_tls()["key"]),
             # The sandbox's nodes are on loopback too, so workers dial the gateway there.

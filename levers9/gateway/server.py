@@ -153,6 +153,7 @@ class Gateway:
         """The CLI's service (the endpoints' proxy opens replicas' ports through it)."""
         self.pools_service, self.endpoints_service = self._pools, self._endpoints
         self.workspaces_service = self._workspaces
+        self.boxes_service = self._boxes
         """The CLI's other services, which the dashboard (`levers9.dashboard`) calls too."""
         self._max_message_bytes = max_message_bytes
         self._server: grpc.aio.Server | None = None

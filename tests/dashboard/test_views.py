@@ -1,12 +1,17 @@
-"""The dashboard's pure parts: the pools' chart, why a task waits, every value escaped."""
+"""The dashboard's pure parts: the pools' chart, why a task waits, every value escaped, the
+links to the Temporal UI and to a box's ports, and `temporalUiUrl`'s check."""
 
 from __future__ import annotations
 
 import re
 
+import pytest
+from pydantic import ValidationError
+
+from levers9.config.settings import ControlplaneSettings
 from levers9.dashboard import views
 from levers9.dashboard.html import table
-from levers9.proto import gateway_pb2
+from levers9.proto import boxes_pb2, endpoints_pb2, gateway_pb2, worker_pb2
 
 HOUR = 3600.0
 
@@ -58,3 +63,53 @@ def test_a_tasks_values_are_escaped_in_its_row() -> None:
     assert "<script>" not in shown
     assert "&lt;script&gt;" in shown
     assert 'data-testid="x-empty"' in table(["A"], [], "none", "x")
+
+
+UI = "http://127.0.0.1:8233"
+
+
+def test_each_workflow_backed_object_links_to_its_workflow_in_the_temporal_ui() -> None:
+    temporal = views.Temporal(UI, "default")
+    task = views.task_spec(gateway_pb2.TaskRecord(task_id="abc123"), temporal)
+    assert f'href="{UI}/namespaces/default/workflows/task%3Aabc123"' in task
+    endpoint = endpoints_pb2.EndpointView(name="chat")
+    shown = views.endpoint_rows([endpoint], "https://front", temporal)
+    assert f'href="{UI}/namespaces/default/workflows/endpoint%3Achat"' in shown
+    box = boxes_pb2.Box(name="dev", workspace="team-a", state="running")
+    shown = views.box_rows([box], "https://front", False, temporal)
+    assert f'href="{UI}/namespaces/default/workflows/box%3Ateam-a%3Adev"' in shown
+    assert 'target="_blank"' in shown
+    # Without temporalUiUrl: no link, no column.
+    assert "workflows" not in views.task_spec(gateway_pb2.TaskRecord(task_id="abc123"))
+    assert "Workflow" not in views.endpoint_rows([endpoint], "https://front")
+    assert views.Temporal().link("task:abc") == ""
+
+
+def test_a_boxs_ports_link_to_its_urls_on_the_endpoints_front() -> None:
+    box = boxes_pb2.Box(
+        name="web",
+        workspace="team-a",
+        state="running",
+        task_id="t1",
+        task_state="running",
+        task=gateway_pb2.SubmitTaskRequest(task=worker_pb2.TaskSpec(ports=[8080, 8888])),
+    )
+    shown = views.box_rows([box], "https://front:7480", True, views.Temporal())
+    assert 'href="https://front:7480/box/team-a/web/8080/"' in shown
+    assert 'href="https://front:7480/box/team-a/web/8888/"' in shown
+    assert 'href="/ui/tasks/t1"' in shown
+    assert "<th>Workspace</th>" in shown
+    bare = views.box_rows([boxes_pb2.Box(name="b", workspace="w")], "https://f", False)
+    assert "<th>Workspace</th>" not in bare
+    assert "No box" in views.box_rows([], "https://f", False)
+
+
+@pytest.mark.parametrize("given", ["127.0.0.1:8233", "ftp://host", "http://", "not a url"])
+def test_temporal_ui_url_must_be_an_http_url(given: str) -> None:
+    with pytest.raises(ValidationError, match=r"temporalUiUrl: .* is not an http\(s\) URL"):
+        ControlplaneSettings(temporal_ui_url=given)
+
+
+def test_temporal_ui_url_is_kept_without_its_trailing_slash_and_empty_means_no_links() -> None:
+    assert ControlplaneSettings(temporal_ui_url=UI + "/").temporal_ui_url == UI
+    assert ControlplaneSettings().temporal_ui_url == ""
