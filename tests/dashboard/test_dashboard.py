@@ -7,7 +7,9 @@ machines appear; a task started with the CLI appears on the open task list witho
 and its log lines stream onto its page; a form POST without the CSRF token is refused and
 changes nothing; cancel from the page ends the task; another workspace's task is not listed
 and its URL answers exactly as a missing task's; the operator sees both teams' tasks and the
-workspaces' tokens by label, never a token.
+workspaces' tokens by label, never a token; a box created with the CLI is listed with each port a
+link to its URL; tasks, endpoints, workspaces and boxes link to their workflows in the Temporal
+UI (`temporalUiUrl`).
 
 The tests of this module share one sandbox, one controlplane and one browser, in order. With
 LEVERS9_SCREENSHOTS=DIR (`make screenshots`: docs/dashboard/) they also save each page there,
@@ -24,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
@@ -46,6 +49,8 @@ LINES_TASK = (
     "import time\nfor i in range(100000):\n    print('dashboard line', i, flush=True)\n"
     "    time.sleep(0.3)"
 )
+TEMPORAL_UI = "http://127.0.0.1:8233"
+"""The fixture's `temporalUiUrl` (the links' base; the page does not fetch it)."""
 
 
 @dataclass
@@ -70,7 +75,12 @@ async def board(
     if not HAS_CHROMIUM:
         pytest.fail("no /usr/bin/chromium: apt-get install chromium (.ci/run installs it)")
     async with (
-        reconciling(dev_env.client, tmp_path_factory.mktemp("dashboard"), containers=True) as cp,
+        reconciling(
+            dev_env.client,
+            tmp_path_factory.mktemp("dashboard"),
+            containers=True,
+            temporalUiUrl=TEMPORAL_UI,
+        ) as cp,
         async_playwright() as playwright,
     ):
         browser = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
@@ -85,6 +95,11 @@ async def board(
             yield Board(cp, browser, tokens[0], tokens[1], url)
         finally:
             await browser.close()
+
+
+def _workflow(board: Board, workflow_id: str) -> str:
+    namespace = board.cp.settings.temporal_namespace
+    return f"{TEMPORAL_UI}/namespaces/{namespace}/workflows/{quote(workflow_id, safe='')}"
 
 
 async def _snap(page: Page, name: str) -> None:
@@ -163,6 +178,8 @@ async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(boar
     await expect(page.get_by_test_id("state")).to_have_text("running")
     await expect(page.get_by_test_id("timeline")).to_contain_text("container.start")
     await expect(page.locator(".cli code").first).to_contain_text("levers9 run --pool")
+    workflow = page.get_by_test_id(f"temporal-task:{task_id}")
+    await expect(workflow).to_have_attribute("href", _workflow(board, f"task:{task_id}"))
     await _snap(page, "task")
 
 
@@ -241,10 +258,14 @@ async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Boa
     await expect(endpoints).to_contain_text("echo-b")
     await expect(endpoints).to_contain_text(board.cp.settings.endpoints_base_url() + "/echo-b/")
     await expect(endpoints).to_contain_text("0 ready / 0 starting")
+    workflow = endpoints.get_by_test_id("temporal-endpoint:echo-b")
+    await expect(workflow).to_have_attribute("href", _workflow(board, "endpoint:echo-b"))
     await _snap(page, "endpoints")
     await page.get_by_role("link", name="Workspaces").click()
     for team in ("team-a", "team-b"):
         await expect(page.get_by_test_id(f"tokens-{team}")).to_contain_text("ci")
+        workflow = page.get_by_test_id(f"temporal-workspace:{team}")
+        await expect(workflow).to_have_attribute("href", _workflow(board, f"workspace:{team}"))
     await _snap(page, "workspaces")
     content = await page.content()
     assert board.a not in content
@@ -255,6 +276,30 @@ async def test_the_operator_sees_both_teams_and_their_tokens_by_label(board: Boa
     await expect(listed).to_contain_text(board.tasks["b"])
     await expect(listed).not_to_contain_text(board.tasks["a"])
     _ok(await board.cp.cli("task", "cancel", board.tasks["b"]))
+
+
+async def test_a_box_is_listed_with_its_ports_as_links_for_its_workspace_only(
+    board: Board,
+) -> None:
+    create = ("box", "create", "web", "--pool", POOL, "--gpus", "0", "--port", "8080")
+    _ok(await board.cp.cli(*create, token=board.a))
+    try:
+        page = await _signed_in(board, board.a)
+        await page.get_by_role("link", name="Boxes").click()
+        boxes = page.get_by_test_id("boxes")
+        await expect(boxes).to_contain_text("web")
+        port = boxes.get_by_test_id("box-port-web-8080")
+        url = board.cp.settings.endpoints_base_url() + "/box/team-a/web/8080/"
+        await expect(port).to_have_attribute("href", url)
+        workflow = boxes.get_by_test_id("temporal-box:team-a:web")
+        await expect(workflow).to_have_attribute("href", _workflow(board, "box:team-a:web"))
+        await _snap(page, "boxes")
+        # Another workspace's page lists none of it.
+        theirs = await _signed_in(board, board.b)
+        await theirs.goto(board.url + "boxes")
+        await expect(theirs.get_by_test_id("boxes-empty")).to_be_visible()
+    finally:
+        _ok(await board.cp.cli("box", "delete", "web", token=board.a))
 
 
 async def test_the_operator_creates_a_workspace_and_a_token_and_revokes_it(board: Board) -> None:
