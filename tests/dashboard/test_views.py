@@ -1,9 +1,10 @@
 """The dashboard's pure parts: the pools' chart, why a task waits, every value escaped, the
-links to the Temporal UI and to a box's ports, and `temporalUiUrl`'s check."""
+links to the Temporal UI and to a box's ports, `temporalUiUrl`'s check and `dev up`'s value."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -11,6 +12,8 @@ from pydantic import ValidationError
 from levers9.config.settings import ControlplaneSettings
 from levers9.dashboard import views
 from levers9.dashboard.html import table
+from levers9.devstack.options import DevOptions
+from levers9.devstack.stack import DevStack
 from levers9.proto import boxes_pb2, endpoints_pb2, gateway_pb2, worker_pb2
 
 HOUR = 3600.0
@@ -113,3 +116,10 @@ def test_temporal_ui_url_must_be_an_http_url(given: str) -> None:
 def test_temporal_ui_url_is_kept_without_its_trailing_slash_and_empty_means_no_links() -> None:
     assert ControlplaneSettings(temporal_ui_url=UI + "/").temporal_ui_url == UI
     assert ControlplaneSettings().temporal_ui_url == ""
+
+
+def test_dev_up_gives_the_controlplane_the_dev_temporal_servers_ui(tmp_path: Path) -> None:
+    stack = DevStack(tmp_path, DevOptions(ui_port=18233))
+    given = stack.worker_env()["LEVERS9_TEMPORAL_UI_URL"]
+    assert given == stack.env()["LEVERS9_TEMPORAL_UI"] == "http://127.0.0.1:18233"
+    assert ControlplaneSettings(temporal_ui_url=given).temporal_ui_url == given
