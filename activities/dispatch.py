@@ -20,6 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from levers9.box_state import BoxCheckpoint, CheckpointOutcome
 from levers9.config import ControlplaneSettings
 from levers9.core.disks import LOST, DiskFile, DiskState
 from levers9.core.placement import Placement, Share, Slot
@@ -31,9 +32,11 @@ from levers9.models import (
     POOL_WORKFLOW,
     PlaceRequest,
     PoolInput,
+    TaskRecord,
     WorkerRecord,
     WorkerTaskInput,
     pool_workflow_id,
+    task_workflow_id,
     worker_workflow_id,
 )
 from levers9.proto import gateway_pb2, worker_pb2, worker_pb2_grpc
@@ -58,6 +61,8 @@ LARGEST_TTL_S = 10.0
 RPC_TIMEOUT_S = 15.0
 CANCEL_TIMEOUT_S = 45.0
 """The agent's SIGTERM grace (10 s) and the container's teardown, well inside."""
+CHECKPOINT_TIMEOUT_S = 300.0
+"""A checkpoint writes the sandbox's memory and writable layer (1 GiB: about 4 s here)."""
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 UNREACHABLE = f"Worker{grpc.StatusCode.UNAVAILABLE.name}"
@@ -92,6 +97,14 @@ class WorkerRoute(Protocol):
     def task_queue(self) -> str | None: ...
     @property
     def tls(self) -> bool: ...
+
+
+class _Route(NamedTuple):
+    pool_name: str
+    worker_id: str
+    address: str
+    task_queue: str | None
+    tls: bool
 
 
 class TunnelEndpoints(Protocol):
@@ -486,6 +499,42 @@ class TaskActivities:
             ),
         )
         return bool(response.cancelled)
+
+    @activity.defn
+    async def checkpoint_task(self, input: BoxCheckpoint) -> CheckpointOutcome:
+        """CheckpointTask on the worker running the task (read from its record): returns once
+        the image is sealed and the task ended, or with the worker's refusal (the task runs
+        on). A task that is not running on a worker is refused here."""
+        handle = self._client.get_workflow_handle(task_workflow_id(input.task_id))
+        record = await or_none(handle.query("record", result_type=TaskRecord))
+        if record is None or record.state != "running" or not record.worker_id:
+            state = "unknown" if record is None else record.state
+            return CheckpointOutcome(refused=f"task {input.task_id} is {state}, not running")
+        route = _Route(record.pool_name, record.worker_id, record.address or "", None, record.tls)
+        worker = await or_none(
+            self._client.get_workflow_handle(
+                worker_workflow_id(record.pool_name, record.worker_id)
+            ).query("record", result_type=WorkerRecord)
+        )
+        if worker is not None and worker.address is not None:
+            route = route._replace(address=worker.address, task_queue=worker.task_queue)
+        try:
+            response = await self._call(
+                route,
+                "CheckpointTask",
+                lambda stub, md: stub.CheckpointTask(
+                    worker_pb2.CheckpointTaskRequest(task_id=input.task_id, name=input.name),
+                    metadata=md,
+                    timeout=CHECKPOINT_TIMEOUT_S,
+                ),
+            )
+        except ApplicationError as error:
+            if error.type == f"Worker{grpc.StatusCode.FAILED_PRECONDITION.name}":
+                return CheckpointOutcome(refused=error.message)
+            raise
+        return CheckpointOutcome(
+            name=response.name, size_bytes=response.size_bytes, seconds=response.seconds
+        )
 
     @activity.defn
     async def get_task(self, input: WorkerTaskInput) -> TaskReport:

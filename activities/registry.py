@@ -94,6 +94,7 @@ def controlplane_activities(
         tasks.run_task,
         tasks.get_task,
         tasks.cancel_task,
+        tasks.checkpoint_task,
         tasks.disk_worker,
         tasks.delete_node_disk,
         tasks.node_disk_use,

@@ -34,6 +34,9 @@ class BoxState(BaseModel):
     reason: str = ""
     """Why it is stopped (`box stop`, idle, its task ended) and what was kept."""
     last_used_at: datetime | None = None
+    checkpoint: str = ""
+    """The checkpoint `box stop` took of its last task (runsc boxes): its next start restores
+    it; "": none (its next task starts fresh)."""
     events: list[BoxEvent] = Field(default_factory=list)
 
     def note(self, at: datetime, kind: str, message: str) -> None:
@@ -57,3 +60,20 @@ class BoxInput(BaseModel):
     state: BoxState
     max_history_events: int = Field(default=2_000, ge=50)
     """Continue as new (with the state) past this many events: the uses the gateway reports."""
+
+
+class BoxCheckpoint(BaseModel):
+    """CheckpointTask of a box's task (activity `checkpoint_task`): the image's name."""
+
+    task_id: str
+    name: str
+
+
+class CheckpointOutcome(BaseModel):
+    """What CheckpointTask answered: the image sealed and the task ended (`refused` ""), or
+    the worker's refusal (FAILED_PRECONDITION: a runc task, no room...; the task runs on)."""
+
+    name: str = ""
+    size_bytes: int = 0
+    seconds: float = 0.0
+    refused: str = ""

@@ -2,7 +2,10 @@
 
     create -> start its task (a TaskWorkflow child from the box's template, left running across
     continue-as-new) -> follow it -> `stop` (Update: cancel it; the box reads stopped, with what
-    was kept) -> `start` (Update: a new task from the template, the same home) -> ... ->
+    was kept. A runsc box's task is checkpointed instead (activity `checkpoint_task`, patch
+    `box-stop-checkpoints`): stopped with the image's name, or, refused, running on with an
+    event `stop-refused` saying why) -> `start` (Update: a new task from the template, the same
+    home; `restore_from` the checkpoint if one was taken) -> ... ->
     `delete` (Update: cancel its task, end)
 
 The task started in this run is followed through its child handle: when it ends by itself (its
@@ -19,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import FailureError
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, FailureError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.box_state import BoxInput, BoxState
+    from activities.dispatch import TaskActivities
+    from levers9.box_state import BoxCheckpoint, BoxInput, BoxState, CheckpointOutcome
     from levers9.core.boxes import (
         BOX_WORKFLOW,
         DELETING,
@@ -38,6 +43,12 @@ with workflow.unsafe.imports_passed_through():
     from levers9.core.workspaces import DEFAULT_WORKSPACE
     from levers9.models import TASK_WORKFLOW, TaskRecord, task_workflow_id
     from levers9.search_attributes import WORKSPACE
+    from workflows.steps import failure_reason
+
+
+CHECKPOINT_PATCH = "box-stop-checkpoints"
+"""`box stop` of a runsc box checkpoints its task (histories recorded before it cancel it)."""
+CHECKPOINT_RETRY = RetryPolicy(maximum_attempts=2)
 
 
 @workflow.defn(name=BOX_WORKFLOW)
@@ -51,6 +62,8 @@ class BoxWorkflow:
         self._cancel: list[tuple[str, str]] = []
         self._changed = True
         self._follow: asyncio.Task[None] | None = None
+        self._checkpoint: str = ""
+        """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
 
     @workflow.query
     def box(self) -> BoxState:
@@ -69,7 +82,17 @@ class BoxWorkflow:
     @workflow.update
     async def stop(self, reason: str) -> BoxState:
         state = self._state
-        if state.state == RUNNING:
+        if (
+            state.state == RUNNING
+            and self._live
+            and state.task.runtime == "runsc"
+            and not self._checkpoint
+            and workflow.patched(CHECKPOINT_PATCH)
+        ):
+            # `_act` checkpoints it: stopped with the image's name, or running on with why not.
+            self._checkpoint = f"{state.name}-{state.starts}-{workflow.uuid4().hex[:8]}"
+            self._changed = True
+        elif state.state == RUNNING:
             self._stop(reason or "box stop")
         await workflow.wait_condition(lambda: not self._changed)
         return state
@@ -154,6 +177,9 @@ class BoxWorkflow:
 
     async def _act(self) -> None:
         state = self._state
+        if self._checkpoint:
+            await self._checkpoint_task(self._checkpoint)
+            self._checkpoint = ""
         while self._cancel:
             task_id, reason = self._cancel.pop(0)
             handle = workflow.get_external_workflow_handle(task_workflow_id(task_id))
@@ -162,11 +188,45 @@ class BoxWorkflow:
         if state.state == RUNNING and not self._live:
             await self._start_task()
 
+    async def _checkpoint_task(self, name: str) -> None:
+        """CheckpointTask of its task: stopped with the image's name; or, refused or failed,
+        its task runs on and the event says why (`box stop` answers with it)."""
+        state = self._state
+        if state.state != RUNNING or not self._live:
+            return
+        task_id = state.task_id
+        try:
+            outcome = await workflow.execute_activity_method(
+                TaskActivities.checkpoint_task,
+                BoxCheckpoint(task_id=task_id, name=name),
+                start_to_close_timeout=timedelta(minutes=6),
+                retry_policy=CHECKPOINT_RETRY,
+            )
+        except ActivityError as exc:
+            outcome = CheckpointOutcome(refused=failure_reason(exc))
+        if outcome.refused:
+            why = f"no checkpoint of task {task_id}: {outcome.refused}; the box runs on"
+            state.note(workflow.now(), "stop-refused", why)
+            return
+        self._live = False
+        state.checkpoint = outcome.name
+        state.state = STOPPED
+        state.reason = (
+            f"box stop; checkpointed to {outcome.name} ({outcome.size_bytes} bytes in"
+            f" {outcome.seconds:.1f} s): box start restores its processes"
+        )
+        state.note(workflow.now(), "stop", state.reason)
+
     async def _start_task(self) -> None:
         state = self._state
         state.starts += 1
         task_id = box_task_id(state.name, state.starts, workflow.uuid4().hex[:8])
         task = state.task.model_copy(update={"task_id": task_id, "workspace": state.workspace})
+        restore = state.checkpoint
+        if restore:
+            # Once: a restore that fails leaves the box stopped, and its next start is fresh.
+            task = task.model_copy(update={"restore_from": restore})
+            state.checkpoint = ""
         attributes = (
             TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
             if state.workspace != DEFAULT_WORKSPACE
@@ -184,7 +244,8 @@ class BoxWorkflow:
         )
         state.task_id = task_id
         self._live = True
-        state.note(workflow.now(), "start", f"started task {task_id}")
+        restored = f", its processes restored from checkpoint {restore}" if restore else ""
+        state.note(workflow.now(), "start", f"started task {task_id}{restored}")
         self._follow = asyncio.create_task(self._follow_task(handle, task_id))
 
     async def _follow_task(

@@ -291,9 +291,12 @@ def start(name: str, workspace: WorkspaceOption = "") -> None:
     """Start a stopped box: a new task with the same command, ports and home."""
     request = boxes_pb2.StartBoxRequest(name=_name(name), workspace=workspace)
     reply = _call(lambda stub, md: stub.StartBox(request, metadata=md, timeout=CALL_TIMEOUT_S * 2))
+    started = [e.message for e in reply.box.events if e.kind == "start"]
+    fresh = not started or "restored from checkpoint" not in started[-1]
+    processes = "its processes start fresh: no checkpoint" if fresh else started[-1]
     console.print(
-        f"box {reply.box.name} starting: task {reply.box.task_id} (its processes start fresh:"
-        f" no checkpoint; home: {', '.join(box_mounts(reply.box)) or 'none'})",
+        f"box {reply.box.name} starting: task {reply.box.task_id} ({processes};"
+        f" home: {', '.join(box_mounts(reply.box)) or 'none'})",
         highlight=False,
     )
 

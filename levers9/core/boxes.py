@@ -5,7 +5,8 @@ A box is a record (BoxWorkflow, `box:<workspace>:<name>`) that holds the task it
 template (`BoxState.task`) and starts it as a task (TaskWorkflow, `task:<box>-<n>`) whenever
 the box should run and no task of it does. `box stop` cancels that task, `box start` starts a
 new one from the template with the same home (its disk or volume): what the processes held in
-memory is lost until checkpoint restore lands (the record says so in its `stopped` reason).
+memory is lost (the record says so in its `stopped` reason), except for a `--runtime runsc` box,
+whose task `box stop` checkpoints and whose next start restores it (`BoxState.checkpoint`).
 `--idle-stop`: a box nobody has used (exec, shell, ports, ssh) for that long is stopped by its
 record's timer; the gateway tells the record of each use.
 """

@@ -239,6 +239,9 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
         stopped = await self._changed(
             await self._records.stop(box, "box stop"), request.name, context
         )
+        refused = stopped.events[-1] if stopped.events else None
+        if stopped.state == "running" and refused is not None and refused.kind == "stop-refused":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refused.message)
         log.info("box stopped", box=box.name, workspace=box.workspace, task_id=box.task_id)
         return boxes_pb2.StopBoxResponse(box=await self._answer(stopped))
 

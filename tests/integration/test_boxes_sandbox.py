@@ -6,7 +6,8 @@ which answers the box's web server with the workspace's token (401 without one, 
 workspace's, as for a missing box); another workspace's `box get`, `exec` and `stop` answer as
 for a box that does not exist; `box ssh-proxy` carries stdin and stdout to a port; `box stop`
 stops it (saying no checkpoint was taken) and refuses exec until `box start` starts a new task
-with the same command and ports; `box delete` ends it.
+with the same command and ports; `box delete` ends it. A `--runtime runsc` box running a counter
+is checkpointed by `box stop` and restored by `box start`: its count goes on.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -26,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.core.boxes import KEEP_ALIVE
 from levers9.records.tasks import task_record
-from levers9.temporal import connect
+from levers9.temporal import connect, sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import LEVERS9
 from tests.waiting import eventually
@@ -39,6 +40,7 @@ BOX = (
     " && (python -m http.server 8080 >/dev/null 2>&1 &)"
     " && i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 1; done"
 )
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done"
 
 
 @dataclass
@@ -59,9 +61,19 @@ def _ok(done: subprocess.CompletedProcess[str]) -> str:
 async def teams(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Teams]:
+    runtimes = {"runtimes": ["runc", "runsc"]}  # runc the default; runsc boxes checkpoint
     async with reconciling(
-        dev_env.client, tmp_path_factory.mktemp("boxes"), containers=True
+        dev_env.client, tmp_path_factory.mktemp("boxes"), pool_settings=runtimes, containers=True
     ) as plane:
+        # The schedule's memo says which runtimes the pool's tasks may name (as worker_main
+        # syncs it from the values).
+        await sync_reconcile_schedules(
+            dev_env.client,
+            [POOL],
+            plane.settings,
+            simulated_gpus=[POOL] if plane.pool.simulated_gpus else [],
+            runtimes={POOL: plane.pool.offered_runtimes},
+        )
         await eventually(lambda: workers_available(plane), within=WITHIN)
         tokens = {}
         for team in ("boxers", "others"):
@@ -238,3 +250,50 @@ async def test_delete_ends_the_box_and_its_task(teams: Teams) -> None:
         return record is not None and record.state == "cancelled"
 
     await eventually(ended, within=WITHIN)
+
+
+async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
+    teams: Teams,
+) -> None:
+    """`box stop` of a `--runtime runsc` box checkpoints its task; `box start` restores it:
+    the counter in its memory-backed /tmp goes on from where it was."""
+    create = ("box", "create", "counter", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await teams.cli("boxers", *create, "--", "sh", "-c", COUNTER))
+    before = await _running(teams, "counter")
+
+    async def read() -> int:
+        done = await teams.cli("boxers", "box", "exec", "counter", "--", "cat", "/tmp/count")
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+    async def counted() -> bool:
+        return await read() >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await read()
+    stopped = _ok(await teams.cli("boxers", "box", "stop", "counter"))
+    assert "stopped (box stop; checkpointed to counter-1-" in stopped, stopped
+    client = await connect(teams.cp.settings)
+    record = await task_record(client, str(before["task"]))
+    assert record is not None
+    assert record.state == "cancelled", record
+    assert "checkpointed to counter-1-" in record.reason, record
+    started = _ok(await teams.cli("boxers", "box", "start", "counter"))
+    assert "its processes restored from checkpoint counter-1-" in started, started
+    after = await _running(teams, "counter")
+    assert after["task"] != before["task"]
+
+    resumed: list[int] = []
+
+    async def answers() -> bool:
+        resumed.append(await read())
+        return resumed[-1] > 0
+
+    await eventually(answers, within=WITHIN)
+    # Restored, not restarted: a fresh counter would read 1, 2, ... again.
+    assert resumed[-1] >= first, (first, resumed)
+
+    async def went_on() -> bool:
+        return await read() > first
+
+    await eventually(went_on, within=WITHIN)
+    _ok(await teams.cli("boxers", "box", "delete", "counter"))
