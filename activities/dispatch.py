@@ -533,7 +533,10 @@ class TaskActivities:
                 return CheckpointOutcome(refused=error.message)
             raise
         return CheckpointOutcome(
-            name=response.name, size_bytes=response.size_bytes, seconds=response.seconds
+            name=response.name,
+            node=record.node_name or "",
+            size_bytes=response.size_bytes,
+            seconds=response.seconds,
         )
 
     @activity.defn

@@ -37,6 +37,8 @@ class BoxState(BaseModel):
     checkpoint: str = ""
     """The checkpoint `box stop` took of its last task (runsc boxes): its next start restores
     it; "": none (its next task starts fresh)."""
+    checkpoint_node: str = ""
+    """The node holding that checkpoint: its restore is pinned there."""
     events: list[BoxEvent] = Field(default_factory=list)
 
     def note(self, at: datetime, kind: str, message: str) -> None:
@@ -74,6 +76,8 @@ class CheckpointOutcome(BaseModel):
     the worker's refusal (FAILED_PRECONDITION: a runc task, no room...; the task runs on)."""
 
     name: str = ""
+    node: str = ""
+    """The node whose disk holds the image: the restore must run there."""
     size_bytes: int = 0
     seconds: float = 0.0
     refused: str = ""

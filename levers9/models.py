@@ -365,6 +365,9 @@ class TaskInput(_Record):
     restore_from: str = ""
     """A checkpoint of its workspace its processes are restored from rather than its command
     started (levers9.agent.checkpoints; runsc only); "": none."""
+    node: str = ""
+    """The one node it may run on ("": any): a box's restore goes to the node whose disk holds
+    its checkpoint (images are not copied between machines)."""
     retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
     """How many times it is queued again after an attempt that failed, was lost with its worker,
     or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);

@@ -210,6 +210,7 @@ class BoxWorkflow:
             return
         self._live = False
         state.checkpoint = outcome.name
+        state.checkpoint_node = outcome.node
         state.state = STOPPED
         state.reason = (
             f"box stop; checkpointed to {outcome.name} ({outcome.size_bytes} bytes in"
@@ -225,8 +226,11 @@ class BoxWorkflow:
         restore = state.checkpoint
         if restore:
             # Once: a restore that fails leaves the box stopped, and its next start is fresh.
-            task = task.model_copy(update={"restore_from": restore})
+            # Pinned to the node whose disk holds the image (it is not copied elsewhere).
+            pin = {"node": state.checkpoint_node} if state.checkpoint_node else {}
+            task = task.model_copy(update={"restore_from": restore, **pin})
             state.checkpoint = ""
+            state.checkpoint_node = ""
         attributes = (
             TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
             if state.workspace != DEFAULT_WORKSPACE

@@ -318,6 +318,7 @@ class TaskWorkflow:
             borrow=input.borrow,
             disks=tuple(m.name for m in input.mounts if m.kind == "disk"),
             image=input.image,
+            **({"node": input.node, "pinned_by": _pin(input)} if input.node else {}),
         )
         self._offered = None
         self._queued = True
@@ -582,3 +583,8 @@ def _refused_mount(exc: ActivityError) -> bool:
 def _not_picked_up(exc: ActivityError) -> bool:
     cause = exc.cause
     return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def _pin(input: TaskInput) -> str:
+    """What pins a task with `node` there (the reason it waits names it)."""
+    return f"checkpoint {input.restore_from}" if input.restore_from else "its node"

@@ -281,6 +281,8 @@ async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
     assert "its processes restored from checkpoint counter-1-" in started, started
     after = await _running(teams, "counter")
     assert after["task"] != before["task"]
+    # The image is on the node that took it: the restore is pinned there.
+    assert after["node"] == before["node"], (before, after)
 
     resumed: list[int] = []
 
