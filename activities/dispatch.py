@@ -509,7 +509,9 @@ class TaskActivities:
         record = await or_none(handle.query("record", result_type=TaskRecord))
         if record is None or record.state != "running" or not record.worker_id:
             state = "unknown" if record is None else record.state
-            return CheckpointOutcome(refused=f"task {input.task_id} is {state}, not running")
+            return CheckpointOutcome(
+                refused=f"task {input.task_id} is {state}, not running", not_running=True
+            )
         route = _Route(record.pool_name, record.worker_id, record.address or "", None, record.tls)
         worker = await or_none(
             self._client.get_workflow_handle(

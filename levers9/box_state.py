@@ -81,3 +81,5 @@ class CheckpointOutcome(BaseModel):
     size_bytes: int = 0
     seconds: float = 0.0
     refused: str = ""
+    not_running: bool = False
+    """Refused because the task is not running (queued, placed, ended): nothing to keep."""

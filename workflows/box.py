@@ -2,9 +2,9 @@
 
     create -> start its task (a TaskWorkflow child from the box's template, left running across
     continue-as-new) -> follow it -> `stop` (Update: cancel it; the box reads stopped, with what
-    was kept. A runsc box's task is checkpointed instead (activity `checkpoint_task`, patch
-    `box-stop-checkpoints`): stopped with the image's name, or, refused, running on with an
-    event `stop-refused` saying why) -> `start` (Update: a new task from the template, the same
+    was kept. Its worker is asked for a checkpoint first (activity `checkpoint_task`, patch
+    `box-stop-checkpoints`): stopped with the image's name; refused, a runsc box runs on with an
+    event `stop-refused` saying why, another is cancelled as before with the refusal's words) -> `start` (Update: a new task from the template, the same
     home; `restore_from` the checkpoint if one was taken) -> ... ->
     `delete` (Update: cancel its task, end)
 
@@ -63,6 +63,7 @@ class BoxWorkflow:
         self._changed = True
         self._follow: asyncio.Task[None] | None = None
         self._checkpoint: str = ""
+        self._stop_reason = ""
         """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
 
     @workflow.query
@@ -85,12 +86,13 @@ class BoxWorkflow:
         if (
             state.state == RUNNING
             and self._live
-            and state.task.runtime == "runsc"
             and not self._checkpoint
             and workflow.patched(CHECKPOINT_PATCH)
         ):
-            # `_act` checkpoints it: stopped with the image's name, or running on with why not.
+            # `_act` asks its worker for a checkpoint: stopped with the image's name; refused,
+            # a runsc box runs on with why, another is stopped as before, saying why not.
             self._checkpoint = f"{state.name}-{state.starts}-{workflow.uuid4().hex[:8]}"
+            self._stop_reason = reason or "box stop"
             self._changed = True
         elif state.state == RUNNING:
             self._stop(reason or "box stop")
@@ -120,14 +122,14 @@ class BoxWorkflow:
             self._changed = True
         return state
 
-    def _stop(self, why: str) -> None:
+    def _stop(self, why: str, refused: str = "") -> None:
         state = self._state
         now = workflow.now()
         if self._live:
             self._cancel.append((state.task_id, f"box {state.name} stopped: {why}"))
             self._live = False
         state.state = STOPPED
-        state.reason = f"{why}; {NO_CHECKPOINT.format(home=state.home())}"
+        state.reason = f"{why}; {NO_CHECKPOINT.format(home=state.home())}{refused}"
         state.note(now, "stop", state.reason)
         self._changed = True
 
@@ -204,6 +206,9 @@ class BoxWorkflow:
             )
         except ActivityError as exc:
             outcome = CheckpointOutcome(refused=failure_reason(exc))
+        if outcome.refused and (outcome.not_running or state.task.runtime != "runsc"):
+            self._stop(self._stop_reason, f" (the worker took none: {outcome.refused})")
+            return
         if outcome.refused:
             why = f"no checkpoint of task {task_id}: {outcome.refused}; the box runs on"
             state.note(workflow.now(), "stop-refused", why)

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.box_state import BoxInput, BoxState
+from levers9.box_state import BoxCheckpoint, BoxInput, BoxState, CheckpointOutcome
 from levers9.core.boxes import BOX_WORKFLOW
 from levers9.models import TASK_WORKFLOW, TaskInput, TaskRecord
 from tests.waiting import eventually
@@ -58,9 +58,21 @@ class StandInTask:
         return record
 
 
+@activity.defn(name="checkpoint_task")
+async def refused_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
+    """The stand-in task's worker: a runc task's refusal (tests/integration/
+    test_boxes_sandbox.py asks a real worker)."""
+    return CheckpointOutcome(refused=f"task {input.task_id} runs under runc")
+
+
 @pytest.fixture
 async def worker(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[None]:
-    async with Worker(time_env.client, task_queue=task_queue, workflows=[BoxWorkflow, StandInTask]):
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[BoxWorkflow, StandInTask],
+        activities=[refused_checkpoint],
+    ):
         yield
 
 

@@ -200,6 +200,10 @@ async def test_stop_and_start_run_a_new_task_with_the_same_command_and_ports(
     before = await _box(teams, "web")
     stopped = _ok(await teams.cli("boxers", "box", "stop", "web"))
     assert "stopped (box stop; no checkpoint" in stopped, stopped
+    # A runc box's worker was asked and refused: its words say why.
+    flat = " ".join(stopped.split())  # the console wraps long lines
+    assert "the worker took none:" in flat, stopped
+    assert "runs under runc, whose checkpoint needs CRIU" in flat, stopped
     refused = await teams.cli("boxers", "box", "exec", "web", "--", "true")
     assert refused.returncode == 1
     assert "levers9 box start web" in refused.stderr, refused.stderr
