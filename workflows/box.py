@@ -4,8 +4,9 @@
     continue-as-new) -> follow it -> `stop` (Update: cancel it; the box reads stopped, with what
     was kept. Its worker is asked for a checkpoint first (activity `checkpoint_task`, patch
     `box-stop-checkpoints`): stopped with the image's name; refused, a runsc box runs on with an
-    event `stop-refused` saying why, another is cancelled as before with the refusal's words) -> `start` (Update: a new task from the template, the same
-    home; `restore_from` the checkpoint if one was taken) -> ... ->
+    event `stop-refused` saying why, another is cancelled as before with the refusal's words)
+    -> `start` (Update: a new task from the template, the same home; `restore_from` the
+    checkpoint if one was taken) -> ... ->
     `delete` (Update: cancel its task, end)
 
 The task started in this run is followed through its child handle: when it ends by itself (its
