@@ -145,12 +145,12 @@ async def made(w: World) -> Made:
     tag = uuid.uuid4().hex[:6]
     out.running = [f"run{tag}{n}" for n in range(3)]
     for task_id, gpus in zip(out.running, (1, 2, 2), strict=True):
-        await _submit(w, POOL, task_id, 25, gpus=gpus)
+        await _submit(w, POOL, task_id, 40, gpus=gpus)
     out.queued = [f"queued{tag}{n}" for n in range(2)]
     for task_id in out.queued:
         await _submit(w, POOL, task_id, 1)
     out.joined_task = f"joined{tag}"
-    await _submit(w, JOINED, out.joined_task, 25)
+    await _submit(w, JOINED, out.joined_task, 40)
 
     async def started() -> bool:
         states = [await _state(w, t) for t in [*out.running, out.joined_task]]

@@ -26,7 +26,7 @@ from levers9.task_wire import (
 
 PLACEMENT_ONLY = {"gpu_indices", "attempt"}
 """TaskSpec fields a task gets from its placement, not from its user."""
-RECORD_ONLY = {"endpoint", "resume", "max_history_events", "ask_again_seconds"}
+RECORD_ONLY = {"endpoint", "resume", "max_history_events", "ask_again_seconds", "node"}
 """TaskInput fields its record sets for itself; no client sends them."""
 
 EVERY_FIELD = TaskInput(
