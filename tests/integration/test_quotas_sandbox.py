@@ -146,7 +146,9 @@ async def test_quotas_hold_at_every_step_and_each_workspace_reaches_its_own(team
 async def test_borrowed_work_is_taken_back_newest_first_for_a_workspace_within_quota(
     teams: Teams,
 ) -> None:
-    borrowed = [await _submit(teams, "small", "sleep", "15", borrow=True) for _ in range(5)]
+    # Long enough that all five run at once even when five CLI submits and their placements
+    # crawl on a loaded machine (the check below needs them all running together).
+    borrowed = [await _submit(teams, "small", "sleep", "45", borrow=True) for _ in range(5)]
 
     async def all_running() -> bool:
         records = await _records(teams, borrowed)
@@ -179,7 +181,7 @@ async def test_borrowed_work_is_taken_back_newest_first_for_a_workspace_within_q
 
 async def test_work_taken_back_with_a_retry_left_queues_again_and_finishes(teams: Teams) -> None:
     borrowed = [
-        await _submit(teams, "small", "sleep", "8", borrow=True, retries=1) for _ in range(5)
+        await _submit(teams, "small", "sleep", "30", borrow=True, retries=1) for _ in range(5)
     ]
 
     async def all_running() -> bool:
@@ -214,8 +216,10 @@ async def test_work_taken_back_with_a_retry_left_queues_again_and_finishes(teams
 
 async def test_max_queued_refuses_the_submit_and_starts_nothing(teams: Teams) -> None:
     _ok(await teams.cp.cli("workspace", "set", "small", "--max-queued", "1"))
-    # `small` holds its one card with a long task, then one waits: the third is refused.
-    first = await _submit(teams, "small", "sleep", "20")
+    # `small` holds its one card with a task that outlives the test (cancelled at its end), then
+    # one waits: the third is refused. (A 20 s holder once ended between the check and the
+    # third submit on a loaded CI machine: the waiting task was placed and the third accepted.)
+    first = await _submit(teams, "small", "sleep", "600")
     second = await _submit(teams, "small", "sleep", "1")
 
     async def second_waits() -> bool:

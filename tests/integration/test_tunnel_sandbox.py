@@ -105,7 +105,7 @@ async def test_the_gpu_check_and_run_work_through_the_tunnel(cp: Controlplane) -
 
 async def test_exec_and_many_concurrent_streams_share_one_tunnel(cp: Controlplane) -> None:
     client = await connect(cp.settings)
-    started = await cp.cli("run", "--pool", POOL, "--wait", "0", "--", "sleep", "20")
+    started = await cp.cli("run", "--pool", POOL, "--wait", "0", "--", "sleep", "300")
     task_id = started.stdout.split()[1]
 
     async def placed() -> bool:
