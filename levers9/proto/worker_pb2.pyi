@@ -90,6 +90,7 @@ class TaskSpec(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     MOUNTS_FIELD_NUMBER: _builtins.int
     RESTORE_FROM_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_VOLUME_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -126,6 +127,12 @@ class TaskSpec(_message.Message):
     """Restores its processes from this checkpoint of its workspace (CheckpointTask's name) rather
     than starting its command: runsc only; its image and runtime must be the checkpoint's
     (refused at start, naming which, otherwise, and when a file of the image fails its checksum).
+    """
+    checkpoint_volume: _builtins.str
+    """The workspace's volume its checkpoints are kept in (`box create --checkpoints VOLUME`): the
+    agent uploads an image there after CheckpointTask and fetches it for a restore_from on a
+    machine that lacks it, so that the restore may run on any machine of the pool; "": its
+    checkpoints stay on the machine that took them (and its restore is pinned there).
     """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -167,10 +174,11 @@ class TaskSpec(_message.Message):
         attempt: _builtins.int = ...,
         mounts: _abc.Iterable[Global___TaskMount] | None = ...,
         restore_from: _builtins.str = ...,
+        checkpoint_volume: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "checkpoint_volume", b"checkpoint_volume", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -286,6 +294,7 @@ class RunTaskRequest(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     VOLUMES_FIELD_NUMBER: _builtins.int
     DISKS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STORE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def task(self) -> Global___TaskSpec: ...
     @_builtins.property
@@ -296,16 +305,23 @@ class RunTaskRequest(_message.Message):
     def disks(self) -> _containers.RepeatedCompositeFieldContainer[Global___DiskAccess]:
         """one per disk of task.mounts"""
 
+    @_builtins.property
+    def checkpoint_store(self) -> Global___VolumeAccess:
+        """task.checkpoint_volume's bucket and credentials, sent with a restore_from: the image is
+        fetched from it when this machine lacks it (levers9.agent.checkpoints.download).
+        """
+
     def __init__(
         self,
         *,
         task: Global___TaskSpec | None = ...,
         volumes: _abc.Iterable[Global___VolumeAccess] | None = ...,
         disks: _abc.Iterable[Global___DiskAccess] | None = ...,
+        checkpoint_store: Global___VolumeAccess | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint_store", b"checkpoint_store", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["disks", b"disks", "task", b"task", "volumes", b"volumes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_store", b"checkpoint_store", "disks", b"disks", "task", b"task", "volumes", b"volumes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -755,23 +771,30 @@ class CheckpointTaskRequest(_message.Message):
     without cuda-checkpoint, not running, the name taken, not enough room for the image;
     INVALID_ARGUMENT: a name that is not a DNS label; NOT_FOUND: an unknown task; INTERNAL: the
     checkpoint failed (the message says whether the task runs on; no image is left).
+    With `store` (the task's checkpoint_volume, its credentials for this call alone) the sealed
+    image is also uploaded there, as <prefix>/checkpoints/<name>/image.tar and image.tar.sha256;
+    an upload that fails leaves the image on this machine only (`store_error` says why).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    STORE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     name: _builtins.str
+    @_builtins.property
+    def store(self) -> Global___VolumeAccess: ...
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         name: _builtins.str = ...,
+        store: Global___VolumeAccess | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["store", b"store"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "store", b"store", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -785,12 +808,21 @@ class CheckpointTaskResponse(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    STORE_ERROR_FIELD_NUMBER: _builtins.int
+    STORE_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """the image's folder on this machine"""
     size_bytes: _builtins.int
     seconds: _builtins.float
     """from the call to the image sealed"""
+    stored: _builtins.str
+    """where it was uploaded (s3://B/P/checkpoints/NAME/); "": not"""
+    store_error: _builtins.str
+    """why the upload failed ("": it did not, or none was asked)"""
+    store_seconds: _builtins.float
+    """the upload's time"""
     def __init__(
         self,
         *,
@@ -798,10 +830,13 @@ class CheckpointTaskResponse(_message.Message):
         path: _builtins.str = ...,
         size_bytes: _builtins.int = ...,
         seconds: _builtins.float = ...,
+        stored: _builtins.str = ...,
+        store_error: _builtins.str = ...,
+        store_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "seconds", b"seconds", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "seconds", b"seconds", "size_bytes", b"size_bytes", "store_error", b"store_error", "store_seconds", b"store_seconds", "stored", b"stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
