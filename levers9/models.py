@@ -118,6 +118,10 @@ class MachineRecord(_Record):
     observed_at: datetime
     total_memory_bytes: int = 0
     """The node's allocatable memory (0: a record made before it was kept)."""
+    worker_gpus: int = 0
+    """Cards levers9's workers hold there (0 too in a record made before it was kept)."""
+    neighbour_gpus: int = 0
+    """Cards the node's other pods (neighbours) hold."""
 
 
 class WorkerRegistration(_Record):
@@ -365,6 +369,10 @@ class TaskInput(_Record):
     restore_from: str = ""
     """A checkpoint of its workspace its processes are restored from rather than its command
     started (levers9.agent.checkpoints; runsc only); "": none."""
+    checkpoint_volume: str = ""
+    """The workspace's volume its checkpoints are kept in (`box create --checkpoints VOLUME`):
+    an image is uploaded there and fetched by the machine that restores it, so its restore may
+    run anywhere in the pool; "": they stay on the machine that took them."""
     node: str = ""
     """The one node it may run on ("": any): a box's restore goes to the node whose disk holds
     its checkpoint (images are not copied between machines)."""

@@ -284,6 +284,13 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                     f"task.mounts: no volume {mount.name} in workspace {task.workspace}"
                     " (`levers9 volume list`; `levers9 volume create` makes one)",
                 )
+        volume = task.checkpoint_volume
+        if volume and await self._volumes.get(task.workspace, volume) is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"task.checkpoint_volume: no volume {volume} in workspace {task.workspace}"
+                " (`levers9 volume list`; `levers9 volume create` makes one)",
+            )
 
     async def _within_max_queued(
         self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]

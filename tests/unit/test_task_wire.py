@@ -49,6 +49,7 @@ EVERY_FIELD = TaskInput(
         TaskMount(kind="disk", name="scratch", path="/scratch"),
     ),
     restore_from="box-1",
+    checkpoint_volume="checkpoints",
 )
 
 
