@@ -256,6 +256,8 @@ class MachineWorkflow:
             workers=self._workers(),
             observed_at=workflow.now(),
             total_memory_bytes=capacity.total_memory_bytes,
+            worker_gpus=capacity.worker_gpus,
+            neighbour_gpus=capacity.neighbour_gpus,
         )
 
     def _workers(self) -> tuple[str, ...]:

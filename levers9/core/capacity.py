@@ -115,6 +115,10 @@ class NodeCapacity(BaseModel):
     external_ip: str | None
     total_memory_bytes: int = 0
     """The node's allocatable memory: the most a task there could ever be given."""
+    neighbour_gpus: int = 0
+    """Cards the node's other pods hold (neighbours; another pool's worker, or one of ours whose
+    Job is gone, is one too): `total_gpus` less these, `worker_gpus` and `free.gpus` is what the
+    node does not offer at all (cards not allocatable)."""
     finished_workers: tuple[str, ...] = ()
     """Our workers whose Job has finished (Failed, or Complete) and is not deleted yet: their
     agents are gone, whatever their records say (the machine ends those records now)."""
@@ -402,6 +406,7 @@ def node_capacity(
         total_memory_bytes=allocatable.memory_bytes,
         free=free,
         worker_gpus=worker_held.gpus,
+        neighbour_gpus=held.gpus,
         workers=workers,
         external_ip=external_ip(node),
         finished_workers=finished,

@@ -257,6 +257,8 @@ class Machine(_message.Message):
     WORKERS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     TOTAL_MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    WORKER_GPUS_FIELD_NUMBER: _builtins.int
+    NEIGHBOUR_GPUS_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     node_name: _builtins.str
     machine_id: _builtins.str
@@ -268,6 +270,10 @@ class Machine(_message.Message):
     free_cpu_millis: _builtins.int
     free_memory_bytes: _builtins.int
     total_memory_bytes: _builtins.int
+    worker_gpus: _builtins.int
+    """held by levers9's workers"""
+    neighbour_gpus: _builtins.int
+    """held by the node's other pods"""
     @_builtins.property
     def workers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -288,10 +294,12 @@ class Machine(_message.Message):
         workers: _abc.Iterable[_builtins.str] | None = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         total_memory_bytes: _builtins.int = ...,
+        worker_gpus: _builtins.int = ...,
+        neighbour_gpus: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu_type", b"_gpu_type", "gpu_type", b"gpu_type", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_type", b"_gpu_type", "free_cpu_millis", b"free_cpu_millis", "free_gpus", b"free_gpus", "free_memory_bytes", b"free_memory_bytes", "gpu_type", b"gpu_type", "machine", b"machine", "machine_id", b"machine_id", "node_name", b"node_name", "observed_at", b"observed_at", "pool_name", b"pool_name", "status", b"status", "total_gpus", b"total_gpus", "total_memory_bytes", b"total_memory_bytes", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu_type", b"_gpu_type", "free_cpu_millis", b"free_cpu_millis", "free_gpus", b"free_gpus", "free_memory_bytes", b"free_memory_bytes", "gpu_type", b"gpu_type", "machine", b"machine", "machine_id", b"machine_id", "neighbour_gpus", b"neighbour_gpus", "node_name", b"node_name", "observed_at", b"observed_at", "pool_name", b"pool_name", "status", b"status", "total_gpus", b"total_gpus", "total_memory_bytes", b"total_memory_bytes", "worker_gpus", b"worker_gpus", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gpu_type: _TypeAlias = _typing.Literal["gpu_type"]  # noqa: Y015
     _WhichOneofArgType__gpu_type: _TypeAlias = _typing.Literal["_gpu_type", b"_gpu_type"]  # noqa: Y015

@@ -319,3 +319,10 @@ def test_a_node_too_small_for_the_worker_gets_none() -> None:
     }
     held = pool_capacity([n], [pod(gpus=1, cpu="3500m")], [job], view)[n["metadata"]["name"]]
     assert (held.status, held.free.cpu_millis) == (MachineStatus.HEALTHY, 0)
+
+
+def test_cards_held_by_our_worker_and_by_neighbours_are_counted_apart() -> None:
+    """The dashboard shows a machine's cards free, held by levers9 and held by neighbours."""
+    got = _one(node(gpus=4), [MODEL_SERVER], [worker_job(gpus=1)])
+    assert (got.free.gpus, got.worker_gpus, got.neighbour_gpus) == (1, 1, 2)
+    assert _one(node(gpus=4)).neighbour_gpus == 0
