@@ -19,6 +19,15 @@ runtime) and `manifest.json` (sha256 and size of every other file). It is writte
 folder beside it, every file fsynced, then renamed into place (`seal`): a failed checkpoint
 leaves no image, a half-written one is never found under the name. A restore verifies every
 checksum first (`verify`).
+
+A task with a checkpoint volume (TaskSpec.checkpoint_volume: `box create --checkpoints V`) has
+its sealed image also uploaded to that volume's bucket with the workspace's credentials
+(`upload`): `<prefix>/checkpoints/<name>/image.tar` (a tar of the image's folder, owners,
+modes, xattrs and an overlay's whiteouts kept) then `image.tar.sha256`, written last so that an
+image whose checksum is there is whole. A restore on a machine that lacks the image fetches both
+(`download`), refuses a tar whose sha256 is not the one stored (never restoring a corrupted
+image), unpacks it in a staging folder, verifies every file against its manifest, and renames
+it into place: from then on it is restored as a local image.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from levers9.agent.volumes import VolumeAccess
 from levers9.core.workspaces import name_problem
 
 STATE = "state"
@@ -45,6 +55,12 @@ META = "checkpoint.json"
 MANIFEST = "manifest.json"
 FORMAT = 1
 CHECK_TIMEOUT_S = 20.0
+STORE_FOLDER = "checkpoints"
+"""Under a checkpoint volume's prefix: one folder per checkpoint name."""
+TAR = "image.tar"
+TAR_SUM = "image.tar.sha256"
+STORE_TIMEOUT_S = 60.0
+"""Connect and read timeouts of one S3 call (a part of an upload, say)."""
 CUDA_SYMBOL = "cuCheckpointProcessLock"
 """The driver's checkpoint API (driver 550+): what `cuda-checkpoint` calls."""
 
@@ -56,6 +72,11 @@ class CheckpointRefused(RuntimeError):
 
 class CheckpointFailed(RuntimeError):
     """The checkpoint was tried and failed; the message says whether the task runs on."""
+
+
+class StoreFailed(RuntimeError):
+    """A checkpoint volume could not be written or read (S3's error, the volume named; never
+    its credentials)."""
 
 
 class ImageInvalid(ValueError):
@@ -212,29 +233,172 @@ def seal(folder: Path, path: Path, meta: dict[str, Any]) -> int:
     return total
 
 
-def verify(path: Path) -> dict[str, Any]:
+def verify(path: Path, shown_as: str = "") -> dict[str, Any]:
     """The image's checkpoint.json once every file's checksum is as its manifest says;
-    ImageInvalid naming the first file that is missing, extra or changed."""
+    ImageInvalid naming the first file that is missing, extra or changed (the image named
+    `shown_as`, else its folder's name)."""
+    label = shown_as or path.name
     if not path.is_dir():
-        raise ImageInvalid(f"no checkpoint {path.name} on this machine ({path})")
+        raise ImageInvalid(f"no checkpoint {label} on this machine ({path})")
     try:
         manifest = json.loads((path / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError) as error:
-        raise ImageInvalid(f"checkpoint {path.name}: unreadable {MANIFEST} ({error})") from None
+        raise ImageInvalid(f"checkpoint {label}: unreadable {MANIFEST} ({error})") from None
     found = {str(p.relative_to(path)) for p in _files(path)}
     for missing in sorted(set(manifest) - found):
-        raise ImageInvalid(f"checkpoint {path.name}: {missing} is missing")
+        raise ImageInvalid(f"checkpoint {label}: {missing} is missing")
     for extra in sorted(found - set(manifest)):
-        raise ImageInvalid(f"checkpoint {path.name}: {extra} is not in its manifest")
+        raise ImageInvalid(f"checkpoint {label}: {extra} is not in its manifest")
     for name, want in sorted(manifest.items()):
         if _sha256(path / name) != want["sha256"]:
             raise ImageInvalid(
-                f"checkpoint {path.name}: {name} does not match its checksum (corrupted)"
+                f"checkpoint {label}: {name} does not match its checksum (corrupted)"
             )
     meta: dict[str, Any] = json.loads((path / META).read_text())
     if meta.get("format") != FORMAT:
-        raise ImageInvalid(f"checkpoint {path.name}: format {meta.get('format')} unknown")
+        raise ImageInvalid(f"checkpoint {label}: format {meta.get('format')} unknown")
     return meta
+
+
+def store_url(access: VolumeAccess, name: str) -> str:
+    """Where checkpoint `name` is kept in the volume (as messages name it)."""
+    return f"{access.url}/{STORE_FOLDER}/{name}/"
+
+
+def _key(access: VolumeAccess, name: str, file: str) -> str:
+    return "/".join(p for p in (access.prefix, STORE_FOLDER, name, file) if p)
+
+
+def _s3(access: VolumeAccess) -> Any:
+    """An S3 client with the volume's own credentials (never the agent's: none means
+    anonymous)."""
+    import boto3
+    import botocore
+    import botocore.config
+
+    config = botocore.config.Config(
+        connect_timeout=STORE_TIMEOUT_S,
+        read_timeout=STORE_TIMEOUT_S,
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": "path"},
+        signature_version=None if access.access_key_id else botocore.UNSIGNED,
+    )
+    return boto3.session.Session(
+        aws_access_key_id=access.access_key_id or None,
+        aws_secret_access_key=access.secret_access_key or None,
+    ).client(
+        "s3",
+        endpoint_url=access.endpoint_url,
+        region_name=access.region or "us-east-1",
+        config=config,
+    )
+
+
+def _s3_error(error: BaseException) -> tuple[str, str]:
+    """(S3's code, `code: message`) of a failed call; never a credential (S3's answer and
+    botocore's class name only). boto3's transfers wrap S3's answer (S3UploadFailedError):
+    the answer it wraps is taken."""
+    import botocore.exceptions
+
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, botocore.exceptions.ClientError):
+            answer = cause.response.get("Error", {})
+            code = str(answer.get("Code") or "error")
+            message = str(answer.get("Message") or "").strip()
+            return code, (f"{code}: {message}" if message and message != code else code)
+        if isinstance(cause, botocore.exceptions.EndpointConnectionError):
+            return "unreachable", "its endpoint is unreachable"
+        cause = cause.__cause__ or cause.__context__
+    return type(error).__name__, type(error).__name__
+
+
+def _tar(argv: list[str]) -> None:
+    import subprocess
+
+    done = subprocess.run(["tar", *argv], capture_output=True, check=False)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise CheckpointFailed(f"tar {argv[0]}: {said[-1] if said else done.returncode}")
+
+
+def upload(path: Path, access: VolumeAccess) -> str:
+    """Uploads the sealed image at `path` to the checkpoint volume (`image.tar`, then
+    `image.tar.sha256`); where it is kept. StoreFailed naming the volume and S3's error."""
+    name = path.name
+    tar = path.parent / f".{name}.upload-{uuid.uuid4().hex[:8]}.tar"
+    try:
+        _tar(["--create", f"--file={tar}", f"--directory={path}", "--numeric-owner",
+              "--xattrs", "--sparse", "."])  # fmt: skip
+        digest = _sha256(tar)
+        client = _s3(access)
+        try:
+            client.upload_file(str(tar), access.bucket_name, _key(access, name, TAR))
+            client.put_object(
+                Bucket=access.bucket_name,
+                Key=_key(access, name, TAR_SUM),
+                Body=f"{digest}  {TAR}\n".encode(),
+            )
+        except Exception as error:
+            raise StoreFailed(
+                f"checkpoint {name}: its upload to volume {access.name}"
+                f" ({store_url(access, name)}) failed: {_s3_error(error)[1]}"
+            ) from None
+        finally:
+            client.close()
+    finally:
+        tar.unlink(missing_ok=True)
+    return store_url(access, name)
+
+
+def download(access: VolumeAccess, path: Path) -> int:
+    """Fetches checkpoint `path.name` from the checkpoint volume into `path` (absent here):
+    its tar's sha256 checked against the one stored, unpacked beside `path`, every file
+    verified, renamed into place; its size in bytes. ImageInvalid when the volume has no such
+    checkpoint or it is corrupted (nothing is left at `path`); StoreFailed for S3's errors."""
+    name = path.name
+    where = f"volume {access.name} ({store_url(access, name)})"
+    folder = staging(path)
+    tar = path.parent / f".{name}.download-{uuid.uuid4().hex[:8]}.tar"
+    try:
+        client = _s3(access)
+        try:
+            try:
+                answer = client.get_object(
+                    Bucket=access.bucket_name, Key=_key(access, name, TAR_SUM)
+                )
+                stored = answer["Body"].read().decode(errors="replace").split()
+                client.download_file(access.bucket_name, _key(access, name, TAR), str(tar))
+            except Exception as error:
+                code, said = _s3_error(error)
+                if code in ("NoSuchKey", "404", "NotFound"):
+                    raise ImageInvalid(f"no checkpoint {name} in {where}") from None
+                raise StoreFailed(
+                    f"checkpoint {name}: its download from {where} failed: {said}"
+                ) from None
+        finally:
+            client.close()
+        got = _sha256(tar)
+        if not stored or got != stored[0]:
+            raise ImageInvalid(
+                f"checkpoint {name} in {where}: {TAR} does not match its {TAR_SUM} (corrupted:"
+                f" sha256 {got}, stored {stored[0] if stored else 'nothing'}); not restored"
+            )
+        size = tar.stat().st_size
+        _tar(["--extract", f"--file={tar}", f"--directory={folder}", "--numeric-owner",
+              "--xattrs", "--same-permissions", "--same-owner"])  # fmt: skip
+        verify(folder, f"{name} from {where}")
+        if path.exists():  # another restore fetched it meanwhile: theirs is as good
+            discard(folder)
+        else:
+            folder.rename(path)
+            _fsync(path.parent)
+    except BaseException:
+        discard(folder)
+        raise
+    finally:
+        tar.unlink(missing_ok=True)
+    return size
 
 
 async def copy_tree(source: Path, target: Path) -> None:

@@ -24,7 +24,7 @@ from grpc import aio
 from levers9.agent import checkpoints
 from levers9.agent.disks import DiskStore, disk_id_problem
 from levers9.agent.runtime import StartError
-from levers9.agent.supervisor import TaskManager
+from levers9.agent.supervisor import TaskManager, store_access
 from levers9.agent.task_errors import (
     InvalidTask,
     PortUnavailable,
@@ -109,7 +109,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.RunTaskRequest, context: Context
     ) -> worker_pb2.RunTaskResponse:
         already = await _answer(
-            context, lambda: self._tasks.run(request.task, request.volumes, request.disks)
+            context,
+            lambda: self._tasks.run(
+                request.task,
+                request.volumes,
+                request.disks,
+                request.checkpoint_store if request.HasField("checkpoint_store") else None,
+            ),
         )
         return worker_pb2.RunTaskResponse(task_id=request.task.task_id, already_running=already)
 
@@ -117,7 +123,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self, request: worker_pb2.CheckpointTaskRequest, context: Context
     ) -> worker_pb2.CheckpointTaskResponse:
         """See worker.proto: the task checkpointed to its workspace's `name`, and ended."""
-        return await _answer(context, lambda: self._tasks.checkpoint(request.task_id, request.name))
+
+        async def take() -> worker_pb2.CheckpointTaskResponse:
+            store = store_access(request.store) if request.HasField("store") else None
+            return await self._tasks.checkpoint(request.task_id, request.name, store)
+
+        return await _answer(context, take)
 
     async def GetTask(
         self, request: worker_pb2.GetTaskRequest, context: Context

@@ -112,6 +112,9 @@ class TaskManager:
         self._records: dict[str, TaskRecord] = {}
         self._mounts: dict[str, tuple[StorageMount, ...]] = {}
         """Each task's volumes and disks with what mounts them, until it ends."""
+        self._stores: dict[str, VolumeAccess] = {}
+        """Each restoring task's checkpoint volume (RunTaskRequest.checkpoint_store), until
+        its start: in memory only."""
         self._finished: list[str] = []
         self._watchers: set[asyncio.Task[Any]] = set()
         self._idle_since: float | None = clock()
@@ -137,9 +140,11 @@ class TaskManager:
         spec: worker_pb2.TaskSpec,
         volumes: Sequence[worker_pb2.VolumeAccess] = (),
         disks: Sequence[worker_pb2.DiskAccess] = (),
+        checkpoint_store: worker_pb2.VolumeAccess | None = None,
     ) -> bool:
         """Accepts and starts a task (its mounts with what mounts them: `volumes` and `disks`,
-        RunTaskRequest's); True when a task of that id was already accepted."""
+        RunTaskRequest's; `checkpoint_store`: where its restore_from image is fetched from when
+        this machine lacks it); True when a task of that id was already accepted."""
         if not spec.task_id:
             raise InvalidTask("task_id is required")
         known = self._records.get(spec.task_id)
@@ -166,6 +171,8 @@ class TaskManager:
         record = self._accept(spec)
         # In memory only, for its start: the credentials are never in its record on disk.
         self._mounts[spec.task_id] = mounts
+        if checkpoint_store is not None and spec.restore_from:
+            self._stores[spec.task_id] = store_access(checkpoint_store)
         for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
             problem = check(record)
             if problem is not None:
@@ -213,12 +220,16 @@ class TaskManager:
         await record.finished.wait()
         return True
 
-    async def checkpoint(self, task_id: str, name: str) -> worker_pb2.CheckpointTaskResponse:
+    async def checkpoint(
+        self, task_id: str, name: str, store: VolumeAccess | None = None
+    ) -> worker_pb2.CheckpointTaskResponse:
         """Checkpoints the running task to its workspace's checkpoint `name` on this machine
         (levers9.agent.checkpoints) and ends it CANCELLED, reason `checkpointed to NAME`: it
         neither failed nor succeeded, and a cancelled task is not queued again. Refused
         (CheckpointRefused, nothing written, the task runs on) where its runtime cannot, with
-        cards where this machine cannot checkpoint CUDA, while it starts or ends."""
+        cards where this machine cannot checkpoint CUDA, while it starts or ends. With `store`
+        (its checkpoint volume) the sealed image is uploaded there too; an upload that fails
+        leaves it on this machine only, and the answer's store_error says why."""
         record = self._record(task_id)
         workspace = record.spec.workspace or DEFAULT_WORKSPACE
         path = checkpoints.image_path(self._checkpoints, workspace, name)
@@ -254,9 +265,25 @@ class TaskManager:
                 record.ending = None  # it runs on
             raise
         await record.finished.wait()
-        return worker_pb2.CheckpointTaskResponse(
+        response = worker_pb2.CheckpointTaskResponse(
             name=name, path=str(path), size_bytes=size, seconds=time.monotonic() - started
         )
+        if store is not None:
+            sent = time.monotonic()
+            try:
+                response.stored = await asyncio.to_thread(checkpoints.upload, path, store)
+            except (checkpoints.StoreFailed, checkpoints.CheckpointFailed) as error:
+                response.store_error = str(error)
+                log.warning("checkpoint upload failed", task_id=task_id, error=str(error))
+            response.store_seconds = time.monotonic() - sent
+            if response.stored:
+                log.info(
+                    "checkpoint uploaded",
+                    task_id=task_id,
+                    stored=response.stored,
+                    seconds=round(response.store_seconds, 2),
+                )
+        return response
 
     async def exec(
         self, task_id: str, command: Sequence[str], terminal: int | None = None
@@ -380,6 +407,18 @@ class TaskManager:
                 record.phase(CONTAINER_START, str(error))
                 self._finish(record, FAILED, f"restore_from: {error}")
                 return
+            store = self._stores.pop(spec.task_id, None)
+            if store is not None and not restore.exists():
+                try:
+                    await self._fetch(spec.task_id, store, restore)
+                except (
+                    checkpoints.ImageInvalid,
+                    checkpoints.StoreFailed,
+                    checkpoints.CheckpointFailed,
+                ) as error:
+                    record.phase(CONTAINER_START, str(error))
+                    self._finish(record, FAILED, f"restore_from: {error}")
+                    return
             container_spec = dataclasses.replace(container_spec, restore_from=restore)
         try:
             container = await self._runtime.start(container_spec, record.output.write)
@@ -452,6 +491,19 @@ class TaskManager:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
 
+    async def _fetch(self, task_id: str, store: VolumeAccess, path: Path) -> None:
+        """The checkpoint image at `path` fetched from its volume (checkpoints.download)."""
+        started = time.monotonic()
+        size = await asyncio.to_thread(checkpoints.download, store, path)
+        log.info(
+            "checkpoint fetched",
+            task_id=task_id,
+            checkpoint=path.name,
+            volume=store.name,
+            size_bytes=size,
+            seconds=round(time.monotonic() - started, 2),
+        )
+
     def _forget_credentials(self, task_id: str) -> None:
         """Once its volumes are mounted (or could not be), the agent keeps no key of theirs: the
         FUSE processes hold them; its disks stay known (one task at a time)."""
@@ -478,6 +530,7 @@ class TaskManager:
 
     def _finish(self, record: TaskRecord, state: State, reason: str) -> None:
         self._mounts.pop(record.task_id, None)
+        self._stores.pop(record.task_id, None)
         record.state = state
         record.reason = reason
         record.cards = ()
@@ -563,6 +616,21 @@ class TaskManager:
             record = self._records.pop(victim)
             with contextlib.suppress(OSError):
                 shutil.rmtree(record.directory)
+
+
+def store_access(given: worker_pb2.VolumeAccess) -> VolumeAccess:
+    """A checkpoint volume as the wire gives it; InvalidTask naming the field when malformed."""
+    refused = bucket_problem(given.bucket)
+    if refused is not None:
+        raise InvalidTask(f"checkpoint_store.bucket: {refused}")
+    return VolumeAccess(
+        name=given.name,
+        bucket=given.bucket,
+        endpoint=given.endpoint,
+        region=given.region,
+        access_key_id=given.access_key_id,
+        secret_access_key=given.secret_access_key,
+    )
 
 
 def storage_mounts(
