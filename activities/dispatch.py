@@ -351,12 +351,20 @@ class TaskActivities:
         spec = task_spec(input.task, input.gpu_indices, input.attempt)
         volumes = await self._volume_access(input)
         disks = await self._disk_access(input)
+        task = input.task
+        store = (
+            await self._access(task.workspace, task.checkpoint_volume)
+            if task.restore_from and task.checkpoint_volume
+            else None
+        )
         try:
             response = await self._call(
                 input,
                 "RunTask",
                 lambda stub, md: stub.RunTask(
-                    worker_pb2.RunTaskRequest(task=spec, volumes=volumes, disks=disks),
+                    worker_pb2.RunTaskRequest(
+                        task=spec, volumes=volumes, disks=disks, checkpoint_store=store
+                    ),
                     metadata=md,
                     timeout=RPC_TIMEOUT_S,
                 ),
@@ -377,44 +385,38 @@ class TaskActivities:
         holds them. A volume gone since the submit, or whose credentials do not open, fails the
         task (non-retryable) naming the volume."""
         mounts = [m for m in input.task.mounts if m.kind == "volume"]
-        if not mounts:
-            return []
+        return [await self._access(input.task.workspace, mount.name) for mount in mounts]
+
+    async def _access(self, workspace: str, name: str) -> worker_pb2.VolumeAccess:
+        """The workspace's volume `name` with its credentials, unsealed here for one call."""
         secret = self._settings.token_secret()
         if secret is None:
             raise ApplicationError("no worker token secret", non_retryable=True)
-        workspace = input.task.workspace
-        access = []
-        for mount in mounts:
-            record = await self._volumes.get(workspace, mount.name)
-            if record is None:
-                raise ApplicationError(
-                    f"volume {mount.name}: no volume {mount.name} in workspace {workspace}"
-                    " (deleted since the task was submitted?)",
-                    type="VolumeNotFound",
-                    non_retryable=True,
-                )
-            try:
-                credentials = unseal(
-                    secret.get_secret_value(),
-                    record.sealed,
-                    sealing_context(workspace, mount.name),
-                )
-            except Unsealable as exc:
-                raise ApplicationError(
-                    f"volume {mount.name}: {exc}", type="VolumeUnsealable", non_retryable=True
-                ) from None
-            spec = record.spec
-            access.append(
-                worker_pb2.VolumeAccess(
-                    name=mount.name,
-                    bucket=spec.bucket,
-                    endpoint=endpoint_of(spec),
-                    region=spec.region,
-                    access_key_id=credentials.access_key_id,
-                    secret_access_key=credentials.secret_access_key,
-                )
+        record = await self._volumes.get(workspace, name)
+        if record is None:
+            raise ApplicationError(
+                f"volume {name}: no volume {name} in workspace {workspace}"
+                " (deleted since the task was submitted?)",
+                type="VolumeNotFound",
+                non_retryable=True,
             )
-        return access
+        try:
+            credentials = unseal(
+                secret.get_secret_value(), record.sealed, sealing_context(workspace, name)
+            )
+        except Unsealable as exc:
+            raise ApplicationError(
+                f"volume {name}: {exc}", type="VolumeUnsealable", non_retryable=True
+            ) from None
+        spec = record.spec
+        return worker_pb2.VolumeAccess(
+            name=name,
+            bucket=spec.bucket,
+            endpoint=endpoint_of(spec),
+            region=spec.region,
+            access_key_id=credentials.access_key_id,
+            secret_access_key=credentials.secret_access_key,
+        )
 
     async def _disk_access(self, input: WorkerTaskInput) -> list[worker_pb2.DiskAccess]:
         """What the agent needs of each disk the task mounts: its file's name and size."""
@@ -520,12 +522,20 @@ class TaskActivities:
         )
         if worker is not None and worker.address is not None:
             route = route._replace(address=worker.address, task_queue=worker.task_queue)
+        store, unstored = None, ""
+        if input.volume:
+            try:
+                store = await self._access(input.workspace, input.volume)
+            except ApplicationError as error:  # checkpointed all the same, kept on its node
+                unstored = error.message
         try:
             response = await self._call(
                 route,
                 "CheckpointTask",
                 lambda stub, md: stub.CheckpointTask(
-                    worker_pb2.CheckpointTaskRequest(task_id=input.task_id, name=input.name),
+                    worker_pb2.CheckpointTaskRequest(
+                        task_id=input.task_id, name=input.name, store=store
+                    ),
                     metadata=md,
                     timeout=CHECKPOINT_TIMEOUT_S,
                 ),
@@ -539,6 +549,9 @@ class TaskActivities:
             node=record.node_name or "",
             size_bytes=response.size_bytes,
             seconds=response.seconds,
+            stored=response.stored,
+            store_error=response.store_error or unstored,
+            store_seconds=response.store_seconds,
         )
 
     @activity.defn

@@ -38,7 +38,9 @@ class BoxState(BaseModel):
     """The checkpoint `box stop` took of its last task (runsc boxes): its next start restores
     it; "": none (its next task starts fresh)."""
     checkpoint_node: str = ""
-    """The node holding that checkpoint: its restore is pinned there."""
+    """The node holding that checkpoint: its restore is pinned there unless it is stored."""
+    checkpoint_stored: str = ""
+    """Where it is kept in the box's checkpoint volume: its restore may run on any machine."""
     events: list[BoxEvent] = Field(default_factory=list)
 
     def note(self, at: datetime, kind: str, message: str) -> None:
@@ -69,6 +71,9 @@ class BoxCheckpoint(BaseModel):
 
     task_id: str
     name: str
+    workspace: str = ""
+    volume: str = ""
+    """The box's checkpoint volume: the worker uploads the image there ("": kept on its node)."""
 
 
 class CheckpointOutcome(BaseModel):
@@ -80,6 +85,11 @@ class CheckpointOutcome(BaseModel):
     """The node whose disk holds the image: the restore must run there."""
     size_bytes: int = 0
     seconds: float = 0.0
+    stored: str = ""
+    """Where it was uploaded in the checkpoint volume ("": on its node only)."""
+    store_error: str = ""
+    """Why it was not uploaded (the volume's error), when a volume was named."""
+    store_seconds: float = 0.0
     refused: str = ""
     not_running: bool = False
     """Refused because the task is not running (queued, placed, ended): nothing to keep."""

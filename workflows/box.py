@@ -6,7 +6,9 @@
     `box-stop-checkpoints`): stopped with the image's name; refused, a runsc box runs on with an
     event `stop-refused` saying why, another is cancelled as before with the refusal's words)
     -> `start` (Update: a new task from the template, the same home; `restore_from` the
-    checkpoint if one was taken) -> ... ->
+    checkpoint if one was taken: anywhere in the pool when the box has a checkpoint volume
+    (`--checkpoints`) and the worker uploaded the image there, else pinned to the node that
+    holds it) -> ... ->
     `delete` (Update: cancel its task, end)
 
 The task started in this run is followed through its child handle: when it ends by itself (its
@@ -201,7 +203,12 @@ class BoxWorkflow:
         try:
             outcome = await workflow.execute_activity_method(
                 TaskActivities.checkpoint_task,
-                BoxCheckpoint(task_id=task_id, name=name),
+                BoxCheckpoint(
+                    task_id=task_id,
+                    name=name,
+                    workspace=state.workspace,
+                    volume=state.task.checkpoint_volume,
+                ),
                 start_to_close_timeout=timedelta(minutes=6),
                 retry_policy=CHECKPOINT_RETRY,
             )
@@ -217,11 +224,30 @@ class BoxWorkflow:
         self._live = False
         state.checkpoint = outcome.name
         state.checkpoint_node = outcome.node
+        state.checkpoint_stored = outcome.stored
         state.state = STOPPED
-        state.reason = (
+        taken = (
             f"box stop; checkpointed to {outcome.name} ({outcome.size_bytes} bytes in"
-            f" {outcome.seconds:.1f} s): box start restores its processes"
+            f" {outcome.seconds:.1f} s)"
         )
+        volume = state.task.checkpoint_volume
+        node = outcome.node or "the node that took it"
+        if outcome.stored:
+            kept = (
+                f", kept in volume {volume} ({outcome.store_seconds:.1f} s): box start restores"
+                " its processes on any machine of the pool"
+            )
+        elif volume:
+            kept = (
+                f", kept on {node} only: its upload to volume {volume} failed"
+                f" ({outcome.store_error}); box start restores its processes there"
+            )
+        else:
+            kept = (
+                f", kept on {node} only (no checkpoint volume: box create --checkpoints VOLUME"
+                " keeps them in one): box start restores its processes there"
+            )
+        state.reason = taken + kept
         state.note(workflow.now(), "stop", state.reason)
 
     async def _start_task(self) -> None:
@@ -232,11 +258,14 @@ class BoxWorkflow:
         restore = state.checkpoint
         if restore:
             # Once: a restore that fails leaves the box stopped, and its next start is fresh.
-            # Pinned to the node whose disk holds the image (it is not copied elsewhere).
-            pin = {"node": state.checkpoint_node} if state.checkpoint_node else {}
+            # An image kept in the checkpoint volume is fetched by whichever machine takes it;
+            # one kept on its node only pins the restore there.
+            pinned = state.checkpoint_node and not state.checkpoint_stored
+            pin = {"node": state.checkpoint_node} if pinned else {}
             task = task.model_copy(update={"restore_from": restore, **pin})
             state.checkpoint = ""
             state.checkpoint_node = ""
+            state.checkpoint_stored = ""
         attributes = (
             TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
             if state.workspace != DEFAULT_WORKSPACE

@@ -6,8 +6,10 @@ task; `box ports` prints each published port's URL on the endpoints' front and t
 `levers9 port-forward` line; `box ssh-proxy` carries stdin and stdout to the box's port 22
 (OpenSSH's `ProxyCommand`). Each of them tells the box of a use (`--idle-stop`).
 
-`box stop` stops the box's task and `box start` starts a new one with the same home: the
-processes start fresh (no checkpoint yet), the home's files are kept.
+`box stop` checkpoints the box's task where its worker can (`--runtime runsc`) and `box start`
+restores its processes; elsewhere the processes start fresh and the home's files are kept. With
+`--checkpoints VOLUME` the image is kept in that volume of the workspace and the restore runs on
+any machine of the pool; without, on the node that took it (docs/checkpoint.md).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def _row(box: boxes_pb2.Box, now: datetime) -> dict[str, object]:
         "ports": ",".join(map(str, _ports(box))) or "-",
         "mounts": [f"{m.kind} {m.name}:{m.path}" for m in box.task.task.mounts],
         "runtime": box.task.task.runtime,
+        "checkpoints": box.task.task.checkpoint_volume or None,
         "idle_stop_seconds": box.idle_stop_seconds,
         "starts": box.starts,
         "created_at": created.isoformat(),
@@ -153,6 +156,14 @@ def create(
     idle_stop: Annotated[
         str, typer.Option("--idle-stop", help="stop it after this long unused, e.g. 2h")
     ] = "",
+    checkpoints: Annotated[
+        str,
+        typer.Option(
+            "--checkpoints",
+            help="a volume of the workspace to keep its checkpoints in: box start then"
+            " restores it on any machine of the pool (default: on the one that took it)",
+        ),
+    ] = "",
     runtime: Annotated[str, typer.Option("--runtime", help="runc, or runsc (gVisor)")] = "",
     pool: Annotated[str | None, typer.Option("--pool", help="its pool (default: as run)")] = None,
     memory: Annotated[str, typer.Option("--memory", help="memory limit, e.g. 8Gi")] = "",
@@ -191,6 +202,7 @@ def create(
         ports=ports_of(port or []),
         runtime=runtime,
         mounts=_mounts("volume", volume or []) + _mounts("disk", disk or []),
+        checkpoint_volume=checkpoints,
     )
     request = boxes_pb2.CreateBoxRequest(
         name=name, workspace=workspace, task=submit_request(task), idle_stop_seconds=idle_s
@@ -254,6 +266,14 @@ def get(
         highlight=False,
     )
     console.print(f"home: {', '.join(box_mounts(box)) or 'none'}", highlight=False)
+    volume = box.task.task.checkpoint_volume
+    console.print(
+        f"checkpoints: volume {volume} (restored on any machine of the pool)"
+        if volume
+        else "checkpoints: on the node that takes them (restored there; --checkpoints VOLUME"
+        " at create keeps them in a volume)",
+        highlight=False,
+    )
     if box.idle_stop_seconds:
         console.print(
             f"idle-stop: {box.idle_stop_seconds} s (last used: {row['last_used_at'] or 'never'})",
