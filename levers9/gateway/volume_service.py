@@ -3,7 +3,8 @@
 CreateVolume checks the request, lists the bucket once with the credentials (unless asked not
 to: `bucket_problem`), seals the credentials under the controlplane's key (levers9.sealed) and
 records only the ciphertext; no answer, log line or error ever holds them. A workspace token
-acts on its own workspace's volumes only (naming another workspace is PERMISSION_DENIED);
+acts on its own workspace's volumes only (levers9.gateway.scope: naming another is
+PERMISSION_DENIED);
 another workspace's volume is NOT_FOUND in exactly the words of a missing one, since its record
 is read under the caller's workspace and no other. The operator acts in `default`, or in the
 workspace it names, and lists every workspace's with `*`.
@@ -29,11 +30,9 @@ from levers9.core.volumes import (
     region_problem,
     sealing_context,
 )
-from levers9.core.workspaces import DEFAULT_WORKSPACE
-from levers9.core.workspaces import name_problem as workspace_problem
 from levers9.gateway.buckets import bucket_problem
-from levers9.gateway.errors import Unauthenticated, shown
 from levers9.gateway.roles import Authority, Identity
+from levers9.gateway.scope import call_workspace, identify
 from levers9.logs import get_logger
 from levers9.proto import volumes_pb2, volumes_pb2_grpc
 from levers9.records.volumes import TemporalVolumeRecords, VolumeExists
@@ -84,37 +83,12 @@ class VolumesService(volumes_pb2_grpc.VolumesServicer):
         self._generation = key_generation
         self._check = check
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     async def _workspace(
         self, identity: Identity, asked: str, context: Context, *, must_exist: bool = False
     ) -> str:
-        """The workspace a call acts in: a workspace token's own (it may name only that); the
-        operator's, the one it names, else `default`."""
-        if not identity.operator:
-            if asked and asked != identity.workspace:
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"workspace: a workspace token (workspace {identity.workspace}) acts on its"
-                    f" own workspace's volumes only, not {shown(asked)}'s; leave --workspace out",
-                )
-            return identity.own_workspace
-        if not asked or asked == DEFAULT_WORKSPACE:
-            return DEFAULT_WORKSPACE
-        problem = workspace_problem(asked)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"workspace: {problem}")
-        if must_exist and not await self._authority.workspace_exists(asked):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"workspace: no workspace {asked} (`levers9 workspace list`)",
-            )
-        return asked
+        return await call_workspace(
+            self._authority, identity, asked, context, objects="volumes", creating=must_exist
+        )
 
     @staticmethod
     async def _name(context: Context, name: str) -> None:
@@ -158,7 +132,7 @@ class VolumesService(volumes_pb2_grpc.VolumesServicer):
     async def CreateVolume(
         self, request: volumes_pb2.CreateVolumeRequest, context: Context
     ) -> volumes_pb2.CreateVolumeResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         spec = await self._spec(request, context)
         workspace = await self._workspace(identity, request.workspace, context, must_exist=True)
         spec = spec.model_copy(update={"workspace": workspace, "created_at": datetime.now(UTC)})
@@ -203,7 +177,7 @@ class VolumesService(volumes_pb2_grpc.VolumesServicer):
     async def GetVolume(
         self, request: volumes_pb2.GetVolumeRequest, context: Context
     ) -> volumes_pb2.GetVolumeResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         workspace = await self._workspace(identity, request.workspace, context)
         record = await self._records.get(workspace, request.name)
@@ -215,7 +189,7 @@ class VolumesService(volumes_pb2_grpc.VolumesServicer):
     async def ListVolumes(
         self, request: volumes_pb2.ListVolumesRequest, context: Context
     ) -> volumes_pb2.ListVolumesResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         workspace: str | None
         if request.workspace == ALL_WORKSPACES and identity.operator:
             workspace = None
@@ -228,7 +202,7 @@ class VolumesService(volumes_pb2_grpc.VolumesServicer):
     async def DeleteVolume(
         self, request: volumes_pb2.DeleteVolumeRequest, context: Context
     ) -> volumes_pb2.DeleteVolumeResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         workspace = await self._workspace(identity, request.workspace, context)
         if await self._records.get(workspace, request.name) is None or not (

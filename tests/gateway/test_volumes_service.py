@@ -311,6 +311,17 @@ async def test_another_workspaces_volume_is_not_found_and_untouched(plane: Plane
         )
     )
     assert naming.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "leave --workspace out" in naming.details, naming.details
+    # The same words whether or not the named workspace exists: nothing of it is told.
+    nowhere = await _refused(
+        plane.volumes.GetVolume(
+            volumes_pb2.GetVolumeRequest(name=name, workspace="no-such-team"),
+            metadata=plane.b,
+            timeout=TIMEOUT_S,
+        )
+    )
+    assert nowhere.code == naming.code
+    assert nowhere.details == naming.details.replace(plane.workspace_a, "no-such-team")
     listed = await plane.volumes.ListVolumes(
         volumes_pb2.ListVolumesRequest(), metadata=plane.b, timeout=TIMEOUT_S
     )
