@@ -101,6 +101,8 @@ class Serving:
     gateway: Gateway
     caches: PoolCaches
     endpoints: EndpointProxy
+    dashboard: Dashboard
+    """Served by `endpoints` at `/ui/`; `async with` it samples the pools for its chart."""
 
 
 def serving(
@@ -199,6 +201,13 @@ def serving(
         token_generation=settings.worker_token_generation,
     )
     assert gateway.tasks_service is not None
+    dashboard = Dashboard.of(
+        gateway,
+        secret,
+        settings.endpoints_base_url(),
+        Temporal(settings.temporal_ui_url, settings.temporal_namespace),
+        pools=TemporalPoolRecords(client, settings.task_queue),
+    )
     endpoints = EndpointProxy(
         TemporalEndpointBook(client),
         gateway.tasks_service,
@@ -206,12 +215,7 @@ def serving(
         settings.replica_id,
         operator_generation=settings.operator_token_generation,
         limits=FrontLimits.of(settings),
-        ui=Dashboard.of(
-            gateway,
-            secret,
-            settings.endpoints_base_url(),
-            Temporal(settings.temporal_ui_url, settings.temporal_namespace),
-        ).handle,
+        ui=dashboard.handle,
         box=BoxFront(
             TemporalBoxRecords(client, settings.task_queue),
             gateway.tasks_service,
@@ -219,7 +223,7 @@ def serving(
             settings.operator_token_generation,
         ).handle,
     )
-    return Serving(worker, replica, gateway, caches, endpoints)
+    return Serving(worker, replica, gateway, caches, endpoints, dashboard)
 
 
 async def run(values: Values, stop: asyncio.Event) -> None:
@@ -288,7 +292,7 @@ async def run(values: Values, stop: asyncio.Event) -> None:
     await gateway.start(settings.gateway_listen, credentials)
     try:
         await served.endpoints.start(settings.endpoints_listen, tls.endpoints_ssl_context(settings))
-        async with served.caches, served.worker, served.replica:
+        async with served.caches, served.worker, served.replica, served.dashboard:
             log.info("temporal worker started", task_queue=settings.task_queue)
             await stop.wait()
             log.info("shutting down")

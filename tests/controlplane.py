@@ -31,6 +31,7 @@ from activities.kube_clients import KubeClients
 from activities.pool_cache import PoolCaches
 from levers9 import telemetry
 from levers9.config import ControlplaneSettings, PoolConfig, parse_pool
+from levers9.dashboard.app import Dashboard
 from levers9.devstack import values as devvalues
 from levers9.gateway.endpoint_proxy import EndpointProxy
 from levers9.gateway.server import Gateway
@@ -149,6 +150,7 @@ class Controlplane:
     caches: PoolCaches | None = None
     """The running worker's watch-fed pool caches."""
     endpoints: EndpointProxy | None = None
+    dashboard: Dashboard | None = None
 
     def cli_env(self) -> dict[str, str]:
         """A user's shell: this controlplane's Temporal and task queue, the gateway and the
@@ -225,8 +227,9 @@ class Controlplane:
             await served.endpoints.start(
                 self.settings.endpoints_listen, tls.endpoints_ssl_context(self.settings)
             )
-            async with served.caches, served.worker, served.replica:
+            async with served.caches, served.worker, served.replica, served.dashboard:
                 self.caches = served.caches
+                self.dashboard = served.dashboard
                 yield served.worker
         finally:
             await served.endpoints.stop()

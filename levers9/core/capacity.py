@@ -81,6 +81,16 @@ class MachineStatus(enum.StrEnum):
     """Cards free, but less CPU or memory than the worker pod requests (`workerResources`)."""
 
 
+NOT_A_MACHINE = {
+    MachineStatus.NOT_READY: "the node is not Ready",
+    MachineStatus.CORDONED: "cordoned: draining, no new worker",
+    MachineStatus.TAINTED: "a taint the pool does not tolerate",
+    MachineStatus.FULL: "no free card: its neighbours hold them all",
+    MachineStatus.TOO_SMALL: "less CPU or memory free than a worker asks (workerResources)",
+}
+"""Why a node of the pool is not a machine, by the status `node_capacity` gave it."""
+
+
 class Resources(BaseModel):
     """An amount of GPUs, CPU (millicores) and memory (bytes)."""
 

@@ -25,7 +25,6 @@ import hashlib
 import json
 import shlex
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -39,6 +38,7 @@ from pydantic import SecretStr
 from levers9.core.workspaces import workspace_workflow_id
 from levers9.dashboard import html, views
 from levers9.dashboard.calls import Calls, Refused, Services
+from levers9.dashboard.samples import PoolReads, PoolSamples
 from levers9.dashboard.sessions import (
     PRE_COOKIE,
     SESSION_COOKIE,
@@ -48,7 +48,7 @@ from levers9.dashboard.sessions import (
 )
 from levers9.gateway.server import Gateway
 from levers9.logs import get_logger
-from levers9.proto import gateway_pb2, pools_pb2, worker_pb2
+from levers9.proto import gateway_pb2, worker_pb2
 
 log = get_logger(__name__)
 
@@ -58,8 +58,6 @@ LIST_PAGE = 100
 LIVE_EVERY_S = 1.0
 KEEPALIVE_S = 15.0
 RENDERED_KEPT = 256
-SAMPLE_EVERY_S = 30.0
-CHART_WINDOW_S = 3 * 3600.0
 STATIC = {
     "htmx.min.js": "text/javascript",
     "dashboard.js": "text/javascript",
@@ -119,8 +117,12 @@ class Dashboard:
         endpoints_url: str = "",
         temporal: views.Temporal = views.NO_TEMPORAL,
         live_every_s: float = LIVE_EVERY_S,
+        samples: PoolSamples | None = None,
     ) -> None:
         self._services = services
+        self.samples = samples
+        """Each pool's cards in use and tasks waiting, sampled in the background while the
+        dashboard runs (`async with dashboard`); None: no chart."""
         self._temporal = temporal
         """Where the Temporal UI shows each task's, endpoint's, workspace's and box's
         workflow (no links without `temporalUiUrl`)."""
@@ -129,8 +131,6 @@ class Dashboard:
         self._every = live_every_s
         self.live_streams = 0
         self._rendered: dict[bytes, str] = {}
-        self._samples: dict[str, deque[views.Sample]] = {}
-        """Each pool's cards in use and tasks waiting, as the pools page read them."""
         """Task rows rendered, by a digest of the page of records and the filters they were
         rendered from: an open list's pushes re-read its records each second but render them
         again only when they changed."""
@@ -143,8 +143,10 @@ class Dashboard:
         secret: SecretStr,
         endpoints_url: str = "",
         temporal: views.Temporal = views.NO_TEMPORAL,
+        pools: PoolReads | None = None,
     ) -> Dashboard:
-        """The dashboard over `gateway`'s services (worker_main serves it at `/ui/`)."""
+        """The dashboard over `gateway`'s services (worker_main serves it at `/ui/`), its
+        chart sampled from `pools` (the records the Pools service reads)."""
         services = Services(
             gateway.tasks_service,
             gateway.pools_service,
@@ -152,7 +154,20 @@ class Dashboard:
             gateway.workspaces_service,
             gateway.boxes_service,
         )
-        return cls(services, secret, endpoints_url=endpoints_url, temporal=temporal)
+        samples = PoolSamples(pools) if pools is not None else None
+        return cls(
+            services, secret, endpoints_url=endpoints_url, temporal=temporal, samples=samples
+        )
+
+    async def __aenter__(self) -> Dashboard:
+        """Starts sampling the pools for the chart (until the block ends)."""
+        if self.samples is not None:
+            await self.samples.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.samples is not None:
+            await self.samples.__aexit__(*exc)
 
     # -- entry --------------------------------------------------------------------------------
 
@@ -493,24 +508,17 @@ class Dashboard:
             except Refused:
                 got = None
             shown += views.pool_card(pool, got)
-            if got is not None and got.HasField("usage"):
-                now = time.time()
-                samples = self._sample(pool.name, now, got.usage)
-                shown += views.chart(samples, now, CHART_WINDOW_S, f"chart-{pool.name}")
-            shown += views.machines([m for m in machines if m.pool_name == pool.name])
+            if self.samples is not None:
+                shown += views.chart(
+                    self.samples.of(pool.name),
+                    time.time(),
+                    self.samples.window_s,
+                    f"chart-{pool.name}",
+                )
+            shown += views.machines(
+                [m for m in machines if m.pool_name == pool.name], html.when(pool, "last_pass")
+            )
         return shown or html.problem("No pool yet.")
-
-    def _sample(
-        self, pool_name: str, now: float, usage: pools_pb2.PoolUsage
-    ) -> deque[views.Sample]:
-        """The pool's samples, with one of `usage` when the last is SAMPLE_EVERY_S old."""
-        samples = self._samples.setdefault(
-            pool_name, deque(maxlen=int(CHART_WINDOW_S / SAMPLE_EVERY_S) + 1)
-        )
-        if not samples or now - samples[-1][0] >= SAMPLE_EVERY_S:
-            in_use = usage.gpus - usage.free_gpus
-            samples.append((now, in_use, usage.gpus, usage.waiting))
-        return samples
 
     async def _events(self, request: web.BaseRequest, me: Me) -> web.StreamResponse:
         src = request.query.get("src", "")

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from levers9.core.boxes import box_workflow_id
+from levers9.core.capacity import NOT_A_MACHINE, MachineStatus
 from levers9.dashboard.html import ENDED, csrf_field, esc, path, table, when
+from levers9.dashboard.samples import Sample
 from levers9.gateway.box_front import box_url
 from levers9.models import endpoint_workflow_id, task_workflow_id
 from levers9.proto import boxes_pb2, endpoints_pb2, gateway_pb2, pools_pb2
@@ -180,26 +182,60 @@ def cli_commands(r: gateway_pb2.TaskRecord) -> str:
     )
 
 
-def machines(found: Sequence[pools_pb2.Machine]) -> str:
+def not_a_machine(m: pools_pb2.Machine) -> str:
+    """Why the node is not a machine of its pool (the reconcile's status, in words); "" for a
+    machine. Cordoned reads as draining: the pool adds no worker there."""
+    if m.machine:
+        return ""
+    try:
+        return NOT_A_MACHINE[MachineStatus(m.status)]
+    except ValueError:
+        return m.status or "not a machine"
+
+
+def machine_state(m: pools_pb2.Machine) -> str:
+    if m.status == MachineStatus.CORDONED:
+        return "draining"
+    return m.status or "-"
+
+
+def cards(m: pools_pb2.Machine) -> tuple[int, int, int, int]:
+    """(free, held by levers9's workers, held by neighbours, not offered) of the node's cards:
+    the last is what the node has but does not allocate (an unhealthy card)."""
+    rest = m.total_gpus - m.free_gpus - m.worker_gpus - m.neighbour_gpus
+    return m.free_gpus, m.worker_gpus, m.neighbour_gpus, max(0, rest)
+
+
+def machines(found: Sequence[pools_pb2.Machine], last_pass: str = "-") -> str:
+    """The pool's nodes: cards free / held by levers9 / held by neighbours, CPU and memory,
+    state and why a node is not a machine, its workers; its last reconcile (the pool's last
+    pass, which looks at every node) and when its observation last changed."""
     rows = []
     for m in found:
-        held = m.total_gpus - m.free_gpus
+        free, ours, theirs, off = cards(m)
+        why = not_a_machine(m)
+        state = machine_state(m)
         rows.append(
             [
                 esc(m.node_name),
-                esc(m.machine_id),
+                esc(m.machine_id) or "-",
                 esc(m.gpu_type) if m.HasField("gpu_type") else "-",
-                f"{m.total_gpus} ({held} held by pods, levers9's worker among them;"
-                f" {m.free_gpus} free)",
+                esc(m.total_gpus) + (f" ({off} not allocatable)" if off else ""),
+                f'<span data-testid="free-{esc(m.node_name)}">{free}</span>',
+                f'<span data-testid="ours-{esc(m.node_name)}">{ours}</span>',
+                f'<span data-testid="neighbours-{esc(m.node_name)}">{theirs}</span>',
                 esc(f"{m.free_cpu_millis / 1000:g}"),
                 esc(f"{_mib(m.free_memory_bytes)} of {_mib(m.total_memory_bytes)}"),
-                esc(m.status) + ("" if m.machine else " (not a machine)"),
+                f'<span class="state {esc(state.lower())}" data-testid="state-{esc(m.node_name)}">'
+                f"{esc(state)}</span>" + (f"<br><small>{esc(why)}</small>" if why else ""),
                 esc(", ".join(m.workers)) or "-",
+                esc(last_pass),
                 esc(when(m, "observed_at")),
             ]
         )
-    headers = ["Node", "Machine", "GPU", "Cards", "CPU free", "Memory free", "State"]
-    return table([*headers, "Workers", "Last reconcile (UTC)"], rows, "No machine yet.", "machines")
+    headers = ["Node", "Machine", "GPU", "Cards", "Free", "levers9", "Neighbours", "CPU free"]
+    headers += ["Memory free", "State", "Workers", "Last reconcile (UTC)", "Changed (UTC)"]
+    return table(headers, rows, "No machine yet.", "machines")
 
 
 def pool_card(pool: pools_pb2.Pool, got: pools_pb2.GetPoolResponse | None) -> str:
@@ -336,10 +372,6 @@ def token_rows(
     )
 
 
-Sample = tuple[float, int, int, int]
-"""(when, cards in use, cards in all, tasks waiting) of one pool."""
-
-
 def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) -> str:
     """Cards in use (blue, of the pool's cards) and tasks waiting (orange, of the most seen)
     over the window, as an inline SVG; a note when there are too few samples yet."""
@@ -347,7 +379,7 @@ def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) 
     if len(kept) < 2:
         return (
             f'<p class="empty" data-testid="{esc(test_id)}">The chart of cards in use and tasks'
-            " waiting fills in while this page is open.</p>"
+            " waiting fills in: this replica samples the pool every 30 s.</p>"
         )
     width, height = 600.0, 80.0
     cards = max(max(s[2] for s in kept), 1)
@@ -368,5 +400,5 @@ def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) 
         f'<polyline fill="none" stroke="#e07b00" stroke-width="2" points="{line(3, waiting)}"/>'
         f"</svg><figcaption>Last {hours:g} h: cards in use (blue, of {cards}) and tasks waiting"
         f" (orange, at most {waiting}); now {kept[-1][1]} in use, {kept[-1][3]} waiting."
-        " Sampled by this replica while a pools page is open.</figcaption></figure>"
+        " Sampled by this replica every 30 s.</figcaption></figure>"
     )

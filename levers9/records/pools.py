@@ -61,6 +61,10 @@ class TemporalPoolRecords:
         joined = {state.spec.name for state in await joined_clusters(self._client)}
         return [PoolRow(row, row.pool in joined) for row in schedules]
 
+    async def names(self) -> list[str]:
+        """The pools reconciled here, by name (their schedules listed, none described)."""
+        return await pool_names(self._client, self._task_queue)
+
     async def pool(self, name: str) -> PoolRow:
         """The pool's row; NoSuchPool naming the pools there are."""
         rows = await self.pools()

@@ -7,9 +7,10 @@ machines appear; a task started with the CLI appears on the open task list witho
 and its log lines stream onto its page; a form POST without the CSRF token is refused and
 changes nothing; cancel from the page ends the task; another workspace's task is not listed
 and its URL answers exactly as a missing task's; the operator sees both teams' tasks and the
-workspaces' tokens by label, never a token; a box created with the CLI is listed with each port a
-link to its URL; tasks, endpoints, workspaces and boxes link to their workflows in the Temporal
-UI (`temporalUiUrl`).
+workspaces' tokens by label, never a token; each machine's cards free / held by levers9 / held by
+neighbours, a cordoned node as draining and why, and the chart the replica samples in the
+background; a box created with the CLI is listed with each port a link to its URL; tasks,
+endpoints, workspaces and boxes link to their workflows in the Temporal UI (`temporalUiUrl`).
 
 The tests of this module share one sandbox, one controlplane and one browser, in order. With
 LEVERS9_SCREENSHOTS=DIR (`make screenshots`: docs/dashboard/) they also save each page there,
@@ -29,6 +30,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from kubernetes import client as k8s
 from playwright.async_api import Browser, Page, async_playwright, expect
 from temporalio.testing import WorkflowEnvironment
 
@@ -145,17 +147,48 @@ async def test_a_workspace_token_signs_in_to_a_strict_http_only_expiring_session
 
 
 async def test_the_dev_pools_machines_appear(board: Board) -> None:
+    """Each machine's cards free / held by levers9's worker / held by neighbours, as the
+    machine records (`levers9 machine list`) count them: the scenario's model server holds two
+    cards of the four-card node."""
     listed = json.loads(_ok(await board.cp.cli("machine", "list", "--pool", POOL, "-o", "json")))
     nodes = {m["node_name"] for m in listed}
     assert nodes
+    assert sorted(m["neighbour_gpus"] for m in listed if m["total_gpus"] == 4) == [2]
     page = await _signed_in(board, board.a)
     await page.goto(board.url + "pools")
     machines = page.get_by_test_id("machines")
-    for node in nodes:
+    for m in listed:
+        node = m["node_name"]
         await expect(machines).to_contain_text(node)
+        await expect(page.get_by_test_id(f"free-{node}")).to_have_text(str(m["free_gpus"]))
+        await expect(page.get_by_test_id(f"ours-{node}")).to_have_text(str(m["worker_gpus"]))
+        theirs = page.get_by_test_id(f"neighbours-{node}")
+        await expect(theirs).to_have_text(str(m["neighbour_gpus"]))
     await expect(page.get_by_test_id(f"pool-{POOL}")).to_contain_text("card(s) free")
-    await expect(page.get_by_test_id(f"chart-{POOL}")).to_be_attached()
     await _snap(page, "pools")
+
+
+async def test_the_chart_is_sampled_in_the_background_and_drawn(board: Board) -> None:
+    """The replica samples each pool from its start, no page open; the page draws the
+    samples (a second round taken now rather than in 30 s)."""
+    dashboard = board.cp.dashboard
+    assert dashboard is not None
+    assert dashboard.samples is not None
+    samples = dashboard.samples
+
+    async def sampled() -> bool:
+        return len(samples.of(POOL)) >= 1
+
+    await eventually(sampled, within=WITHIN)
+    await samples.sample()
+    _, in_use, cards, _ = samples.of(POOL)[-1]
+    assert cards > 0  # the workers' cards, as the pool places them
+    assert 0 <= in_use <= cards
+    page = await _signed_in(board, board.a)
+    await page.goto(board.url + "pools")
+    chart = page.get_by_test_id(f"chart-{POOL}")
+    await expect(chart.locator("polyline")).to_have_count(2)
+    await expect(chart).to_contain_text("cards in use")
 
 
 async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(board: Board) -> None:
@@ -348,6 +381,29 @@ async def test_the_operator_creates_a_workspace_and_a_token_and_revokes_it(board
 async def test_levers9_ui_prints_the_dashboards_url(board: Board) -> None:
     done = await board.cp.cli("ui", "--no-open")
     assert _ok(done).strip() == board.url
+
+
+async def test_a_cordoned_node_shows_as_draining_with_why(board: Board) -> None:
+    listed = json.loads(_ok(await board.cp.cli("machine", "list", "--pool", POOL, "-o", "json")))
+    [node] = [m["node_name"] for m in listed if m["total_gpus"] == 1]
+    page = await _signed_in(board, operator_token(TOKEN_SECRET))
+    await page.goto(board.url + "pools")
+    state = page.get_by_test_id(f"state-{node}")
+    await expect(state).to_have_text("Healthy")
+    await _cordon(board.cp, node, True)
+    try:
+        await expect(state).to_have_text("draining", timeout=WITHIN * 1000)
+        row = page.get_by_test_id("machines").locator("tr", has_text=node)
+        await expect(row).to_contain_text("cordoned: draining, no new worker")
+    finally:
+        await _cordon(board.cp, node, False)
+    await expect(state).to_have_text("Healthy", timeout=WITHIN * 1000)
+
+
+async def _cordon(cp: Controlplane, node: str, cordoned: bool) -> None:
+    """`kubectl cordon|uncordon`, as the admin (the pool's key may not change nodes)."""
+    patch = {"spec": {"unschedulable": cordoned}}
+    await cp.admin(lambda api: k8s.CoreV1Api(api).patch_node(node, patch))
 
 
 async def test_a_page_whose_front_stops_says_so_and_recovers_by_itself(board: Board) -> None:
