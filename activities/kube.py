@@ -249,6 +249,13 @@ class KubeActivities:
             _create_or_exists(
                 lambda: core.create_namespace(_body(manifests.namespace(spec.namespace)))
             )
+        # Before the Job: a drain that comes while the worker starts already waits for it.
+        budget = manifests.worker_disruption_budget(input.pool_name, spec.namespace)
+        _create_or_exists(
+            lambda: k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+                spec.namespace, _body(budget)
+            )
+        )
         _create_or_exists(
             lambda: batch.create_namespaced_job(spec.namespace, _body(manifests.worker_job(spec)))
         )
@@ -290,6 +297,39 @@ class KubeActivities:
                 return False
             raise
         return True
+
+    @activity.defn
+    async def mark_worker_drained(self, input: WorkerJobInput) -> int:
+        """Labels the worker's pods `levers9.dev/drained=true`: out of the pool's
+        PodDisruptionBudget, so that the drain's next eviction of them goes through. Returns
+        how many it labelled (0: gone already)."""
+        return await self._call(
+            input.pool_name, "label the drained worker's pod", lambda: self._mark_drained(input)
+        )
+
+    def _mark_drained(self, input: WorkerJobInput) -> int:
+        pool = self._clients.pool(input.pool_name)
+        core = k8s.CoreV1Api(self._clients.api(input.pool_name))
+        namespace = pool.kubernetes.namespace
+        pods, _ = next(
+            _list_all(
+                core.list_namespaced_pod,
+                namespace=namespace,
+                label_selector=f"{WORKER_ID_LABEL}={input.worker_id}",
+            )
+        )
+        labelled = 0
+        for pod in pods:
+            try:
+                core.patch_namespaced_pod(
+                    pod["metadata"]["name"], namespace, _body(manifests.drained_patch())
+                )
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+                continue
+            labelled += 1
+        return labelled
 
     @activity.defn
     async def describe_worker_pod(self, input: WorkerJobInput) -> PodState:

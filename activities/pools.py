@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube import job_selector, kube_error
 from activities.kube_clients import KubeClients, UnknownPool
 from levers9.config import ControlplaneSettings
+from levers9.core.manifests import disruption_budget_name
 from levers9.models import MACHINE_WORKFLOW, WORKER_WORKFLOW, reconcile_schedule_id
 from levers9.providers.gke import EGRESS_WORKFLOW, CopyImageInput, EgressInput, egress_workflow_id
 from levers9.records.found import delivered, is_running
@@ -93,14 +94,22 @@ class PoolActivities:
 
     @activity.defn
     async def delete_pool_jobs(self, pool_name: str) -> list[str]:
-        """Deletes every worker Job of the pool (and, by ownership, pods and token Secrets);
-        returns their names. Non-retryable when the pool's cluster is out of reach
-        (no longer in the values: no credentials)."""
+        """Deletes every worker Job of the pool (and, by ownership, pods and token Secrets)
+        and the pool's PodDisruptionBudget; returns the Jobs' names. Non-retryable when the
+        pool's cluster is out of reach (no longer in the values: no credentials)."""
 
         def delete() -> list[str]:
             pool = self._clients.pool(pool_name)
-            batch = k8s.BatchV1Api(self._clients.api(pool_name))
+            api = self._clients.api(pool_name)
+            batch = k8s.BatchV1Api(api)
             namespace = pool.kubernetes.namespace
+            try:
+                k8s.PolicyV1Api(api).delete_namespaced_pod_disruption_budget(
+                    disruption_budget_name(pool_name), namespace
+                )
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
             jobs = batch.list_namespaced_job(namespace, label_selector=job_selector(pool_name))
             names = [job.metadata.name for job in jobs.items if job.metadata and job.metadata.name]
             for name in names:

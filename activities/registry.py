@@ -87,6 +87,7 @@ def controlplane_activities(
         kube.create_worker_job,
         kube.delete_worker_job,
         kube.describe_worker_pod,
+        kube.mark_worker_drained,
         tasks.place_task,
         tasks.request_placement,
         tasks.worker_ended,

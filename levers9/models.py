@@ -302,6 +302,20 @@ class StopWorker(_Record):
     delete_job: bool = True
 
 
+class DrainWorker(_Record):
+    """Signal `worker_draining` of PoolWorkflow: the worker's node is being drained."""
+
+    worker_id: str
+    reason: str
+    """What each task taken off it ends its attempt with (`preempted: ...`)."""
+
+
+def drain_reason(node_name: str) -> str:
+    """Why the tasks of a worker whose node is cordoned (`kubectl drain`, a GKE upgrade) are
+    taken off it: their attempts end `preempted` with it."""
+    return f"preempted: its node {node_name} is cordoned (drain)"
+
+
 def node_gone_reason(node_name: str) -> str:
     """A worker record's end reason when its node left the cluster: the same whether the
     machine (told by reconcile) or the worker (its Job failed by pod GC) sees it first."""

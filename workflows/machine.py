@@ -10,6 +10,10 @@ are handled one at a time, so two passes at once can never add two workers. It l
 node matches the pool's selector (so `levers9 machine list` can say NotReady, Cordoned or Full),
 and ends when the node is gone.
 
+A node cordoned (`kubectl drain`, a GKE upgrade) gets no new worker, and its worker is told
+`drain` once: its tasks are taken off it before the drain may evict its pod (the pool's
+PodDisruptionBudget holds the eviction back until then; WorkerWorkflow says how).
+
 The pool's settings (idle minutes, record TTL) come with its start and, when they change on the
 controlplane, by the signal `settings` (from reconcile); the machine passes them to its worker.
 It continues as new with its ids, capacity and settings, and only when no signal waits to be
@@ -29,7 +33,7 @@ from temporalio.exceptions import FailureError
 from workflows.steps import stop_workers
 
 with workflow.unsafe.imports_passed_through():
-    from levers9.core.capacity import NodeCapacity
+    from levers9.core.capacity import MachineStatus, NodeCapacity
     from levers9.logs import KV_EXTRA
     from levers9.models import (
         MACHINE_WORKFLOW,
@@ -38,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         StopWorker,
         WorkerInput,
         WorkerTimings,
+        drain_reason,
         node_gone_reason,
         worker_workflow_id,
     )
@@ -45,6 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.worker import WorkerWorkflow
 
 WORKER_ID_CHARS = 8
+DRAIN_CORDONED = "drain-cordoned-worker"
+"""Patch: the worker of a cordoned node is told `drain`."""
 
 
 @workflow.defn(name=MACHINE_WORKFLOW)
@@ -61,6 +68,7 @@ class MachineWorkflow:
         self._timings: WorkerTimings | None = None
         self._settings_to_tell = False
         self._told_finished: str | None = None
+        self._told_drain: set[str] = set()
 
     @workflow.signal
     def observe(self, capacity: NodeCapacity) -> None:
@@ -120,6 +128,7 @@ class MachineWorkflow:
                 self._capacity = self._observations[-1]
                 self._observations.clear()
                 await self._tell_job_finished(input)
+                await self._tell_drain(input)
             if self._settings_to_tell:
                 self._settings_to_tell = False
                 await self._tell_worker_settings(input)
@@ -170,6 +179,32 @@ class MachineWorkflow:
         )
         with contextlib.suppress(FailureError):  # it ended meanwhile
             await worker.signal("job_finished")
+
+    async def _tell_drain(self, input: MachineInput) -> None:
+        """Its node is cordoned: each of its workers is told `drain`, once."""
+        capacity = self._capacity
+        if capacity is None or capacity.status != MachineStatus.CORDONED:
+            return
+        untold = [w for w in self._workers() if w not in self._told_drain]
+        if not untold or not workflow.patched(DRAIN_CORDONED):
+            return
+        for worker_id in untold:
+            self._told_drain.add(worker_id)
+            workflow.logger.info(
+                "node cordoned: draining its worker",
+                extra={
+                    KV_EXTRA: {
+                        "worker_id": worker_id,
+                        "hostname": input.node_name,
+                        "pool_name": input.pool_name,
+                    }
+                },
+            )
+            worker = workflow.get_external_workflow_handle(
+                worker_workflow_id(input.pool_name, worker_id)
+            )
+            with contextlib.suppress(FailureError):  # it ended meanwhile
+                await worker.signal("drain", drain_reason(input.node_name))
 
     async def _tell_worker_settings(self, input: MachineInput) -> None:
         if self._worker_id is None:

@@ -2,15 +2,16 @@
 which task waits for what (levers9/core/placement.py decides).
 
 Workers announce themselves (signal `worker_available`, from WorkerWorkflow), leave
-(`worker_gone`), and step out of placement while silent (`worker_silent`; back on their next
-`worker_available`, their card ledger kept). A task asks with the signal `request` (`requests`:
-a batch of them, as the controlplane sends a burst) and is told with the signal `placed` to its
-record once one worker has that many cards free at once; it gives them back with `release`
-(which also withdraws a task still waiting). Nothing waits inside an Update, so any number of
-tasks can wait, and the workflow continues as new with its queue and card ledger whatever is
-waiting, once its history grows. (The Update `place`, which waits for the placement, is what
-task records asked through before the signals; no record asks so now, and while one is open
-the workflow does not continue as new.)
+(`worker_gone`), step out of placement while silent (`worker_silent`; back on their next
+`worker_available`, their card ledger kept), and for good while their node is drained
+(`worker_draining`: what runs on them is preempted). A task asks with the signal `request`
+(`requests`: a batch of them, as the controlplane sends a burst) and is told with the signal
+`placed` to its record once one worker has that many cards free at once; it gives them back with
+`release` (which also withdraws a task still waiting). Nothing waits inside an Update, so any
+number of tasks can wait, and the workflow continues as new with its queue and card ledger whatever
+is waiting, once its history grows. (The Update `place`, which waits for the placement, is what
+task records asked through before the signals; no record asks so now, and while one is open the
+workflow does not continue as new.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from levers9.core.placement import Placement, PoolState, QueueSpot, Slot, image_key
     from levers9.models import (
         POOL_WORKFLOW,
+        DrainWorker,
         PlaceRequest,
         PoolInput,
         WorkerSlotInput,
@@ -76,6 +78,18 @@ class PoolWorkflow:
         """No heartbeat for the liveness window: nothing more is placed on it until it is
         heard again (`worker_available`) or leaves (`worker_gone`)."""
         self._state.silence(worker_id)
+        self._changed = True
+
+    @workflow.signal
+    def worker_draining(self, drain: DrainWorker) -> None:
+        """The worker's node is being drained (WorkerWorkflow, told by its machine): nothing is
+        placed on it again, and each task on it is preempted with the drain's reason (its
+        record queues it again with a retry left, else ends it cancelled so)."""
+        for placement in self._state.drain(drain.worker_id):
+            self._telling += 1
+            taker = asyncio.create_task(self._take_back(placement, drain.reason))
+            self._tellers.add(taker)
+            taker.add_done_callback(self._tellers.discard)
         self._changed = True
 
     @workflow.signal

@@ -17,6 +17,12 @@ a controlplane restart or a network), it stays out of placement until it is hear
 expires at the record TTL as before, its Job deleted. Whenever the record ends, the pool and
 then the machine are told, so its next reconcile adds a fresh worker at once.
 
+A drain of its node (signal `drain`, from its machine when the node is cordoned) takes it out of
+placement for good and preempts its tasks (`worker_draining` to the pool); once a heartbeat after
+that says nothing runs, its pod is labelled `levers9.dev/drained=true` (out of the pool's
+PodDisruptionBudget, which held the drain's evictions back until then) and the record ends
+`stopped`, its Job deleted.
+
 It tells the pool's placement its cards when it becomes available and again only when its
 registration changes (its tunnel moved to another replica, say), not on a clock. The pool's
 settings (idle minutes, record TTL) reach it by the signal `settings`, from its machine. It
@@ -41,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from levers9.logs import KV_EXTRA
     from levers9.models import (
         WORKER_WORKFLOW,
+        DrainWorker,
         PodState,
         StopWorker,
         WorkerHeartbeat,
@@ -80,6 +87,7 @@ SILENT = "silent: no heartbeat for the liveness window, nothing placed on it unt
 CACHE_REPORT = "cache-report-announced"
 """Patch: a change in what the node's image cache holds (its heartbeats say, with the pool's
 `cache.enabled`) is announced to the pool's placement."""
+DRAINING = "draining: its tasks are taken off it, then its pod leaves the disruption budget"
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -104,6 +112,10 @@ class WorkerWorkflow:
         self._announced_images: tuple[str, ...] = ()
         self._job_finished = False
         self._silent = False
+        self._drain: str | None = None
+        """Why its node is drained (the reason its tasks are preempted with); None: it is not."""
+        self._drain_told = False
+        self._drain_beats = 0
 
     @workflow.query
     def record(self) -> WorkerRecord | None:
@@ -115,6 +127,13 @@ class WorkerWorkflow:
         `delete_job=False`), with the request's reason."""
         self._stop = True
         self._stop_request = request or StopWorker()
+
+    @workflow.signal
+    def drain(self, reason: str) -> None:
+        """Its node is cordoned (from the machine): its tasks are taken off it with `reason`,
+        then its pod is let go (see the module)."""
+        if self._drain is None:
+            self._drain = reason
 
     @workflow.signal
     def settings(self, timings: WorkerTimings) -> None:
@@ -295,11 +314,16 @@ class WorkerWorkflow:
                         (self._beats, self._settings_changes) != seen  # type: ignore[misc]
                         or self._stop
                         or self._job_finished
+                        or (self._drain is not None and not self._drain_told)
                     ),
                     timeout=self._next_look(ttl, window),
                 )
             if self._stop:
                 return await self._stopped(input, job)
+            if self._drain is not None:
+                drained = await self._drain_step(input, job)
+                if drained is not None:
+                    return drained
             now = workflow.now()
             if self._beat_at is not None and now - self._beat_at >= ttl:
                 return await self._end(input, "expired", "no heartbeat within the record TTL", job)
@@ -334,8 +358,8 @@ class WorkerWorkflow:
                 await self._announce(input)  # its node's cache changed: placement prefers it
             long = workflow.info().get_current_history_length() > input.max_history_events
             # Not while a stop waits (it came during the announcement): this run acts on it;
-            # nor while silent (the next run would announce it placeable).
-            if long and not self._stop and not self._silent:
+            # nor while silent (the next run would announce it placeable) or draining.
+            if long and not self._stop and not self._silent and self._drain is None:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if not self._stop:
                     record = self._record  # the next run's memo: else the first run's start's
@@ -350,6 +374,42 @@ class WorkerWorkflow:
                         ),
                         memo=None if record is None else {"record": record.model_dump(mode="json")},
                     )
+
+    async def _drain_step(self, input: WorkerInput, job: WorkerJobInput) -> WorkerRecord | None:
+        """First the pool takes its tasks back; then, once a heartbeat since says nothing runs,
+        its pod leaves the disruption budget and the record ends (the ended record)."""
+        reason = self._drain
+        assert reason is not None
+        kv = {
+            "pool_name": input.pool_name,
+            "machine": input.node_name,
+            "machine_id": input.machine_id,
+            "worker_id": input.worker_id,
+        }
+        if not self._drain_told:
+            self._drain_told = True
+            self._drain_beats = self._beats
+            self._set(input, "available")
+            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+            with contextlib.suppress(FailureError):  # no pool: nothing is placed on it
+                await pool.signal(
+                    "worker_draining", DrainWorker(worker_id=input.worker_id, reason=reason)
+                )
+            workflow.logger.info("worker draining", extra={KV_EXTRA: kv | {"reason": reason}})
+            return None
+        beat = self._beat
+        if self._beats <= self._drain_beats or beat is None or beat.running_tasks:
+            return None
+        labelled = await workflow.execute_activity_method(
+            KubeActivities.mark_worker_drained,
+            job,
+            start_to_close_timeout=KUBE_TIMEOUT,
+            retry_policy=KUBE_RETRY,
+            summary="drained: its pod leaves the pool's disruption budget",
+        )
+        workflow.logger.info("worker drained", extra={KV_EXTRA: kv | {"pods": labelled}})
+        drained = f"drained: {reason.removeprefix('preempted: ')}"
+        return await self._end(input, "stopped", drained, job)
 
     def _quiet(self, window: timedelta) -> bool:
         """Not heard for the liveness window."""
@@ -439,6 +499,8 @@ class WorkerWorkflow:
         beat = self._beat
         if condition is None and self._silent and state == "available":
             condition = SILENT
+        if condition is None and self._drain_told and state == "available":
+            condition = DRAINING
         self._record = WorkerRecord(
             pool_name=input.pool_name,
             node_name=input.node_name,

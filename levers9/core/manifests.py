@@ -1,4 +1,4 @@
-"""The worker Job and its token Secret, as Kubernetes manifests (pure).
+"""The worker Job, its token Secret and the pool's PodDisruptionBudget, as manifests (pure).
 
 One privileged worker per machine, pinned to its node by required node affinity on
 `kubernetes.io/hostname` (not `spec.nodeName`, which skips the scheduler and makes the kubelet
@@ -27,6 +27,9 @@ from levers9.core.capacity import MANAGED_BY, MANAGED_BY_US, NODE_LABEL, POOL_LA
 
 WORKER_COMMAND = ("levers9-worker",)
 TERMINATION_GRACE_S = 30
+DRAINED_LABEL = "levers9.dev/drained"
+"""Set `true` on a worker's pod by the controlplane once a drain of its node took every task
+off it: the pool's PodDisruptionBudget no longer selects it, and its eviction goes through."""
 
 # Downward-API fields the agent needs: which pod it is (to find its cards in the kubelet
 # checkpoint), where it runs, and the address to advertise.
@@ -291,6 +294,43 @@ def worker_token_secret(
         "stringData": {TOKEN_FILE: token, COMMAND_DIGEST_FILE: command_digest}
         | ({TLS_CERT_FILE: tls[0], TLS_KEY_FILE: tls[1]} if tls else {}),
     }
+
+
+def disruption_budget_name(pool_name: str) -> str:
+    """`workers-<pool>`: one per pool in its namespace (several pools may share one)."""
+    return f"workers-{pool_name}"
+
+
+def worker_disruption_budget(pool_name: str, namespace: str) -> dict[str, Any]:
+    """The policy/v1 PodDisruptionBudget over the pool's worker pods that are not drained yet,
+    allowing none of them to be evicted: `kubectl drain` (a GKE upgrade) retries its eviction
+    until the controlplane took the worker's tasks off it and labelled its pod `DRAINED_LABEL`.
+    A worker pod that is not Ready (pending, its image pulling) may always go."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": disruption_budget_name(pool_name),
+            "namespace": namespace,
+            "labels": {MANAGED_BY: MANAGED_BY_US, POOL_LABEL: pool_name},
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "selector": {
+                "matchLabels": {MANAGED_BY: MANAGED_BY_US, POOL_LABEL: pool_name},
+                "matchExpressions": [
+                    {"key": DRAINED_LABEL, "operator": "NotIn", "values": ["true"]},
+                    {"key": WORKER_ID_LABEL, "operator": "Exists"},
+                ],
+            },
+        },
+    }
+
+
+def drained_patch() -> dict[str, Any]:
+    """The merge patch that takes a worker's pod out of its pool's PodDisruptionBudget."""
+    return {"metadata": {"labels": {DRAINED_LABEL: "true"}}}
 
 
 def namespace(name: str) -> dict[str, Any]:

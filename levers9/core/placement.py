@@ -76,6 +76,9 @@ class Slot(BaseModel):
     silent: bool = False
     """No heartbeat for the liveness window: nothing is placed on it until it is heard again
     (its ledger kept: its tasks may still run), or until its record ends and it leaves."""
+    draining: bool = False
+    """Its node is being drained: nothing is placed on it again (kept when it announces itself
+    again), and what runs on it is taken back."""
     images: tuple[str, ...] = ()
     """`image_key`s of the images its node's cache holds (reported only with the pool's
     `cache.enabled`; at most MAX_CACHED_IMAGES)."""
@@ -212,7 +215,8 @@ class PoolState(BaseModel):
     def add_worker(self, slot: Slot) -> None:
         current = self.slots.get(slot.worker_id)
         busy = current.busy if current else {}
-        self.slots[slot.worker_id] = slot.model_copy(update={"busy": busy})
+        draining = current.draining if current else slot.draining
+        self.slots[slot.worker_id] = slot.model_copy(update={"busy": busy, "draining": draining})
 
     def silence(self, worker_id: str) -> None:
         """The worker fell silent: out of placement, and a task that reserved it reserves
@@ -222,8 +226,17 @@ class PoolState(BaseModel):
             slot.silent = True
             self.reservations.pop(worker_id, None)
 
+    def drain(self, worker_id: str) -> list[Placement]:
+        """The worker's node is being drained: out of placement for good (a task that reserved
+        it reserves another); returns what is placed on it, to be taken back."""
+        slot = self.slots.get(worker_id)
+        if slot is not None:
+            slot.draining = True
+            self.reservations.pop(worker_id, None)
+        return [p for p in self.placed.values() if p.worker_id == worker_id]
+
     def placeable(self) -> list[Slot]:
-        return [slot for slot in self.slots.values() if not slot.silent]
+        return [slot for slot in self.slots.values() if not slot.silent and not slot.draining]
 
     def remove_worker(self, worker_id: str) -> list[str]:
         """The worker is gone; returns the tasks that were placed on it."""

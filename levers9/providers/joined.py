@@ -5,8 +5,9 @@ it installs, in the cluster, through whoever runs `kubectl apply` there:
 
 - the namespace (`levers9` unless `--namespace`);
 - the ServiceAccount `levers9-agent` with the least RBAC the agent needs: a ClusterRole to read
-  nodes and pods cluster-wide (capacity), a Role in its namespace for Jobs, Secrets and pods
-  (the worker Jobs, their Secrets, their pods' state), and its own Secret;
+  nodes and pods cluster-wide (capacity), a Role in its namespace for Jobs, Secrets, pods and
+  PodDisruptionBudgets (the worker Jobs, their Secrets, their pods' state and drained label,
+  the pool's budget), and its own Secret;
 - the Secret `levers9-agent` holding the one-time join token (`join-token`), where the agent
   then keeps its own token (`agent-token`);
 - the agent's Deployment (one replica, the worker image's `levers9-cluster-agent`).
@@ -40,8 +41,14 @@ ROLE_RULES: list[dict[str, Any]] = [
         "verbs": ["get", "list", "watch", "create", "delete"],
     },
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    # patch: a drained worker's pod is labelled out of the pool's PodDisruptionBudget.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "create", "delete"],
+    },
 ]
 """What the agent may do in its own namespace (besides its own Secret, below)."""
 

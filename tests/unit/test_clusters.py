@@ -70,7 +70,15 @@ def test_the_agent_gets_the_least_rbac_it_needs() -> None:
         for r in role["rules"]
         if set(r["verbs"]) - {"get", "list", "watch"}
     }
-    assert writes == {(("jobs",), ()), (("secrets",), ()), (("secrets",), ("levers9-agent",))}
+    assert writes == {
+        (("jobs",), ()),
+        (("secrets",), ()),
+        (("secrets",), ("levers9-agent",)),
+        (("pods",), ()),  # patch: a drained worker's pod leaves the pool's disruption budget
+        (("poddisruptionbudgets",), ()),
+    }
+    pod_writes = {v for r in role["rules"] if r["resources"] == ["pods"] for v in r["verbs"]}
+    assert pod_writes - {"get", "list", "watch"} == {"patch"}, "never create or delete pods"
     assert by_kind["Secret"]["stringData"] == {"join-token": "l9j1.t"}
     [container] = by_kind["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["levers9-cluster-agent"]

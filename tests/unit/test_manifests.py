@@ -1,6 +1,7 @@
 """The worker Job and token Secret: valid against the real Kubernetes OpenAPI schemas (strict),
 pinned by node affinity (never spec.nodeName), every free card as the GPU limit, privileged,
-GKE's toleration only for flavor gke, host network per pool, the token only by reference.
+GKE's toleration only for flavor gke, host network per pool, the token only by reference. The
+pool's PodDisruptionBudget: valid, selecting exactly its worker pods not labelled drained.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ import kubernetes_validate
 import pytest
 
 from levers9.core.manifests import (
+    DRAINED_LABEL,
     WorkerJobSpec,
+    disruption_budget_name,
+    drained_patch,
     namespace,
+    worker_disruption_budget,
     worker_job,
     worker_job_name,
     worker_token_secret,
 )
 from levers9.tokens import command_digest
+from sandbox.selectors import LabelSelector
 from tests.factories import MARKER, worker_job_spec, worker_tls
 
 if TYPE_CHECKING:
@@ -47,8 +53,9 @@ def _pod_spec(job: dict[str, Any]) -> dict[str, Any]:
         ),
         worker_token_secret(SPEC, "t0k3n", tls=worker_tls("a1b2c3d4"), command_digest=DIGEST),
         namespace("levers9"),
+        worker_disruption_budget(SPEC.pool_name, SPEC.namespace),
     ],
-    ids=["job-gke", "job-generic-tunnel", "secret", "secret-tls", "namespace"],
+    ids=["job-gke", "job-generic-tunnel", "secret", "secret-tls", "namespace", "budget"],
 )
 def test_valid_against_kubernetes_schema(manifest: dict[str, Any]) -> None:
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
@@ -238,3 +245,35 @@ def test_the_pools_runtime_reaches_the_worker_through_its_environment(
     env.pop("LEVERS9_CREDENTIALS_DIR")  # the token's files are the Secret's, not here
     settings = WorkerSettings.from_env({**env, "LEVERS9_WORKER_TOKEN": "l9w1.t"})
     assert (settings.runtime, settings.offered_runtimes()) == (expected, offered)
+
+
+def _budget_selects(labels: dict[str, str]) -> bool:
+    budget = worker_disruption_budget(SPEC.pool_name, SPEC.namespace)
+    return LabelSelector.from_object(budget["spec"]["selector"]).matches(labels)
+
+
+def test_the_pools_budget_lets_none_of_its_running_workers_go() -> None:
+    budget = worker_disruption_budget("gke-rtx6000", "levers9")
+    assert budget["metadata"] == {
+        "name": disruption_budget_name("gke-rtx6000"),
+        "namespace": "levers9",
+        "labels": {"app.kubernetes.io/managed-by": "levers9", "levers9.dev/pool": "gke-rtx6000"},
+    }
+    assert budget["metadata"]["name"] == "workers-gke-rtx6000"
+    assert budget["spec"]["maxUnavailable"] == 0
+    assert "minAvailable" not in budget["spec"]
+    # A worker that never became Ready (its image pulling) does not hold a drain back.
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_the_budget_selects_the_pools_worker_pods_until_they_are_drained() -> None:
+    pod_labels = worker_job(SPEC)["spec"]["template"]["metadata"]["labels"]
+    assert _budget_selects(pod_labels)
+    drained = pod_labels | drained_patch()["metadata"]["labels"]
+    assert drained[DRAINED_LABEL] == "true"
+    assert not _budget_selects(drained)
+    assert _budget_selects(pod_labels | {DRAINED_LABEL: "false"})
+    other_pool = worker_job(dataclasses.replace(SPEC, pool_name="other"))
+    assert not _budget_selects(other_pool["spec"]["template"]["metadata"]["labels"])
+    # Not the pool's other pods (a joined cluster's agent carries its labels, no worker id).
+    assert not _budget_selects({k: v for k, v in pod_labels.items() if "worker-id" not in k})

@@ -172,6 +172,36 @@ def test_a_silent_worker_gives_up_its_reservation() -> None:
     assert state.reservations == {"a": "big"}
 
 
+def test_a_draining_worker_takes_nothing_again_and_names_what_runs_on_it() -> None:
+    state = _pool(going=(0, 1), other=(0,))
+    state.request("t1", 2, T0)
+    state.request("t2", 1, T0)
+    placed = state.assign(T0, RESERVE)
+    assert {(p.task_id, p.worker_id) for p in placed} == {("t1", "going"), ("t2", "other")}
+    assert [p.task_id for p in state.drain("going")] == ["t1"]
+    state.release("t1")
+    state.request("t3", 1, T0)
+    assert state.assign(T0, RESERVE) == [], "its freed cards are not offered while it drains"
+    # Announced again (a tunnel moved, or heard after a silence): still draining.
+    state.add_worker(Slot(worker_id="going", node_name="n-going", address="a:1", devices=(0, 1)))
+    assert state.assign(T0, RESERVE) == []
+    assert state.drain("going") == []
+    assert state.drain("unknown") == []
+
+
+def test_a_draining_worker_gives_up_its_reservation() -> None:
+    state = _pool(a=(0, 1), b=(0, 1))
+    state.request("pair", 2, T0)
+    state.request("one", 1, T0)
+    state.assign(T0, RESERVE)  # a full, b with a card free
+    state.request("big", 2, T0)
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"b": "big"}
+    state.drain("b")
+    state.assign(T0 + RESERVE, RESERVE)
+    assert state.reservations == {"a": "big"}
+
+
 # The edges below were found by the mutation check (benchmarks/mutation.py).
 
 
