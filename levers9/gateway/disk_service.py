@@ -1,8 +1,8 @@
 """`levers9.v1.Disks`: durable disks (DiskWorkflow's records), for `levers9 disk ...`.
 
 A disk is named within its workspace. A workspace token creates, gets, lists and deletes its own
-workspace's disks only (naming another workspace is PERMISSION_DENIED on create, and on get and
-delete reads as a disk that does not exist: NOT_FOUND in the same words). The operator sees all,
+workspace's disks only (levers9.gateway.scope: naming another workspace is PERMISSION_DENIED;
+another's disk looked up by name is NOT_FOUND in the words of a missing one). The operator sees all,
 and names the workspace (none: `default`), which must exist to create in.
 
 A new disk goes to a Ready machine of its pool (the one whose node holds the fewest disks; the
@@ -27,10 +27,10 @@ from levers9.core.disks import (
     disk_size,
 )
 from levers9.core.quantity import binary_text
-from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.disk_wire import disk_message
-from levers9.gateway.errors import Unauthenticated, shown
+from levers9.gateway.errors import shown
 from levers9.gateway.roles import Authority, Identity
+from levers9.gateway.scope import call_workspace, identify
 from levers9.logs import get_logger
 from levers9.proto import disks_pb2, disks_pb2_grpc
 from levers9.records.disks import DiskExists, TemporalDiskRecords
@@ -54,13 +54,6 @@ class DisksService(disks_pb2_grpc.DisksServicer):
         self._records = records
         self._authority = authority
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     @staticmethod
     async def _name(context: Context, name: str) -> None:
         problem = disk_name_problem(name)
@@ -69,39 +62,17 @@ class DisksService(disks_pb2_grpc.DisksServicer):
 
     async def _workspace(
         self, identity: Identity, asked: str, context: Context, *, creating: bool
-    ) -> str | None:
-        """The workspace a call is about: a workspace token's own (None when it names another:
-        a read answers as if the disk did not exist); the operator's, the one it names, else
-        `default`."""
-        if not identity.operator:
-            if asked and asked != identity.workspace:
-                if creating:
-                    await context.abort(
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        f"workspace: a workspace token (workspace {identity.workspace}) creates"
-                        f" disks only in its own workspace, not in {shown(asked)}; leave"
-                        " --workspace out, or ask the operator",
-                    )
-                return None
-            return identity.own_workspace
-        if not asked or asked == DEFAULT_WORKSPACE:
-            return DEFAULT_WORKSPACE
-        problem = name_problem(asked)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"workspace: {problem}")
-        if creating and not await self._authority.workspace_exists(asked):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"workspace: no workspace {asked} (`levers9 workspace list`)",
-            )
-        return asked
+    ) -> str:
+        return await call_workspace(
+            self._authority, identity, asked, context, objects="disks", creating=creating
+        )
 
     async def _own(self, identity: Identity, request: Any, context: Context) -> DiskState:
         """The disk when the caller may see it; NOT_FOUND, in the words of a missing disk,
         when there is none or it is another workspace's."""
         await self._name(context, request.name)
         workspace = await self._workspace(identity, request.workspace, context, creating=False)
-        disk = None if workspace is None else await self._records.get(workspace, request.name)
+        disk = await self._records.get(workspace, request.name)
         if disk is None or not identity.sees(disk.workspace):
             await context.abort(grpc.StatusCode.NOT_FOUND, _missing(request.name))
         assert disk is not None
@@ -110,14 +81,13 @@ class DisksService(disks_pb2_grpc.DisksServicer):
     async def CreateDisk(
         self, request: disks_pb2.CreateDiskRequest, context: Context
     ) -> disks_pb2.CreateDiskResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         try:
             size = disk_size(request.size_bytes)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         workspace = await self._workspace(identity, request.workspace, context, creating=True)
-        assert workspace is not None
         pool = request.pool_name
         if not pool:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pool_name: missing")
@@ -164,19 +134,19 @@ class DisksService(disks_pb2_grpc.DisksServicer):
     async def GetDisk(
         self, request: disks_pb2.GetDiskRequest, context: Context
     ) -> disks_pb2.GetDiskResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         disk = await self._own(identity, request, context)
         return disks_pb2.GetDiskResponse(disk=disk_message(await self._records.view(disk)))
 
     async def ListDisks(
         self, request: disks_pb2.ListDisksRequest, context: Context
     ) -> disks_pb2.ListDisksResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         workspace: str | None = identity.workspace
         if identity.operator and request.workspace:
             workspace = request.workspace
-        elif not identity.operator and request.workspace not in ("", identity.workspace):
-            return disks_pb2.ListDisksResponse()  # another's: none, as if it had none
+        elif request.workspace:
+            workspace = await self._workspace(identity, request.workspace, context, creating=False)
         try:
             disks = await self._records.list(workspace, request.pool_name or None)
         except ValueError as exc:
@@ -188,7 +158,7 @@ class DisksService(disks_pb2_grpc.DisksServicer):
     async def DeleteDisk(
         self, request: disks_pb2.DeleteDiskRequest, context: Context
     ) -> disks_pb2.DeleteDiskResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         disk = await self._own(identity, request, context)
         try:
             users = await self._records.users(disk)

@@ -41,8 +41,8 @@ def others_refusal(
     """The PERMISSION_DENIED words for a workspace token naming workspace `asked`."""
     return (
         f"{field}: a workspace token (workspace {identity.workspace}) acts on its own"
-        f" workspace's {objects} only, not {shown(asked)}'s; leave --workspace out, or ask the"
-        " operator"
+        f" workspace's {objects} only, not on workspace {shown(asked)}; leave --workspace out,"
+        " or ask the operator"
     )
 
 
