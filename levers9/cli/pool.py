@@ -14,7 +14,14 @@ from typing import Annotated, Any
 import typer
 
 from levers9.cli.gateway_api import GatewayRefused, GatewayUnavailable
-from levers9.cli.output import Output, console, fail, render
+from levers9.cli.output import Output, console, errors, fail, render
+from levers9.cli.pool_checks import (
+    CheckResult,
+    PoolChecks,
+    check_line,
+    results_json,
+    summary_line,
+)
 from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.pool_reads import PoolView, get_pool, list_pools, remove_pool
 from levers9.cli.runtime import duration, settings_from_env
@@ -22,6 +29,7 @@ from levers9.cli.task import submit_and_follow
 from levers9.config import ControlplaneSettings
 from levers9.contract import DNS_LABEL
 from levers9.core.pool_usage import PoolUsage
+from levers9.errors import Unreachable
 from levers9.models import TaskInput, TaskRecord, new_task_id
 from levers9.records.pools import NoSuchPool, RemovalFailed
 from levers9.records.tasks import (
@@ -131,18 +139,39 @@ def get(
 
 @app.command()
 def check(
-    gpu: Annotated[str, typer.Option("--gpu", help="the GPU type the pool should have")],
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="the GPU type the pool should have (with --all: optional)"),
+    ] = None,
     pool: Annotated[
         str | None, typer.Option("--pool", help="default: the only pool, if there is one")
     ] = None,
-    timeout: Annotated[str, typer.Option("--timeout", help="e.g. 15m, 90s")] = "15m",
+    timeout: Annotated[str, typer.Option("--timeout", help="e.g. 15m, 90s (each check's)")] = "15m",
+    all_: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="also a GPU endpoint, a box port, a checkpoint restore and a multi-card job:"
+            " one line per check, with its time",
+        ),
+    ] = False,
+    output: Annotated[Output, typer.Option("-o", "--output", help="with --all")] = Output.table,
 ) -> None:
     """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
     task record, so a slow first start does not hide the result. A container that saw no card
-    fails it, unless the pool's values say `simulatedGpus: true` (the sandbox)."""
+    fails it, unless the pool's values say `simulatedGpus: true` (the sandbox). With --all, the
+    product page's checks, one line each: ok or FAILED, its time, what it saw."""
     wait_s = duration(timeout, "--timeout")
+    if gpu is None and not all_:
+        raise typer.BadParameter(
+            "give the GPU type the pool should have, e.g. --gpu H200", param_hint="--gpu"
+        )
     settings = settings_from_env()
     pool = chosen_pool(settings, pool)
+    if all_:
+        check_all(settings, pool, gpu or "", wait_s, output)
+        return
+    assert gpu is not None
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
     console.print(f"GPU check on pool {pool} ({gpu})", highlight=False)
     try:
@@ -156,6 +185,56 @@ def check(
         raise typer.Exit(1)
     if not print_check(record, gpu, simulated=simulated):
         raise typer.Exit(1)
+
+
+def check_all(
+    settings: ControlplaneSettings, pool: str, gpu: str, wait_s: float, output: Output
+) -> None:
+    """`pool check --all`: the five checks (levers9.cli.pool_checks), one line each as it ends
+    (progress on stderr meanwhile); exit status 1 when one failed, 130 on Ctrl-C once what the
+    checks made is deleted."""
+    try:
+        simulated = asyncio.run(_pool_simulated(settings, pool))
+    except (GatewayRefused, GatewayUnavailable, NoSuchPool) as exc:
+        fail([f"pool check --all: {exc}"])
+        raise typer.Exit(1) from None
+
+    def progress(line: str) -> None:
+        errors.print(line, highlight=False, style="dim", soft_wrap=True)
+
+    def shown(result: CheckResult) -> None:
+        if output is Output.table:
+            console.print(check_line(result), highlight=False, soft_wrap=True)
+
+    checks = PoolChecks(
+        settings, pool, gpu=gpu, simulated=simulated, wait_s=wait_s, progress=progress,
+        done=shown,
+    )  # fmt: skip
+    if output is Output.table:
+        console.print(
+            f"checking pool {pool} (what it makes is named {checks.prefix}-...)", highlight=False
+        )
+    try:
+        results = asyncio.run(checks.run())
+    except KeyboardInterrupt:
+        fail([f"interrupted: what the checks made ({checks.prefix}-...) was deleted"])
+        raise typer.Exit(130) from None
+    if output is Output.json:
+        console.print_json(results_json(pool, results))
+    else:
+        console.print(summary_line(results, pool), highlight=False)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+async def _pool_simulated(settings: ControlplaneSettings, pool: str) -> bool:
+    """Whether the pool's cards are simulated; NoSuchPool (naming the pools there are) when the
+    controlplane has no such pool."""
+    await get_pool(settings, pool)
+    try:
+        return await gpus_simulated(await connect(settings), pool)
+    except Unreachable:  # a workspace's CLI may not reach Temporal: real cards, then
+        return False
 
 
 async def _run_check(
