@@ -23,11 +23,11 @@ from pydantic import ValidationError
 from levers9.contract import DNS_LABEL, ready_path_problem, task_input_problem
 from levers9.core.endpoints import EndpointSpec
 from levers9.core.image_reference import ImageReference, ImageReferenceError
-from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.endpoint_wire import spec_from_message, spec_message, view_message
 from levers9.gateway.convert import MAX_COMMAND_ARGS, MAX_CPU_MILLIS, MAX_GPUS, MAX_MEMORY_BYTES
-from levers9.gateway.errors import InvalidRequest, Unauthenticated, shown
+from levers9.gateway.errors import InvalidRequest, shown
 from levers9.gateway.roles import Authority, Identity
+from levers9.gateway.scope import call_workspace, identify
 from levers9.logs import get_logger
 from levers9.proto import endpoints_pb2, endpoints_pb2_grpc
 from levers9.records.endpoints import EndpointExists, TemporalEndpointRecords
@@ -119,13 +119,6 @@ class EndpointsService(endpoints_pb2_grpc.EndpointsServicer):
         self._records = records
         self._authority = authority
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     @staticmethod
     async def _name(context: Context, name: str) -> None:
         if not DNS_LABEL.fullmatch(name):
@@ -152,33 +145,22 @@ class EndpointsService(endpoints_pb2_grpc.EndpointsServicer):
         )
 
     async def _workspace(self, identity: Identity, asked: str, context: Context) -> str:
-        """The workspace the endpoint goes to: a workspace token's own (it may name only that);
-        the operator's, the one it names (which must exist), else `default`."""
-        if not identity.operator:
-            if asked and asked != identity.workspace:
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"spec.workspace: a workspace token (workspace {identity.workspace}) creates"
-                    f" endpoints only in its own workspace, not in {asked}; leave --workspace"
-                    " out, or ask the operator",
-                )
-            return identity.own_workspace
-        if not asked or asked == DEFAULT_WORKSPACE:
-            return DEFAULT_WORKSPACE
-        problem = name_problem(asked)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.workspace: {problem}")
-        if not await self._authority.workspace_exists(asked):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"spec.workspace: no workspace {asked} (`levers9 workspace list`)",
-            )
-        return asked
+        """The workspace the endpoint goes to (levers9.gateway.scope; to create in one the
+        operator names, it must exist)."""
+        return await call_workspace(
+            self._authority,
+            identity,
+            asked,
+            context,
+            objects="endpoints",
+            creating=True,
+            field="spec.workspace",
+        )
 
     async def CreateEndpoint(
         self, request: endpoints_pb2.CreateEndpointRequest, context: Context
     ) -> endpoints_pb2.CreateEndpointResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         try:
             spec = submitted_endpoint(request)
         except InvalidRequest as exc:
@@ -200,7 +182,7 @@ class EndpointsService(endpoints_pb2_grpc.EndpointsServicer):
     async def GetEndpoint(
         self, request: endpoints_pb2.GetEndpointRequest, context: Context
     ) -> endpoints_pb2.GetEndpointResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         await self._own(identity, request.name, context)
         try:
@@ -215,7 +197,7 @@ class EndpointsService(endpoints_pb2_grpc.EndpointsServicer):
     async def ListEndpoints(
         self, request: endpoints_pb2.ListEndpointsRequest, context: Context
     ) -> endpoints_pb2.ListEndpointsResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         try:
             views = await self._records.views(identity.workspace)
         except NoQueryAnswer as exc:
@@ -227,7 +209,7 @@ class EndpointsService(endpoints_pb2_grpc.EndpointsServicer):
     async def DeleteEndpoint(
         self, request: endpoints_pb2.DeleteEndpointRequest, context: Context
     ) -> endpoints_pb2.DeleteEndpointResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         wait = request.wait_seconds
         if not math.isfinite(wait) or wait < 0:

@@ -305,7 +305,11 @@ async def test_the_operator_gets_and_deletes_a_workspaces_endpoint(plane: Plane)
 async def test_a_workspace_token_naming_another_workspace_creates_nothing(plane: Plane) -> None:
     refused = await _refused(_create(plane, plane.a, "elsewhere", workspace=plane.workspace_b))
     assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert f"only in its own workspace, not in {plane.workspace_b}" in (refused.details() or "")
+    assert refused.details() == (
+        f"spec.workspace: a workspace token (workspace {plane.workspace_a}) acts on its own"
+        f" workspace's endpoints only, not on workspace {plane.workspace_b!r}; leave"
+        " --workspace out, or ask the operator"
+    )
     description = plane.client.get_workflow_handle(endpoint_workflow_id(plane.made[-1]))
     with pytest.raises(Exception, match="not found"):
         await description.describe()
