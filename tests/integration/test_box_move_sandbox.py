@@ -1,0 +1,181 @@
+"""A box's checkpoint kept in a volume moves with it, on the sandbox's pool with real agents and
+runsc, an S3 that checks credentials (moto, tests/buckets.py), through the CLI with a
+workspace's token: a `--runtime runsc --checkpoints ckpt` box counting in its memory is stopped
+(its image uploaded under the volume's `checkpoints/<name>/`, image.tar and its sha256), the
+node that took it is cordoned and its worker's Job deleted, `box start` restores it on another
+node (the image fetched there), and `box exec` reads the counter going on from where it was.
+The volume's key appears in no workflow history of the controlplane's task queue.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from levers9.core.capacity import NODE_LABEL
+from levers9.temporal import connect, sync_reconcile_schedules
+from tests.buckets import CheckingS3, checking_s3
+from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.reliability.secrets_scan import corpus_of_json
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.integration
+
+WITHIN = 90
+TEAM = "movers"
+BUCKET = "levers9-movers"
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done"
+
+
+@dataclass
+class Plane:
+    cp: Controlplane
+    s3: CheckingS3
+    token: str
+
+    async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return await self.cp.cli(*args, token=self.token)
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+async def plane(
+    dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Plane]:
+    directory = tmp_path_factory.mktemp("box-move")
+    runtimes = {"runtimes": ["runc", "runsc"]}
+    with checking_s3(directory / "moto.log") as s3:
+        s3.client().create_bucket(Bucket=BUCKET)
+        credentials = directory / "team-credentials"
+        credentials.write_text(
+            f"[default]\naws_access_key_id = {s3.allowed.access_key_id}\n"
+            f"aws_secret_access_key = {s3.allowed.secret_access_key}\n"
+        )
+        async with reconciling(
+            dev_env.client, directory, pool_settings=runtimes, containers=True
+        ) as cp:
+            await sync_reconcile_schedules(
+                dev_env.client,
+                [POOL],
+                cp.settings,
+                simulated_gpus=[POOL] if cp.pool.simulated_gpus else [],
+                runtimes={POOL: cp.pool.offered_runtimes},
+            )
+            await eventually(lambda: workers_available(cp), within=WITHIN)
+            _ok(await cp.cli("workspace", "create", TEAM))
+            token = _ok(await cp.cli("workspace", "token", "create", TEAM)).strip()
+            made = Plane(cp, s3, token)
+            _ok(
+                await made.cli(
+                    *("volume", "create", "ckpt", "--bucket", f"s3://{BUCKET}/team"),
+                    *("--endpoint", s3.endpoint, "--credentials-file", str(credentials)),
+                )
+            )
+            yield made
+
+
+async def _box(plane: Plane, name: str) -> dict[str, object]:
+    shown: dict[str, object] = json.loads(_ok(await plane.cli("box", "get", name, "-o", "json")))
+    return shown
+
+
+async def _running(plane: Plane, name: str) -> dict[str, object]:
+    async def running() -> bool:
+        return (await _box(plane, name))["task_state"] == "running"
+
+    await eventually(running, within=WITHIN)
+    return await _box(plane, name)
+
+
+async def _read(plane: Plane, name: str) -> int:
+    done = await plane.cli("box", "exec", name, "--", "cat", "/tmp/count")
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+
+async def _take_node_away(cp: Controlplane, node: str) -> None:
+    """`kubectl cordon NODE` (no new worker there) and its worker's Job deleted (its record
+    ends, and placement has no worker there)."""
+    await cp.kubectl("cordon", node)
+    for job in await cp.worker_jobs():
+        if job["metadata"]["labels"][NODE_LABEL] == node:
+            await cp.kubectl("-n", job["metadata"]["namespace"], "delete", "job",
+                             job["metadata"]["name"], "--wait=false")  # fmt: skip
+
+
+async def test_a_box_with_a_checkpoint_volume_is_restored_on_another_node(plane: Plane) -> None:
+    create = ("box", "create", "mover", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    refused = await plane.cli(*create, "--checkpoints", "nosuch", "--", "sh", "-c", COUNTER)
+    assert refused.returncode == 1
+    assert "task.checkpoint_volume: no volume nosuch in workspace movers" in refused.stderr
+    _ok(await plane.cli(*create, "--checkpoints", "ckpt", "--", "sh", "-c", COUNTER))
+    before = await _running(plane, "mover")
+    assert before["checkpoints"] == "ckpt", before
+
+    async def counted() -> bool:
+        return await _read(plane, "mover") >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await _read(plane, "mover")
+    stopped = " ".join(_ok(await plane.cli("box", "stop", "mover")).split())
+    assert "stopped (box stop; checkpointed to mover-1-" in stopped, stopped
+    assert "kept in volume ckpt" in stopped, stopped
+    assert "restores its processes on any machine of the pool" in stopped, stopped
+    keys = [o["Key"] for o in plane.s3.client().list_objects_v2(Bucket=BUCKET)["Contents"]]
+    [name] = {k.split("/")[2] for k in keys if k.startswith("team/checkpoints/")}
+    assert sorted(k for k in keys if k.startswith(f"team/checkpoints/{name}/")) == [
+        f"team/checkpoints/{name}/image.tar",
+        f"team/checkpoints/{name}/image.tar.sha256",
+    ]
+
+    await _take_node_away(plane.cp, str(before["node"]))
+    started = _ok(await plane.cli("box", "start", "mover"))
+    assert f"its processes restored from checkpoint {name}" in started, started
+    after = await _running(plane, "mover")
+    assert after["node"] != before["node"], (before, after)
+    # Each sandbox node keeps its own files: the image is on the new node because it was
+    # fetched there from the volume.
+    nodes = plane.cp.sandbox.state.dir / "nodes"
+    fetched = list((nodes / str(after["node"])).glob(f"**/checkpoints/{TEAM}/{name}/manifest.json"))
+    assert len(fetched) == 1, sorted(p.name for p in nodes.iterdir())
+
+    resumed: list[int] = []
+
+    async def answers() -> bool:
+        resumed.append(await _read(plane, "mover"))
+        return resumed[-1] > 0
+
+    await eventually(answers, within=WITHIN)
+    # Restored, not restarted: a fresh counter would read 1, 2, ... again.
+    assert resumed[-1] >= first, (first, resumed)
+
+    async def went_on() -> bool:
+        return await _read(plane, "mover") > resumed[-1]
+
+    await eventually(went_on, within=WITHIN)
+    _ok(await plane.cli("box", "delete", "mover"))
+
+
+async def test_the_volume_s_key_is_in_no_history(plane: Plane) -> None:
+    """Its box's stop and start carried the volume's credentials to the agents (unsealed in
+    the activities' calls), never in a history, memo or search attribute."""
+    client = await connect(plane.cp.settings)
+    query = f"TaskQueue='{plane.cp.settings.task_queue}'"
+    texts, ids = [], []
+    async for execution in client.list_workflows(query):
+        ids.append(execution.id)
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        texts.append(corpus_of_json((await handle.fetch_history()).to_json()))
+        texts.append(json.dumps(await execution.memo(), default=str))
+        texts.append(str(execution.raw_info.search_attributes))
+    corpus = "\n".join(texts)
+    assert "box:movers:mover" in ids, "the box's workflows were listed"
+    assert plane.s3.allowed.secret_access_key not in corpus
