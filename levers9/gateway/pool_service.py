@@ -16,8 +16,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from levers9.contract import DNS_LABEL
 from levers9.core.pool_usage import only_workspace
-from levers9.gateway.errors import Unauthenticated
-from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
+from levers9.gateway.roles import Authority, Forbidden, operator_only
+from levers9.gateway.scope import identify
 from levers9.logs import get_logger
 from levers9.proto import pools_pb2, pools_pb2_grpc
 from levers9.records.pools import NoSuchPool, PoolRow, RemovalFailed, TemporalPoolRecords
@@ -56,13 +56,6 @@ class PoolsService(pools_pb2_grpc.PoolsServicer):
         self._records = records
         self._authority = authority
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     @staticmethod
     async def _pool_name(context: Context, name: str, field: str) -> None:
         if not DNS_LABEL.fullmatch(name):
@@ -74,14 +67,14 @@ class PoolsService(pools_pb2_grpc.PoolsServicer):
     async def ListPools(
         self, request: pools_pb2.ListPoolsRequest, context: Context
     ) -> pools_pb2.ListPoolsResponse:
-        await self._identify(context)
+        await identify(self._authority, context)
         rows = await self._records.pools()
         return pools_pb2.ListPoolsResponse(pools=[pool_message(row) for row in rows])
 
     async def GetPool(
         self, request: pools_pb2.GetPoolRequest, context: Context
     ) -> pools_pb2.GetPoolResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._pool_name(context, request.name, "name")
         try:
             row = await self._records.pool(request.name)
@@ -100,7 +93,7 @@ class PoolsService(pools_pb2_grpc.PoolsServicer):
     async def ListMachines(
         self, request: pools_pb2.ListMachinesRequest, context: Context
     ) -> pools_pb2.ListMachinesResponse:
-        await self._identify(context)
+        await identify(self._authority, context)
         if request.pool_name:
             await self._pool_name(context, request.pool_name, "pool_name")
         records = await self._records.machines(request.pool_name or None)
@@ -111,7 +104,7 @@ class PoolsService(pools_pb2_grpc.PoolsServicer):
     async def RemovePool(
         self, request: pools_pb2.RemovePoolRequest, context: Context
     ) -> pools_pb2.RemovePoolResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         try:
             operator_only(identity, f"removing pool {request.name}")
         except Forbidden as exc:

@@ -27,8 +27,8 @@ from levers9.core.workspaces import (
     token_digest,
     workspace_token,
 )
-from levers9.gateway.errors import Unauthenticated
-from levers9.gateway.roles import Authority, Forbidden, Identity, operator_only
+from levers9.gateway.roles import Authority, Forbidden, operator_only
+from levers9.gateway.scope import identify
 from levers9.logs import get_logger
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2
 from levers9.records.disks import TemporalDiskRecords
@@ -78,15 +78,8 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
         self._volumes = volumes
         self._disks = disks
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     async def _operator(self, context: Context, call: str) -> None:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         try:
             operator_only(identity, call)
         except Forbidden as exc:
@@ -197,7 +190,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
     async def GetWorkspace(
         self, request: gateway_pb2.GetWorkspaceRequest, context: Context
     ) -> gateway_pb2.Workspace:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         if not identity.sees(request.name):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
@@ -360,7 +353,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
     async def WhoAmI(
         self, request: gateway_pb2.WhoAmIRequest, context: Context
     ) -> gateway_pb2.WhoAmIResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         # The token checked out against this record a moment ago (the replica's cache).
         state = await self._authority.workspace(identity.own_workspace)
         default_pool = state.default_pool if state is not None else ""
@@ -379,7 +372,7 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
     async def ListPoolNames(
         self, request: gateway_pb2.ListPoolNamesRequest, context: Context
     ) -> gateway_pb2.ListPoolNamesResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         state = await self._authority.workspace(identity.own_workspace)
         return gateway_pb2.ListPoolNamesResponse(
             pool_names=await self._records.pool_names(),
