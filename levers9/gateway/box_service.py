@@ -1,8 +1,8 @@
 """`levers9.v1.Boxes`: boxes (BoxWorkflow's records), for `levers9 box ...`.
 
 A box is named within its workspace. A workspace token creates, gets, lists, stops, starts,
-uses and deletes its own workspace's boxes only (naming another workspace is PERMISSION_DENIED
-on create, and elsewhere reads as a box that does not exist: NOT_FOUND in the same words). The
+uses and deletes its own workspace's boxes only (levers9.gateway.scope: naming another workspace
+is PERMISSION_DENIED; another's box by name is NOT_FOUND in the words of a missing one). The
 operator sees all, and names the workspace (none: `default`).
 
 A box's task is admitted as a submitted task is (`TasksService.admit`: its volumes and disks
@@ -26,10 +26,10 @@ from levers9.core.boxes import (
     box_name_problem,
     idle_stop_problem,
 )
-from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.gateway.convert import submitted_task
-from levers9.gateway.errors import InvalidRequest, Unauthenticated, shown
+from levers9.gateway.errors import InvalidRequest
 from levers9.gateway.roles import Authority, Identity
+from levers9.gateway.scope import call_workspace, identify
 from levers9.gateway.task_service import TasksService
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, TaskRecord
@@ -89,13 +89,6 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
         self._tasks = tasks
         self._authority = authority
 
-    async def _identify(self, context: Context) -> Identity:
-        try:
-            return await self._authority.identify(context.invocation_metadata() or ())
-        except Unauthenticated as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.message)
-            raise  # abort raises; for the type checker
-
     @staticmethod
     async def _name(context: Context, name: str) -> None:
         problem = box_name_problem(name)
@@ -104,39 +97,17 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
 
     async def _workspace(
         self, identity: Identity, asked: str, context: Context, *, creating: bool
-    ) -> str | None:
-        """The workspace a call is about: a workspace token's own (None when it names another:
-        a read answers as if the box did not exist); the operator's, the one it names, else
-        `default`."""
-        if not identity.operator:
-            if asked and asked != identity.workspace:
-                if creating:
-                    await context.abort(
-                        grpc.StatusCode.PERMISSION_DENIED,
-                        f"workspace: a workspace token (workspace {identity.workspace}) creates"
-                        f" boxes only in its own workspace, not in {shown(asked)}; leave"
-                        " --workspace out, or ask the operator",
-                    )
-                return None
-            return identity.own_workspace
-        if not asked or asked == DEFAULT_WORKSPACE:
-            return DEFAULT_WORKSPACE
-        problem = name_problem(asked)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"workspace: {problem}")
-        if creating and not await self._authority.workspace_exists(asked):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"workspace: no workspace {asked} (`levers9 workspace list`)",
-            )
-        return asked
+    ) -> str:
+        return await call_workspace(
+            self._authority, identity, asked, context, objects="boxes", creating=creating
+        )
 
     async def _own(self, identity: Identity, request: Any, context: Context) -> BoxState:
         """The box when the caller may see it; NOT_FOUND, in the words of a missing box, when
         there is none or it is another workspace's."""
         await self._name(context, request.name)
         workspace = await self._workspace(identity, request.workspace, context, creating=False)
-        box = None if workspace is None else await self._records.get(workspace, request.name)
+        box = await self._records.get(workspace, request.name)
         if box is None or not identity.sees(box.workspace):
             await context.abort(grpc.StatusCode.NOT_FOUND, _missing(request.name))
         assert box is not None
@@ -160,13 +131,12 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def CreateBox(
         self, request: boxes_pb2.CreateBoxRequest, context: Context
     ) -> boxes_pb2.CreateBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         await self._name(context, request.name)
         problem = idle_stop_problem(request.idle_stop_seconds)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"idle_stop_seconds: {problem}")
         workspace = await self._workspace(identity, request.workspace, context, creating=True)
-        assert workspace is not None
         submitted = boxes_pb2.CreateBoxRequest()
         submitted.CopyFrom(request)
         spec = submitted.task.task
@@ -205,19 +175,19 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def GetBox(
         self, request: boxes_pb2.GetBoxRequest, context: Context
     ) -> boxes_pb2.GetBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         return boxes_pb2.GetBoxResponse(box=await self._answer(box))
 
     async def ListBoxes(
         self, request: boxes_pb2.ListBoxesRequest, context: Context
     ) -> boxes_pb2.ListBoxesResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         workspace: str | None = identity.workspace
         if identity.operator and request.workspace:
             workspace = request.workspace
-        elif not identity.operator and request.workspace not in ("", identity.workspace):
-            return boxes_pb2.ListBoxesResponse()  # another's: none, as if it had none
+        elif request.workspace:
+            workspace = await self._workspace(identity, request.workspace, context, creating=False)
         try:
             boxes = await self._records.list(workspace)
         except ValueError as exc:
@@ -234,7 +204,7 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def StopBox(
         self, request: boxes_pb2.StopBoxRequest, context: Context
     ) -> boxes_pb2.StopBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         stopped = await self._changed(
             await self._records.stop(box, "box stop"), request.name, context
@@ -248,7 +218,7 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def StartBox(
         self, request: boxes_pb2.StartBoxRequest, context: Context
     ) -> boxes_pb2.StartBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         await self._task(box)  # a task that ended unseen: its record is told first
         started = await self._changed(await self._records.start(box), request.name, context)
@@ -258,7 +228,7 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def DeleteBox(
         self, request: boxes_pb2.DeleteBoxRequest, context: Context
     ) -> boxes_pb2.DeleteBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         deleted = await self._changed(await self._records.delete(box), request.name, context)
         log.info("box deleted", box=box.name, workspace=box.workspace, task_id=box.task_id)
@@ -267,7 +237,7 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
     async def UseBox(
         self, request: boxes_pb2.UseBoxRequest, context: Context
     ) -> boxes_pb2.UseBoxResponse:
-        identity = await self._identify(context)
+        identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         record = await self._task(box)
         if box.state != RUNNING:

@@ -127,7 +127,7 @@ async def test_a_box_is_refused_at_create_naming_the_field(teams: Teams) -> None
     theirs = await teams.cli("boxers", *create, "spy", "--workspace", "others")
     assert theirs.returncode == 1
     assert "PERMISSION_DENIED" in theirs.stderr, theirs.stderr
-    assert "creates boxes only in its own workspace" in theirs.stderr
+    assert "acts on its own workspace's boxes only, not on workspace 'others'" in theirs.stderr
     disk = await teams.cli("boxers", *create, "nodisk", "--disk", "nosuch:/home")
     assert disk.returncode == 1
     assert "task.mounts: no disk nosuch in workspace boxers" in disk.stderr, disk.stderr
