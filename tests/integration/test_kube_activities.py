@@ -2,7 +2,8 @@
 creating a worker Job twice makes one Job and one token Secret owned by it (409 is done);
 deleting twice is fine (404 is done); the observation lists in a constant number of calls;
 errors are typed by HTTP meaning: 401/403/404/422 permanent with the fix, 429/5xx retried; a
-call the cluster drops times out.
+call the cluster drops times out. The pool's PodDisruptionBudget comes with its first Job, a
+drained worker's pod is labelled out of it, and the pool's removal deletes it.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client as k8s
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import kube_clients
 from activities.kube import KubeActivities, KubeObserver, kube_error
+from activities.pools import PoolActivities
 from activities.reconcile import ReconcileActivities
+from levers9.core.capacity import WORKER_ID_LABEL
+from levers9.core.manifests import DRAINED_LABEL, disruption_budget_name
 from levers9.models import WorkerJobInput
 from levers9.tokens import token_matches
 from tests.controlplane import POOL, TOKEN_SECRET, Controlplane, controlplane
@@ -180,3 +185,59 @@ async def test_a_call_the_cluster_drops_times_out_and_the_pass_says_so(
     # And once the address is allowed again, the same observer answers.
     nodes, _ = await asyncio.to_thread(KubeObserver(cp.clients).observe, POOL)
     assert NODE_2X in nodes
+
+
+def _budgets(cp: Controlplane) -> list[dict[str, Any]]:
+    raw: Any = k8s.PolicyV1Api(cp.admin_api()).list_namespaced_pod_disruption_budget(
+        "levers9", _preload_content=False
+    )
+    items: list[dict[str, Any]] = json.loads(raw.data)["items"]
+    return items
+
+
+def _worker_pods(cp: Controlplane, worker_id: str) -> list[dict[str, Any]]:
+    raw: Any = k8s.CoreV1Api(cp.admin_api()).list_namespaced_pod(
+        "levers9", label_selector=f"{WORKER_ID_LABEL}={worker_id}", _preload_content=False
+    )
+    items: list[dict[str, Any]] = json.loads(raw.data)["items"]
+    return items
+
+
+async def test_a_drained_workers_pod_is_labelled_out_of_the_pools_budget(
+    cp: Controlplane,
+) -> None:
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    job = JOB.model_copy(update={"worker_id": "d0a1d0a1"})
+    await env.run(activities.create_worker_job, job)
+
+    async def scheduled() -> bool:
+        return (await env.run(activities.describe_worker_pod, job)).exists
+
+    await eventually(scheduled, within=20)
+    [pod] = await asyncio.to_thread(_worker_pods, cp, job.worker_id)
+    assert DRAINED_LABEL not in pod["metadata"]["labels"]
+    assert await env.run(activities.mark_worker_drained, job) == 1
+    [pod] = await asyncio.to_thread(_worker_pods, cp, job.worker_id)
+    assert pod["metadata"]["labels"][DRAINED_LABEL] == "true"
+    gone = JOB.model_copy(update={"worker_id": "0000aaaa"})
+    assert await env.run(activities.mark_worker_drained, gone) == 0
+    assert await env.run(activities.delete_worker_job, job) is True
+
+
+async def test_the_pools_budget_comes_with_its_jobs_and_goes_with_the_pool(
+    cp: Controlplane,
+) -> None:
+    activities = KubeActivities(cp.clients, cp.settings)
+    env = ActivityEnvironment()
+    for worker_id in ("b0d6e701", "b0d6e702"):
+        await env.run(activities.create_worker_job, JOB.model_copy(update={"worker_id": worker_id}))
+    [budget] = await asyncio.to_thread(_budgets, cp)
+    assert budget["metadata"]["name"] == disruption_budget_name(POOL)
+    assert budget["spec"]["maxUnavailable"] == 0
+    # delete_pool_jobs never calls Temporal: the pool's cluster is all it reads.
+    pools = PoolActivities(cast(Client, None), cp.clients, cp.settings)
+    deleted = await env.run(pools.delete_pool_jobs, POOL)
+    assert {"worker-gke-rtx6000-b0d6e701", "worker-gke-rtx6000-b0d6e702"} <= set(deleted)
+    assert await asyncio.to_thread(_budgets, cp) == []
+    assert await env.run(pools.delete_pool_jobs, POOL) == []  # the budget's 404 is done too
