@@ -36,6 +36,7 @@ from levers9.cli.gateway_api import (
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import settings_from_env
+from levers9.cli.service_call import call_service
 from levers9.cli.task import DEADLINE_EXIT, submit_and_follow
 from levers9.cli.task_access import answered, tasks_for
 from levers9.config import ControlplaneSettings
@@ -86,19 +87,7 @@ WorkspaceOption = Annotated[
 
 def _call(call: Callable[[Stub, tuple[tuple[str, str]]], Awaitable[T]]) -> T:
     """One call to the gateway's Disks service; its refusal printed, exit status 1."""
-
-    async def run() -> T:
-        async with gateway_stub(settings_from_env(), disks_pb2_grpc.DisksStub) as (
-            stub,
-            metadata,
-        ):
-            return await call(stub, metadata)
-
-    try:
-        return asyncio.run(run())
-    except (GatewayRefused, GatewayUnavailable) as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    return call_service(disks_pb2_grpc.DisksStub, call)
 
 
 def _name(name: str) -> str:
@@ -262,21 +251,12 @@ def _volume_bucket(volume: str) -> str:
     """The volume's `s3://BUCKET[/PREFIX]` (the caller's workspace's); its refusal (no such
     volume) printed, exit status 1."""
 
-    async def run() -> str:
-        async with gateway_stub(settings_from_env(), volumes_pb2_grpc.VolumesStub) as (
-            stub,
-            metadata,
-        ):
-            volumes: VolumesAsyncStub = stub
-            request = volumes_pb2.GetVolumeRequest(name=volume)
-            reply = await volumes.GetVolume(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
-            return str(reply.volume.bucket)
+    async def bucket(stub: VolumesAsyncStub, metadata: tuple[tuple[str, str]]) -> str:
+        request = volumes_pb2.GetVolumeRequest(name=volume)
+        reply = await stub.GetVolume(request, metadata=metadata, timeout=CALL_TIMEOUT_S)
+        return str(reply.volume.bucket)
 
-    try:
-        return asyncio.run(run())
-    except (GatewayRefused, GatewayUnavailable) as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    return call_service(volumes_pb2_grpc.VolumesStub, bucket)
 
 
 def _objects(bucket: str, path: str) -> str:

@@ -10,7 +10,6 @@ line or the field, never quoting it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -21,12 +20,9 @@ import typer
 
 from levers9.cli.gateway_api import (
     CALL_TIMEOUT_S,
-    GatewayRefused,
-    GatewayUnavailable,
-    gateway_stub,
 )
-from levers9.cli.output import Output, ago, console, fail, render
-from levers9.cli.runtime import settings_from_env
+from levers9.cli.output import Output, ago, console, render
+from levers9.cli.service_call import call_service
 from levers9.core.volumes import CredentialsFileError, name_problem, parse_credentials
 from levers9.proto import volumes_pb2, volumes_pb2_grpc
 
@@ -59,19 +55,7 @@ WorkspaceOption = Annotated[
 
 def _call(call: Callable[[Stub, tuple[tuple[str, str]]], Awaitable[T]]) -> T:
     """One call to the gateway's Volumes service; its refusal printed, exit status 1."""
-
-    async def run() -> T:
-        async with gateway_stub(settings_from_env(), volumes_pb2_grpc.VolumesStub) as (
-            stub,
-            metadata,
-        ):
-            return await call(stub, metadata)
-
-    try:
-        return asyncio.run(run())
-    except (GatewayRefused, GatewayUnavailable) as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    return call_service(volumes_pb2_grpc.VolumesStub, call)
 
 
 def _name(name: str) -> str:

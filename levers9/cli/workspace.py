@@ -8,7 +8,6 @@ and runs, lists, reads and cancels the workspace's own tasks, and nothing else.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -20,12 +19,9 @@ from google.protobuf.json_format import MessageToDict
 
 from levers9.cli.gateway_api import (
     CALL_TIMEOUT_S,
-    GatewayRefused,
-    GatewayUnavailable,
-    gateway_stub,
 )
-from levers9.cli.output import Output, ago, console, fail, render
-from levers9.cli.runtime import settings_from_env
+from levers9.cli.output import Output, ago, console, render
+from levers9.cli.service_call import call_service
 from levers9.core.workspaces import MAX_LABEL_CHARS, MAX_WEIGHT, name_problem
 from levers9.proto import gateway_pb2, gateway_pb2_grpc
 
@@ -75,19 +71,7 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def _call(call: Callable[[Stub, tuple[tuple[str, str]]], Awaitable[T]]) -> T:
     """One call to the gateway's Workspaces service; its refusal printed, exit status 1."""
-
-    async def run() -> T:
-        async with gateway_stub(settings_from_env(), gateway_pb2_grpc.WorkspacesStub) as (
-            stub,
-            metadata,
-        ):
-            return await call(stub, metadata)
-
-    try:
-        return asyncio.run(run())
-    except (GatewayRefused, GatewayUnavailable) as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    return call_service(gateway_pb2_grpc.WorkspacesStub, call)
 
 
 def _name(name: str, hint: str = "NAME") -> str:
