@@ -3,10 +3,7 @@ the process runtime, a recording gateway, and an S3 (moto) that checks credentia
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +19,11 @@ from levers9.agent.server import WorkerServer
 from levers9.agent.service import WorkerService
 from levers9.agent.supervisor import TaskManager
 from levers9.proto import worker_pb2, worker_pb2_grpc
-from sandbox.aws import endpoint_url, moto_argv, moto_ready
-from sandbox.registries import LocalRegistry, free_port, push_layout
+from sandbox.registries import LocalRegistry, push_layout
 from sandbox.task_images import build_busybox
 from tests.agent.kit import TOKEN
 from tests.agent.recording_gateway import RecordingGateway
+from tests.buckets import checking_s3
 
 VISIBLE = (0, 1)
 AGENT_ENV = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LEVERS9_WORKER_TOKEN": TOKEN}
@@ -87,11 +84,6 @@ async def gateway() -> AsyncIterator[RecordingGateway]:
 
 
 BUCKET = "workspace-a"
-POLICY = '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'
-READ_ONLY = (
-    '{"Version":"2012-10-17","Statement":[{"Effect":"Allow",'
-    '"Action":["s3:ListBucket","s3:GetObject"],"Resource":"*"}]}'
-)
 
 
 @dataclass(frozen=True)
@@ -130,44 +122,17 @@ class S3:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
-    """moto checking credentials after its first eight calls (which make three IAM users: one
-    allowed everything, one nothing, one reading only) and a bucket of the first's."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("wb")
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "8"}
-    child = subprocess.Popen(moto_argv(port), env=env, stdout=log, stderr=log)
-    endpoint = endpoint_url(port)
-    try:
-        deadline = time.monotonic() + 60
-        while not moto_ready(endpoint):
-            assert child.poll() is None, "moto exited"
-            assert time.monotonic() < deadline, "moto did not start within 60 s"
-            time.sleep(0.1)
-        iam = boto3.client(
-            "iam",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        keys = []
-        for user, policy in (("owner", POLICY), ("stranger", ""), ("reader", READ_ONLY)):
-            iam.create_user(UserName=user)
-            keys.append(iam.create_access_key(UserName=user)["AccessKey"])
-            if policy:
-                iam.put_user_policy(UserName=user, PolicyName="p", PolicyDocument=policy)
+    """tests.buckets' moto that checks credentials (a key allowed everything, one nothing, one
+    reading only) and a bucket of the first's."""
+    with checking_s3(tmp_path_factory.mktemp("moto") / "moto.log") as moto:
         world = S3(
-            endpoint,
-            keys[0]["AccessKeyId"],
-            keys[0]["SecretAccessKey"],
-            keys[1]["AccessKeyId"],
-            keys[1]["SecretAccessKey"],
-            keys[2]["AccessKeyId"],
-            keys[2]["SecretAccessKey"],
+            moto.endpoint,
+            moto.allowed.access_key_id,
+            moto.allowed.secret_access_key,
+            moto.denied.access_key_id,
+            moto.denied.secret_access_key,
+            moto.reader.access_key_id,
+            moto.reader.secret_access_key,
         )
         world.client().create_bucket(Bucket=BUCKET)
         yield world
-    finally:
-        child.kill()
-        child.wait()
-        log.close()
