@@ -6,7 +6,8 @@ the bucket is refused naming the checksum and nothing is left behind; a checkpoi
 lacks is named; an upload a key may not make fails naming the volume and S3's error, never the
 key. With the real runsc (root): a counting task checkpointed by one TaskManager with its
 checkpoint volume is restored by another, whose checkpoints root never held the image, and
-counts on from where it was.
+counts on from where it was; a third, given the same image changed in the bucket, fails the
+restore naming the checksum and restores nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ def _image(root: Path, name: str = "box-1") -> Path:
     os.mknod(work / "gone", stat.S_IFCHR | 0o000, os.makedev(0, 0))
     checkpoints.seal(folder, path, {"runtime": "runsc", "task_id": "t-1"})
     return path
+
+
+async def _ended(tasks: TaskManager, task_id: str) -> worker_pb2.TaskStatus:
+    """Its status once it has ended (RunTask answers once its start is under way)."""
+
+    async def ended() -> bool:
+        return tasks.status(task_id).state != worker_pb2.TASK_STATE_RUNNING
+
+    await eventually(ended, 60, what=f"{task_id} ends")
+    return tasks.status(task_id)
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -187,7 +198,7 @@ async def test_a_task_checkpointed_on_one_machine_is_restored_on_another(
     lacking.CopyFrom(restore)
     lacking.task_id = f"m3-{uuid.uuid4().hex[:8]}"
     await machine_b.run(lacking)  # no checkpoint volume: only what this machine holds
-    status = machine_b.status(lacking.task_id)
+    status = await _ended(machine_b, lacking.task_id)
     assert status.state == worker_pb2.TASK_STATE_FAILED, status
     assert "no checkpoint moved-1 on this machine" in status.reason
 
@@ -201,3 +212,26 @@ async def test_a_task_checkpointed_on_one_machine_is_restored_on_another(
         await machine_b.cancel(restore.task_id)
         await machine_b.shutdown(grace_s=1)
         await machine_a.shutdown(grace_s=1)
+
+    # The same image changed in the bucket: a third machine refuses it, restoring nothing.
+    key = "moving/checkpoints/moved-1/image.tar"
+    body = bytearray(s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    body[-4096] ^= 0xFF
+    s3.client().put_object(Bucket=BUCKET, Key=key, Body=bytes(body))
+    machine_c = TaskManager(
+        _runtime(RunscRuntime, image, tmp_path / "c"),
+        (),
+        tmp_path / "c" / "agent",
+        reports.append,
+        checkpoints_root=tmp_path / "c" / "ck",
+    )
+    corrupted = worker_pb2.TaskSpec()
+    corrupted.CopyFrom(restore)
+    corrupted.task_id = f"m4-{uuid.uuid4().hex[:8]}"
+    await machine_c.run(corrupted, checkpoint_store=store)
+    status = await _ended(machine_c, corrupted.task_id)
+    assert status.state == worker_pb2.TASK_STATE_FAILED, status
+    assert "image.tar does not match its image.tar.sha256 (corrupted" in status.reason
+    assert status.reason.startswith("restore_from: checkpoint moved-1 in volume ckpt")
+    assert not (tmp_path / "c" / "ck" / "team-a" / "moved-1").exists()
+    await machine_c.shutdown(grace_s=1)
