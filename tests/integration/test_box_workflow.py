@@ -7,7 +7,10 @@ command is `false`), so that the box's own timers and messages are what is teste
   moves the deadline;
 - a task that ends by itself leaves the box stopped with the task's end, and `start` starts a
   new task of the same template;
-- past `max_history_events` the record continues as new with its state, and still acts.
+- past `max_history_events` the record continues as new with its state, and still acts;
+- a checkpoint its worker kept in the box's checkpoint volume is restored by a task pinned to
+  no node; one kept on its node only (no volume, or its upload failed) pins the restore there,
+  and the stop's reason says which.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ pytestmark = pytest.mark.integration
 class StandInTask:
     def __init__(self) -> None:
         self._cancelled = ""
+        self._input: TaskInput | None = None
+
+    @workflow.query
+    def input(self) -> TaskInput | None:
+        return self._input
 
     @workflow.signal
     def cancel(self, reason: str = "") -> None:
@@ -42,6 +50,7 @@ class StandInTask:
 
     @workflow.run
     async def run(self, task: TaskInput) -> TaskRecord:
+        self._input = task
         record = TaskRecord(
             task_id=task.task_id,
             pool_name=task.pool_name,
@@ -65,6 +74,17 @@ async def refused_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
     return CheckpointOutcome(refused=f"task {input.task_id} runs under runc")
 
 
+@activity.defn(name="checkpoint_task")
+async def kept_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
+    """A runsc worker on node-a: the image uploaded to the box's checkpoint volume when it names
+    one, except a volume named `broken` (its upload fails)."""
+    stored = f"s3://b/p/checkpoints/{input.name}/" if input.volume not in ("", "broken") else ""
+    failed = "volume broken: AccessDenied" if input.volume == "broken" else ""
+    return CheckpointOutcome(
+        name=input.name, node="node-a", size_bytes=1, stored=stored, store_error=failed
+    )
+
+
 @pytest.fixture
 async def worker(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[None]:
     async with Worker(
@@ -82,12 +102,13 @@ async def _box(
     command: tuple[str, ...] = ("sleep", "infinity"),
     idle_stop_seconds: int = 0,
     max_history_events: int = 2_000,
+    **task: str,
 ) -> WorkflowHandle[BoxWorkflow, BoxState]:
     name = f"b{uuid.uuid4().hex[:6]}"
     state = BoxState(
         name=name,
         workspace="default",
-        task=TaskInput(task_id="-", pool_name="p", command=command, gpus=0),
+        task=TaskInput(task_id="-", pool_name="p", command=command, gpus=0, **task),
         idle_stop_seconds=idle_stop_seconds,
         created_at=datetime.now(UTC),
     )
@@ -195,3 +216,45 @@ async def test_the_record_continues_as_new_with_its_state(
     assert stopped.state == "stopped"
     ended = await _ended(time_env, task_id)
     assert ended.state == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("volume", "kept", "pinned"),
+    [
+        ("ckpt", "kept in volume ckpt", ""),
+        ("", "kept on node-a only (no checkpoint volume", "node-a"),
+        ("broken", "kept on node-a only: its upload to volume broken failed", "node-a"),
+    ],
+)
+async def test_a_restore_is_pinned_only_where_the_image_is_on_its_node_only(
+    time_env: WorkflowEnvironment, task_queue: str, volume: str, kept: str, pinned: str
+) -> None:
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[BoxWorkflow, StandInTask],
+        activities=[kept_checkpoint],
+    ):
+        handle = await _box(time_env, task_queue, runtime="runsc", checkpoint_volume=volume)
+
+        async def started() -> bool:
+            return bool((await _state(handle)).task_id)
+
+        await eventually(started, within=30)
+        stopped: BoxState = await handle.execute_update("stop", "box stop", result_type=BoxState)
+        assert stopped.state == "stopped", stopped
+        assert kept in stopped.reason, stopped.reason
+        restarted: BoxState = await handle.execute_update("start", result_type=BoxState)
+        task = time_env.client.get_workflow_handle(f"task:{restarted.task_id}")
+
+        given: TaskInput | None = None
+
+        async def has_input() -> bool:
+            nonlocal given
+            given = await task.query("input", result_type=TaskInput)
+            return given is not None
+
+        await eventually(has_input, within=30)
+        assert given is not None
+        assert given.restore_from == stopped.checkpoint, given
+        assert (given.node, given.checkpoint_volume) == (pinned, volume)
