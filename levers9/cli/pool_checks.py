@@ -252,7 +252,17 @@ class PoolChecks:
 
     async def checkpoint_restore(self) -> str:
         name = f"{self.prefix}-count"
-        box = await self._create_box(name, COUNTER, runtime="runsc")
+        try:
+            box = await self._create_box(name, COUNTER, runtime="runsc")
+            not_offered = ""
+        except GatewayRefused as exc:
+            if "task.runtime" not in str(exc):
+                raise
+            # No runsc here: a box of the pool's default runtime, whose worker says why it
+            # cannot checkpoint it (runc: CRIU's check).
+            not_offered = f"pool {self.pool} offers no runsc (gVisor); "
+            self.progress(f"  {exc}: a box of the pool's default runtime instead")
+            box = await self._create_box(name, COUNTER)
         before_node = box.node_name
         count = await self._count(box.task_id, at_least=3)
         self.progress(f"  box {name} counts ({count}) on {before_node}; box stop (a checkpoint)")
@@ -262,10 +272,7 @@ class PoolChecks:
             )
         )
         if stopped.box.state != "stopped" or "checkpointed to" not in stopped.box.reason:
-            refused = [e.message for e in stopped.box.events if e.kind == "stop-refused"]
-            raise CheckFailed(
-                f"box stop took no checkpoint: {refused[-1] if refused else stopped.box.reason}"
-            )
+            raise CheckFailed(f"{not_offered}box stop took no checkpoint: {_why_none(stopped.box)}")
         self.progress(f"  {stopped.box.reason}; box start (a restore)")
         await self._boxes(
             lambda stub, md: stub.StartBox(
@@ -419,6 +426,16 @@ class PoolChecks:
             yield
         except (GatewayRefused, GatewayUnavailable, Refused, OSError) as exc:
             self.progress(f"  could not delete {what}: {exc}")
+
+
+def _why_none(box: boxes_pb2.Box) -> str:
+    """Why a box stop took no checkpoint: the worker's words (runc: CRIU's check), else the
+    box's reason."""
+    refused = [e.message for e in box.events if e.kind == "stop-refused"]
+    if refused:
+        return refused[-1]
+    _, took_none, why = box.reason.partition("(the worker took none: ")
+    return why.removesuffix(")") if took_none else box.reason
 
 
 def results_json(pool: str, results: list[CheckResult]) -> str:

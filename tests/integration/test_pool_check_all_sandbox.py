@@ -3,14 +3,20 @@ the dev pool's runtimes (runc, the default, and runsc, whose boxes checkpoint), 
 runs it: five lines (the GPU check, a GPU endpoint's cold start and request, a box's port through
 its URL, a counting runsc box stopped and started going on from its count, a task on all the
 cards a machine offers), each ok with its time, exit 0; nothing the checks made is left (no
-endpoint, no box, no task of theirs running). `--all` on a pool that does not exist names it and
-the pools there are.
+endpoint, no box, no task of theirs running), nor after a Ctrl-C in the middle (exit 130).
+`--all` on a pool that does not exist names it and the pools there are. On a pool offering runc
+only, the checkpoint restore line FAILS with the worker's reason (CRIU's check fails on this
+kernel) and the exit status is 1, the other four ok.
+
+The tests of this module share one sandbox and one controlplane and run in order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 
@@ -20,6 +26,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.cli.pool_checks import NAMES
 from levers9.temporal import sync_reconcile_schedules
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
+from tests.factories import LEVERS9
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
@@ -85,3 +92,67 @@ async def test_all_on_a_pool_that_does_not_exist_names_it_and_the_fix(cp: Contro
     assert "levers9 pool list" in done.stderr
     assert "gke-rtx6000" in done.stderr
     assert "checking pool" not in done.stdout
+
+
+async def _nothing_left(cp: Controlplane) -> None:
+    assert json.loads(_ok(await cp.cli("box", "list", "-o", "json"))) == []
+    assert json.loads(_ok(await cp.cli("endpoint", "list", "-o", "json"))) == []
+
+
+async def test_ctrl_c_deletes_what_the_checks_made(cp: Controlplane) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(LEVERS9),
+        *("pool", "check", "--pool", POOL, "--all"),
+        env=cp.cli_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        # As from a terminal: a child of a background job would ignore SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert process.stderr is not None
+    said: list[str] = []
+    async with asyncio.timeout(WITHIN):
+        while "created (runtime runsc)" not in (line := (await process.stderr.readline()).decode()):
+            assert line, "".join(said)
+            said.append(line)
+    # The endpoint and the web box were made and deleted; the counting box is up now.
+    boxes = json.loads(_ok(await cp.cli("box", "list", "-o", "json")))
+    assert [b["name"] for b in boxes if b["name"].endswith("-count")], boxes
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = await asyncio.wait_for(process.communicate(), WITHIN)
+    assert process.returncode == 130, stdout.decode() + stderr.decode()
+    assert "interrupted: what the checks made" in stderr.decode()
+    assert "checkpoint restore" not in stdout.decode()
+    await _nothing_left(cp)
+
+
+async def test_without_runsc_the_checkpoint_line_fails_with_the_reason(
+    dev_env: WorkflowEnvironment, cp: Controlplane
+) -> None:
+    async def offered(runtimes: tuple[str, ...]) -> None:
+        await sync_reconcile_schedules(
+            dev_env.client, [POOL], cp.settings, simulated_gpus=[POOL], runtimes={POOL: runtimes}
+        )
+
+    await offered(("runc",))
+    try:
+        # Proof the gateway reads the pool's runtimes anew (it keeps them a few seconds).
+        async def refused() -> bool:
+            run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--", "true")
+            return (await cp.cli(*run)).returncode != 0
+
+        await eventually(refused, within=WITHIN)
+        done = await cp.cli("pool", "check", "--pool", POOL, "--all")
+    finally:
+        await offered(cp.pool.offered_runtimes)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = {re.split(r"\s{2,}", x)[1]: x for x in done.stdout.splitlines() if "  " in x}
+    line = lines["checkpoint restore"]
+    assert line.startswith("FAILED"), done.stdout
+    assert "offers no runsc" in line, line
+    assert "criu" in line.lower(), line
+    assert [n for n in NAMES if lines[n].startswith("ok")] == [
+        n for n in NAMES if n != "checkpoint restore"
+    ], done.stdout
+    assert "1 of 5 checks failed (checkpoint restore)" in done.stdout
+    await _nothing_left(cp)
