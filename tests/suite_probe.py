@@ -21,3 +21,17 @@ def test_skipped_in_body() -> None:
 
 def test_fails() -> None:
     assert os.environ.get("LEVERS9_SUITE_PROBE_FAIL") != "1", "probe failure"
+
+
+@pytest.mark.integration
+def test_fails_once(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Fails its first run, passes its second: counted once as ran, named as run again."""
+    marker = tmp_path_factory.getbasetemp().parent / "probe-failed-once"
+    if os.environ.get("LEVERS9_SUITE_PROBE_FAIL") == "1" and not marker.exists():
+        marker.write_text("1")
+        raise AssertionError("probe first run")
+
+
+@pytest.mark.integration
+def test_fails_always() -> None:
+    assert os.environ.get("LEVERS9_SUITE_PROBE_FAIL") != "1", "probe failure, twice"

@@ -15,14 +15,17 @@ from tests import suite_report
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_probe(*, ci: bool, fail: bool = False, only: str = "") -> subprocess.CompletedProcess[str]:
+def run_probe(
+    *, ci: bool, fail: bool = False, only: str = "", basetemp: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.update(LEVERS9_SUITE_PROBE="1", CI="true" if ci else "")
     if fail:
         env["LEVERS9_SUITE_PROBE_FAIL"] = "1"
     target = "tests/suite_probe.py" + (f"::{only}" if only else "")
+    temp = ["--basetemp", str(basetemp)] if basetemp else []
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", target],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *temp, target],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -30,7 +33,7 @@ def run_probe(*, ci: bool, fail: bool = False, only: str = "") -> subprocess.Com
 def test_local_run_reports_skips_by_name_and_passes() -> None:
     result = run_probe(ci=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "levers9 suite: 2 ran, 2 skipped, 0 failed" in result.stdout
+    assert "levers9 suite: 4 ran, 2 skipped, 0 failed, 0 run again" in result.stdout
     assert "skipped tests/suite_probe.py::test_skipped_by_mark: probe skip in setup" in (
         result.stdout
     )
@@ -49,10 +52,25 @@ def test_ci_run_fails_on_a_skip_not_allowed() -> None:
 def test_ci_run_without_skips_passes_and_a_failure_is_counted() -> None:
     clean = run_probe(ci=True, only="test_passes")
     assert clean.returncode == 0, clean.stdout + clean.stderr
-    assert "levers9 suite: 1 ran, 0 skipped, 0 failed" in clean.stdout
+    assert "levers9 suite: 1 ran, 0 skipped, 0 failed, 0 run again" in clean.stdout
     failing = run_probe(ci=True, fail=True, only="test_fails")
     assert failing.returncode == pytest.ExitCode.TESTS_FAILED
-    assert "levers9 suite: 1 ran, 0 skipped, 1 failed" in failing.stdout
+    assert "levers9 suite: 1 ran, 0 skipped, 1 failed, 0 run again" in failing.stdout
+
+
+def test_a_failed_test_against_real_servers_runs_once_more_and_is_named(
+    tmp_path: Path,
+) -> None:
+    once = run_probe(ci=True, fail=True, only="test_fails_once", basetemp=tmp_path / "once")
+    assert once.returncode == 0, once.stdout + once.stderr
+    assert "levers9 suite: 1 ran, 0 skipped, 0 failed, 1 run again" in once.stdout
+    assert (
+        "  run again tests/suite_probe.py::test_fails_once: first run"
+        " AssertionError: probe first run"
+    ) in once.stdout
+    always = run_probe(ci=True, fail=True, only="test_fails_always", basetemp=tmp_path / "twice")
+    assert always.returncode == pytest.ExitCode.TESTS_FAILED, always.stdout + always.stderr
+    assert "levers9 suite: 1 ran, 0 skipped, 1 failed, 1 run again" in always.stdout
 
 
 def test_allow_list_matches_by_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
