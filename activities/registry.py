@@ -9,6 +9,7 @@ from temporalio.client import Client
 
 from activities.aws import AwsActivities
 from activities.dispatch import TaskActivities, TunnelEndpoints
+from activities.drain import DrainActivities
 from activities.endpoints import EndpointActivities
 from activities.gcp import GcpActivities, gcp_clients
 from activities.images import ImageActivities
@@ -80,6 +81,7 @@ def controlplane_activities(
     observer = KubeObserver(clients, caches.get if caches is not None else None)
     reconcile = ReconcileActivities(observer, client, settings)
     kube = KubeActivities(clients, settings)
+    drain = DrainActivities(client, settings)
     tasks = TaskActivities(client, settings, tunnels)
     endpoints = EndpointActivities(clients)
     return [
@@ -88,6 +90,8 @@ def controlplane_activities(
         kube.delete_worker_job,
         kube.describe_worker_pod,
         kube.mark_worker_drained,
+        drain.boxes_on_worker,
+        drain.stop_boxes,
         tasks.place_task,
         tasks.request_placement,
         tasks.worker_ended,

@@ -308,6 +308,29 @@ class DrainWorker(_Record):
     worker_id: str
     reason: str
     """What each task taken off it ends its attempt with (`preempted: ...`)."""
+    spare: tuple[str, ...] = ()
+    """Tasks not preempted now: boxes' tasks, which `box stop` checkpoints first (a second
+    signal without them preempts whatever of them still runs)."""
+
+
+class WorkerBoxes(_Record):
+    """Activity `boxes_on_worker`: the running boxes whose task is on this worker."""
+
+    pool_name: str
+    worker_id: str
+
+
+class BoxOnWorker(_Record):
+    workspace: str
+    name: str
+    task_id: str
+
+
+class StopBoxes(_Record):
+    """Activity `stop_boxes`: `box stop` of each, with `reason`."""
+
+    boxes: tuple[BoxOnWorker, ...]
+    reason: str
 
 
 def drain_reason(node_name: str) -> str:

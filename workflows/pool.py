@@ -83,9 +83,12 @@ class PoolWorkflow:
     @workflow.signal
     def worker_draining(self, drain: DrainWorker) -> None:
         """The worker's node is being drained (WorkerWorkflow, told by its machine): nothing is
-        placed on it again, and each task on it is preempted with the drain's reason (its
-        record queues it again with a retry left, else ends it cancelled so)."""
+        placed on it again, and each task on it but those `spare`d (boxes' tasks, stopped with a
+        checkpoint first) is preempted with the drain's reason (its record queues it again with
+        a retry left, else ends it cancelled so)."""
         for placement in self._state.drain(drain.worker_id):
+            if placement.task_id in drain.spare:
+                continue
             self._telling += 1
             taker = asyncio.create_task(self._take_back(placement, drain.reason))
             self._tellers.add(taker)

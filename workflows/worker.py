@@ -18,8 +18,9 @@ expires at the record TTL as before, its Job deleted. Whenever the record ends, 
 then the machine are told, so its next reconcile adds a fresh worker at once.
 
 A drain of its node (signal `drain`, from its machine when the node is cordoned) takes it out of
-placement for good and preempts its tasks (`worker_draining` to the pool); once a heartbeat after
-that says nothing runs, its pod is labelled `levers9.dev/drained=true` (out of the pool's
+placement for good and preempts its tasks (`worker_draining` to the pool), its boxes' tasks
+stopped as `box stop` does first (checkpointed where they can be); once a heartbeat after that
+says nothing runs, its pod is labelled `levers9.dev/drained=true` (out of the pool's
 PodDisruptionBudget, which held the drain's evictions back until then) and the record ends
 `stopped`, its Job deleted.
 
@@ -42,14 +43,18 @@ from temporalio.exceptions import ActivityError, FailureError
 from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
+    from activities.drain import DrainActivities
     from activities.kube import KubeActivities
     from levers9.core.manifests import worker_job_name
     from levers9.logs import KV_EXTRA
     from levers9.models import (
         WORKER_WORKFLOW,
+        BoxOnWorker,
         DrainWorker,
         PodState,
+        StopBoxes,
         StopWorker,
+        WorkerBoxes,
         WorkerHeartbeat,
         WorkerInput,
         WorkerJobInput,
@@ -88,6 +93,9 @@ CACHE_REPORT = "cache-report-announced"
 """Patch: a change in what the node's image cache holds (its heartbeats say, with the pool's
 `cache.enabled`) is announced to the pool's placement."""
 DRAINING = "draining: its tasks are taken off it, then its pod leaves the disruption budget"
+BOX_STOP_TIMEOUT = timedelta(minutes=15)
+"""A drain's `box stop` of its boxes: checkpoints of GiBs of memory take a while each."""
+BOX_STOP_HEARTBEAT = timedelta(seconds=30)
 PUBLISH = timedelta(minutes=1)
 """How often heartbeats refresh the record's memo (visibility), not every 10 s."""
 
@@ -388,14 +396,20 @@ class WorkerWorkflow:
         }
         if not self._drain_told:
             self._drain_told = True
-            self._drain_beats = self._beats
             self._set(input, "available")
-            pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
-            with contextlib.suppress(FailureError):  # no pool: nothing is placed on it
-                await pool.signal(
-                    "worker_draining", DrainWorker(worker_id=input.worker_id, reason=reason)
-                )
             workflow.logger.info("worker draining", extra={KV_EXTRA: kv | {"reason": reason}})
+            boxes = await self._boxes_on_it(input)
+            spare = tuple(box.task_id for box in boxes)
+            await self._tell_draining(
+                input, DrainWorker(worker_id=input.worker_id, reason=reason, spare=spare)
+            )
+            if boxes:
+                await self._stop_boxes(input, boxes, reason)
+                # A box whose checkpoint was refused or failed runs on: preempted now.
+                await self._tell_draining(
+                    input, DrainWorker(worker_id=input.worker_id, reason=reason)
+                )
+            self._drain_beats = self._beats  # a heartbeat from now on says what still runs
             return None
         beat = self._beat
         if self._beats <= self._drain_beats or beat is None or beat.running_tasks:
@@ -410,6 +424,50 @@ class WorkerWorkflow:
         workflow.logger.info("worker drained", extra={KV_EXTRA: kv | {"pods": labelled}})
         drained = f"drained: {reason.removeprefix('preempted: ')}"
         return await self._end(input, "stopped", drained, job)
+
+    async def _tell_draining(self, input: WorkerInput, drain: DrainWorker) -> None:
+        pool = workflow.get_external_workflow_handle(pool_workflow_id(input.pool_name))
+        with contextlib.suppress(FailureError):  # no pool: nothing is placed on it
+            await pool.signal("worker_draining", drain)
+
+    async def _boxes_on_it(self, input: WorkerInput) -> tuple[BoxOnWorker, ...]:
+        """The running boxes whose task is on this worker (none when they cannot be listed:
+        their tasks are preempted like the others)."""
+        try:
+            boxes: list[BoxOnWorker] = await workflow.execute_activity_method(
+                DrainActivities.boxes_on_worker,
+                WorkerBoxes(pool_name=input.pool_name, worker_id=input.worker_id),
+                start_to_close_timeout=KUBE_TIMEOUT,
+                retry_policy=PROBE_RETRY,
+                summary="drain: which boxes run on it?",
+            )
+        except ActivityError as exc:
+            workflow.logger.warning(
+                "drain: its boxes could not be listed, their tasks are preempted",
+                extra={KV_EXTRA: {"worker_id": input.worker_id, "error": failure_reason(exc)}},
+            )
+            return ()
+        return tuple(boxes)
+
+    async def _stop_boxes(
+        self, input: WorkerInput, boxes: tuple[BoxOnWorker, ...], reason: str
+    ) -> None:
+        """`box stop` of each: a runsc box's task is checkpointed before it ends."""
+        why = reason.removeprefix("preempted: ")
+        try:
+            await workflow.execute_activity_method(
+                DrainActivities.stop_boxes,
+                StopBoxes(boxes=boxes, reason=why),
+                start_to_close_timeout=BOX_STOP_TIMEOUT,
+                heartbeat_timeout=BOX_STOP_HEARTBEAT,
+                retry_policy=PROBE_RETRY,
+                summary=f"drain: box stop of {len(boxes)} box(es), checkpointed where they can be",
+            )
+        except ActivityError as exc:
+            workflow.logger.warning(
+                "drain: its boxes could not all be stopped, their tasks are preempted",
+                extra={KV_EXTRA: {"worker_id": input.worker_id, "error": failure_reason(exc)}},
+            )
 
     def _quiet(self, window: timedelta) -> bool:
         """Not heard for the liveness window."""

@@ -4,13 +4,21 @@ eviction of the worker's pod while its task runs (the drain says it would violat
 retries); the reconcile sees the node cordoned, the controlplane takes the task off the worker
 (its attempt ends `preempted` with the drain's reason, not `lost` under a killed agent), labels
 the pod `levers9.dev/drained=true` and ends the worker `stopped`; the drain then completes and
-the task's second attempt succeeds on another node."""
+the task's second attempt succeeds on another node. A `--runtime runsc` box on a drained node is
+stopped as `box stop` stops it, its task checkpointed, before the drain may go on; once the node
+is uncordoned, `box start` restores it there and its counter goes on.
+
+The tests of this module share one sandbox and one controlplane and run in order (each drains
+one of its three nodes).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -20,7 +28,7 @@ from levers9.core.manifests import disruption_budget_name
 from levers9.models import TERMINAL, TaskRecord
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
-from levers9.temporal import connect
+from levers9.temporal import connect, sync_reconcile_schedules
 from sandbox.disruption import VIOLATION
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -36,11 +44,24 @@ UNTIL_DONE = "while [ ! -e /tmp/done ]; do sleep 1; done"
 attempt): the first outlives any wait of the drain, the second ends when told."""
 
 
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done"
+
+
 @pytest.fixture(scope="module")
 async def plane(
     dev_env: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[tuple[Controlplane, Client]]:
-    async with reconciling(dev_env.client, tmp_path_factory.mktemp("drain"), containers=True) as cp:
+    runtimes = {"runtimes": ["runc", "runsc"]}  # runc the default; runsc boxes checkpoint
+    async with reconciling(
+        dev_env.client, tmp_path_factory.mktemp("drain"), pool_settings=runtimes, containers=True
+    ) as cp:
+        await sync_reconcile_schedules(  # the pool's tasks may name runsc (as worker_main does)
+            dev_env.client,
+            [POOL],
+            cp.settings,
+            simulated_gpus=[POOL] if cp.pool.simulated_gpus else [],
+            runtimes={POOL: cp.pool.offered_runtimes},
+        )
         await eventually(lambda: workers_available(cp), within=WITHIN)
         yield cp, await connect(cp.settings)
 
@@ -159,3 +180,64 @@ async def test_a_drain_waits_for_the_agent_then_the_task_succeeds_on_another_nod
         "stopped",
         f"drained: its node {node} is cordoned (drain)",
     ), drained
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+async def test_a_drain_checkpoints_a_runsc_box_and_box_start_restores_it(
+    plane: tuple[Controlplane, Client],
+) -> None:
+    cp, client = plane
+    _ok(await cp.cli("workspace", "create", "drained"))
+    token = _ok(await cp.cli("workspace", "token", "create", "drained", "--name", "ci")).strip()
+
+    async def box(*args: str) -> subprocess.CompletedProcess[str]:
+        return await cp.cli("box", *args, token=token)
+
+    async def shown() -> dict[str, Any]:
+        got: dict[str, Any] = json.loads(_ok(await box("get", "counter", "-o", "json")))
+        return got
+
+    create = ("create", "counter", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await box(*create, "--", "sh", "-c", COUNTER))
+
+    async def running() -> bool:
+        return bool((await shown())["task_state"] == "running")
+
+    async def read() -> int:
+        done = await box("exec", "counter", "--", "cat", "/tmp/count")
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+    async def counted() -> bool:
+        return await read() >= 10
+
+    await eventually(running, within=WITHIN)
+    before = await shown()
+    node = str(before["node"])
+    await eventually(counted, within=WITHIN)
+    first = await read()
+    async with _Drain(cp, node) as drain:
+        assert await asyncio.wait_for(drain.finished(), DRAIN_TIMEOUT_S + 30) == 0, drain.output
+    stopped = await shown()
+    assert stopped["state"] == "stopped", stopped
+    assert "checkpointed to counter-1-" in str(stopped["reason"]), stopped
+    record = await task_record(client, str(before["task"]))
+    assert record is not None
+    assert (record.state, record.node_name) == ("cancelled", node), record
+    assert "checkpointed to counter-1-" in record.reason, record
+
+    await cp.kubectl("uncordon", node)  # the image is on that node: the restore is pinned there
+    started = _ok(await box("start", "counter"))
+    assert "its processes restored from checkpoint counter-1-" in started, started
+    await eventually(running, within=WITHIN)
+    after = await shown()
+    assert (after["node"], after["task"] != before["task"]) == (node, True), (before, after)
+
+    async def went_on() -> bool:  # restored, not restarted: a fresh counter reads 1, 2, ...
+        return await read() > first
+
+    await eventually(went_on, within=WITHIN)
+    _ok(await box("delete", "counter"))
