@@ -18,6 +18,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from levers9.core.capacity import NODE_LABEL
+from levers9.records.listing import list_worker_records
 from levers9.temporal import connect, sync_reconcile_schedules
 from tests.buckets import CheckingS3, checking_s3
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
@@ -102,13 +103,19 @@ async def _read(plane: Plane, name: str) -> int:
 
 
 async def _take_node_away(cp: Controlplane, node: str) -> None:
-    """`kubectl cordon NODE` (no new worker there) and its worker's Job deleted (its record
-    ends, and placement has no worker there)."""
+    """`kubectl cordon NODE` (no new worker there) and its worker's Job deleted; returns once
+    its record has ended (placement has no worker there)."""
     await cp.kubectl("cordon", node)
     for job in await cp.worker_jobs():
         if job["metadata"]["labels"][NODE_LABEL] == node:
             await cp.kubectl("-n", job["metadata"]["namespace"], "delete", "job",
                              job["metadata"]["name"], "--wait=false")  # fmt: skip
+
+    async def gone() -> bool:  # its record ended: placement offers no worker there
+        live = await list_worker_records(cp.settings, POOL, include_ended=False)
+        return all(r.node_name != node for r in live)
+
+    await eventually(gone, within=WITHIN)
 
 
 async def test_a_box_with_a_checkpoint_volume_is_restored_on_another_node(plane: Plane) -> None:
