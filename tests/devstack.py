@@ -19,6 +19,8 @@ class Dev:
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        self.up_stdout = ""
+        """What `levers9 dev up` printed (the fixture that ran it keeps it)."""
         self.ports = [
             "--temporal-port",
             str(free_port()),

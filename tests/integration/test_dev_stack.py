@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
+from playwright.sync_api import expect, sync_playwright
 
 from activities.kube_clients import KubeClients
 from levers9.agent.cgroups import cgroup_dirs
@@ -42,6 +44,7 @@ from tests.waiting import until
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
+CHROMIUM = "/usr/bin/chromium"
 
 
 def _dev_key(home: Path) -> dict[str, str]:
@@ -71,6 +74,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     stack = Dev(tmp_path_factory.mktemp("dev"))
     up = stack.run("dev", "up", *stack.ports, env={"LEVERS9_RECONCILE_INTERVAL_SECONDS": "1"})
     assert up.returncode == 0, up.stdout + up.stderr
+    stack.up_stdout = up.stdout
     yield stack
     stack.run("dev", "down")
 
@@ -205,6 +209,39 @@ def test_a_task_runs_in_gvisor_with_runtime_runsc(dev: Dev) -> None:
     assert ported.returncode == 1
     assert "cannot publish a task's ports" in ported.stdout + ported.stderr
     assert "--runtime runc" in ported.stdout + ported.stderr
+
+
+def test_the_dashboard_dev_up_printed_signs_in_with_the_dev_token(dev: Dev) -> None:
+    """In a real browser (the system's Chromium): the URL `dev up` printed, the token in the
+    file it named, and the dev pool's machines on the pools page."""
+    assert _workers_available(dev, within=90) is None
+    said = re.search(r"dashboard: (\S+) \(token: (\S+)\)", " ".join(dev.up_stdout.split()))
+    assert said is not None, dev.up_stdout
+    url, token_file = said.groups()
+    assert url == dev.env["LEVERS9_ENDPOINTS_URL"] + "/ui/"
+    token = Path(token_file).read_text().strip()
+    listed = dev.run("machine", "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    nodes = [m["node_name"] for m in json.loads(listed.stdout) if m["pool_name"] == "gke-rtx6000"]
+    assert nodes
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            # The front's certificate is the dev stack's own CA's (docs/dashboard.md).
+            page = browser.new_context(ignore_https_errors=True).new_page()
+            page.goto(url)
+            expect(page).to_have_url(url + "sign-in")
+            page.get_by_test_id("token").fill(token)
+            page.get_by_test_id("sign-in").click()
+            expect(page).to_have_url(url + "tasks")
+            expect(page.get_by_test_id("who")).to_have_text("operator")
+            page.get_by_role("link", name="Pools").click()
+            machines = page.get_by_test_id("machines")
+            for node in nodes:
+                expect(machines).to_contain_text(node, timeout=30_000)
+            expect(page.get_by_test_id("pool-gke-rtx6000")).to_contain_text("card(s) free")
+        finally:
+            browser.close()
 
 
 def _attach(dev: Dev) -> subprocess.CompletedProcess[str]:
