@@ -144,6 +144,9 @@ class WorkerRegistration(_Record):
     tls: bool = False
     """WorkerService serves TLS with the certificate its Secret carries (levers9.rpc.worker_tls):
     calls to it verify the worker's name against the worker CA."""
+    checkpoint: str = ""
+    """What it can checkpoint tasks with, as its agent reports it (levers9.agent.checkpoints):
+    `runsc`, `runsc+cuda`, `criu`, or `none (...)` saying why; "": an agent that does not say."""
 
 
 class WorkerHeartbeat(_Record):
@@ -202,6 +205,8 @@ class WorkerRecord(_Record):
     last_heartbeat: datetime | None = None
     idle_since: datetime | None = None
     running_tasks: int = 0
+    checkpoint: str = ""
+    """What it can checkpoint tasks with (WorkerRegistration.checkpoint): `pool check` shows it."""
 
 
 class PodState(_Record):
@@ -410,6 +415,9 @@ class TaskInput(_Record):
     """The workspace's volume its checkpoints are kept in (`box create --checkpoints VOLUME`):
     an image is uploaded there and fetched by the machine that restores it, so its restore may
     run anywhere in the pool; "": they stay on the machine that took them."""
+    restore_sha256: str = ""
+    """The sha256 of `restore_from`'s image.tar as its checkpoint uploaded it: an image fetched
+    from the checkpoint volume must match it (the workspace may write its bucket)."""
     node: str = ""
     """The one node it may run on ("": any): a box's restore goes to the node whose disk holds
     its checkpoint (images are not copied between machines)."""

@@ -91,6 +91,7 @@ class TaskSpec(_message.Message):
     MOUNTS_FIELD_NUMBER: _builtins.int
     RESTORE_FROM_FIELD_NUMBER: _builtins.int
     CHECKPOINT_VOLUME_FIELD_NUMBER: _builtins.int
+    RESTORE_SHA256_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -134,6 +135,12 @@ class TaskSpec(_message.Message):
     machine that lacks it, so that the restore may run on any machine of the pool; "": its
     checkpoints stay on the machine that took them (and its restore is pinned there).
     """
+    restore_sha256: _builtins.str
+    """The sha256 of restore_from's image.tar as CheckpointTask uploaded it (its answer's
+    stored_sha256, kept by the controlplane): a fetched image must match it, so that an image
+    changed in the bucket (which the workspace may write) is never restored; "": the bucket's
+    image.tar.sha256 alone is checked.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -175,10 +182,11 @@ class TaskSpec(_message.Message):
         mounts: _abc.Iterable[Global___TaskMount] | None = ...,
         restore_from: _builtins.str = ...,
         checkpoint_volume: _builtins.str = ...,
+        restore_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "checkpoint_volume", b"checkpoint_volume", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "checkpoint_volume", b"checkpoint_volume", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "restore_sha256", b"restore_sha256", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -811,6 +819,7 @@ class CheckpointTaskResponse(_message.Message):
     STORED_FIELD_NUMBER: _builtins.int
     STORE_ERROR_FIELD_NUMBER: _builtins.int
     STORE_SECONDS_FIELD_NUMBER: _builtins.int
+    STORED_SHA256_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     path: _builtins.str
     """the image's folder on this machine"""
@@ -823,6 +832,8 @@ class CheckpointTaskResponse(_message.Message):
     """why the upload failed ("": it did not, or none was asked)"""
     store_seconds: _builtins.float
     """the upload's time"""
+    stored_sha256: _builtins.str
+    """the uploaded image.tar's sha256 (TaskSpec.restore_sha256)"""
     def __init__(
         self,
         *,
@@ -833,10 +844,11 @@ class CheckpointTaskResponse(_message.Message):
         stored: _builtins.str = ...,
         store_error: _builtins.str = ...,
         store_seconds: _builtins.float = ...,
+        stored_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "seconds", b"seconds", "size_bytes", b"size_bytes", "store_error", b"store_error", "store_seconds", b"store_seconds", "stored", b"stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "path", b"path", "seconds", b"seconds", "size_bytes", b"size_bytes", "store_error", b"store_error", "store_seconds", b"store_seconds", "stored", b"stored", "stored_sha256", b"stored_sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,6 +50,7 @@ EVERY_FIELD = TaskInput(
     ),
     restore_from="box-1",
     checkpoint_volume="checkpoints",
+    restore_sha256="0" * 64,
 )
 
 
