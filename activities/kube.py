@@ -251,11 +251,22 @@ class KubeActivities:
             )
         # Before the Job: a drain that comes while the worker starts already waits for it.
         budget = manifests.worker_disruption_budget(input.pool_name, spec.namespace)
-        _create_or_exists(
-            lambda: k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
-                spec.namespace, _body(budget)
+        try:
+            _create_or_exists(
+                lambda: k8s.PolicyV1Api(api).create_namespaced_pod_disruption_budget(
+                    spec.namespace, _body(budget)
+                )
             )
-        )
+        except k8s.ApiException as exc:
+            if exc.status != 403 or not pool.kubernetes.joined:
+                raise
+            # A cluster joined before the budget: its workers run, and a drain does not wait.
+            log.warning(
+                "worker disruption budget not created: a drain will not wait for the agent",
+                pool_name=input.pool_name,
+                error=f"403 {_status_message(exc)}",
+                fix=FIX_403_JOINED,
+            )
         _create_or_exists(
             lambda: batch.create_namespaced_job(spec.namespace, _body(manifests.worker_job(spec)))
         )

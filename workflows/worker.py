@@ -414,13 +414,20 @@ class WorkerWorkflow:
         beat = self._beat
         if self._beats <= self._drain_beats or beat is None or beat.running_tasks:
             return None
-        labelled = await workflow.execute_activity_method(
-            KubeActivities.mark_worker_drained,
-            job,
-            start_to_close_timeout=KUBE_TIMEOUT,
-            retry_policy=KUBE_RETRY,
-            summary="drained: its pod leaves the pool's disruption budget",
-        )
+        try:
+            labelled = await workflow.execute_activity_method(
+                KubeActivities.mark_worker_drained,
+                job,
+                start_to_close_timeout=KUBE_TIMEOUT,
+                retry_policy=KUBE_RETRY,
+                summary="drained: its pod leaves the pool's disruption budget",
+            )
+        except ActivityError as exc:  # (403: a joined cluster's older Role) its Job goes anyway
+            workflow.logger.warning(
+                "drained worker's pod not labelled",
+                extra={KV_EXTRA: kv | {"error": failure_reason(exc)}},
+            )
+            labelled = 0
         workflow.logger.info("worker drained", extra={KV_EXTRA: kv | {"pods": labelled}})
         drained = f"drained: {reason.removeprefix('preempted: ')}"
         return await self._end(input, "stopped", drained, job)
@@ -574,6 +581,7 @@ class WorkerWorkflow:
             replica_address=registration.replica_address if registration else None,
             tls=registration.tls if registration else False,
             visible_devices=registration.visible_devices if registration else (),
+            checkpoint=registration.checkpoint if registration else "",
             last_heartbeat=self._beat_at,
             idle_since=self._idle_since() if registration else None,
             running_tasks=beat.running_tasks if beat else 0,
