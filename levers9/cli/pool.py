@@ -19,6 +19,7 @@ from levers9.cli.pool_checks import (
     CheckResult,
     PoolChecks,
     check_line,
+    checkpoint_capability,
     results_json,
     summary_line,
 )
@@ -183,6 +184,9 @@ def check(
         missing = {"reason": f"no result within {timeout}", "task": task.task_id}
         fail([f"FAILED {json.dumps(missing)}"])
         raise typer.Exit(1)
+    capability = asyncio.run(checkpoint_capability(settings, pool))
+    if capability is not None:
+        console.print(f"checkpoint capability: {capability}", highlight=False)
     if not print_check(record, gpu, simulated=simulated):
         raise typer.Exit(1)
 
@@ -198,6 +202,7 @@ def check_all(
     except (GatewayRefused, GatewayUnavailable, NoSuchPool) as exc:
         fail([f"pool check --all: {exc}"])
         raise typer.Exit(1) from None
+    capability = asyncio.run(checkpoint_capability(settings, pool))
 
     def progress(line: str) -> None:
         errors.print(line, highlight=False, style="dim", soft_wrap=True)
@@ -214,13 +219,15 @@ def check_all(
         console.print(
             f"checking pool {pool} (what it makes is named {checks.prefix}-...)", highlight=False
         )
+        if capability is not None:
+            console.print(f"checkpoint capability: {capability}", highlight=False)
     try:
         results = asyncio.run(checks.run())
     except KeyboardInterrupt:
         fail([f"interrupted: what the checks made ({checks.prefix}-...) was deleted"])
         raise typer.Exit(130) from None
     if output is Output.json:
-        console.print_json(results_json(pool, results))
+        console.print_json(results_json(pool, results, capability))
     else:
         console.print(summary_line(results, pool), highlight=False)
     if not all(r.ok for r in results):

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from temporalio.service import RPCError
+
 from levers9.cli.endpoint_access import EndpointAccess, Refused
 from levers9.cli.gateway_api import (
     CALL_TIMEOUT_S,
@@ -438,8 +440,36 @@ def _why_none(box: boxes_pb2.Box) -> str:
     return why.removesuffix(")") if took_none else box.reason
 
 
-def results_json(pool: str, results: list[CheckResult]) -> str:
+async def checkpoint_capability(settings: ControlplaneSettings, pool: str) -> str | None:
+    """What the pool's live workers say they can checkpoint with, e.g. `runsc (3 workers)` or
+    `none (runsc: ...; criu check: ...) on node-a`; None when the records cannot be read (a
+    workspace's CLI may not reach Temporal) or no worker is live."""
+    try:
+        workers = await list_worker_records(settings, pool, include_ended=False)
+    except (Unreachable, RPCError):
+        return None
+    nodes: dict[str, list[str]] = {}
+    for worker in workers:
+        if worker.state == "available":
+            said = worker.checkpoint or "not reported (an older agent)"
+            nodes.setdefault(said, []).append(worker.node_name)
+    if not nodes:
+        return None
+    if len(nodes) == 1:
+        [(said, on)] = nodes.items()
+        return f"{said} ({len(on)} worker{'s' if len(on) > 1 else ''})"
+    return "; ".join(f"{said} on {', '.join(on)}" for said, on in sorted(nodes.items()))
+
+
+def results_json(
+    pool: str, results: list[CheckResult], checkpoint_capability: str | None = None
+) -> str:
     return json.dumps(
-        {"pool": pool, "ok": all(r.ok for r in results), "checks": [r.as_json() for r in results]},
+        {
+            "pool": pool,
+            "ok": all(r.ok for r in results),
+            "checks": [r.as_json() for r in results],
+            "checkpoint_capability": checkpoint_capability,
+        },
         indent=2,
     )

@@ -40,6 +40,8 @@ MAX_GPUS = 64
 MAX_DEVICE_INDEX = 255
 MAX_RUNNING_TASKS = 4096
 MAX_LABEL_CHARS = 256
+MAX_CHECKPOINT_CHARS = 1024
+"""Of a worker's checkpoint capability (`none (runsc: ...; criu check: ...)`), kept."""
 MAX_RESULT_JSON_BYTES = 128 * 1024
 MAX_REASON_BYTES = 16 * 1024
 MAX_LOG_TAIL_BYTES = 64 * 1024
@@ -198,6 +200,8 @@ def registration(
         gpu_product=request.gpu_product,
         agent_version=request.agent_version,
         tls=request.tls and tunnel is None,
+        # Words, not a name: cut, never refused (a worker is not turned away for its reason).
+        checkpoint=request.checkpoint[:MAX_CHECKPOINT_CHARS],
     )
 
 

@@ -70,6 +70,16 @@ def test_registration(agent: Agent) -> None:
     assert not record.tls
 
 
+def test_the_checkpoint_capability_is_kept_and_long_words_cut_never_refused(
+    agent: Agent,
+) -> None:
+    assert convert.registration(agent.register(checkpoint="runsc")).checkpoint == "runsc"
+    said = "none (runsc: runsc is not installed; criu check: " + "x" * 5000 + ")"
+    kept = convert.registration(agent.register(checkpoint=said)).checkpoint
+    assert kept == said[: convert.MAX_CHECKPOINT_CHARS]
+    assert convert.registration(agent.register()).checkpoint == ""
+
+
 def test_a_tls_worker_is_dialed_with_tls_unless_tunnelled(agent: Agent) -> None:
     assert convert.registration(agent.register(tls=True)).tls
     tunnelled = convert.registration(

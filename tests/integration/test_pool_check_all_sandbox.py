@@ -2,7 +2,8 @@
 the dev pool's runtimes (runc, the default, and runsc, whose boxes checkpoint), as the dev stack
 runs it: five lines (the GPU check, a GPU endpoint's cold start and request, a box's port through
 its URL, a counting runsc box stopped and started going on from its count, a task on all the
-cards a machine offers), each ok with its time, exit 0; nothing the checks made is left (no
+cards a machine offers), each ok with its time, exit 0, under the pool's checkpoint capability
+as its workers report it (runsc); nothing the checks made is left (no
 endpoint, no box, no task of theirs running), nor after a Ctrl-C in the middle (exit 130).
 `--all` on a pool that does not exist names it and the pools there are. On a pool offering runc
 only, the checkpoint restore line FAILS with the worker's reason (CRIU's check fails on this
@@ -66,6 +67,8 @@ async def test_all_prints_five_ok_lines_and_leaves_nothing_behind(cp: Controlpla
     assert [re.split(r"\s{2,}", line)[1] for line in lines] == list(NAMES)
     assert all(re.search(r"\s\d+\.\ds\s", line) for line in lines), shown
     assert "pool gke-rtx6000: all 5 checks passed" in shown
+    # What the workers' agents reported: runsc's checkpoint works on this machine.
+    assert "checkpoint capability: runsc (3 workers)" in shown
     by_name = {re.split(r"\s{2,}", line)[1]: line for line in lines}
     assert "cold start and first answer" in by_name["gpu endpoint"]
     assert "answered 200" in by_name["box port"]
