@@ -172,6 +172,9 @@ async def test_join_applied_with_kubectl_gives_a_joined_pool(plane: Plane) -> No
         return len(await _workers(plane)) == 3
 
     await eventually(three, within=WITHIN)
+    # The join's Role lets the agent create the pool's budget (a drain waits for its workers).
+    budgets = await plane.kubectl("-n", "levers9", "get", "pdb", "-o", "name")
+    assert budgets.split() == [f"poddisruptionbudget.policy/workers-{NAME}"], budgets
     listed = json.loads((await plane.cli("pool", "list", "-o", "json")).stdout)
     assert [(r["pool"], r["provider"]) for r in listed] == [(NAME, "kubernetes (joined)")]
     machines = json.loads((await plane.cli("machine", "list", "--pool", NAME, "-o", "json")).stdout)
