@@ -552,6 +552,7 @@ class TaskActivities:
             stored=response.stored,
             store_error=response.store_error or unstored,
             store_seconds=response.store_seconds,
+            stored_sha256=response.stored_sha256,
         )
 
     @activity.defn

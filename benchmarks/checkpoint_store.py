@@ -83,11 +83,11 @@ def main() -> None:
                     name = f"img-{mib}-{run}"
                     taken = _image(work / "a", name, mib)
                     started = time.monotonic()
-                    checkpoints.upload(taken, access)
+                    _, digest = checkpoints.upload(taken, access)
                     ups.append(time.monotonic() - started)
                     target = checkpoints.image_path(work / "b", "bench", name)
                     started = time.monotonic()
-                    size = checkpoints.download(access, target)
+                    size = checkpoints.download(access, target, digest)
                     downs.append(time.monotonic() - started)
                     shutil.rmtree(taken)
                     shutil.rmtree(target)

@@ -41,6 +41,9 @@ class BoxState(BaseModel):
     """The node holding that checkpoint: its restore is pinned there unless it is stored."""
     checkpoint_stored: str = ""
     """Where it is kept in the box's checkpoint volume: its restore may run on any machine."""
+    checkpoint_sha256: str = ""
+    """Its image.tar's sha256 as uploaded: the restore refuses any other (TaskInput's
+    restore_sha256)."""
     events: list[BoxEvent] = Field(default_factory=list)
 
     def note(self, at: datetime, kind: str, message: str) -> None:
@@ -90,6 +93,8 @@ class CheckpointOutcome(BaseModel):
     store_error: str = ""
     """Why it was not uploaded (the volume's error), when a volume was named."""
     store_seconds: float = 0.0
+    stored_sha256: str = ""
+    """The uploaded image.tar's sha256: its restore must fetch that very image."""
     refused: str = ""
     not_running: bool = False
     """Refused because the task is not running (queued, placed, ended): nothing to keep."""

@@ -225,6 +225,7 @@ class BoxWorkflow:
         state.checkpoint = outcome.name
         state.checkpoint_node = outcome.node
         state.checkpoint_stored = outcome.stored
+        state.checkpoint_sha256 = outcome.stored_sha256
         state.state = STOPPED
         taken = (
             f"box stop; checkpointed to {outcome.name} ({outcome.size_bytes} bytes in"
@@ -262,10 +263,12 @@ class BoxWorkflow:
             # one kept on its node only pins the restore there.
             pinned = state.checkpoint_node and not state.checkpoint_stored
             pin = {"node": state.checkpoint_node} if pinned else {}
-            task = task.model_copy(update={"restore_from": restore, **pin})
+            restoring = {"restore_from": restore, "restore_sha256": state.checkpoint_sha256}
+            task = task.model_copy(update={**restoring, **pin})
             state.checkpoint = ""
             state.checkpoint_node = ""
             state.checkpoint_stored = ""
+            state.checkpoint_sha256 = ""
         attributes = (
             TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
             if state.workspace != DEFAULT_WORKSPACE

@@ -322,9 +322,10 @@ def _tar(argv: list[str]) -> None:
         raise CheckpointFailed(f"tar {argv[0]}: {said[-1] if said else done.returncode}")
 
 
-def upload(path: Path, access: VolumeAccess) -> str:
+def upload(path: Path, access: VolumeAccess) -> tuple[str, str]:
     """Uploads the sealed image at `path` to the checkpoint volume (`image.tar`, then
-    `image.tar.sha256`); where it is kept. StoreFailed naming the volume and S3's error."""
+    `image.tar.sha256`); where it is kept and the tar's sha256 (which the controlplane keeps,
+    for `download`'s `expected`). StoreFailed naming the volume and S3's error."""
     name = path.name
     tar = path.parent / f".{name}.upload-{uuid.uuid4().hex[:8]}.tar"
     try:
@@ -348,14 +349,16 @@ def upload(path: Path, access: VolumeAccess) -> str:
             client.close()
     finally:
         tar.unlink(missing_ok=True)
-    return store_url(access, name)
+    return store_url(access, name), digest
 
 
-def download(access: VolumeAccess, path: Path) -> int:
+def download(access: VolumeAccess, path: Path, expected: str = "") -> int:
     """Fetches checkpoint `path.name` from the checkpoint volume into `path` (absent here):
-    its tar's sha256 checked against the one stored, unpacked beside `path`, every file
-    verified, renamed into place; its size in bytes. ImageInvalid when the volume has no such
-    checkpoint or it is corrupted (nothing is left at `path`); StoreFailed for S3's errors."""
+    its tar's sha256 checked against the one stored and against `expected` (the one its upload
+    answered, kept by the controlplane: the workspace may write its bucket, so the stored one
+    alone only shows corruption), unpacked beside `path`, every file verified, renamed into
+    place; its size in bytes. ImageInvalid when the volume has no such checkpoint or it is
+    corrupted or changed (nothing is left at `path`); StoreFailed for S3's errors."""
     name = path.name
     where = f"volume {access.name} ({store_url(access, name)})"
     folder = staging(path)
@@ -383,6 +386,11 @@ def download(access: VolumeAccess, path: Path) -> int:
             raise ImageInvalid(
                 f"checkpoint {name} in {where}: {TAR} does not match its {TAR_SUM} (corrupted:"
                 f" sha256 {got}, stored {stored[0] if stored else 'nothing'}); not restored"
+            )
+        if expected and got != expected:
+            raise ImageInvalid(
+                f"checkpoint {name} in {where}: {TAR} is not the image its checkpoint uploaded"
+                f" (sha256 {got}, recorded {expected}: changed in the bucket since); not restored"
             )
         size = tar.stat().st_size
         _tar(["--extract", f"--file={tar}", f"--directory={folder}", "--numeric-owner",

@@ -112,7 +112,7 @@ class TaskManager:
         self._records: dict[str, TaskRecord] = {}
         self._mounts: dict[str, tuple[StorageMount, ...]] = {}
         """Each task's volumes and disks with what mounts them, until it ends."""
-        self._stores: dict[str, VolumeAccess] = {}
+        self._stores: dict[str, tuple[VolumeAccess, str]] = {}
         """Each restoring task's checkpoint volume (RunTaskRequest.checkpoint_store), until
         its start: in memory only."""
         self._finished: list[str] = []
@@ -172,7 +172,7 @@ class TaskManager:
         # In memory only, for its start: the credentials are never in its record on disk.
         self._mounts[spec.task_id] = mounts
         if checkpoint_store is not None and spec.restore_from:
-            self._stores[spec.task_id] = store_access(checkpoint_store)
+            self._stores[spec.task_id] = (store_access(checkpoint_store), spec.restore_sha256)
         for phase, check in ((GPU_ASSIGNMENT, self._assign), (PORTS, self._claim_ports)):
             problem = check(record)
             if problem is not None:
@@ -271,7 +271,8 @@ class TaskManager:
         if store is not None:
             sent = time.monotonic()
             try:
-                response.stored = await asyncio.to_thread(checkpoints.upload, path, store)
+                stored = await asyncio.to_thread(checkpoints.upload, path, store)
+                response.stored, response.stored_sha256 = stored
             except (checkpoints.StoreFailed, checkpoints.CheckpointFailed) as error:
                 response.store_error = str(error)
                 log.warning("checkpoint upload failed", task_id=task_id, error=str(error))
@@ -410,7 +411,7 @@ class TaskManager:
             store = self._stores.pop(spec.task_id, None)
             if store is not None and not restore.exists():
                 try:
-                    await self._fetch(spec.task_id, store, restore)
+                    await self._fetch(spec.task_id, *store, restore)
                 except (
                     checkpoints.ImageInvalid,
                     checkpoints.StoreFailed,
@@ -491,10 +492,11 @@ class TaskManager:
             state, reason = FAILED, f"exited with code {code}"
         self._finish(record, state, reason)
 
-    async def _fetch(self, task_id: str, store: VolumeAccess, path: Path) -> None:
-        """The checkpoint image at `path` fetched from its volume (checkpoints.download)."""
+    async def _fetch(self, task_id: str, store: VolumeAccess, expected: str, path: Path) -> None:
+        """The checkpoint image at `path` fetched from its volume (checkpoints.download), its
+        tar's sha256 `expected` ("": the bucket's own is checked)."""
         started = time.monotonic()
-        size = await asyncio.to_thread(checkpoints.download, store, path)
+        size = await asyncio.to_thread(checkpoints.download, store, path, expected)
         log.info(
             "checkpoint fetched",
             task_id=task_id,

@@ -3,11 +3,12 @@ against moto checking credentials: a sealed image is uploaded as `<prefix>/check
 image.tar + image.tar.sha256 and fetched whole into another machine's checkpoints root (every
 file, a symlink and an overlay's whiteout as they were, the manifest verified); a tar changed in
 the bucket is refused naming the checksum and nothing is left behind; a checkpoint the volume
-lacks is named; an upload a key may not make fails naming the volume and S3's error, never the
-key. With the real runsc (root): a counting task checkpointed by one TaskManager with its
-checkpoint volume is restored by another, whose checkpoints root never held the image, and
-counts on from where it was; a third, given the same image changed in the bucket, fails the
-restore naming the checksum and restores nothing.
+lacks is named; an image.tar replaced with a matching image.tar.sha256 (the workspace may write
+its bucket) is refused against the sha256 the upload answered; an upload a key may not make
+fails naming the volume and S3's error, never the key. With the real runsc (root): a counting
+task checkpointed by one TaskManager with its checkpoint volume is restored by another, whose
+checkpoints root never held the image, and counts on from where it was; a third, given the
+same image changed in the bucket, fails the restore naming the checksum and restores nothing.
 """
 
 from __future__ import annotations
@@ -70,15 +71,17 @@ def _leftovers(folder: Path) -> list[str]:
 def test_an_uploaded_image_is_fetched_whole_on_another_machine(s3: S3, tmp_path: Path) -> None:
     access = store_access(s3.access("ckpt"))
     taken = _image(tmp_path / "a")
-    stored = checkpoints.upload(taken, access)
+    stored, digest = checkpoints.upload(taken, access)
     assert stored == f"s3://{BUCKET}/runs/checkpoints/box-1/"
+    sums = s3.client().get_object(Bucket=BUCKET, Key="runs/checkpoints/box-1/image.tar.sha256")
+    assert sums["Body"].read().decode() == f"{digest}  image.tar\n"
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=BUCKET)["Contents"]]
     assert "runs/checkpoints/box-1/image.tar" in keys
     assert "runs/checkpoints/box-1/image.tar.sha256" in keys
     assert _leftovers(taken.parent) == [], "the upload's tar is removed"
 
     fetched = checkpoints.image_path(tmp_path / "b", "team-a", "box-1")
-    size = checkpoints.download(access, fetched)
+    size = checkpoints.download(access, fetched, digest)
     assert size > 1 << 20
     assert checkpoints.verify(fetched)["task_id"] == "t-1"
     for relative in ("state/checkpoint.img", "layer/work/count", "manifest.json"):
@@ -103,6 +106,25 @@ def test_a_tar_changed_in_the_bucket_is_refused_and_nothing_is_left(s3: S3, tmp_
     assert "checkpoint box-2 in volume ckpt (s3://workspace-a/runs/checkpoints/box-2/)" in said
     assert "image.tar does not match its image.tar.sha256 (corrupted" in said
     assert "not restored" in said
+    assert not fetched.exists()
+    assert _leftovers(fetched.parent) == []
+
+
+def test_an_image_replaced_in_the_bucket_with_its_checksum_is_refused(
+    s3: S3, tmp_path: Path
+) -> None:
+    """The workspace may write its bucket: an image.tar replaced together with a matching
+    image.tar.sha256 is refused against the sha256 the upload answered (the controlplane's)."""
+    access = store_access(s3.access("ckpt"))
+    _, digest = checkpoints.upload(_image(tmp_path / "a", "box-4"), access)
+    other = _image(tmp_path / "other", "box-4")
+    checkpoints.upload(other, access)  # a consistent pair, not the checkpoint's image
+    fetched = checkpoints.image_path(tmp_path / "b", "team-a", "box-4")
+    with pytest.raises(checkpoints.ImageInvalid) as refused:
+        checkpoints.download(access, fetched, digest)
+    said = str(refused.value)
+    assert "image.tar is not the image its checkpoint uploaded" in said, said
+    assert f"recorded {digest}: changed in the bucket since); not restored" in said, said
     assert not fetched.exists()
     assert _leftovers(fetched.parent) == []
 
@@ -181,6 +203,7 @@ async def test_a_task_checkpointed_on_one_machine_is_restored_on_another(
     await machine_a.run(spec)
     await counted_past(machine_a, first, 3)
     answer = await machine_a.checkpoint(first, "moved-1", store_access(store))
+    assert len(answer.stored_sha256) == 64
     assert (answer.stored, answer.store_error) == (
         f"s3://{BUCKET}/moving/checkpoints/moved-1/",
         "",
@@ -193,6 +216,7 @@ async def test_a_task_checkpointed_on_one_machine_is_restored_on_another(
         command=["sh", "-c", COUNTER],
         workspace="team-a",
         restore_from="moved-1",
+        restore_sha256=answer.stored_sha256,
     )
     lacking = worker_pb2.TaskSpec()
     lacking.CopyFrom(restore)

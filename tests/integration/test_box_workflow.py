@@ -9,8 +9,8 @@ command is `false`), so that the box's own timers and messages are what is teste
   new task of the same template;
 - past `max_history_events` the record continues as new with its state, and still acts;
 - a checkpoint its worker kept in the box's checkpoint volume is restored by a task pinned to
-  no node; one kept on its node only (no volume, or its upload failed) pins the restore there,
-  and the stop's reason says which.
+  no node, with the sha256 the upload answered; one kept on its node only (no volume, or its
+  upload failed) pins the restore there, and the stop's reason says which.
 """
 
 from __future__ import annotations
@@ -81,7 +81,12 @@ async def kept_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
     stored = f"s3://b/p/checkpoints/{input.name}/" if input.volume not in ("", "broken") else ""
     failed = "volume broken: AccessDenied" if input.volume == "broken" else ""
     return CheckpointOutcome(
-        name=input.name, node="node-a", size_bytes=1, stored=stored, store_error=failed
+        name=input.name,
+        node="node-a",
+        size_bytes=1,
+        stored=stored,
+        store_error=failed,
+        stored_sha256="ab" * 32 if stored else "",
     )
 
 
@@ -258,3 +263,5 @@ async def test_a_restore_is_pinned_only_where_the_image_is_on_its_node_only(
         assert given is not None
         assert given.restore_from == stopped.checkpoint, given
         assert (given.node, given.checkpoint_volume) == (pinned, volume)
+        # The sha256 its upload answered goes with the restore: the fetched image must match.
+        assert given.restore_sha256 == ("ab" * 32 if volume == "ckpt" else "")
