@@ -509,12 +509,11 @@ class Dashboard:
                 got = None
             shown += views.pool_card(pool, got)
             if self.samples is not None:
-                shown += views.chart(
-                    self.samples.of(pool.name),
-                    time.time(),
-                    self.samples.window_s,
-                    f"chart-{pool.name}",
-                )
+                ring = self.samples.of(pool.name)
+                # Drawn up to its last sample, not to the clock: the part changes (and an open
+                # page's stream sends it) once per sample, not every second.
+                now = ring[-1][0] if ring else time.time()
+                shown += views.chart(ring, now, self.samples.window_s, f"chart-{pool.name}")
             shown += views.machines(
                 [m for m in machines if m.pool_name == pool.name], html.when(pool, "last_pass")
             )

@@ -381,6 +381,9 @@ def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) 
             f'<p class="empty" data-testid="{esc(test_id)}">The chart of cards in use and tasks'
             " waiting fills in: this replica samples the pool every 30 s.</p>"
         )
+    # Until the samples span the window, the chart spans the samples (a replica that started
+    # an hour ago draws its hour across the width).
+    window_s = min(window_s, max(now - kept[0][0], 1.0))
     width, height = 600.0, 80.0
     cards = max(max(s[2] for s in kept), 1)
     waiting = max(max(s[3] for s in kept), 1)
@@ -391,14 +394,19 @@ def chart(samples: Sequence[Sample], now: float, window_s: float, test_id: str) 
             for s in kept
         )
 
-    hours = window_s / 3600
+    if window_s >= 3600:
+        span = f"{window_s / 3600:.3g} h"
+    elif window_s >= 120:
+        span = f"{window_s / 60:.0f} min"
+    else:
+        span = f"{window_s:.0f} s"
     return (
         f'<figure data-testid="{esc(test_id)}"><svg viewBox="0 0 {width:g} {height:g}"'
         ' width="600" height="80" role="img" aria-label="cards in use and tasks waiting">'
         f'<rect width="{width:g}" height="{height:g}" fill="#ffffff" stroke="#d9dee7"/>'
         f'<polyline fill="none" stroke="#2f5bd3" stroke-width="2" points="{line(1, cards)}"/>'
         f'<polyline fill="none" stroke="#e07b00" stroke-width="2" points="{line(3, waiting)}"/>'
-        f"</svg><figcaption>Last {hours:g} h: cards in use (blue, of {cards}) and tasks waiting"
+        f"</svg><figcaption>Last {span}: cards in use (blue, of {cards}) and tasks waiting"
         f" (orange, at most {waiting}); now {kept[-1][1]} in use, {kept[-1][3]} waiting."
         " Sampled by this replica every 30 s.</figcaption></figure>"
     )

@@ -165,7 +165,6 @@ async def test_the_dev_pools_machines_appear(board: Board) -> None:
         theirs = page.get_by_test_id(f"neighbours-{node}")
         await expect(theirs).to_have_text(str(m["neighbour_gpus"]))
     await expect(page.get_by_test_id(f"pool-{POOL}")).to_contain_text("card(s) free")
-    await _snap(page, "pools")
 
 
 async def test_the_chart_is_sampled_in_the_background_and_drawn(board: Board) -> None:
@@ -189,6 +188,7 @@ async def test_the_chart_is_sampled_in_the_background_and_drawn(board: Board) ->
     chart = page.get_by_test_id(f"chart-{POOL}")
     await expect(chart.locator("polyline")).to_have_count(2)
     await expect(chart).to_contain_text("cards in use")
+    await _snap(page, "pools")
 
 
 async def test_a_task_started_with_the_cli_appears_live_and_its_logs_stream(board: Board) -> None:
@@ -383,7 +383,31 @@ async def test_levers9_ui_prints_the_dashboards_url(board: Board) -> None:
     assert _ok(done).strip() == board.url
 
 
+async def test_a_page_whose_front_stops_says_so_and_recovers_by_itself(board: Board) -> None:
+    """The endpoints' front (and so the dashboard) stops with a task page open: its streams end
+    at once rather than holding the stop, the page says the controlplane cannot be reached, and
+    once the front serves again the page's streams reconnect by themselves. Near the end: the
+    front's endpoint views stay stopped after this."""
+    cp = board.cp
+    assert cp.endpoints is not None
+    page = await _signed_in(board, board.a)
+    await page.goto(board.url + f"tasks/{board.tasks['a']}")
+    offline = page.locator("#offline")
+    await expect(page.get_by_test_id("logs")).to_contain_text("dashboard line 0")
+    await expect(offline).to_be_hidden()
+    async with asyncio.timeout(WITHIN / 2):  # not the front's 60 s shutdown timeout
+        await cp.endpoints.stop()
+    try:
+        await expect(offline).to_be_visible(timeout=SHOWN_S * 1000)
+    finally:
+        await cp.endpoints.start(
+            cp.settings.endpoints_listen, tls.endpoints_ssl_context(cp.settings)
+        )
+    await expect(offline).to_be_hidden(timeout=SHOWN_S * 1000)
+
+
 async def test_a_cordoned_node_shows_as_draining_with_why(board: Board) -> None:
+    """Last: a cordoned node's worker is drained, and the tests before read its tasks' logs."""
     listed = json.loads(_ok(await board.cp.cli("machine", "list", "--pool", POOL, "-o", "json")))
     [node] = [m["node_name"] for m in listed if m["total_gpus"] == 1]
     page = await _signed_in(board, operator_token(TOKEN_SECRET))
@@ -404,26 +428,3 @@ async def _cordon(cp: Controlplane, node: str, cordoned: bool) -> None:
     """`kubectl cordon|uncordon`, as the admin (the pool's key may not change nodes)."""
     patch = {"spec": {"unschedulable": cordoned}}
     await cp.admin(lambda api: k8s.CoreV1Api(api).patch_node(node, patch))
-
-
-async def test_a_page_whose_front_stops_says_so_and_recovers_by_itself(board: Board) -> None:
-    """The endpoints' front (and so the dashboard) stops with a task page open: its streams end
-    at once rather than holding the stop, the page says the controlplane cannot be reached, and
-    once the front serves again the page's streams reconnect by themselves. Last: the front's
-    endpoint views stay stopped after this."""
-    cp = board.cp
-    assert cp.endpoints is not None
-    page = await _signed_in(board, board.a)
-    await page.goto(board.url + f"tasks/{board.tasks['a']}")
-    offline = page.locator("#offline")
-    await expect(page.get_by_test_id("logs")).to_contain_text("dashboard line 0")
-    await expect(offline).to_be_hidden()
-    async with asyncio.timeout(WITHIN / 2):  # not the front's 60 s shutdown timeout
-        await cp.endpoints.stop()
-    try:
-        await expect(offline).to_be_visible(timeout=SHOWN_S * 1000)
-    finally:
-        await cp.endpoints.start(
-            cp.settings.endpoints_listen, tls.endpoints_ssl_context(cp.settings)
-        )
-    await expect(offline).to_be_hidden(timeout=SHOWN_S * 1000)

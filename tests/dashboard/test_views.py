@@ -41,6 +41,15 @@ def test_the_chart_draws_cards_in_use_and_tasks_waiting_over_the_window() -> Non
     assert "now 4 in use, 1 waiting" in drawn
 
 
+def test_the_chart_spans_its_samples_until_they_span_the_window() -> None:
+    now = 10 * HOUR
+    drawn = views.chart([(now - 600, 0, 4, 0), (now, 4, 4, 0)], now, 6 * HOUR, "chart-p")
+    cards, _ = re.findall(r'points="([^"]+)"', drawn)
+    assert cards.split() == ["0.0,80.0", "600.0,0.0"]
+    assert "Last 10 min:" in drawn
+    assert "Last 30 s:" in views.chart([(now - 30, 0, 4, 0), (now, 1, 4, 0)], now, HOUR, "c")
+
+
 def test_the_chart_says_it_fills_in_until_it_has_two_samples() -> None:
     drawn = views.chart([(0.0, 1, 4, 0)], 1.0, 3 * HOUR, "chart-p")
     assert "fills in: this replica samples the pool every 30 s" in drawn
