@@ -294,7 +294,7 @@ async def test_another_workspaces_disk_is_not_found_as_a_missing_one_and_untouch
     # Naming a's workspace: PERMISSION_DENIED for every call, in words that are the same for a
     # workspace that does not exist (levers9.gateway.scope).
     for named_workspace in (plane.workspace_a, "no-such-team"):
-        for call in (
+        naming: list[Any] = [
             plane.disks.GetDisk(
                 disks_pb2.GetDiskRequest(name="data", workspace=named_workspace),
                 metadata=plane.b,
@@ -312,8 +312,9 @@ async def test_another_workspaces_disk_is_not_found_as_a_missing_one_and_untouch
                 ),
                 metadata=plane.b,
             ),
-        ):
-            denied = await _refused(call)
+        ]
+        for refused_call in naming:
+            denied = await _refused(refused_call)
             assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
             assert denied.details() == (
                 f"workspace: a workspace token (workspace {plane.workspace_b}) acts on its own"
