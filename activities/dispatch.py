@@ -503,6 +503,25 @@ class TaskActivities:
         return bool(response.cancelled)
 
     @activity.defn
+    async def checkpoint_queue(self, task_id: str) -> str:
+        """The task queue `checkpoint_task` of this task must run on: that of the replica
+        holding its worker's tunnel session, from the worker's record; "" (the shared queue)
+        for a worker dialled directly, or a task not running on one (checkpoint_task says so)."""
+        record = await or_none(
+            self._client.get_workflow_handle(task_workflow_id(task_id)).query(
+                "record", result_type=TaskRecord
+            )
+        )
+        if record is None or record.state != "running" or not record.worker_id:
+            return ""
+        worker = await or_none(
+            self._client.get_workflow_handle(
+                worker_workflow_id(record.pool_name, record.worker_id)
+            ).query("record", result_type=WorkerRecord)
+        )
+        return (worker.task_queue or "") if worker is not None else ""
+
+    @activity.defn
     async def checkpoint_task(self, input: BoxCheckpoint) -> CheckpointOutcome:
         """CheckpointTask on the worker running the task (read from its record): returns once
         the image is sealed and the task ended, or with the worker's refusal (the task runs

@@ -66,6 +66,7 @@ def replica_activities(
         tasks.run_task,
         tasks.get_task,
         tasks.cancel_task,
+        tasks.checkpoint_task,
         tasks.delete_node_disk,
         tasks.node_disk_use,
     ]
@@ -99,6 +100,7 @@ def controlplane_activities(
         tasks.run_task,
         tasks.get_task,
         tasks.cancel_task,
+        tasks.checkpoint_queue,
         tasks.checkpoint_task,
         tasks.disk_worker,
         tasks.delete_node_disk,

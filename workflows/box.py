@@ -3,8 +3,10 @@
     create -> start its task (a TaskWorkflow child from the box's template, left running across
     continue-as-new) -> follow it -> `stop` (Update: cancel it; the box reads stopped, with what
     was kept. Its worker is asked for a checkpoint first (activity `checkpoint_task`, patch
-    `box-stop-checkpoints`): stopped with the image's name; refused, a runsc box runs on with an
-    event `stop-refused` saying why, another is cancelled as before with the refusal's words)
+    `box-stop-checkpoints`; on the queue of the replica holding a tunnelled worker's session,
+    from `checkpoint_queue`, patch `checkpoint-on-its-replica`): stopped with the image's
+    name; refused, a runsc box runs on with an event `stop-refused` saying why, another is
+    cancelled as before with the refusal's words)
     -> `start` (Update: a new task from the template, the same home; `restore_from` the
     checkpoint if one was taken: anywhere in the pool when the box has a checkpoint volume
     (`--checkpoints`) and the worker uploaded the image there, else pinned to the node that
@@ -52,6 +54,14 @@ with workflow.unsafe.imports_passed_through():
 CHECKPOINT_PATCH = "box-stop-checkpoints"
 """`box stop` of a runsc box checkpoints its task (histories recorded before it cancel it)."""
 CHECKPOINT_RETRY = RetryPolicy(maximum_attempts=2)
+REPLICA_PATCH = "checkpoint-on-its-replica"
+"""`checkpoint_task` runs on the queue of the replica holding a tunnelled worker's session (read
+first by `checkpoint_queue`), as a task's own calls do; histories before it ran it on the shared
+queue, where only that replica could reach such a worker."""
+ROUTE_TIMEOUT = timedelta(seconds=30)
+REPLICA_PICKUP = timedelta(seconds=20)
+"""How long the replica holding the worker's tunnel has to pick the checkpoint up (gone: the box
+runs on, and the stop says why)."""
 
 
 @workflow.defn(name=BOX_WORKFLOW)
@@ -201,6 +211,14 @@ class BoxWorkflow:
             return
         task_id = state.task_id
         try:
+            queue = ""
+            if workflow.patched(REPLICA_PATCH):
+                queue = await workflow.execute_activity_method(
+                    TaskActivities.checkpoint_queue,
+                    task_id,
+                    start_to_close_timeout=ROUTE_TIMEOUT,
+                    retry_policy=CHECKPOINT_RETRY,
+                )
             outcome = await workflow.execute_activity_method(
                 TaskActivities.checkpoint_task,
                 BoxCheckpoint(
@@ -210,7 +228,9 @@ class BoxWorkflow:
                     volume=state.task.checkpoint_volume,
                 ),
                 start_to_close_timeout=timedelta(minutes=6),
+                schedule_to_start_timeout=REPLICA_PICKUP if queue else None,
                 retry_policy=CHECKPOINT_RETRY,
+                task_queue=queue or None,
             )
         except ActivityError as exc:
             outcome = CheckpointOutcome(refused=failure_reason(exc))

@@ -90,13 +90,19 @@ async def kept_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
     )
 
 
+@activity.defn(name="checkpoint_queue")
+async def shared_queue(task_id: str) -> str:
+    """The stand-in task's worker is dialled directly: its checkpoint runs on the shared queue."""
+    return ""
+
+
 @pytest.fixture
 async def worker(time_env: WorkflowEnvironment, task_queue: str) -> AsyncIterator[None]:
     async with Worker(
         time_env.client,
         task_queue=task_queue,
         workflows=[BoxWorkflow, StandInTask],
-        activities=[refused_checkpoint],
+        activities=[refused_checkpoint, shared_queue],
     ):
         yield
 
@@ -238,7 +244,7 @@ async def test_a_restore_is_pinned_only_where_the_image_is_on_its_node_only(
         time_env.client,
         task_queue=task_queue,
         workflows=[BoxWorkflow, StandInTask],
-        activities=[kept_checkpoint],
+        activities=[kept_checkpoint, shared_queue],
     ):
         handle = await _box(time_env, task_queue, runtime="runsc", checkpoint_volume=volume)
 
@@ -265,3 +271,45 @@ async def test_a_restore_is_pinned_only_where_the_image_is_on_its_node_only(
         assert (given.node, given.checkpoint_volume) == (pinned, volume)
         # The sha256 its upload answered goes with the restore: the fetched image must match.
         assert given.restore_sha256 == ("ab" * 32 if volume == "ckpt" else "")
+
+
+async def test_a_tunnelled_workers_checkpoint_runs_on_the_replica_holding_its_tunnel(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """`checkpoint_queue` names the queue of the replica holding the worker's tunnel session:
+    `checkpoint_task` runs there (only that replica reaches the worker), not on the shared
+    queue, whose worker here would refuse it."""
+    replica = f"replica-{uuid.uuid4().hex[:8]}"
+
+    @activity.defn(name="checkpoint_queue")
+    async def replica_queue(task_id: str) -> str:
+        return replica
+
+    async with (
+        Worker(
+            time_env.client,
+            task_queue=task_queue,
+            workflows=[BoxWorkflow, StandInTask],
+            activities=[refused_checkpoint, replica_queue],
+        ),
+        Worker(time_env.client, task_queue=replica, activities=[kept_checkpoint]),
+    ):
+        handle = await _box(time_env, task_queue, runtime="runsc")
+
+        async def started() -> bool:
+            return bool((await _state(handle)).task_id)
+
+        await eventually(started, within=30)
+        stopped: BoxState = await handle.execute_update("stop", "box stop", result_type=BoxState)
+    assert stopped.state == "stopped", stopped
+    assert stopped.checkpoint, stopped
+    assert stopped.checkpoint_node == "node-a"
+    history = await handle.fetch_history()
+    queues = [
+        (e.activity_task_scheduled_event_attributes.activity_type.name,
+         e.activity_task_scheduled_event_attributes.task_queue.name)
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]  # fmt: skip
+    assert ("checkpoint_queue", task_queue) in queues, queues
+    assert ("checkpoint_task", replica) in queues, queues
