@@ -460,6 +460,26 @@ class TaskAttempt(_Record):
     finished_at: datetime | None = None
 
 
+class TaskCheckpoint(_Record):
+    """A checkpoint taken of a task (`levers9 task checkpoint`), kept in its record for
+    `levers9 task restore NAME`: where the image is and what its restore must fetch."""
+
+    name: str
+    """The image's name in its workspace (`<task>-ck<n>`)."""
+    node: str = ""
+    """The node whose disk holds it: a restore runs there unless it is `stored`."""
+    size_bytes: int = 0
+    seconds: float = 0.0
+    volume: str = ""
+    """The checkpoint volume it was uploaded to ("": none was asked)."""
+    stored: str = ""
+    """Where it is kept in that volume ("": on its node only; `store_error` says why)."""
+    store_error: str = ""
+    sha256: str = ""
+    """Its image.tar's sha256 as uploaded: a restore refuses any other (restore_sha256)."""
+    at: datetime | None = None
+
+
 class TaskRecord(_Record):
     """The task record: `levers9 task get` reads it (query, and the memo when it ended)."""
 
@@ -501,6 +521,8 @@ class TaskRecord(_Record):
     """How many times it may be queued again (`--retries`)."""
     attempts: tuple[TaskAttempt, ...] = ()
     """Its earlier attempts, oldest first (this one is attempt len(attempts) + 1)."""
+    checkpoints: tuple[TaskCheckpoint, ...] = ()
+    """The checkpoints taken of it (`levers9 task checkpoint`; one ends it), oldest first."""
 
     @classmethod
     def queued(cls, task: TaskInput, at: datetime) -> TaskRecord:

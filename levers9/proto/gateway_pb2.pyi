@@ -530,6 +530,7 @@ class TaskRecord(_message.Message):
     BORROWED_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    CHECKPOINTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     pool_name: _builtins.str
     gpus: _builtins.int
@@ -575,6 +576,10 @@ class TaskRecord(_message.Message):
     def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskAttempt]:
         """its earlier attempts, oldest first"""
 
+    @_builtins.property
+    def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskCheckpoint]:
+        """taken of it (task checkpoint), oldest first"""
+
     def __init__(
         self,
         *,
@@ -606,10 +611,11 @@ class TaskRecord(_message.Message):
         borrowed: _builtins.bool = ...,
         retries: _builtins.int = ...,
         attempts: _abc.Iterable[Global___TaskAttempt] | None = ...,
+        checkpoints: _abc.Iterable[Global___TaskCheckpoint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "checkpoints", b"checkpoints", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
     _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015
@@ -629,6 +635,57 @@ class TaskRecord(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__worker_id) -> _WhichOneofReturnType__worker_id | None: ...
 
 Global___TaskRecord: _TypeAlias = TaskRecord  # noqa: Y015
+
+@_typing.final
+class TaskCheckpoint(_message.Message):
+    """A checkpoint of a task (levers9.models.TaskCheckpoint): `levers9 task restore NAME` reads it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    VOLUME_FIELD_NUMBER: _builtins.int
+    STORED_FIELD_NUMBER: _builtins.int
+    STORE_ERROR_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    node: _builtins.str
+    """the node holding its image"""
+    size_bytes: _builtins.int
+    seconds: _builtins.float
+    volume: _builtins.str
+    """the checkpoint volume asked for ("": none)"""
+    stored: _builtins.str
+    """where it is kept there ("": on its node only)"""
+    store_error: _builtins.str
+    """why it was not uploaded"""
+    sha256: _builtins.str
+    """the uploaded image.tar's sha256 (TaskSpec.restore_sha256)"""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        node: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+        volume: _builtins.str = ...,
+        stored: _builtins.str = ...,
+        store_error: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "name", b"name", "node", b"node", "seconds", b"seconds", "sha256", b"sha256", "size_bytes", b"size_bytes", "store_error", b"store_error", "stored", b"stored", "volume", b"volume"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskCheckpoint: _TypeAlias = TaskCheckpoint  # noqa: Y015
 
 @_typing.final
 class TaskAttempt(_message.Message):
@@ -870,6 +927,113 @@ class CancelTaskRecordResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskRecordResponse: _TypeAlias = CancelTaskRecordResponse  # noqa: Y015
+
+@_typing.final
+class CheckpointTaskRecordRequest(_message.Message):
+    """`levers9 task checkpoint`: the task's worker checkpoints it (runsc; WorkerService's
+    CheckpointTask) and the task ends cancelled, reason "checkpointed to NAME"; the record keeps
+    the checkpoint. FAILED_PRECONDITION with the worker's reason when it is refused (a runc task,
+    a GPU task on a machine without CUDA checkpointing, not running): the task runs on.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_VOLUME_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    checkpoint_volume: _builtins.str
+    """a volume of its workspace to upload the image to ("": none)"""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        checkpoint_volume: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_volume", b"checkpoint_volume", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointTaskRecordRequest: _TypeAlias = CheckpointTaskRecordRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointTaskRecordResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    STORE_SECONDS_FIELD_NUMBER: _builtins.int
+    store_seconds: _builtins.float
+    @_builtins.property
+    def checkpoint(self) -> Global___TaskCheckpoint: ...
+    def __init__(
+        self,
+        *,
+        checkpoint: Global___TaskCheckpoint | None = ...,
+        store_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "store_seconds", b"store_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointTaskRecordResponse: _TypeAlias = CheckpointTaskRecordResponse  # noqa: Y015
+
+@_typing.final
+class RestoreTaskRequest(_message.Message):
+    """`levers9 task restore NAME`: a new task from the checkpoint NAME (a TaskCheckpoint's name, or
+    the id of a task with one: its last), with the checkpointed task's image, runtime and command,
+    pinned to the checkpoint's node unless it is stored in a volume.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    checkpoint: _builtins.str
+    pool_name: _builtins.str
+    """"": the checkpointed task's pool"""
+    def __init__(
+        self,
+        *,
+        checkpoint: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "pool_name", b"pool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreTaskRequest: _TypeAlias = RestoreTaskRequest  # noqa: Y015
+
+@_typing.final
+class RestoreTaskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    RESTORED_FROM_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    restored_from: _builtins.str
+    """the checkpoint's name"""
+    node: _builtins.str
+    """the node it is pinned to ("": any of the pool)"""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        restored_from: _builtins.str = ...,
+        node: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "restored_from", b"restored_from", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreTaskResponse: _TypeAlias = RestoreTaskResponse  # noqa: Y015
 
 @_typing.final
 class JoinClusterRequest(_message.Message):

@@ -63,6 +63,16 @@ class TasksStub:
                 request_serializer=levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
+        self.CheckpointTask = channel.unary_unary(
+                '/levers9.v1.Tasks/CheckpointTask',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordResponse.FromString,
+                _registered_method=True)
+        self.RestoreTask = channel.unary_unary(
+                '/levers9.v1.Tasks/RestoreTask',
+                request_serializer=levers9_dot_proto_dot_gateway__pb2.RestoreTaskRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_gateway__pb2.RestoreTaskResponse.FromString,
+                _registered_method=True)
         self.ExecTask = channel.stream_stream(
                 '/levers9.v1.Tasks/ExecTask',
                 request_serializer=levers9_dot_proto_dot_worker__pb2.ExecRequest.SerializeToString,
@@ -106,6 +116,18 @@ class TasksServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTasks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreTask(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,6 +177,16 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.ListTasks,
                     request_deserializer=levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'CheckpointTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointTask,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordResponse.SerializeToString,
+            ),
+            'RestoreTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreTask,
+                    request_deserializer=levers9_dot_proto_dot_gateway__pb2.RestoreTaskRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_gateway__pb2.RestoreTaskResponse.SerializeToString,
             ),
             'ExecTask': grpc.stream_stream_rpc_method_handler(
                     servicer.ExecTask,
@@ -305,6 +337,60 @@ class Tasks:
             '/levers9.v1.Tasks/ListTasks',
             levers9_dot_proto_dot_gateway__pb2.ListTasksRequest.SerializeToString,
             levers9_dot_proto_dot_gateway__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/CheckpointTask',
+            levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.CheckpointTaskRecordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.Tasks/RestoreTask',
+            levers9_dot_proto_dot_gateway__pb2.RestoreTaskRequest.SerializeToString,
+            levers9_dot_proto_dot_gateway__pb2.RestoreTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

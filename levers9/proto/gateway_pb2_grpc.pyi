@@ -44,6 +44,8 @@ class TasksStub:
     GetTaskRecord: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]
     CancelTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]
     ListTasks: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]
+    CheckpointTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CheckpointTaskRecordRequest, _gateway_pb2.CheckpointTaskRecordResponse]
+    RestoreTask: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RestoreTaskRequest, _gateway_pb2.RestoreTaskResponse]
     ExecTask: _grpc.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
@@ -67,6 +69,8 @@ class TasksAsyncStub(TasksStub):
     GetTaskRecord: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetTaskRecordRequest, _gateway_pb2.GetTaskRecordResponse]  # type: ignore[assignment]
     CancelTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelTaskRecordRequest, _gateway_pb2.CancelTaskRecordResponse]  # type: ignore[assignment]
     ListTasks: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListTasksRequest, _gateway_pb2.ListTasksResponse]  # type: ignore[assignment]
+    CheckpointTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CheckpointTaskRecordRequest, _gateway_pb2.CheckpointTaskRecordResponse]  # type: ignore[assignment]
+    RestoreTask: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RestoreTaskRequest, _gateway_pb2.RestoreTaskResponse]  # type: ignore[assignment]
     ExecTask: _aio.StreamStreamMultiCallable[_worker_pb2.ExecRequest, _worker_pb2.ExecResponse]  # type: ignore[assignment]
     """`levers9 exec`: relayed to the worker's Exec, in the task's container; the first message
     is the ExecStart.
@@ -117,6 +121,20 @@ class TasksServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListTasksRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListTasksResponse, _abc.Awaitable[_gateway_pb2.ListTasksResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckpointTask(
+        self,
+        request: _gateway_pb2.CheckpointTaskRecordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CheckpointTaskRecordResponse, _abc.Awaitable[_gateway_pb2.CheckpointTaskRecordResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RestoreTask(
+        self,
+        request: _gateway_pb2.RestoreTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.RestoreTaskResponse, _abc.Awaitable[_gateway_pb2.RestoreTaskResponse]]: ...
 
     @_abc_1.abstractmethod
     def ExecTask(

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from levers9.core.placement import QueueSpot
 from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
-from levers9.models import TaskAttempt, TaskInput, TaskRecord
+from levers9.models import TaskAttempt, TaskCheckpoint, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.task_wire import (
     record_from_message,
@@ -127,6 +127,19 @@ EVERY_RECORD_FIELD = TaskRecord(
             finished_at=CREATED + timedelta(seconds=2),
         ),
     ),
+    checkpoints=(
+        TaskCheckpoint(
+            name="t-every-field-ck1",
+            node="gke-node-1",
+            size_bytes=524288,
+            seconds=0.25,
+            volume="ckpts",
+            stored="s3://bucket/p/checkpoints/t-every-field-ck1/",
+            store_error="",
+            sha256="b" * 64,
+            at=CREATED + timedelta(seconds=3),
+        ),
+    ),
     finished_at=CREATED + timedelta(seconds=3),
     queue=QueueSpot(position=1, waiting=2, gpus=4, most_free=3, workers=5),
 )
@@ -139,6 +152,7 @@ EVERY_RECORD_FIELD = TaskRecord(
         (gateway_pb2.TaskRecordPhase, TaskPhase),
         (gateway_pb2.TaskQueueSpot, QueueSpot),
         (gateway_pb2.TaskAttempt, TaskAttempt),
+        (gateway_pb2.TaskCheckpoint, TaskCheckpoint),
     ],
 )
 def test_the_record_on_the_wire_names_the_records_fields(
@@ -147,6 +161,7 @@ def test_the_record_on_the_wire_names_the_records_fields(
         | gateway_pb2.TaskRecordPhase
         | gateway_pb2.TaskQueueSpot
         | gateway_pb2.TaskAttempt
+        | gateway_pb2.TaskCheckpoint
     ],
     model: type[BaseModel],
 ) -> None:
