@@ -248,7 +248,8 @@ class BoxWorkflow:
         state.checkpoint_sha256 = outcome.stored_sha256
         state.state = STOPPED
         taken = (
-            f"box stop; checkpointed to {outcome.name} ({outcome.size_bytes} bytes in"
+            f"{self._stop_reason or 'box stop'}; checkpointed to {outcome.name}"
+            f" ({outcome.size_bytes} bytes in"
             f" {outcome.seconds:.1f} s)"
         )
         volume = state.task.checkpoint_volume

@@ -224,6 +224,7 @@ async def test_a_drain_checkpoints_a_runsc_box_and_box_start_restores_it(
     stopped = await shown()
     assert stopped["state"] == "stopped", stopped
     assert "checkpointed to counter-1-" in str(stopped["reason"]), stopped
+    assert f"its node {node} is cordoned" in str(stopped["reason"]), stopped  # the drain's words
     record = await task_record(client, str(before["task"]))
     assert record is not None
     assert (record.state, record.node_name) == ("cancelled", node), record
