@@ -28,11 +28,11 @@ from levers9.cli.gateway_api import (
     CALL_TIMEOUT_S,
     GatewayRefused,
     GatewayUnavailable,
-    gateway_stub,
 )
 from levers9.cli.output import Output, ago, console, fail, render
 from levers9.cli.pool_choice import chosen_pool
 from levers9.cli.runtime import identity_from_env, settings_from_env
+from levers9.cli.service_call import call_service
 from levers9.contract import task_input_problem, task_runtime_problem
 from levers9.core.boxes import box_name_problem, idle_stop_problem, parse_duration
 from levers9.core.storage import TaskMount
@@ -72,19 +72,7 @@ WorkspaceOption = Annotated[
 
 def _call(call: Callable[[Stub, tuple[tuple[str, str]]], Awaitable[T]]) -> T:
     """One call to the gateway's Boxes service; its refusal printed, exit status 1."""
-
-    async def run() -> T:
-        async with gateway_stub(settings_from_env(), boxes_pb2_grpc.BoxesStub) as (
-            stub,
-            metadata,
-        ):
-            return await call(stub, metadata)
-
-    try:
-        return asyncio.run(run())
-    except (GatewayRefused, GatewayUnavailable) as exc:
-        fail([str(exc)])
-        raise typer.Exit(1) from None
+    return call_service(boxes_pb2_grpc.BoxesStub, call)
 
 
 def _name(name: str) -> str:
