@@ -1,7 +1,10 @@
 """A drain's Temporal side, besides Kubernetes: the boxes whose task runs on the drained worker
 are stopped as `levers9 box stop` stops them (a `--runtime runsc` box's task checkpointed first,
 another's stopped saying why not), before the worker's other tasks are preempted, so that a
-box's processes survive the drain (`levers9 box start` restores them)."""
+box's processes survive the drain. A box whose image went to its checkpoint volume
+(`--checkpoints`) is started again at once, restored on another machine of the pool (the
+drained worker is out of placement already); one whose image is on the drained node only stays
+stopped: `levers9 box start` restores it there once the node is back."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from temporalio.client import Client
 
 from activities.heartbeat import heartbeating
 from levers9.config import ControlplaneSettings
-from levers9.core.boxes import RUNNING
+from levers9.core.boxes import RUNNING, STOPPED
 from levers9.logs import get_logger
 from levers9.models import TERMINAL, BoxOnWorker, StopBoxes, WorkerBoxes
 from levers9.records.boxes import TemporalBoxRecords
@@ -59,5 +62,16 @@ class DrainActivities:
                     state=state.state if state is not None else "gone",
                     reason=reason,
                 )
+                if state is not None and state.state == STOPPED and state.checkpoint_stored:
+                    started = await self._boxes.start(state)
+                    if started is not None:
+                        reason = f"{reason}; started again: {started.reason}"
+                        log.info(
+                            "box started again after a drain",
+                            workspace=ref.workspace,
+                            box=ref.name,
+                            task_id=started.task_id,
+                            checkpoint=state.checkpoint,
+                        )
                 said.append(f"{ref.workspace}/{ref.name}: {reason}")
         return said

@@ -4,7 +4,9 @@ workspace's token: a `--runtime runsc --checkpoints ckpt` box counting in its me
 (its image uploaded under the volume's `checkpoints/<name>/`, image.tar and its sha256), the
 node that took it is cordoned and its worker's Job deleted, `box start` restores it on another
 node (the image fetched there), and `box exec` reads the counter going on from where it was.
-The volume's key appears in no workflow history of the controlplane's task queue.
+A box whose node is drained (cordoned) is checkpointed to its volume and started again on
+another node by the controlplane, its counter going on. The volume's key appears in no workflow
+history of the controlplane's task queue.
 """
 
 from __future__ import annotations
@@ -169,6 +171,49 @@ async def test_a_box_with_a_checkpoint_volume_is_restored_on_another_node(plane:
 
     await eventually(went_on, within=WITHIN)
     _ok(await plane.cli("box", "delete", "mover"))
+
+
+async def test_a_drained_box_with_a_checkpoint_volume_runs_again_elsewhere_by_itself(
+    plane: Plane,
+) -> None:
+    """Its node cordoned (what `kubectl drain` does first): the drain checkpoints the box, its
+    image goes to the volume, and the controlplane starts it again on another node, restored:
+    nobody runs `box start`, and the counter goes on."""
+    create = ("box", "create", "drained", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await plane.cli(*create, "--checkpoints", "ckpt", "--", "sh", "-c", COUNTER))
+    before = await _running(plane, "drained")
+
+    async def counted() -> bool:
+        return await _read(plane, "drained") >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await _read(plane, "drained")
+    node = str(before["node"])
+    await plane.cp.kubectl("cordon", node)
+    try:
+
+        async def elsewhere() -> bool:
+            shown = await _box(plane, "drained")
+            return shown["task_state"] == "running" and shown["node"] not in ("", node)
+
+        await eventually(elsewhere, within=WITHIN * 2, what="the box running on another node")
+        after = await _box(plane, "drained")
+        assert after["task"] != before["task"], (before, after)
+        shown = _ok(await plane.cli("box", "get", "drained"))
+        assert f"its node {node} is cordoned (drain); checkpointed to drained-1-" in " ".join(
+            shown.split()
+        ), shown
+        resumed: list[int] = []
+
+        async def went_on() -> bool:
+            resumed.append(await _read(plane, "drained"))
+            return resumed[-1] > first
+
+        await eventually(went_on, within=WITHIN)
+        assert min(r for r in resumed if r) >= first, (first, resumed)  # restored, not restarted
+    finally:
+        await plane.cp.kubectl("uncordon", node)
+    _ok(await plane.cli("box", "delete", "drained"))
 
 
 async def test_the_volume_s_key_is_in_no_history(plane: Plane) -> None:
