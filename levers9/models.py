@@ -6,6 +6,7 @@ without breaking running workflows. Inputs carry pool *names*, never credentials
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import datetime
 
@@ -17,7 +18,7 @@ from levers9.core.observation import Fingerprints
 from levers9.core.placement import Placement, PoolState, QueueSpot, Share
 from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
-from levers9.core.workspaces import DEFAULT_WORKSPACE, WorkspaceState
+from levers9.core.workspaces import DEFAULT_WORKSPACE, WorkspaceState, name_problem
 from levers9.providers.joined import ClusterState
 
 RECONCILE_POOL_WORKFLOW = "ReconcilePoolWorkflow"
@@ -583,6 +584,25 @@ def new_task_id() -> str:
 
 def task_workflow_id(task_id: str) -> str:
     return f"task:{task_id}"
+
+
+CHECKPOINT_MARK = "-ck"
+
+
+def task_checkpoint_name(task_id: str, n: int) -> str:
+    """The name of the `n`-th checkpoint of a task: `<task>-ck<n>` (so `task restore NAME`
+    finds its task's record), or `ck-<hash>-<n>` when that is no workspace name (a long task
+    id, or one with capitals, dots or underscores: `task restore` then takes the task's id)."""
+    name = f"{task_id}{CHECKPOINT_MARK}{n}"
+    if name_problem(name) is None:
+        return name
+    return f"ck-{hashlib.sha256(task_id.encode()).hexdigest()[:16]}-{n}"
+
+
+def checkpointed_task_id(name: str) -> str | None:
+    """The task a checkpoint named `<task>-ck<n>` was taken of; None for another name."""
+    task_id, mark, n = name.rpartition(CHECKPOINT_MARK)
+    return task_id if mark and task_id and n.isdigit() else None
 
 
 def endpoint_workflow_id(name: str) -> str:

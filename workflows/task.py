@@ -26,6 +26,13 @@ after a back-off for a failure (`RETRY_BACKOFF`, doubling) and at once for a pre
 cancel or a success is never retried; a preempted task without a retry left ends `cancelled`
 with the pool's reason.
 
+`levers9 task checkpoint` (Update `checkpoint`): a running task's worker checkpoints it
+(activity `checkpoint_task`, on the queue of the replica holding a tunnelled worker's session,
+as its other calls) and the task ends as the worker reports it, cancelled with "checkpointed to
+NAME"; the record keeps the checkpoint (`checkpoints`) for `task restore`, which reads what the
+task was submitted as from query `task`. A refusal (a runc task, a GPU task on a machine without
+CUDA checkpointing) is the Update's answer, and the task runs on.
+
 Phases carry timestamps (placement, the worker's `worker.gpu_assignment`, container start and
 exit); failures keep the worker's reason verbatim (`not enough GPUs available ...`). A worker
 that stops answering fails the task with that reason, never silently.
@@ -52,6 +59,7 @@ from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
     from activities.dispatch import TaskActivities
+    from levers9.box_state import BoxCheckpoint, CheckpointOutcome
     from levers9.core.placement import Placement
     from levers9.core.task_reports import TaskPhase, TaskReport
     from levers9.models import (
@@ -61,12 +69,14 @@ with workflow.unsafe.imports_passed_through():
         PlaceRequest,
         ReplicaReport,
         TaskAttempt,
+        TaskCheckpoint,
         TaskInput,
         TaskRecord,
         TaskResume,
         WorkerTaskInput,
         endpoint_workflow_id,
         pool_workflow_id,
+        task_checkpoint_name,
     )
 
 T = TypeVar("T")
@@ -83,6 +93,9 @@ REPLICA_PICKUP = timedelta(seconds=20)
 """A call on a replica's queue that no replica picks up within this (the replica that held the
 worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
+CHECKPOINT_TIMEOUT = timedelta(minutes=6)
+"""A checkpoint writes the sandbox's memory and writable layer, and may upload it."""
+CHECKPOINT_RETRY = RetryPolicy(maximum_attempts=2)
 REQUEST_TIMEOUT = timedelta(seconds=30)
 REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
 RETRY_BACKOFF = (timedelta(seconds=10), timedelta(minutes=5))
@@ -113,6 +126,10 @@ class TaskWorkflow:
         self._queued = False
         self._offered: Placement | None = None
         self._continuing = False
+        self._task = input
+        self._checkpoint: BoxCheckpoint | None = None
+        """`task checkpoint` asked for this one; `_follow` takes it."""
+        self._checkpointed: CheckpointOutcome | None = None
         resume = input.resume
         if resume is not None:
             # Here, not in run: a report or cancel that arrives with the continued run's first
@@ -127,6 +144,46 @@ class TaskWorkflow:
     @workflow.query
     def record(self) -> TaskRecord | None:
         return self._record
+
+    @workflow.query
+    def task(self) -> TaskInput:
+        """What it was submitted as (`task restore` starts a restore from it)."""
+        return self._task.model_copy(update={"resume": None})
+
+    @workflow.update
+    async def checkpoint(self, volume: str = "") -> CheckpointOutcome:
+        """`levers9 task checkpoint`: its worker checkpoints it (uploading the image to the
+        workspace's `volume` when one is named) and it ends; or the refusal, and it runs on."""
+        record = self._record
+        stopping = self._cancel is not None or self._preempt is not None
+        if record is None or record.state != "running" or stopping:
+            state = "unknown" if record is None else "stopping" if stopping else record.state
+            task_id = self._task.task_id
+            return CheckpointOutcome(
+                refused=f"task {task_id} is {state}, not running: nothing to checkpoint",
+                not_running=True,
+            )
+        if self._checkpoint is not None:
+            return CheckpointOutcome(
+                refused=f"checkpoint {self._checkpoint.name} of task {record.task_id} is being"
+                " taken: wait for it"
+            )
+        self._checkpoint = BoxCheckpoint(
+            task_id=record.task_id,
+            name=task_checkpoint_name(record.task_id, len(record.checkpoints) + 1),
+            workspace=record.workspace,
+            volume=volume,
+        )
+        self._checkpointed = None
+        await workflow.wait_condition(lambda: self._checkpointed is not None)
+        outcome = self._checkpointed
+        assert outcome is not None
+        self._checkpoint = None
+        self._checkpointed = None
+        return outcome
+
+    def _checkpoint_due(self) -> bool:
+        return self._checkpoint is not None and self._checkpointed is None
 
     @workflow.signal
     def report(self, report: TaskReport) -> None:
@@ -166,6 +223,11 @@ class TaskWorkflow:
         record = await self._run(input)
         if input.endpoint:  # (a run that continues as new never gets here)
             await self._tell_endpoint(input)
+        if self._checkpoint_due():  # asked as it ended: nothing left to checkpoint
+            self._checkpointed = CheckpointOutcome(
+                refused=f"task {record.task_id} ended {record.state} first", not_running=True
+            )
+        await workflow.wait_condition(workflow.all_handlers_finished)
         return record
 
     async def _run(self, input: TaskInput) -> TaskRecord:
@@ -420,7 +482,8 @@ class TaskWorkflow:
         while True:
             with contextlib.suppress(TimeoutError):
                 await workflow.wait_condition(
-                    lambda: bool(self._reports) or self._cancel_due(), timeout=liveness
+                    lambda: bool(self._reports) or self._cancel_due() or self._checkpoint_due(),
+                    timeout=liveness,
                 )
             if self._cancel_due():
                 self._cancel_sent = True
@@ -435,6 +498,9 @@ class TaskWorkflow:
                     reason = f"{stop}; the worker did not confirm: {failure_reason(exc)}"
                     return self._finish("cancelled", reason)
                 continue  # the worker reports the task cancelled (or ended before it)
+            if self._checkpoint_due() and not self._reports:
+                await self._take_checkpoint()
+                continue  # the worker reports the task cancelled (checkpointed)
             if self._reports:
                 # The end says all; reports travel apart, so a start may come after it.
                 ended = [r for r in self._reports if r.state in TERMINAL]
@@ -466,12 +532,52 @@ class TaskWorkflow:
                 await self._tell_endpoint(input)
             long = workflow.info().get_current_history_length() > input.max_history_events
             if long:
-                await workflow.wait_condition(workflow.all_handlers_finished)
+                # A checkpoint asked for meanwhile is taken first (its Update waits for it).
+                await workflow.wait_condition(
+                    lambda: workflow.all_handlers_finished() or self._checkpoint_due()
+                )
+                if self._checkpoint_due():
+                    continue
                 if self._reports and not any(r.state in TERMINAL for r in self._reports):
                     self._apply(self._reports[-1])  # progress that came meanwhile: the latest
                     self._reports.clear()
                 if not (self._reports or self._cancel_due()):  # else this run acts on them
                     self._continue(input, placement, liveness)
+
+    async def _take_checkpoint(self) -> None:
+        """CheckpointTask on its worker: the image is recorded (`checkpoints`) and the task
+        ends as the worker then reports; refused or failed, the Update answers why."""
+        request = self._checkpoint
+        record = self._record
+        assert request is not None
+        assert record is not None
+        try:
+            outcome: CheckpointOutcome = await self._on_worker(
+                TaskActivities.checkpoint_task,
+                CHECKPOINT_RETRY,
+                f"CheckpointTask {request.name}"
+                + (f", uploaded to volume {request.volume}" if request.volume else ""),
+                argument=request,
+                within=CHECKPOINT_TIMEOUT,
+            )
+        except ActivityError as exc:
+            outcome = CheckpointOutcome(refused=failure_reason(exc))
+        if not outcome.refused:
+            taken = TaskCheckpoint(
+                name=outcome.name,
+                node=outcome.node,
+                size_bytes=outcome.size_bytes,
+                seconds=outcome.seconds,
+                volume=request.volume,
+                stored=outcome.stored,
+                store_error=outcome.store_error,
+                sha256=outcome.stored_sha256,
+                at=workflow.now(),
+            )
+            self._update(checkpoints=(*record.checkpoints, taken))
+            assert self._record is not None
+            workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+        self._checkpointed = outcome
 
     def _continue(self, input: TaskInput, placement: Placement, liveness: timedelta) -> None:
         assert self._record is not None
@@ -501,11 +607,18 @@ class TaskWorkflow:
         return stop and not self._cancel_sent
 
     async def _on_worker(
-        self, call: Callable[..., Awaitable[T]], retry: RetryPolicy, summary: str
+        self,
+        call: Callable[..., Awaitable[T]],
+        retry: RetryPolicy,
+        summary: str,
+        *,
+        argument: object = None,
+        within: timedelta = WORKER_TIMEOUT,
     ) -> T:
-        """`call` on the worker. A tunnelled worker's calls run on the queue of the replica
-        holding its tunnel; when no replica picks one up (that replica is gone and the worker
-        reconnected to another), the route is read again from the worker's record."""
+        """`call` on the worker (with the route, or `argument` when given). A tunnelled
+        worker's calls run on the queue of the replica holding its tunnel; when no replica
+        picks one up (that replica is gone and the worker reconnected to another), the route
+        is read again from the worker's record."""
         reroutes = 0
         while True:
             route = self._route
@@ -513,8 +626,8 @@ class TaskWorkflow:
             try:
                 return await workflow.execute_activity_method(
                     call,
-                    route,
-                    start_to_close_timeout=WORKER_TIMEOUT,
+                    route if argument is None else argument,
+                    start_to_close_timeout=within,
                     schedule_to_start_timeout=REPLICA_PICKUP if route.task_queue else None,
                     retry_policy=retry,
                     task_queue=route.task_queue,

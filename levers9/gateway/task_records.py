@@ -13,6 +13,7 @@ from typing import Protocol
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from levers9.box_state import CheckpointOutcome
 from levers9.models import (
     TaskInput,
     TaskRecord,
@@ -21,7 +22,15 @@ from levers9.models import (
     worker_workflow_id,
 )
 from levers9.records.found import or_none
-from levers9.records.tasks import cancel_task, start_task, task_ended, task_page, task_record
+from levers9.records.tasks import (
+    cancel_task,
+    checkpoint_task,
+    start_task,
+    submitted_as,
+    task_ended,
+    task_page,
+    task_record,
+)
 from levers9.temporal import no_such_pool, pool_names, pool_runtimes, runtime_not_offered
 
 KNOWN_POOL_TTL_S = 5.0
@@ -46,6 +55,12 @@ class TaskRecords(Protocol):
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         """Tells the task's record to cancel; False when no such task runs."""
+
+    async def checkpoint(self, task_id: str, volume: str) -> CheckpointOutcome | None:
+        """Asks the task's record for a checkpoint: its outcome; None when no such task runs."""
+
+    async def submitted_as(self, task_id: str) -> TaskInput | None:
+        """What the task was submitted as (None: unknown, or recorded by older code)."""
 
     async def worker(self, pool_name: str, worker_id: str) -> WorkerRecord | None:
         """The worker's record now (its route: address, replica queue and address)."""
@@ -104,6 +119,12 @@ class TemporalTaskRecords:
 
     async def cancel(self, task_id: str, reason: str) -> bool:
         return await cancel_task(self._client, task_id, reason)
+
+    async def checkpoint(self, task_id: str, volume: str) -> CheckpointOutcome | None:
+        return await checkpoint_task(self._client, task_id, volume)
+
+    async def submitted_as(self, task_id: str) -> TaskInput | None:
+        return await submitted_as(self._client, task_id)
 
     async def page(
         self,

@@ -14,10 +14,11 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowQueryFailedError
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
+from levers9.box_state import CheckpointOutcome
 from levers9.core.placement import QueueSpot
 from levers9.models import (
     TASK_WORKFLOW,
@@ -77,6 +78,27 @@ async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
     return await delivered(
         client.get_workflow_handle(task_workflow_id(task_id)).signal("cancel", reason)
     )
+
+
+async def checkpoint_task(client: Client, task_id: str, volume: str) -> CheckpointOutcome | None:
+    """Asks the task's record for a checkpoint (Update `checkpoint`: its worker checkpoints it
+    and it ends, or the refusal); None when no such task runs (unknown, or ended)."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    outcome: CheckpointOutcome | None = await or_none(
+        handle.execute_update("checkpoint", volume, result_type=CheckpointOutcome)
+    )
+    return outcome
+
+
+async def submitted_as(client: Client, task_id: str) -> TaskInput | None:
+    """What the task was submitted as (query `task`; a record of older code has none: None),
+    for `task restore`; None if unknown."""
+    handle = client.get_workflow_handle(task_workflow_id(task_id))
+    try:
+        task: TaskInput | None = await or_none(handle.query("task", result_type=TaskInput))
+    except WorkflowQueryFailedError:
+        return None
+    return task
 
 
 async def task_record(

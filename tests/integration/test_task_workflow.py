@@ -1,6 +1,8 @@
 """TaskWorkflow on the time-skipping server, its activities mocked by name: a task whose RunTask
 never got through is placed again when (and only when) that worker's record has ended; a task
-that started is never started again.
+that started is never started again. `task checkpoint` (Update `checkpoint`): the checkpoint its
+worker took is kept in the record and the task ends as the worker reports it; a refusal leaves
+it running; an ended task is no longer asked.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from levers9.box_state import BoxCheckpoint, CheckpointOutcome
 from levers9.core.placement import Placement
 from levers9.core.task_reports import TaskReport
 from levers9.models import (
@@ -27,11 +30,14 @@ from levers9.models import (
     TaskInput,
     TaskRecord,
     WorkerTaskInput,
+    checkpointed_task_id,
     pool_workflow_id,
 )
 from tests.waiting import eventually, signals_handled
 from workflows.task import PLACEMENTS, TaskWorkflow
 
+with workflow.unsafe.imports_passed_through():  # this module's stand-in pool runs sandboxed
+    from levers9.records.tasks import checkpoint_task, submitted_as
 pytestmark = pytest.mark.integration
 
 
@@ -60,6 +66,9 @@ class Cluster:
     cancels: int = 0
     mount_refusal: str = ""
     """RunTask's refusal of the task's volume (run_task's VolumeNotFound), when set."""
+    checkpoint_refusal: str = ""
+    """CheckpointTask's refusal (a runc task, say), when set; else it checkpoints and ends it."""
+    checkpoints: list[BoxCheckpoint] = field(default_factory=list)
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -128,6 +137,33 @@ class Cluster:
             )
             await asking.signal("report", stopped)
 
+        @activity.defn(name="checkpoint_task")
+        async def checkpoint_task(input: BoxCheckpoint) -> CheckpointOutcome:
+            """A runsc worker on node-w1: the image sealed (uploaded when a volume is named),
+            then the task's end reported, as the agent does."""
+            self.checkpoints.append(input)
+            if self.checkpoint_refusal:
+                return CheckpointOutcome(refused=self.checkpoint_refusal)
+            asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
+            ended = TaskReport(
+                pool_name="",
+                worker_id="w1",
+                task_id=input.task_id,
+                state="cancelled",
+                exit_code=137,
+                reason=f"checkpointed to {input.name}",
+            )
+            await asking.signal("report", ended)
+            stored = f"s3://b/p/checkpoints/{input.name}/" if input.volume else ""
+            return CheckpointOutcome(
+                name=input.name,
+                node="node-w1",
+                size_bytes=524288,
+                seconds=0.2,
+                stored=stored,
+                stored_sha256="c" * 64 if stored else "",
+            )
+
         @activity.defn(name="worker_ended")
         async def worker_ended(input: WorkerTaskInput) -> bool:
             return input.worker_id in self.gone
@@ -146,6 +182,7 @@ class Cluster:
             run_task,
             get_task,
             cancel_task,
+            checkpoint_task,
             worker_ended,
             worker_route,
         ]
@@ -478,3 +515,39 @@ async def test_a_preempted_task_queues_again_with_a_retry_and_ends_cancelled_wit
         await handle.signal(TaskWorkflow.cancel, "not needed")
         record = await handle.result()
         assert (record.state, record.reason, record.attempts) == ("cancelled", "not needed", ())
+
+
+async def test_a_checkpoint_ends_the_task_and_its_record_keeps_it(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    async with _running_task(time_env, task_queue, runtime="runsc") as running:
+        task, handle = running.task, running.handle
+        outcome = await checkpoint_task(time_env.client, task.task_id, "ckpts")
+        record: TaskRecord = await handle.result()
+        again = await checkpoint_task(time_env.client, task.task_id, "")
+        asked_as = await submitted_as(time_env.client, task.task_id)
+    assert outcome is not None
+    assert (outcome.refused, outcome.name) == ("", f"{task.task_id}-ck1")
+    assert checkpointed_task_id(outcome.name) == task.task_id
+    assert [(c.name, c.volume) for c in running.cluster.checkpoints] == [(outcome.name, "ckpts")]
+    assert (record.state, record.reason) == ("cancelled", f"checkpointed to {outcome.name}")
+    assert [(c.name, c.node, c.volume, c.stored, c.sha256) for c in record.checkpoints] == [
+        (outcome.name, "node-w1", "ckpts", outcome.stored, "c" * 64)
+    ]
+    assert again is None  # ended: nothing runs to be asked
+    assert asked_as == task
+
+
+async def test_a_refused_checkpoint_leaves_the_task_running(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    refusal = "task runs under runc: CRIU cannot checkpoint here (criu check: vdso)"
+    async with _running_task(time_env, task_queue) as running:
+        running.cluster.checkpoint_refusal = refusal
+        outcome = await checkpoint_task(time_env.client, running.task.task_id, "")
+        record = await running.handle.query(TaskWorkflow.record)
+    assert outcome is not None
+    assert outcome.refused == refusal
+    assert len(running.cluster.checkpoints) == 1  # its worker was asked, and refused
+    assert record is not None
+    assert (record.state, record.checkpoints) == ("running", ())
