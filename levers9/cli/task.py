@@ -530,6 +530,47 @@ def logs(
         raise typer.Exit(1)
 
 
+@app.command()
+def checkpoint(
+    task_id: str,
+    checkpoints: Annotated[
+        str,
+        typer.Option(
+            "--checkpoints",
+            help="VOLUME: also keep the image in this volume of the workspace, so that task"
+            " restore may run on any machine of the pool",
+        ),
+    ] = "",
+) -> None:
+    """Checkpoint a running task (runsc): its processes' memory, open files and writable layer
+    go to an image on its node (and the volume); the task then ends, cancelled."""
+    from levers9.cli.task_checkpoint import checkpoint_lines, checkpoint_task
+
+    taken, store_seconds, record = checkpoint_task(task_id, checkpoints)
+    for line in checkpoint_lines(task_id, taken, store_seconds, record):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def restore(
+    checkpoint: Annotated[
+        str, typer.Argument(help="the name task checkpoint printed (or the task's id: its last)")
+    ],
+    pool: Annotated[
+        str,
+        typer.Option("--pool", help="another pool (only for a checkpoint kept in a volume)"),
+    ] = "",
+) -> None:
+    """Start a new task from a checkpoint: its processes go on where they were. Prints its id,
+    as run --detach does; it runs on the checkpoint's node unless the image is in a volume."""
+    from levers9.cli.task_checkpoint import restore_task
+
+    reply = restore_task(checkpoint, pool)
+    where = f"pinned to node {reply.node}" if reply.node else "on any machine of the pool"
+    errors.print(f"restoring {reply.restored_from} {where}", highlight=False)
+    console.print(reply.task_id, highlight=False)
+
+
 @app.command("list")
 def list_(
     pool: Annotated[str | None, typer.Option("--pool")] = None,

@@ -59,13 +59,21 @@ from levers9.gateway.task_upstream import (
     feed,
 )
 from levers9.logs import get_logger
-from levers9.models import TERMINAL, TaskInput, TaskRecord, WorkerRecord
+from levers9.models import (
+    TERMINAL,
+    TaskCheckpoint,
+    TaskInput,
+    TaskRecord,
+    WorkerRecord,
+    checkpointed_task_id,
+    new_task_id,
+)
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from levers9.records.disks import TemporalDiskRecords
 from levers9.records.volumes import TemporalVolumeRecords
 from levers9.rpc import bearer
 from levers9.rpc.worker_tls import worker_channel
-from levers9.task_wire import record_message
+from levers9.task_wire import record_message, to_message
 from levers9.tokens import command_metadata, operator_token
 
 PLACEMENT_POLL_S = (0.02, 0.5)
@@ -450,6 +458,154 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         if not await self._records.cancel(request.task_id, request.reason):
             await context.abort(grpc.StatusCode.NOT_FOUND, missing)
         return gateway_pb2.CancelTaskRecordResponse()
+
+    async def CheckpointTask(
+        self,
+        request: gateway_pb2.CheckpointTaskRecordRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.CheckpointTaskRecordResponse:
+        """`levers9 task checkpoint`: the task's record asks its worker (Update `checkpoint`);
+        the task ends with the checkpoint kept in its record, or runs on (FAILED_PRECONDITION
+        with the worker's reason)."""
+        identity = await self._authorize(context)
+        await self._task_id(context, request.task_id)
+        task_id = request.task_id
+        record = await self._own(identity, task_id, context, f"no task {task_id}")
+        volume = request.checkpoint_volume
+        if volume:
+            problem = name_problem(volume)
+            if problem is not None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"checkpoint_volume: {problem}"
+                )
+            if self._volumes is not None and not await self._volumes.get(record.workspace, volume):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"checkpoint_volume: no volume {volume} in workspace {record.workspace}"
+                    " (`levers9 volume list`; `levers9 volume create` makes one)",
+                )
+        outcome = await self._records.checkpoint(task_id, volume)
+        if outcome is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"no running task {task_id} (it has ended)"
+            )
+        assert outcome is not None
+        if outcome.refused:
+            runs_on = "" if outcome.not_running else "; the task runs on"
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {task_id} not checkpointed: {outcome.refused}{runs_on}",
+            )
+        log.info(
+            "task checkpointed",
+            task_id=task_id,
+            checkpoint=outcome.name,
+            node=outcome.node,
+            size_bytes=outcome.size_bytes,
+            stored=bool(outcome.stored),
+        )
+        taken = TaskCheckpoint(
+            name=outcome.name,
+            node=outcome.node,
+            size_bytes=outcome.size_bytes,
+            seconds=outcome.seconds,
+            volume=volume,
+            stored=outcome.stored,
+            store_error=outcome.store_error,
+            sha256=outcome.stored_sha256,
+        )
+        return gateway_pb2.CheckpointTaskRecordResponse(
+            checkpoint=to_message(taken, gateway_pb2.TaskCheckpoint),
+            store_seconds=outcome.store_seconds,
+        )
+
+    async def RestoreTask(
+        self,
+        request: gateway_pb2.RestoreTaskRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> gateway_pb2.RestoreTaskResponse:
+        """`levers9 task restore NAME`: a new task from the checkpoint, as its task was
+        submitted (image, runtime, command, mounts), pinned to the checkpoint's node unless it
+        is kept in a volume; admitted as any submit."""
+        identity = await self._authorize(context)
+        name = request.checkpoint
+        if not name:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "checkpoint: missing: the name `levers9 task checkpoint` printed, or the id of"
+                " the task it was taken of",
+            )
+        found = await self._checkpoint(identity, name)
+        if found is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no checkpoint {name} (`levers9 task get TASK` lists a task's checkpoints)",
+            )
+        assert found is not None
+        task_id, checkpoint = found
+        template = await self._records.submitted_as(task_id)
+        if template is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {task_id}'s record does not say what it was submitted as (recorded by"
+                " an older controlplane): its checkpoint cannot be restored by task restore",
+            )
+        assert template is not None
+        stored = bool(checkpoint.stored)
+        pool_name = request.pool_name or template.pool_name
+        try:
+            check_pool_name(pool_name)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        if not stored and pool_name != template.pool_name:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"pool_name: checkpoint {checkpoint.name} is kept on node {checkpoint.node} of"
+                f" pool {template.pool_name} only (in no volume): restore it there (no --pool),"
+                " or take it with --checkpoints VOLUME to restore it anywhere",
+            )
+        task = template.model_copy(
+            update={
+                "task_id": new_task_id(),
+                "pool_name": pool_name,
+                "restore_from": checkpoint.name,
+                "restore_sha256": checkpoint.sha256,
+                "checkpoint_volume": checkpoint.volume if stored else "",
+                "node": "" if stored else checkpoint.node,
+                "endpoint": "",
+                "resume": None,
+            }
+        )
+        task = await self.admit(task, identity, context)
+        await self._records.start(task)
+        log.info(
+            "task restore submitted",
+            task_id=task.task_id,
+            checkpoint=checkpoint.name,
+            node=task.node or "any",
+        )
+        return gateway_pb2.RestoreTaskResponse(
+            task_id=task.task_id, restored_from=checkpoint.name, node=task.node
+        )
+
+    async def _checkpoint(self, identity: Identity, name: str) -> tuple[str, TaskCheckpoint] | None:
+        """The task a checkpoint was taken of and its record of it, when the caller may see
+        that task: `name` is a checkpoint's (`<task>-ck<n>`), or a task's id (its last)."""
+        candidates = dict.fromkeys(t for t in (checkpointed_task_id(name), name) if t)
+        for task_id in candidates:
+            try:
+                check_task_id(task_id)
+            except InvalidRequest:
+                continue
+            record = await self._records.get(task_id)
+            if record is None or not identity.sees(record.workspace):
+                continue
+            named = [c for c in record.checkpoints if c.name == name]
+            if not named and task_id == name:
+                named = list(record.checkpoints[-1:])
+            if named:
+                return task_id, named[-1]
+        return None
 
     async def _running(
         self,

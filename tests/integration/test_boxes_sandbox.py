@@ -7,7 +7,9 @@ workspace's, as for a missing box); another workspace's `box get`, `exec` and `s
 for a box that does not exist; `box ssh-proxy` carries stdin and stdout to a port; `box stop`
 stops it (saying no checkpoint was taken) and refuses exec until `box start` starts a new task
 with the same command and ports; `box delete` ends it. A `--runtime runsc` box running a counter
-is checkpointed by `box stop` and restored by `box start`: its count goes on.
+is checkpointed by `box stop` and restored by `box start`: its count goes on. `task checkpoint`
+of a runsc counting task (a runc one is refused, and runs on; another workspace's is not found)
+ends it with the checkpoint in its record, and `task restore` starts a task whose count goes on.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -303,3 +305,96 @@ async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
 
     await eventually(went_on, within=WITHIN)
     _ok(await teams.cli("boxers", "box", "delete", "counter"))
+
+
+async def _task_state(teams: Teams, task_id: str) -> dict[str, object]:
+    shown: dict[str, object] = json.loads(
+        _ok(await teams.cli("boxers", "task", "get", task_id, "-o", "json"))
+    )
+    return shown
+
+
+async def _task_count(teams: Teams, task_id: str) -> int:
+    done = await teams.cli("boxers", "exec", task_id, "--", "cat", "/tmp/count")
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+
+async def _task_counting(teams: Teams, *runtime: str) -> str:
+    run = ("run", "--detach", "--pool", POOL, "--gpus", "0", *runtime)
+    task_id = _ok(await teams.cli("boxers", *run, "--", "sh", "-c", COUNTER)).strip()
+
+    async def counting() -> bool:
+        return await _task_count(teams, task_id) >= 3
+
+    await eventually(counting, within=WITHIN)
+    return task_id
+
+
+async def test_task_checkpoint_of_a_runc_task_is_refused_and_it_runs_on(teams: Teams) -> None:
+    task_id = await _task_counting(teams)
+    refused = await teams.cli("boxers", "task", "checkpoint", task_id)
+    flat = " ".join(refused.stderr.split())
+    assert refused.returncode == 1, refused.stdout
+    assert f"task {task_id} not checkpointed:" in flat, flat
+    assert "runs under runc, whose checkpoint needs CRIU" in flat, flat
+    assert "the task runs on" in flat, flat
+    record = await _task_state(teams, task_id)
+    assert (record["state"], record["checkpoints"]) == ("running", []), record
+    _ok(await teams.cli("boxers", "task", "cancel", task_id))
+
+
+async def test_task_checkpoint_ends_a_runsc_task_and_task_restore_goes_on_counting(
+    teams: Teams,
+) -> None:
+    task_id = await _task_counting(teams, "--runtime", "runsc")
+    theirs = await teams.cli("others", "task", "checkpoint", task_id)
+    missing = await teams.cli("others", "task", "checkpoint", "nosuchtask")
+    assert theirs.returncode == missing.returncode == 1
+    assert f"no task {task_id}" in theirs.stderr, theirs.stderr
+    assert theirs.stderr.replace(task_id, "X") == missing.stderr.replace("nosuchtask", "X")
+
+    async def counted() -> bool:
+        return await _task_count(teams, task_id) >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await _task_count(teams, task_id)
+    name = f"{task_id}-ck1"
+    taken = _ok(await teams.cli("boxers", "task", "checkpoint", task_id))
+    flat = " ".join(taken.split())
+    assert f"task {task_id} checkpointed to {name} (" in flat, taken
+    record = await _task_state(teams, task_id)
+    assert f"on node {record['node_name']}" in flat, taken
+    assert f"kept on node {record['node_name']} only" in flat, taken
+    assert f"task {task_id} is cancelled: checkpointed to {name}" in flat, taken
+    assert (record["state"], record["reason"]) == ("cancelled", f"checkpointed to {name}")
+    kept: dict[str, object]
+    [kept] = record["checkpoints"]  # type: ignore[misc]
+    assert (kept["name"], kept["node"], kept["stored"]) == (name, record["node_name"], "")
+
+    spied = await teams.cli("others", "task", "restore", name)
+    assert spied.returncode == 1
+    assert f"no checkpoint {name}" in spied.stderr, spied.stderr
+    restored = await teams.cli("boxers", "task", "restore", name)
+    assert restored.returncode == 0, restored.stderr
+    assert f"restoring {name} pinned to node {record['node_name']}" in restored.stderr
+    new_id = restored.stdout.strip()
+    assert new_id, restored.stdout
+    assert new_id != task_id
+
+    resumed: list[int] = []
+
+    async def answers() -> bool:
+        resumed.append(await _task_count(teams, new_id))
+        return resumed[-1] > 0
+
+    await eventually(answers, within=WITHIN)
+    # Restored, not restarted: a fresh counter would read 1, 2, ... again.
+    assert resumed[-1] >= first, (first, resumed)
+
+    async def went_on() -> bool:
+        return await _task_count(teams, new_id) > first
+
+    await eventually(went_on, within=WITHIN)
+    again = await _task_state(teams, new_id)
+    assert (again["state"], again["node_name"]) == ("running", record["node_name"]), again
+    _ok(await teams.cli("boxers", "task", "cancel", new_id))
