@@ -855,6 +855,52 @@ class CheckpointTaskResponse(_message.Message):
 Global___CheckpointTaskResponse: _TypeAlias = CheckpointTaskResponse  # noqa: Y015
 
 @_typing.final
+class DeleteCheckpointRequest(_message.Message):
+    """Removes the workspace's checkpoint `name` from this machine (its image folder; `box delete`).
+    FAILED_PRECONDITION while a task of this machine is being restored from it (the message names
+    the task); INVALID_ARGUMENT for a name or workspace that is not a DNS label.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKSPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    workspace: _builtins.str
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        workspace: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointRequest: _TypeAlias = DeleteCheckpointRequest  # noqa: Y015
+
+@_typing.final
+class DeleteCheckpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteCheckpointResponse: _TypeAlias = DeleteCheckpointResponse  # noqa: Y015
+
+@_typing.final
 class ListNodeDisksRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

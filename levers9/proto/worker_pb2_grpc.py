@@ -79,6 +79,11 @@ class WorkerServiceStub:
                 request_serializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.SerializeToString,
                 response_deserializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.FromString,
                 _registered_method=True)
+        self.DeleteCheckpoint = channel.unary_unary(
+                '/levers9.v1.WorkerService/DeleteCheckpoint',
+                request_serializer=levers9_dot_proto_dot_worker__pb2.DeleteCheckpointRequest.SerializeToString,
+                response_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -139,6 +144,12 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +197,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.CheckpointTask,
                     request_deserializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.FromString,
                     response_serializer=levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.SerializeToString,
+            ),
+            'DeleteCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCheckpoint,
+                    request_deserializer=levers9_dot_proto_dot_worker__pb2.DeleteCheckpointRequest.FromString,
+                    response_serializer=levers9_dot_proto_dot_worker__pb2.DeleteCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +447,33 @@ class WorkerService:
             '/levers9.v1.WorkerService/CheckpointTask',
             levers9_dot_proto_dot_worker__pb2.CheckpointTaskRequest.SerializeToString,
             levers9_dot_proto_dot_worker__pb2.CheckpointTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/levers9.v1.WorkerService/DeleteCheckpoint',
+            levers9_dot_proto_dot_worker__pb2.DeleteCheckpointRequest.SerializeToString,
+            levers9_dot_proto_dot_worker__pb2.DeleteCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,7 @@ class WorkerServiceStub:
     """The durable disks on this machine, with their use (`levers9 disk list`)."""
     DeleteNodeDisk: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]
     CheckpointTask: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CheckpointTaskRequest, _worker_pb2.CheckpointTaskResponse]
+    DeleteCheckpoint: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DeleteCheckpointRequest, _worker_pb2.DeleteCheckpointResponse]
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -57,6 +58,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """The durable disks on this machine, with their use (`levers9 disk list`)."""
     DeleteNodeDisk: _aio.UnaryUnaryMultiCallable[_worker_pb2.DeleteNodeDiskRequest, _worker_pb2.DeleteNodeDiskResponse]  # type: ignore[assignment]
     CheckpointTask: _aio.UnaryUnaryMultiCallable[_worker_pb2.CheckpointTaskRequest, _worker_pb2.CheckpointTaskResponse]  # type: ignore[assignment]
+    DeleteCheckpoint: _aio.UnaryUnaryMultiCallable[_worker_pb2.DeleteCheckpointRequest, _worker_pb2.DeleteCheckpointResponse]  # type: ignore[assignment]
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -122,5 +124,12 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.CheckpointTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.CheckpointTaskResponse, _abc.Awaitable[_worker_pb2.CheckpointTaskResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteCheckpoint(
+        self,
+        request: _worker_pb2.DeleteCheckpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.DeleteCheckpointResponse, _abc.Awaitable[_worker_pb2.DeleteCheckpointResponse]]: ...
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
