@@ -189,10 +189,12 @@ class PoolChecks:
             if record is not None and record.state in ("succeeded", "failed", "cancelled"):
                 self.made.tasks.remove(task.task_id)
                 return record
-            if record is not None and record.queue is not None:
+            if record is not None and record.state == "queued":
+                waited = self.wait_s - (deadline - time.monotonic())
                 self.progress(
-                    f"  task {task.task_id} waits for cards"
-                    f" ({record.queue.position} of {record.queue.waiting})"
+                    f"  task {task.task_id} queued for {waited:.0f} s: no worker of pool"
+                    f" {self.pool} has {task.gpus} card(s) free for it yet (levers9 task get"
+                    f" {task.task_id} says why)"
                 )
             if time.monotonic() >= deadline:
                 raise TimeoutError
