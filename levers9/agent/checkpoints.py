@@ -181,6 +181,21 @@ def discard(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def delete(path: Path) -> bool:
+    """Removes the image at `path` (False: there was none): renamed aside first, so that no
+    half-removed image is ever found under its name."""
+    if not path.is_dir():
+        return False
+    aside = path.parent / f".{path.name}.deleting-{uuid.uuid4().hex[:8]}"
+    try:
+        path.rename(aside)
+    except FileNotFoundError:  # another delete took it meanwhile
+        return False
+    _fsync(path.parent)
+    discard(aside)
+    return True
+
+
 def _files(folder: Path) -> list[Path]:
     """Every regular file under `folder` but the manifest, sorted (links and devices are
     kept as they are and not hashed: an overlay's whiteouts are character devices)."""

@@ -130,6 +130,16 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
 
         return await _answer(context, take)
 
+    async def DeleteCheckpoint(
+        self, request: worker_pb2.DeleteCheckpointRequest, context: Context
+    ) -> worker_pb2.DeleteCheckpointResponse:
+        """See worker.proto: the image removed from this machine (`box delete`)."""
+
+        async def delete() -> bool:
+            return await self._tasks.delete_checkpoint(request.workspace, request.name)
+
+        return worker_pb2.DeleteCheckpointResponse(deleted=await _answer(context, delete))
+
     async def GetTask(
         self, request: worker_pb2.GetTaskRequest, context: Context
     ) -> worker_pb2.TaskStatus:

@@ -286,6 +286,24 @@ class TaskManager:
                 )
         return response
 
+    async def delete_checkpoint(self, workspace: str, name: str) -> bool:
+        """Removes the workspace's checkpoint `name` from this machine (False: it had none).
+        CheckpointRefused while a task here is being restored from it (not yet running)."""
+        path = checkpoints.image_path(self._checkpoints, workspace, name)
+        for record in self._records.values():
+            spec = record.spec
+            restoring = spec.restore_from == name and record.container is None
+            ours = (spec.workspace or DEFAULT_WORKSPACE) == workspace
+            if restoring and ours and record.state == RUNNING:
+                raise checkpoints.CheckpointRefused(
+                    f"checkpoint {name} is being restored by task {record.task_id}: delete"
+                    " it once that task runs"
+                )
+        deleted = await asyncio.to_thread(checkpoints.delete, path)
+        if deleted:
+            log.info("checkpoint deleted", workspace=workspace, checkpoint=name)
+        return deleted
+
     async def exec(
         self, task_id: str, command: Sequence[str], terminal: int | None = None
     ) -> asyncio.subprocess.Process:

@@ -4,7 +4,8 @@ task from it and counts on from where it was (its /tmp, gVisor's own tmpfs, and 
 layer both carried); an image with one byte flipped is refused at restore naming the file; a
 checkpoint of a runc task is refused naming CRIU's `criu check`; a checkpoint whose image
 would not fit (this gVisor's save that fails midway ends the sandbox) is refused before it
-starts and the task counts on, no image or staging folder left. Root only.
+starts and the task counts on, no image or staging folder left; DeleteCheckpoint removes an
+image, and a restore from it is then refused as from a missing one. Root only.
 """
 
 from __future__ import annotations
@@ -283,3 +284,20 @@ async def test_the_worker_checkpoints_a_task_and_runs_its_restore(
     status = tasks.status(missing.task_id)
     assert status.state == worker_pb2.TASK_STATE_FAILED
     assert "no checkpoint nope on this machine" in status.reason
+
+    # DeleteCheckpoint (`box delete`): the image goes, nothing of it is left beside it, and a
+    # restore from it is refused as a missing one.
+    assert await tasks.delete_checkpoint("team-a", "box-1") is True
+    assert sorted(p.name for p in (tmp_path / "ck" / "team-a").iterdir()) == []
+    assert await tasks.delete_checkpoint("team-a", "box-1") is False
+    with pytest.raises(checkpoints.ImageInvalid, match="checkpoint name"):
+        await tasks.delete_checkpoint("team-a", "../box-1")
+    gone = worker_pb2.TaskSpec(
+        task_id=f"w4-{uuid.uuid4().hex[:8]}",
+        image=image[1],
+        command=["true"],
+        workspace="team-a",
+        restore_from="box-1",
+    )
+    await tasks.run(gone)
+    assert "no checkpoint box-1 on this machine" in tasks.status(gone.task_id).reason
