@@ -43,7 +43,7 @@ from temporalio.testing import WorkflowEnvironment
 from levers9.core.capacity import NODE_LABEL
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
-from levers9.temporal import connect, ensure_search_attributes, sync_reconcile_schedules
+from levers9.temporal import connect, ensure_search_attributes
 from tests.buckets import checking_s3
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -80,13 +80,6 @@ async def measure(env: WorkflowEnvironment, root: Path) -> dict[str, Any]:
             f"aws_secret_access_key = {s3.allowed.secret_access_key}\n"
         )
         async with reconciling(env.client, root, pool_settings=runtimes, containers=True) as cp:
-            await sync_reconcile_schedules(
-                env.client,
-                [POOL],
-                cp.settings,
-                simulated_gpus=[POOL] if cp.pool.simulated_gpus else [],
-                runtimes={POOL: cp.pool.offered_runtimes},
-            )
             await eventually(lambda: workers_available(cp), within=WITHIN)
             _ok(await cp.cli("workspace", "create", TEAM))
             token = _ok(await cp.cli("workspace", "token", "create", TEAM)).strip()

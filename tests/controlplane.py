@@ -346,7 +346,15 @@ async def _reconciling(
         plane.worker(client),
     ):
         simulated = [POOL] if plane.pool.simulated_gpus else []
-        await sync_reconcile_schedules(client, [POOL], plane.settings, simulated_gpus=simulated)
+        # The schedule's memo says which runtimes the pool's tasks may name, as worker_main
+        # syncs it from the values (`pool_settings` `runtimes`: runsc beside runc).
+        await sync_reconcile_schedules(
+            client,
+            [POOL],
+            plane.settings,
+            simulated_gpus=simulated,
+            runtimes={POOL: plane.pool.offered_runtimes},
+        )
         try:
             yield plane
         finally:

@@ -5,8 +5,9 @@ workspace's token: a `--runtime runsc --checkpoints ckpt` box counting in its me
 node that took it is cordoned and its worker's Job deleted, `box start` restores it on another
 node (the image fetched there), and `box exec` reads the counter going on from where it was.
 A box whose node is drained (cordoned) is checkpointed to its volume and started again on
-another node by the controlplane, its counter going on. The volume's key appears in no workflow
-history of the controlplane's task queue.
+another node by the controlplane, its counter going on. `box delete` removes its image from the
+volume and the node that fetched it, and says it stays on a node with no worker. The volume's
+key appears in no workflow history of the controlplane's task queue.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.core.capacity import NODE_LABEL
 from levers9.records.listing import list_worker_records
-from levers9.temporal import connect, sync_reconcile_schedules
+from levers9.temporal import connect
 from tests.buckets import CheckingS3, checking_s3
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.reliability.secrets_scan import corpus_of_json
@@ -66,13 +67,6 @@ async def plane(
         async with reconciling(
             dev_env.client, directory, pool_settings=runtimes, containers=True
         ) as cp:
-            await sync_reconcile_schedules(
-                dev_env.client,
-                [POOL],
-                cp.settings,
-                simulated_gpus=[POOL] if cp.pool.simulated_gpus else [],
-                runtimes={POOL: cp.pool.offered_runtimes},
-            )
             await eventually(lambda: workers_available(cp), within=WITHIN)
             _ok(await cp.cli("workspace", "create", TEAM))
             token = _ok(await cp.cli("workspace", "token", "create", TEAM)).strip()
@@ -170,7 +164,17 @@ async def test_a_box_with_a_checkpoint_volume_is_restored_on_another_node(plane:
         return await _read(plane, "mover") > resumed[-1]
 
     await eventually(went_on, within=WITHIN)
-    _ok(await plane.cli("box", "delete", "mover"))
+    # `box delete` removes its image from the volume and from the node that fetched it; the
+    # node that took it has no worker now: the image stays there, and the command says so.
+    deleted = " ".join(_ok(await plane.cli("box", "delete", "mover")).split())
+    assert f"checkpoint {name}: removed from volume ckpt" in deleted, deleted
+    assert f"stays on node {before['node']} (its worker's checkpoints folder," in deleted
+    assert "the node has no worker now; remove it there" in deleted, deleted
+    assert f"removed from node {after['node']}" in deleted, deleted
+    left = plane.s3.client().list_objects_v2(Bucket=BUCKET, Prefix=f"team/checkpoints/{name}/")
+    assert left.get("Contents", []) == [], left
+    assert list((nodes / str(after["node"])).glob(f"**/checkpoints/{TEAM}/{name}")) == []
+    assert len(list((nodes / str(before["node"])).glob(f"**/checkpoints/{TEAM}/{name}"))) == 1
 
 
 async def test_a_drained_box_with_a_checkpoint_volume_runs_again_elsewhere_by_itself(

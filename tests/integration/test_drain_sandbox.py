@@ -28,7 +28,7 @@ from levers9.core.manifests import disruption_budget_name
 from levers9.models import TERMINAL, TaskRecord
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
-from levers9.temporal import connect, sync_reconcile_schedules
+from levers9.temporal import connect
 from sandbox.disruption import VIOLATION
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.waiting import eventually
@@ -55,13 +55,6 @@ async def plane(
     async with reconciling(
         dev_env.client, tmp_path_factory.mktemp("drain"), pool_settings=runtimes, containers=True
     ) as cp:
-        await sync_reconcile_schedules(  # the pool's tasks may name runsc (as worker_main does)
-            dev_env.client,
-            [POOL],
-            cp.settings,
-            simulated_gpus=[POOL] if cp.pool.simulated_gpus else [],
-            runtimes={POOL: cp.pool.offered_runtimes},
-        )
         await eventually(lambda: workers_available(cp), within=WITHIN)
         yield cp, await connect(cp.settings)
 

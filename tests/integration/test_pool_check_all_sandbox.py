@@ -43,13 +43,6 @@ async def cp(
     async with reconciling(
         dev_env.client, tmp_path_factory.mktemp("check"), pool_settings=runtimes, containers=True
     ) as plane:
-        await sync_reconcile_schedules(
-            dev_env.client,
-            [POOL],
-            plane.settings,
-            simulated_gpus=[POOL] if plane.pool.simulated_gpus else [],
-            runtimes={POOL: plane.pool.offered_runtimes},
-        )
         await eventually(lambda: workers_available(plane), within=WITHIN)
         yield plane
 

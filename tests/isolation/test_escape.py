@@ -49,7 +49,7 @@ from levers9.agent.runc_config import DEFAULT_LIMITS
 from levers9.contract import CREDENTIALS_DIR, TOKEN_FILE
 from levers9.records.listing import list_worker_records
 from levers9.records.tasks import task_record
-from levers9.temporal import connect, sync_reconcile_schedules
+from levers9.temporal import connect
 from sandbox import registries, task_images, worker_image
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import free_port
@@ -207,15 +207,6 @@ async def site(
         async with reconciling(
             dev_env.client, directory, None, False, pool_settings=runtimes, **settings
         ) as plane:
-            # The schedule's memo says which runtimes the pool's tasks may name (as worker_main
-            # syncs it from the values): runc, and runsc for the probes under gVisor.
-            await sync_reconcile_schedules(
-                dev_env.client,
-                [POOL],
-                plane.settings,
-                simulated_gpus=[POOL],
-                runtimes={POOL: plane.pool.offered_runtimes},
-            )
             await eventually(lambda: workers_available(plane), within=WITHIN)
             yield Site(plane, gar.address)
 
