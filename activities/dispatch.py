@@ -19,8 +19,9 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
+from activities.checkpoint_images import StoreError, delete_stored
 from activities.heartbeat import heartbeating
-from levers9.box_state import BoxCheckpoint, CheckpointOutcome
+from levers9.box_state import BoxCheckpoint, CheckpointOutcome, NodeImage, StoredImage
 from levers9.config import ControlplaneSettings
 from levers9.core.disks import LOST, DiskFile, DiskState
 from levers9.core.placement import Placement, Share, Slot
@@ -573,6 +574,38 @@ class TaskActivities:
             store_seconds=response.store_seconds,
             stored_sha256=response.stored_sha256,
         )
+
+    @activity.defn
+    async def task_node(self, task_id: str) -> str:
+        """The node the task ran on, from its record ("": never placed, or no record)."""
+        handle = self._client.get_workflow_handle(task_workflow_id(task_id))
+        record = await or_none(handle.query("record", result_type=TaskRecord))
+        return (record.node_name or "") if record is not None else ""
+
+    @activity.defn
+    async def delete_stored_checkpoint(self, image: StoredImage) -> int:
+        """Removes checkpoint image `name` from the workspace's checkpoint volume (every object
+        under `<prefix>/checkpoints/<name>/`); how many objects there were."""
+        access = await self._access(image.workspace, image.volume)
+        try:
+            return await asyncio.to_thread(delete_stored, access, image.name)
+        except StoreError as error:
+            raise ApplicationError(str(error), type="CheckpointStore") from None
+
+    @activity.defn
+    async def delete_node_checkpoint(self, image: NodeImage) -> bool:
+        """DeleteCheckpoint on a worker of the image's node: removed (True), or the node held
+        none (False)."""
+        response = await self._call(
+            image.worker,
+            "DeleteCheckpoint",
+            lambda stub, md: stub.DeleteCheckpoint(
+                worker_pb2.DeleteCheckpointRequest(workspace=image.workspace, name=image.name),
+                metadata=md,
+                timeout=RPC_TIMEOUT_S,
+            ),
+        )
+        return bool(response.deleted)
 
     @activity.defn
     async def get_task(self, input: WorkerTaskInput) -> TaskReport:

@@ -68,6 +68,7 @@ def replica_activities(
         tasks.cancel_task,
         tasks.checkpoint_task,
         tasks.delete_node_disk,
+        tasks.delete_node_checkpoint,
         tasks.node_disk_use,
     ]
 
@@ -102,6 +103,9 @@ def controlplane_activities(
         tasks.cancel_task,
         tasks.checkpoint_queue,
         tasks.checkpoint_task,
+        tasks.delete_stored_checkpoint,
+        tasks.delete_node_checkpoint,
+        tasks.task_node,
         tasks.disk_worker,
         tasks.delete_node_disk,
         tasks.node_disk_use,

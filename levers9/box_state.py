@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, Field
 
 from levers9.core.boxes import MAX_EVENTS, RUNNING
+from levers9.core.disks import DiskFile
 from levers9.models import TaskInput
 
 
@@ -15,6 +16,19 @@ class BoxEvent(BaseModel):
     at: datetime
     kind: str
     message: str
+
+
+class BoxImage(BaseModel):
+    """A checkpoint image `box stop` took of the box (`box delete` removes it)."""
+
+    name: str
+    node: str = ""
+    """The node whose disk holds it."""
+    volume: str = ""
+    stored: str = ""
+    """Where it is kept in that volume ("": on its node only)."""
+    restored_by: list[str] = Field(default_factory=list)
+    """The tasks restored from it: a stored image is fetched onto their nodes too."""
 
 
 class BoxState(BaseModel):
@@ -44,6 +58,9 @@ class BoxState(BaseModel):
     checkpoint_sha256: str = ""
     """Its image.tar's sha256 as uploaded: the restore refuses any other (TaskInput's
     restore_sha256)."""
+    images: list[BoxImage] = Field(default_factory=list)
+    """Every checkpoint image taken of it, restored or not: `box delete` removes them from their
+    node and their volume."""
     events: list[BoxEvent] = Field(default_factory=list)
 
     def note(self, at: datetime, kind: str, message: str) -> None:
@@ -98,3 +115,20 @@ class CheckpointOutcome(BaseModel):
     refused: str = ""
     not_running: bool = False
     """Refused because the task is not running (queued, placed, ended): nothing to keep."""
+
+
+class StoredImage(BaseModel):
+    """A checkpoint image in a workspace's checkpoint volume (activity
+    `delete_stored_checkpoint`: the volume's credentials are read and unsealed there)."""
+
+    workspace: str
+    volume: str
+    name: str
+
+
+class NodeImage(BaseModel):
+    """A checkpoint image on a node, and the worker of that node to ask (DeleteCheckpoint)."""
+
+    worker: DiskFile
+    workspace: str
+    name: str

@@ -39,6 +39,9 @@ AGENT_FILE = "agent.json"
 TLS_CERT_FILE = "tls.crt"
 TLS_KEY_FILE = "tls.key"
 
+CHECKPOINT_STORE_FOLDER = "checkpoints"
+"""Under a checkpoint volume's prefix: one folder per checkpoint image (`<name>/image.tar`,
+`image.tar.sha256`): the agent uploads them there, the controlplane removes them (box delete)."""
 RUNTIMES = ("process", "runc", "runsc")
 """The pool's `runtime` setting: how the agent runs its tasks (`levers9.agent.runtimes` holds
 one factory per name; the Job passes the pool's choice as `LEVERS9_RUNTIME`, and the others it

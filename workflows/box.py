@@ -11,7 +11,11 @@
     checkpoint if one was taken: anywhere in the pool when the box has a checkpoint volume
     (`--checkpoints`) and the worker uploaded the image there, else pinned to the node that
     holds it) -> ... ->
-    `delete` (Update: cancel its task, end)
+    `delete` (Update: cancel its task, end; behind patch `box-delete-removes-images` it first
+    removes every checkpoint image taken of the box (`images`) from its volume (activity
+    `delete_stored_checkpoint`) and its node (`disk_worker`, then `delete_node_checkpoint` on
+    that worker's queue), and answers with an event per image saying where any stays: a node
+    with no worker now, a volume that refused)
 
 The task started in this run is followed through its child handle: when it ends by itself (its
 command exited, its worker was lost) the box reads stopped with the task's end as the reason.
@@ -36,7 +40,15 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.dispatch import TaskActivities
-    from levers9.box_state import BoxCheckpoint, BoxInput, BoxState, CheckpointOutcome
+    from levers9.box_state import (
+        BoxCheckpoint,
+        BoxImage,
+        BoxInput,
+        BoxState,
+        CheckpointOutcome,
+        NodeImage,
+        StoredImage,
+    )
     from levers9.core.boxes import (
         BOX_WORKFLOW,
         DELETING,
@@ -45,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         STOPPED,
         box_task_id,
     )
+    from levers9.core.disks import DiskFile
     from levers9.core.workspaces import DEFAULT_WORKSPACE
     from levers9.models import TASK_WORKFLOW, TaskRecord, task_workflow_id
     from levers9.search_attributes import WORKSPACE
@@ -58,6 +71,10 @@ REPLICA_PATCH = "checkpoint-on-its-replica"
 """`checkpoint_task` runs on the queue of the replica holding a tunnelled worker's session (read
 first by `checkpoint_queue`), as a task's own calls do; histories before it ran it on the shared
 queue, where only that replica could reach such a worker."""
+IMAGES_PATCH = "box-delete-removes-images"
+"""`box delete` removes the box's checkpoint images (histories before it left them)."""
+IMAGE_TIMEOUT = timedelta(minutes=2)
+IMAGE_RETRY = RetryPolicy(maximum_attempts=3, maximum_interval=timedelta(seconds=10))
 ROUTE_TIMEOUT = timedelta(seconds=30)
 REPLICA_PICKUP = timedelta(seconds=20)
 """How long the replica holding the worker's tunnel has to pick the checkpoint up (gone: the box
@@ -77,6 +94,8 @@ class BoxWorkflow:
         self._follow: asyncio.Task[None] | None = None
         self._checkpoint: str = ""
         self._stop_reason = ""
+        self._removing = False
+        """`delete` waits while the box's checkpoint images are removed."""
         """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
 
     @workflow.query
@@ -124,7 +143,7 @@ class BoxWorkflow:
         return state
 
     @workflow.update
-    def delete(self) -> BoxState:
+    async def delete(self) -> BoxState:
         state = self._state
         if state.state != DELETING:
             if self._live:
@@ -133,7 +152,24 @@ class BoxWorkflow:
             state.state = DELETING
             state.note(workflow.now(), "delete", "deleted: its task is stopped")
             self._changed = True
+            self._removing = bool(self._images()) and workflow.patched(IMAGES_PATCH)
+        await workflow.wait_condition(lambda: not self._removing)
         return state
+
+    def _images(self) -> list[BoxImage]:
+        """Every checkpoint image taken of it (and the one a record of older code kept)."""
+        state = self._state
+        images = list(state.images)
+        if state.checkpoint and all(i.name != state.checkpoint for i in images):
+            images.append(
+                BoxImage(
+                    name=state.checkpoint,
+                    node=state.checkpoint_node,
+                    volume=state.task.checkpoint_volume if state.checkpoint_stored else "",
+                    stored=state.checkpoint_stored,
+                )
+            )
+        return images
 
     def _stop(self, why: str, refused: str = "") -> None:
         state = self._state
@@ -187,8 +223,77 @@ class BoxWorkflow:
             if deadline is not None and workflow.now() >= deadline and state.state == RUNNING:
                 self._stop(f"idle for {state.idle_stop_seconds} s (--idle-stop)")
         await self._act()
+        if self._removing:
+            for image in self._images():
+                await self._remove_image(image)
+            self._removing = False
+            self._publish()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return state
+
+    async def _remove_image(self, image: BoxImage) -> None:
+        """Removes one checkpoint image from its volume and its node; an event says where it
+        went, or where it stays and why."""
+        state = self._state
+        said: list[str] = []
+        if image.stored:
+            try:
+                await workflow.execute_activity_method(
+                    TaskActivities.delete_stored_checkpoint,
+                    StoredImage(workspace=state.workspace, volume=image.volume, name=image.name),
+                    schedule_to_close_timeout=IMAGE_TIMEOUT,
+                    retry_policy=IMAGE_RETRY,
+                )
+                said.append(f"removed from volume {image.volume}")
+            except ActivityError as exc:
+                said.append(
+                    f"stays in volume {image.volume} at {image.stored} ({failure_reason(exc)}):"
+                    " remove it there"
+                )
+        nodes = [image.node] if image.node else []
+        for task_id in image.restored_by if image.stored else []:
+            # A restore from the volume fetched the image onto its own node.
+            with contextlib.suppress(ActivityError):  # its record is gone: so is the node's
+                node: str = await workflow.execute_activity_method(
+                    TaskActivities.task_node,
+                    task_id,
+                    schedule_to_close_timeout=IMAGE_TIMEOUT,
+                    retry_policy=IMAGE_RETRY,
+                )
+                if node and node not in nodes:
+                    nodes.append(node)
+        for node in nodes:
+            said.append(await self._remove_from_node(image, node))
+        removed = f"checkpoint {image.name}: " + "; ".join(said)
+        state.note(workflow.now(), "delete-checkpoint", removed)
+
+    async def _remove_from_node(self, image: BoxImage, node: str) -> str:
+        state = self._state
+        kept = (
+            f"stays on node {node} (its worker's checkpoints folder,"
+            f" {state.workspace}/{image.name})"
+        )
+        file = DiskFile(pool_name=state.task.pool_name, node_name=node, disk_id="")
+        try:
+            worker: DiskFile | None = await workflow.execute_activity_method(
+                TaskActivities.disk_worker,
+                file,
+                schedule_to_close_timeout=IMAGE_TIMEOUT,
+                retry_policy=IMAGE_RETRY,
+            )
+            if worker is None:
+                return f"{kept}: the node has no worker now; remove it there"
+            removed: bool = await workflow.execute_activity_method(
+                TaskActivities.delete_node_checkpoint,
+                NodeImage(worker=worker, workspace=state.workspace, name=image.name),
+                task_queue=worker.task_queue or workflow.info().task_queue,
+                schedule_to_close_timeout=IMAGE_TIMEOUT,
+                retry_policy=IMAGE_RETRY,
+                summary=f"DeleteCheckpoint on worker {worker.worker_id} ({node})",
+            )
+        except ActivityError as exc:
+            return f"{kept} ({failure_reason(exc)}): remove it there"
+        return f"removed from node {node}" if removed else f"node {node} held none"
 
     async def _act(self) -> None:
         state = self._state
@@ -246,6 +351,14 @@ class BoxWorkflow:
         state.checkpoint_node = outcome.node
         state.checkpoint_stored = outcome.stored
         state.checkpoint_sha256 = outcome.stored_sha256
+        state.images.append(
+            BoxImage(
+                name=outcome.name,
+                node=outcome.node,
+                volume=state.task.checkpoint_volume if outcome.stored else "",
+                stored=outcome.stored,
+            )
+        )
         state.state = STOPPED
         taken = (
             f"{self._stop_reason or 'box stop'}; checkpointed to {outcome.name}"
@@ -286,6 +399,9 @@ class BoxWorkflow:
             pin = {"node": state.checkpoint_node} if pinned else {}
             restoring = {"restore_from": restore, "restore_sha256": state.checkpoint_sha256}
             task = task.model_copy(update={**restoring, **pin})
+            for image in state.images:
+                if image.name == restore:
+                    image.restored_by.append(task_id)
             state.checkpoint = ""
             state.checkpoint_node = ""
             state.checkpoint_stored = ""

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.agent.volumes import VolumeAccess
+from levers9.contract import CHECKPOINT_STORE_FOLDER
 from levers9.core.workspaces import name_problem
 
 STATE = "state"
@@ -55,7 +56,7 @@ META = "checkpoint.json"
 MANIFEST = "manifest.json"
 FORMAT = 1
 CHECK_TIMEOUT_S = 20.0
-STORE_FOLDER = "checkpoints"
+STORE_FOLDER = CHECKPOINT_STORE_FOLDER
 """Under a checkpoint volume's prefix: one folder per checkpoint name."""
 TAR = "image.tar"
 TAR_SUM = "image.tar.sha256"

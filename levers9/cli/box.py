@@ -277,13 +277,20 @@ def box_mounts(box: boxes_pb2.Box) -> list[str]:
 
 @app.command()
 def delete(name: str, workspace: WorkspaceOption = "") -> None:
-    """Delete a box: its task is stopped (its disk or volume stays)."""
+    """Delete a box: its task is stopped and its checkpoint images removed (its disk or volume
+    stays)."""
     request = boxes_pb2.DeleteBoxRequest(name=_name(name), workspace=workspace)
-    reply = _call(lambda stub, md: stub.DeleteBox(request, metadata=md, timeout=CALL_TIMEOUT_S))
+    # The box's record removes its checkpoint images (from their node and volume) first.
+    reply = _call(
+        lambda stub, md: stub.DeleteBox(request, metadata=md, timeout=CALL_TIMEOUT_S * 12)
+    )
     console.print(
         f"box {reply.box.name} deleted: its task {reply.box.task_id or '-'} is stopped",
         highlight=False,
     )
+    for event in reply.box.events:
+        if event.kind == "delete-checkpoint":
+            console.print(f"  {event.message}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -10,7 +10,10 @@ command is `false`), so that the box's own timers and messages are what is teste
 - past `max_history_events` the record continues as new with its state, and still acts;
 - a checkpoint its worker kept in the box's checkpoint volume is restored by a task pinned to
   no node, with the sha256 the upload answered; one kept on its node only (no volume, or its
-  upload failed) pins the restore there, and the stop's reason says which.
+  upload failed) pins the restore there, and the stop's reason says which;
+- `delete` removes every checkpoint image taken of the box from its volume and (through a
+  worker of its node, on that worker's replica queue) its node, and answers saying so, or where
+  an image stays when its node has no worker now.
 """
 
 from __future__ import annotations
@@ -25,8 +28,16 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.box_state import BoxCheckpoint, BoxInput, BoxState, CheckpointOutcome
+from levers9.box_state import (
+    BoxCheckpoint,
+    BoxInput,
+    BoxState,
+    CheckpointOutcome,
+    NodeImage,
+    StoredImage,
+)
 from levers9.core.boxes import BOX_WORKFLOW
+from levers9.core.disks import DiskFile
 from levers9.models import TASK_WORKFLOW, TaskInput, TaskRecord
 from tests.waiting import eventually
 from workflows.box import BoxWorkflow
@@ -313,3 +324,80 @@ async def test_a_tunnelled_workers_checkpoint_runs_on_the_replica_holding_its_tu
     ]  # fmt: skip
     assert ("checkpoint_queue", task_queue) in queues, queues
     assert ("checkpoint_task", replica) in queues, queues
+
+
+@pytest.mark.parametrize(
+    ("volume", "node_has_worker", "removed"),
+    [
+        # Its restores fetched the image from the volume onto node-b: removed there too.
+        (
+            "ckpt",
+            True,
+            "removed from volume ckpt; removed from node node-a; removed from node node-b",
+        ),
+        ("", True, "removed from node node-a"),
+        ("", False, "stays on node node-a (its worker's checkpoints folder, default/"),
+    ],
+)
+async def test_delete_removes_the_box_s_checkpoint_images_or_says_where_they_stay(
+    time_env: WorkflowEnvironment,
+    task_queue: str,
+    volume: str,
+    node_has_worker: bool,
+    removed: str,
+) -> None:
+    replica = f"replica-{uuid.uuid4().hex[:8]}"
+    stored: list[tuple[str, str]] = []
+    on_node: list[tuple[str, str]] = []
+
+    @activity.defn(name="disk_worker")
+    async def disk_worker(file: DiskFile) -> DiskFile | None:
+        if not node_has_worker:
+            return None
+        return file.model_copy(update={"worker_id": "w1", "task_queue": replica})
+
+    @activity.defn(name="task_node")
+    async def task_node(task_id: str) -> str:
+        return "node-b"
+
+    @activity.defn(name="delete_stored_checkpoint")
+    async def delete_stored_checkpoint(image: StoredImage) -> int:
+        stored.append((image.volume, image.name))
+        return 2
+
+    @activity.defn(name="delete_node_checkpoint")
+    async def delete_node_checkpoint(image: NodeImage) -> bool:
+        on_node.append((image.worker.node_name, image.name))
+        return True
+
+    async with (
+        Worker(
+            time_env.client,
+            task_queue=task_queue,
+            workflows=[BoxWorkflow, StandInTask],
+            activities=[
+                *(kept_checkpoint, shared_queue, disk_worker),
+                *(delete_stored_checkpoint, task_node),
+            ],
+        ),
+        Worker(time_env.client, task_queue=replica, activities=[delete_node_checkpoint]),
+    ):
+        handle = await _box(time_env, task_queue, runtime="runsc", checkpoint_volume=volume)
+        taken = []
+        for _ in range(2):  # two stops: two images, the first restored by the second start
+
+            async def started() -> bool:
+                return bool((await _state(handle)).task_id)
+
+            await eventually(started, within=30)
+            stopped: BoxState = await handle.execute_update("stop", "", result_type=BoxState)
+            taken.append(stopped.checkpoint)
+            await handle.execute_update("start", result_type=BoxState)
+        deleted: BoxState = await handle.execute_update("delete", result_type=BoxState)
+        await handle.result()
+    said = [e.message for e in deleted.events if e.kind == "delete-checkpoint"]
+    gone = "" if node_has_worker else "{name}): the node has no worker now; remove it there"
+    assert said == [f"checkpoint {n}: {removed}{gone.format(name=n)}" for n in taken], said
+    assert stored == ([(volume, name) for name in taken] if volume else [])
+    nodes = ["node-a", "node-b"] if volume else ["node-a"] if node_has_worker else []
+    assert on_node == [(node, name) for name in taken for node in nodes]
