@@ -58,6 +58,8 @@ class BoxState(BaseModel):
     checkpoint_sha256: str = ""
     """Its image.tar's sha256 as uploaded: the restore refuses any other (TaskInput's
     restore_sha256)."""
+    restored_from: str = ""
+    """The checkpoint its current task restores its processes from ("": it started fresh)."""
     images: list[BoxImage] = Field(default_factory=list)
     """Every checkpoint image taken of it, restored or not: `box delete` removes them from their
     node and their volume."""

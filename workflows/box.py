@@ -71,6 +71,8 @@ REPLICA_PATCH = "checkpoint-on-its-replica"
 """`checkpoint_task` runs on the queue of the replica holding a tunnelled worker's session (read
 first by `checkpoint_queue`), as a task's own calls do; histories before it ran it on the shared
 queue, where only that replica could reach such a worker."""
+RESTORE_REFUSALS = ("restore_from:", "restore refused:")
+"""How the agent's refusal of a task's restore begins (a missing, corrupted or foreign image)."""
 IMAGES_PATCH = "box-delete-removes-images"
 """`box delete` removes the box's checkpoint images (histories before it left them)."""
 IMAGE_TIMEOUT = timedelta(minutes=2)
@@ -191,6 +193,17 @@ class BoxWorkflow:
             why = f"its task {task_id} ended {end}" + (f": {reason}" if reason else "")
             state.state = STOPPED
             state.reason = f"{why} (levers9 box start {state.name} starts it again)"
+            refused = reason.startswith(RESTORE_REFUSALS)
+            if end == "failed" and state.restored_from and refused:
+                # Its image is gone or unusable: the processes it held are lost for good.
+                why = (
+                    f"its checkpoint {state.restored_from} could not be restored (task"
+                    f" {task_id}: {reason}): its processes are lost"
+                )
+                state.reason = (
+                    f"{why}; levers9 box start {state.name} starts it fresh, with its home"
+                    f" ({state.home()})"
+                )
             state.note(workflow.now(), "ended", why)
         self._changed = True
 
@@ -422,6 +435,7 @@ class BoxWorkflow:
             result_type=TaskRecord,
         )
         state.task_id = task_id
+        state.restored_from = restore
         self._live = True
         restored = f", its processes restored from checkpoint {restore}" if restore else ""
         state.note(workflow.now(), "start", f"started task {task_id}{restored}")

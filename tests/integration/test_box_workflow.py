@@ -11,6 +11,8 @@ command is `false`), so that the box's own timers and messages are what is teste
 - a checkpoint its worker kept in the box's checkpoint volume is restored by a task pinned to
   no node, with the sha256 the upload answered; one kept on its node only (no volume, or its
   upload failed) pins the restore there, and the stop's reason says which;
+- a restore whose image is gone leaves the box stopped saying its processes are lost and that
+  the next start is fresh, which it is;
 - `delete` removes every checkpoint image taken of the box from its volume and (through a
   worker of its node, on that worker's replica queue) its node, and answers saying so, or where
   an image stays when its node has no worker now.
@@ -72,6 +74,11 @@ class StandInTask:
             created_at=workflow.now(),
             reason="exit code 1",
         )
+        if task.restore_from and task.image == "image-gone":  # as the agent refuses it
+            return record.model_copy(
+                update={"reason": f"restore_from: no checkpoint {task.restore_from} on this"
+                        " machine (/ck/default/x)"}
+            )  # fmt: skip
         if task.command != ("false",):
             await workflow.wait_condition(lambda: bool(self._cancelled))
             record = record.model_copy(update={"state": "cancelled", "reason": self._cancelled})
@@ -401,3 +408,35 @@ async def test_delete_removes_the_box_s_checkpoint_images_or_says_where_they_sta
     assert stored == ([(volume, name) for name in taken] if volume else [])
     nodes = ["node-a", "node-b"] if volume else ["node-a"] if node_has_worker else []
     assert on_node == [(node, name) for name in taken for node in nodes]
+
+
+async def test_a_restore_whose_image_is_gone_says_so_and_the_next_start_is_fresh(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[BoxWorkflow, StandInTask],
+        activities=[kept_checkpoint, shared_queue],
+    ):
+        handle = await _box(time_env, task_queue, runtime="runsc", image="image-gone")
+
+        async def started() -> bool:
+            return bool((await _state(handle)).task_id)
+
+        await eventually(started, within=30)
+        stopped: BoxState = await handle.execute_update("stop", "", result_type=BoxState)
+        restoring: BoxState = await handle.execute_update("start", result_type=BoxState)
+        assert restoring.restored_from == stopped.checkpoint
+
+        async def ended() -> bool:
+            return (await _state(handle)).state == "stopped"
+
+        await eventually(ended, within=30)
+        state = await _state(handle)
+        assert f"its checkpoint {stopped.checkpoint} could not be restored" in state.reason
+        assert f"no checkpoint {stopped.checkpoint} on this machine" in state.reason
+        assert "its processes are lost; levers9 box start" in state.reason, state.reason
+        assert "starts it fresh, with its home (none: no --disk or --volume)" in state.reason
+        fresh: BoxState = await handle.execute_update("start", result_type=BoxState)
+        assert (fresh.state, fresh.restored_from, fresh.starts) == ("running", "", 3)

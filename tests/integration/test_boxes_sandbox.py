@@ -10,6 +10,7 @@ with the same command and ports; `box delete` ends it. A `--runtime runsc` box r
 is checkpointed by `box stop` and restored by `box start`: its count goes on. `task checkpoint`
 of a runsc counting task (a runc one is refused, and runs on; another workspace's is not found)
 ends it with the checkpoint in its record, and `task restore` starts a task whose count goes on.
+A box whose image was removed from its node reads stopped after `box start`, saying so.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -305,6 +307,37 @@ async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
 
     await eventually(went_on, within=WITHIN)
     _ok(await teams.cli("boxers", "box", "delete", "counter"))
+
+
+async def test_a_box_whose_checkpoint_image_is_gone_says_so_and_starts_fresh(
+    teams: Teams,
+) -> None:
+    """Its image removed from the node after `box stop` (a wiped disk, say): `box start`'s
+    restore fails, the box reads stopped saying its processes are lost, and the next start is
+    fresh; `box delete` then finds none on the node."""
+    create = ("box", "create", "lost", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await teams.cli("boxers", *create, "--", "sh", "-c", COUNTER))
+    before = await _running(teams, "lost")
+    stopped = " ".join(_ok(await teams.cli("boxers", "box", "stop", "lost")).split())
+    [name] = re.findall(r"checkpointed to (lost-1-[0-9a-f]+)", stopped)
+    nodes = teams.cp.sandbox.state.dir / "nodes"
+    [image] = list((nodes / str(before["node"])).glob(f"**/checkpoints/boxers/{name}"))
+    shutil.rmtree(image)
+    _ok(await teams.cli("boxers", "box", "start", "lost"))
+
+    async def stopped_again() -> bool:
+        return (await _box(teams, "lost"))["state"] == "stopped"
+
+    await eventually(stopped_again, within=WITHIN)
+    reason = " ".join(str((await _box(teams, "lost"))["reason"]).split())
+    assert f"its checkpoint {name} could not be restored" in reason, reason
+    assert f"no checkpoint {name} on this machine" in reason, reason
+    assert "its processes are lost; levers9 box start lost starts it fresh" in reason, reason
+    started = _ok(await teams.cli("boxers", "box", "start", "lost"))
+    assert "restored from checkpoint" not in started, started
+    await _running(teams, "lost")
+    deleted = " ".join(_ok(await teams.cli("boxers", "box", "delete", "lost")).split())
+    assert f"checkpoint {name}: node {before['node']} held none" in deleted, deleted
 
 
 async def _task_state(teams: Teams, task_id: str) -> dict[str, object]:
