@@ -21,7 +21,8 @@ The task started in this run is followed through its child handle: when it ends 
 command exited, its worker was lost) the box reads stopped with the task's end as the reason.
 After a continue-as-new the gateway tells the record (signal `task_ended`) when it finds the
 box's task ended. Signal `used` (from the gateway, at each exec, shell, ports or ssh use) moves
-the idle deadline of `--idle-stop`; the record's timer stops the box when it passes.
+the idle deadline of `--idle-stop`; the record's timer stops the box when it passes (a runsc
+box checkpointed as by `stop`, patch `idle-stop-checkpoints`; refused, stopped without one).
 
 The record is also its memo (`record`), so the gateway reads a box without a Temporal worker.
 It continues as new with its state past `max_history_events`.
@@ -71,6 +72,8 @@ REPLICA_PATCH = "checkpoint-on-its-replica"
 """`checkpoint_task` runs on the queue of the replica holding a tunnelled worker's session (read
 first by `checkpoint_queue`), as a task's own calls do; histories before it ran it on the shared
 queue, where only that replica could reach such a worker."""
+IDLE_PATCH = "idle-stop-checkpoints"
+"""`--idle-stop` of a runsc box checkpoints it as `box stop` does (before: stopped without one)."""
 RESTORE_REFUSALS = ("restore_from:", "restore refused:")
 """How the agent's refusal of a task's restore begins (a missing, corrupted or foreign image)."""
 IMAGES_PATCH = "box-delete-removes-images"
@@ -96,6 +99,8 @@ class BoxWorkflow:
         self._follow: asyncio.Task[None] | None = None
         self._checkpoint: str = ""
         self._stop_reason = ""
+        self._idle = False
+        """The checkpoint asked for is `--idle-stop`'s: refused, the box is stopped all the same."""
         self._removing = False
         """`delete` waits while the box's checkpoint images are removed."""
         """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
@@ -173,6 +178,21 @@ class BoxWorkflow:
             )
         return images
 
+    def _idle_stop(self) -> None:
+        """`--idle-stop`: a runsc box is checkpointed as by `box stop` (patch
+        `idle-stop-checkpoints`); refused, it is stopped all the same, saying why no checkpoint
+        was kept; another box is stopped without one."""
+        state = self._state
+        why = f"idle for {state.idle_stop_seconds} s (--idle-stop)"
+        runsc = state.task.runtime == "runsc" and self._live
+        if runsc and not self._checkpoint and workflow.patched(IDLE_PATCH):
+            self._checkpoint = f"{state.name}-{state.starts}-{workflow.uuid4().hex[:8]}"
+            self._stop_reason = why
+            self._idle = True
+            self._changed = True
+        elif not self._checkpoint:
+            self._stop(why)
+
     def _stop(self, why: str, refused: str = "") -> None:
         state = self._state
         now = workflow.now()
@@ -234,7 +254,7 @@ class BoxWorkflow:
                     await workflow.wait_condition(lambda: self._changed, timeout=timeout)
             deadline = state.idle_deadline()
             if deadline is not None and workflow.now() >= deadline and state.state == RUNNING:
-                self._stop(f"idle for {state.idle_stop_seconds} s (--idle-stop)")
+                self._idle_stop()
         await self._act()
         if self._removing:
             for image in self._images():
@@ -313,6 +333,7 @@ class BoxWorkflow:
         if self._checkpoint:
             await self._checkpoint_task(self._checkpoint)
             self._checkpoint = ""
+            self._idle = False
         while self._cancel:
             task_id, reason = self._cancel.pop(0)
             handle = workflow.get_external_workflow_handle(task_workflow_id(task_id))
@@ -352,7 +373,8 @@ class BoxWorkflow:
             )
         except ActivityError as exc:
             outcome = CheckpointOutcome(refused=failure_reason(exc))
-        if outcome.refused and (outcome.not_running or state.task.runtime != "runsc"):
+        idle = self._idle
+        if outcome.refused and (outcome.not_running or state.task.runtime != "runsc" or idle):
             self._stop(self._stop_reason, f" (the worker took none: {outcome.refused})")
             return
         if outcome.refused:

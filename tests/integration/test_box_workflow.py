@@ -4,7 +4,7 @@ command is `false`), so that the box's own timers and messages are what is teste
 
 - `--idle-stop`: a box nobody uses is stopped once the idle time has passed (its task told to
   cancel, the box's reason says so and that no checkpoint was taken); a use (signal `used`)
-  moves the deadline;
+  moves the deadline; a runsc box is checkpointed as by `stop` (refused: stopped without one);
 - a task that ends by itself leaves the box stopped with the task's end, and `start` starts a
   new task of the same template;
 - past `max_history_events` the record continues as new with its state, and still acts;
@@ -23,6 +23,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from temporalio import activity, workflow
@@ -200,6 +201,47 @@ async def test_idle_stop_stops_a_box_nobody_used_and_a_use_moves_it(
         "cancelled",
         f"box {state.name} stopped: " + state.reason.split(";")[0],
     )
+
+
+# Before the tests that leave a box's workflow task without a Temporal worker: the
+# time-skipping server skips no time while one is outstanding.
+@pytest.mark.parametrize(
+    ("checkpoint", "said"),
+    [
+        (kept_checkpoint, "idle for 600 s (--idle-stop); checkpointed to "),
+        (refused_checkpoint, "idle for 600 s (--idle-stop); no checkpoint"),
+    ],
+    ids=["checkpointed", "refused-stopped-all-the-same"],
+)
+async def test_idle_stop_checkpoints_a_runsc_box(
+    time_env: WorkflowEnvironment, task_queue: str, checkpoint: Any, said: str
+) -> None:
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[BoxWorkflow, StandInTask],
+        activities=[checkpoint, shared_queue],
+    ):
+        handle = await _box(time_env, task_queue, idle_stop_seconds=600, runtime="runsc")
+
+        async def started() -> bool:
+            return bool((await _state(handle)).task_id)
+
+        await eventually(started, within=30)
+        await time_env.sleep(timedelta(seconds=700))
+
+        async def stopped() -> bool:
+            return (await _state(handle)).state == "stopped"
+
+        await eventually(stopped, within=30)
+        state = await _state(handle)
+    assert state.reason.startswith(said), state.reason
+    if checkpoint is kept_checkpoint:
+        assert state.checkpoint.startswith(f"{state.name}-1-"), state
+        assert [i.name for i in state.images] == [state.checkpoint]
+    else:
+        assert "(the worker took none: task " in state.reason, state.reason
+        assert state.checkpoint == ""
 
 
 async def test_a_task_that_ends_leaves_the_box_stopped_and_start_runs_a_new_one(
