@@ -12,7 +12,10 @@ gateway, the EKS cluster `levers9-controlplane` with a managed node group, two E
 as EKS tags its nodes (`kubernetes.io/cluster/<cluster>=owned`, `eks:cluster-name`,
 `eks:nodegroup-name`) with public IPs, a NAT gateway with an Elastic IP, and the ECR
 repository `levers9/worker`. Seeding is idempotent, and moto keeps it in memory only, so it
-is redone whenever moto (re)starts.
+is redone whenever moto (re)starts. moto draws public IPs at random, so a restarted moto would
+hand the controlplane new egress IPs, as if its nodes had been replaced; the real AWS keeps its
+nodes while the controlplane restarts, so `seed(keep=...)` gives the new nodes and the NAT the
+previous run's addresses back as Elastic IPs (`egress` reads them before moto stops).
 
 `replace_eks_nodes` is the spec's day-two "EKS nodes replaced": the tagged instances are
 terminated and as many new ones run, with new public IPs. Those IPs are data only: the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import sys
 import urllib.error
 import urllib.parse
@@ -125,6 +129,44 @@ def eks_client(endpoint: str) -> EKSClient:
 def ecr_client(endpoint: str) -> ECRClient:
     session, url = _session(endpoint)
     return session.client("ecr", endpoint_url=url)
+
+
+@dataclass(frozen=True)
+class Egress:
+    """The controlplane's egress addresses as AWS hands them out: what a restarted moto gets
+    back (`seed(keep=...)`), kept as JSON between runs (`to_json`, `from_json`)."""
+
+    node_ips: list[str]
+    nat_ip: str | None
+
+    def to_json(self) -> str:
+        return json.dumps({"node_ips": self.node_ips, "nat_ip": self.nat_ip})
+
+    @classmethod
+    def from_json(cls, text: str) -> Egress:
+        """The saved egress; ValueError (naming the field) when the text is not one."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("an object with node_ips and nat_ip is expected")
+        nodes, nat = data.get("node_ips"), data.get("nat_ip")
+        if not isinstance(nodes, list) or not all(isinstance(ip, str) for ip in nodes):
+            raise ValueError("node_ips: a list of IP addresses is expected")
+        if nat is not None and not isinstance(nat, str):
+            raise ValueError("nat_ip: an IP address or null is expected")
+        for field, ip in [*(("node_ips", ip) for ip in nodes), *([("nat_ip", nat)] if nat else [])]:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"{field}: {ip!r} is not an IP address") from None
+        return cls(node_ips=list(nodes), nat_ip=nat)
+
+
+def egress(endpoint: str, cluster: str = CLUSTER) -> Egress:
+    """The running nodes' public IPs and the NAT's, as they are now (nothing is made)."""
+    ec2 = ec2_client(endpoint)
+    vpcs = ec2.describe_vpcs(Filters=_filters(("tag:Name", cluster)))["Vpcs"]
+    nat = _existing_nat_ip(ec2, vpcs[0]["VpcId"]) if vpcs else None
+    return Egress(node_ips=node_ips(endpoint, cluster), nat_ip=nat)
 
 
 @dataclass(frozen=True)
@@ -232,8 +274,7 @@ def _network(ec2: EC2Client, cluster: str) -> tuple[str, str]:
     return vpc_id, subnet_id
 
 
-def _nat_ip(ec2: EC2Client, vpc_id: str, subnet_id: str) -> str:
-    """The NAT gateway's Elastic IP, the gateway made once."""
+def _existing_nat_ip(ec2: EC2Client, vpc_id: str) -> str | None:
     gateways = ec2.describe_nat_gateways(
         Filters=_filters(("vpc-id", vpc_id), ("state", "available"))
     )
@@ -241,7 +282,18 @@ def _nat_ip(ec2: EC2Client, vpc_id: str, subnet_id: str) -> str:
         for address in gateway.get("NatGatewayAddresses", []):
             if "PublicIp" in address:
                 return address["PublicIp"]
-    allocation = ec2.allocate_address(Domain="vpc")
+    return None
+
+
+def _nat_ip(ec2: EC2Client, vpc_id: str, subnet_id: str, keep: str | None = None) -> str:
+    """The NAT gateway's Elastic IP (`keep` when it is made now), the gateway made once."""
+    if (found := _existing_nat_ip(ec2, vpc_id)) is not None:
+        return found
+    allocation = (
+        ec2.allocate_address(Domain="vpc", Address=keep)
+        if keep
+        else ec2.allocate_address(Domain="vpc")
+    )
     ec2.create_nat_gateway(SubnetId=subnet_id, AllocationId=allocation["AllocationId"])
     return allocation["PublicIp"]
 
@@ -277,15 +329,24 @@ def _repository(ecr: ECRClient) -> str:
         return found["repositories"][0]["repositoryUri"]
 
 
-def seed(endpoint: str, cluster: str = CLUSTER) -> ControlplaneAws:
-    """Makes what is missing of the controlplane's AWS side; returns all of it."""
+def seed(endpoint: str, cluster: str = CLUSTER, keep: Egress | None = None) -> ControlplaneAws:
+    """Makes what is missing of the controlplane's AWS side; returns all of it. `keep`: the
+    egress of a moto that has since stopped (`egress`): the nodes and the NAT made now get its
+    addresses back, the nodes in launch order."""
     ec2 = ec2_client(endpoint)
     vpc_id, subnet_id = _network(ec2, cluster)
     _eks(eks_client(endpoint), cluster, subnet_id)
     nodes = running_nodes(ec2, cluster)
     if len(nodes) < NODE_COUNT:
-        nodes += _run_nodes(ec2, cluster, subnet_id, NODE_COUNT - len(nodes))
-    nat_ip = _nat_ip(ec2, vpc_id, subnet_id)
+        ran = _run_nodes(ec2, cluster, subnet_id, NODE_COUNT - len(nodes))
+        kept = keep.node_ips[len(nodes) :] if keep is not None else []
+        for node, address in zip(ran, kept, strict=False):
+            allocation = ec2.allocate_address(Domain="vpc", Address=address)
+            ec2.associate_address(
+                InstanceId=node["InstanceId"], AllocationId=allocation["AllocationId"]
+            )
+        nodes = running_nodes(ec2, cluster)
+    nat_ip = _nat_ip(ec2, vpc_id, subnet_id, keep.nat_ip if keep is not None else None)
     repository_uri = _repository(ecr_client(endpoint))
     return ControlplaneAws(
         cluster=cluster,

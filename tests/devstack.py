@@ -71,6 +71,21 @@ class Dev:
             timeout=timeout,
         )
 
+    def attach(self) -> subprocess.CompletedProcess[str]:
+        """The README's attach of the demo pool (`make demo` runs it), after `. .levers9/dev/env`:
+        until it runs, the dev pool's reconcile is refused (the spec's 403)."""
+        script = Path(__file__).parents[1] / "deploy" / "gke" / "attach-gke-pool.sh"
+        command = (
+            f". {self.home / '.levers9' / 'dev' / 'env'} && {script} --project demo"
+            " --zone us-central1-a --cluster demo --node-pool gpu-4x --gpu RTXPro6000"
+        )
+        env = {**os.environ, "LEVERS9_HOME": str(self.home / ".levers9")}
+        env["LEVERS9"] = str(BIN / "levers9")
+        env["PATH"] = f"{BIN}:{env['PATH']}"
+        return subprocess.run(
+            ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=180
+        )
+
     def temporal(self, *args: str) -> str:
         """The Temporal CLI on this stack's dev server."""
         return self.sourced(str(BIN / "temporal"), *args)

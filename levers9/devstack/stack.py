@@ -380,10 +380,15 @@ class DevStack:
         self._push_worker_image(records["ecr"].address, progress)
         self.task_image = self._push_task_image(records["gar"].address, progress)
         if "moto" in started:
-            seeded = aws.seed(records["moto"].address)
+            kept = self._kept_egress(progress)
+            seeded = aws.seed(records["moto"].address, keep=kept)
+            write_private(
+                self.egress_file, aws.Egress(seeded.node_ips, seeded.nat_ip).to_json() + "\n"
+            )
             progress(
                 f"seeded moto: EKS cluster {seeded.cluster}, nodes {', '.join(seeded.node_ips)},"
                 f" NAT {seeded.nat_ip}, ECR repository {aws.ECR_REPOSITORY}"
+                + (" (the previous run's addresses)" if kept is not None else "")
             )
         moto = records["moto"].address
         credentials = buckets.write_credentials(self.dir / buckets.CREDENTIALS_FILE)
@@ -435,6 +440,37 @@ class DevStack:
             self.api_token_file.read_text().strip(),
             progress,
         )
+
+    @property
+    def egress_file(self) -> Path:
+        """The EKS nodes' and the NAT's public IPs as moto last had them (`aws.Egress`)."""
+        return self.dir / "aws-egress.json"
+
+    def _kept_egress(self, progress: Progress) -> aws.Egress | None:
+        """What a moto that starts now hands out again: the previous run's egress, as the real
+        AWS keeps its nodes while the controlplane restarts (with `--fresh`, none: new ones,
+        so the sandbox's restored authorized networks would not name them: a 403 until
+        attach). Without it, every `dev up` would move the egress IP off the networks that
+        attach appended it to, and the restored pool would get 403s."""
+        if self.options.fresh:
+            return None
+        try:
+            return aws.Egress.from_json(self.egress_file.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            progress(f"ignoring {self.egress_file} ({exc}): moto draws new egress IPs")
+            return None
+
+    def _save_egress(self, records: Mapping[str, ProcessRecord]) -> None:
+        """Before moto stops: its egress now (`levers9 sandbox replace-eks-nodes` moves it)."""
+        moto = records.get("moto")
+        if moto is None or not is_running(moto):
+            return
+        with contextlib.suppress(BotoCoreError, ClientError, aws.AwsSandboxError):
+            now = aws.egress(moto.address)
+            if now.node_ips:
+                write_private(self.egress_file, now.to_json() + "\n")
 
     def _forget_previous_cluster(self, progress: Progress) -> None:
         """A sandbox that starts afresh (not from its saved cluster: a first start, `--fresh`,
@@ -560,6 +596,7 @@ class DevStack:
         """Stops the recorded processes, the Temporal worker first, then removes what their
         agents left (a container outlives an agent that was killed); returns their names."""
         records = self.records()
+        self._save_egress(records)
         stopped = []
         for name in STOP_ORDER:
             record = records.get(name)

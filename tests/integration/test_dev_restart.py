@@ -4,19 +4,25 @@ the user runs it (a node added with `levers9 sandbox node add`, `levers9 cluster
 kubectl apply -f -`), then down and up. The agent's Deployment, Secret and RBAC are still there,
 its pod that died with the machine is replaced and dials the gateway with the token it kept, and
 the joined pool gets a new worker on its machine; the controlplane's records were not ended (the
-cluster did not start empty). `dev up --fresh` starts from the scenario again, and ends them.
+cluster did not start empty). The demo pool, attached as the README says, runs `echo hi` before
+and after: its worker pods died with the machines (Error, the Jobs failed), and the controlplane,
+whose egress IP the restarted AWS (moto) kept on the cluster's authorized networks, replaces them
+and the run succeeds on a new worker. `dev up --fresh` starts from the scenario again, and ends
+them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandbox.admin_client import SandboxAdmin
 from tests.devstack import Dev
 from tests.waiting import until
 
@@ -91,6 +97,25 @@ def _agent_pods(dev: Dev) -> list[dict[str, Any]]:
     return pods
 
 
+def _echo_hi(dev: Dev) -> str:
+    """`levers9 run --pool gke-rtx6000 -- echo hi` as the README runs it; the worker it ran on.
+    The CLI waits past a cold start (the page's first job: about 2 min cold)."""
+    ran = dev.run(
+        *("run", "--pool", "gke-rtx6000", "--wait", "300", "--", "echo", "hi"), timeout=330
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "hi" in ran.stdout.splitlines(), ran.stdout
+    found = re.search(r"succeeded exit_code=0 worker=(\S+)", ran.stdout)
+    assert found, ran.stdout
+    return found.group(1)
+
+
+def _demo_workers(dev: Dev) -> set[str]:
+    listed = dev.run("worker", "list", "--pool", "gke-rtx6000", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    return {row["worker_id"] for row in json.loads(listed.stdout)}
+
+
 # Three stacks start here (up, up again, up --fresh): twice the suite's hang guard.
 @pytest.mark.timeout(600)
 def test_a_joined_cluster_comes_back_after_down_and_up(tmp_path: Path) -> None:
@@ -103,6 +128,12 @@ def test_a_joined_cluster_comes_back_after_down_and_up(tmp_path: Path) -> None:
             *("--node-pool", "joined-pool"),
         )
         assert added.returncode == 0, added.stderr
+        # A joined cluster's node says its cards as GPU feature discovery does, not with GKE's
+        # accelerator label, which the demo pool selects: its card stays the joined pool's.
+        dev.kubectl(
+            *("label", "node", "gke-joined", "cloud.google.com/gke-accelerator-"),
+            "nvidia.com/gpu.product=NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+        )
         joined = dev.run(
             *("cluster", "join", "--name", "joined", "--gpu-type", "RTXPro6000"),
             *("--node-selector", "cloud.google.com/gke-nodepool=joined-pool"),
@@ -110,8 +141,12 @@ def test_a_joined_cluster_comes_back_after_down_and_up(tmp_path: Path) -> None:
         assert joined.returncode == 0, joined.stderr
         _apply(dev, joined.stdout)
         before = _new_joined_worker(dev, set())
+        attached = dev.attach()
+        assert attached.returncode == 0, attached.stdout + attached.stderr
+        assert _echo_hi(dev) in _demo_workers(dev)
         kept, data = _agent(dev)
         [old_pod] = _agent_pods(dev)
+        demo_before = _demo_workers(dev)
 
         down = dev.run("dev", "down")
         assert down.returncode == 0, down.stderr
@@ -120,6 +155,9 @@ def test_a_joined_cluster_comes_back_after_down_and_up(tmp_path: Path) -> None:
         again = dev.run("dev", "up", *dev.ports, env=FAST)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "records of the previous sandbox cluster" not in again.stdout, "none ended"
+        access = SandboxAdmin(tmp_path / ".levers9" / "dev" / "sandbox").access()
+        assert f"{access['egressIp']}/32" in access["authorizedNetworks"], "AWS kept its nodes"
+        assert _echo_hi(dev) not in demo_before, "the pods died with the machines: new workers"
 
         pools = json.loads(dev.run("pool", "list", "-o", "json").stdout)
         assert {row["pool"]: row["provider"] for row in pools}["joined"] == "kubernetes (joined)"

@@ -12,7 +12,7 @@ reconcile reports the spec's 403, until `attach-gke-pool.sh` (run from the env f
 says) copies the image and appends the IPs; then a task run with `--runtime runsc` (the dev pool
 offers runc and runsc) runs in gVisor: its `dmesg` is gVisor's boot, `task exec` runs inside the
 same sandbox, and a port is refused naming the fix; `levers9 sandbox replace-eks-nodes` moves it off
-the allow-list again; a restart pushes nothing again but reseeds moto.
+the allow-list again; a restart pushes nothing again but reseeds moto, with the same EKS node IPs.
 """
 
 from __future__ import annotations
@@ -448,7 +448,7 @@ def test_down_leaves_nothing_behind(tmp_path: Path) -> None:
         assert "pushed the worker image" not in again.stdout, "the registries keep their images"
         assert "seeded moto" in again.stdout, "moto's state is memory only: seeded again"
         nodes = aws.node_ips(stack.env["AWS_ENDPOINT_URL"])
-        assert nodes != nodes_before
+        assert nodes == nodes_before, "AWS keeps its nodes (and their IPs) across a restart"
         assert (
             SandboxAdmin(tmp_path / ".levers9" / "dev" / "sandbox").access()["egressIp"] == nodes[0]
         )

@@ -113,6 +113,37 @@ def test_replacing_nodes_of_an_unknown_cluster_says_to_seed(moto: LocalMoto) -> 
         aws.replace_eks_nodes(moto.endpoint, "no-such-cluster")
 
 
+def test_a_restarted_moto_gets_the_previous_egress_back(
+    moto: LocalMoto, seeded: ControlplaneAws, tmp_path: Path
+) -> None:
+    """moto's state is memory only and it draws public IPs at random; the real AWS keeps its
+    nodes while the controlplane restarts, so a new moto seeded with what the old one had
+    answers with the same nodes' and NAT's addresses (`levers9 dev up` after `dev down`)."""
+    kept = aws.egress(moto.endpoint)
+    assert kept.node_ips == aws.node_ips(moto.endpoint)
+    assert kept.nat_ip == seeded.nat_ip
+    saved = aws.Egress.from_json(kept.to_json())
+    with LocalMoto(tmp_path / "moto.log") as again:
+        restored = aws.seed(again.endpoint, keep=saved)
+        assert restored.node_ips == kept.node_ips
+        assert restored.nat_ip == kept.nat_ip
+        assert aws.egress(again.endpoint) == kept
+        assert aws.seed(again.endpoint).node_ips == kept.node_ips, "a reseed keeps them"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"node_ips": "54.214.1.2", "nat_ip": null}', "node_ips"),
+        ('{"node_ips": ["54.214.1.2"], "nat_ip": 7}', "nat_ip"),
+        ("[]", "node_ips and nat_ip"),
+    ],
+)
+def test_a_saved_egress_that_is_not_one_names_the_field(text: str, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        aws.Egress.from_json(text)
+
+
 def test_only_a_loopback_endpoint(tmp_path: Path) -> None:
     for endpoint in ("http://10.0.0.1:5000", "https://ec2.us-east-1.amazonaws.com"):
         with pytest.raises(AwsSandboxError, match="loopback"):
