@@ -31,7 +31,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from levers9.core.boxes import KEEP_ALIVE
 from levers9.records.tasks import task_record
-from levers9.temporal import connect, sync_reconcile_schedules
+from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
 from tests.factories import LEVERS9
 from tests.waiting import eventually
@@ -69,15 +69,6 @@ async def teams(
     async with reconciling(
         dev_env.client, tmp_path_factory.mktemp("boxes"), pool_settings=runtimes, containers=True
     ) as plane:
-        # The schedule's memo says which runtimes the pool's tasks may name (as worker_main
-        # syncs it from the values).
-        await sync_reconcile_schedules(
-            dev_env.client,
-            [POOL],
-            plane.settings,
-            simulated_gpus=[POOL] if plane.pool.simulated_gpus else [],
-            runtimes={POOL: plane.pool.offered_runtimes},
-        )
         await eventually(lambda: workers_available(plane), within=WITHIN)
         tokens = {}
         for team in ("boxers", "others"):
