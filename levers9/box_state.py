@@ -58,6 +58,9 @@ class BoxState(BaseModel):
     checkpoint_sha256: str = ""
     """Its image.tar's sha256 as uploaded: the restore refuses any other (TaskInput's
     restore_sha256)."""
+    stopping: str = ""
+    """`box stop` asked for a checkpoint of its task under this name and it is being taken
+    ("": none): the record says the outcome once it is cleared (stopped, or `stop-refused`)."""
     restored_from: str = ""
     """The checkpoint its current task restores its processes from ("": it started fresh)."""
     images: list[BoxImage] = Field(default_factory=list)
@@ -117,6 +120,9 @@ class CheckpointOutcome(BaseModel):
     refused: str = ""
     not_running: bool = False
     """Refused because the task is not running (queued, placed, ended): nothing to keep."""
+    asked: int = 0
+    """Update `checkpoint` accepted it as the record's ask of this number (`name` given): the
+    outcome comes in the record (levers9.records.tasks reads it); 0: this is the outcome."""
 
 
 class StoredImage(BaseModel):

@@ -478,6 +478,19 @@ class TaskCheckpoint(_Record):
     store_error: str = ""
     sha256: str = ""
     """Its image.tar's sha256 as uploaded: a restore refuses any other (restore_sha256)."""
+    store_seconds: float = 0.0
+    at: datetime | None = None
+
+
+class CheckpointRefusal(_Record):
+    """A `levers9 task checkpoint` its worker refused (the task runs on), kept in the record for
+    the caller, who reads it by the ask's number (the Update answers at once)."""
+
+    ask: int
+    name: str
+    """The name it was asked under."""
+    reason: str
+    not_running: bool = False
     at: datetime | None = None
 
 
@@ -524,6 +537,10 @@ class TaskRecord(_Record):
     """Its earlier attempts, oldest first (this one is attempt len(attempts) + 1)."""
     checkpoints: tuple[TaskCheckpoint, ...] = ()
     """The checkpoints taken of it (`levers9 task checkpoint`; one ends it), oldest first."""
+    checkpoint_asks: int = 0
+    """How many `task checkpoint` asks its record accepted (each answered by its number)."""
+    checkpoint_refusals: tuple[CheckpointRefusal, ...] = ()
+    """The last asks its worker refused, oldest first."""
 
     @classmethod
     def queued(cls, task: TaskInput, at: datetime) -> TaskRecord:

@@ -7,6 +7,8 @@
     from `checkpoint_queue`, patch `checkpoint-on-its-replica`): stopped with the image's
     name; refused, a runsc box runs on with an event `stop-refused` saying why, another is
     cancelled as before with the refusal's words)
+    (behind patch `updates-return-at-once` the Update answers at once, the box reading
+    `stopping` with the image's name; the run takes it and the record says the outcome)
     -> `start` (Update: a new task from the template, the same home; `restore_from` the
     checkpoint if one was taken: anywhere in the pool when the box has a checkpoint volume
     (`--checkpoints`) and the worker uploaded the image there, else pinned to the node that
@@ -15,7 +17,8 @@
     removes every checkpoint image taken of the box (`images`) from its volume (activity
     `delete_stored_checkpoint`) and its node (`disk_worker`, then `delete_node_checkpoint` on
     that worker's queue), and answers with an event per image saying where any stays: a node
-    with no worker now, a volume that refused)
+    with no worker now, a volume that refused; behind patch `updates-return-at-once` it answers
+    at once and the run's result, the record, says so)
 
 The task started in this run is followed through its child handle: when it ends by itself (its
 command exited, its worker was lost) the box reads stopped with the task's end as the reason.
@@ -76,6 +79,10 @@ IDLE_PATCH = "idle-stop-checkpoints"
 """`--idle-stop` of a runsc box checkpoints it as `box stop` does (before: stopped without one)."""
 RESTORE_REFUSALS = ("restore_from:", "restore refused:")
 """How the agent's refusal of a task's restore begins (a missing, corrupted or foreign image)."""
+AT_ONCE_PATCH = "updates-return-at-once"
+"""`stop` (when it checkpoints) and `delete` (when it removes images) answer at once, the box
+reading `stopping` / `deleting`; the run does the work and the record says the outcome, which
+the caller reads (levers9.records.boxes). Histories before it held the Update open meanwhile."""
 IMAGES_PATCH = "box-delete-removes-images"
 """`box delete` removes the box's checkpoint images (histories before it left them)."""
 IMAGE_TIMEOUT = timedelta(minutes=2)
@@ -98,12 +105,12 @@ class BoxWorkflow:
         self._changed = True
         self._follow: asyncio.Task[None] | None = None
         self._checkpoint: str = ""
+        """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
         self._stop_reason = ""
         self._idle = False
         """The checkpoint asked for is `--idle-stop`'s: refused, the box is stopped all the same."""
         self._removing = False
-        """`delete` waits while the box's checkpoint images are removed."""
-        """`box stop` asked for a checkpoint of its task under this name (`_act` takes it)."""
+        """The box's checkpoint images are being removed (`delete`; the run's last work)."""
 
     @workflow.query
     def box(self) -> BoxState:
@@ -133,6 +140,14 @@ class BoxWorkflow:
             self._checkpoint = f"{state.name}-{state.starts}-{workflow.uuid4().hex[:8]}"
             self._stop_reason = reason or "box stop"
             self._changed = True
+            if workflow.patched(AT_ONCE_PATCH):
+                # Accepted: the run takes the checkpoint; the caller reads the outcome in the
+                # record (query `box`) once `stopping` is cleared.
+                state.stopping = self._checkpoint
+                self._publish()
+                return state
+        elif state.state == RUNNING and state.stopping and workflow.patched(AT_ONCE_PATCH):
+            return state  # a checkpoint is being taken: its outcome answers this stop too
         elif state.state == RUNNING:
             self._stop(reason or "box stop")
         await workflow.wait_condition(lambda: not self._changed)
@@ -160,6 +175,11 @@ class BoxWorkflow:
             state.note(workflow.now(), "delete", "deleted: its task is stopped")
             self._changed = True
             self._removing = bool(self._images()) and workflow.patched(IMAGES_PATCH)
+            if self._removing and workflow.patched(AT_ONCE_PATCH):
+                # Accepted: the run removes the images and ends with the record (its result)
+                # saying where each went; the caller waits for that result.
+                self._publish()
+                return state
         await workflow.wait_condition(lambda: not self._removing)
         return state
 
@@ -334,6 +354,7 @@ class BoxWorkflow:
             await self._checkpoint_task(self._checkpoint)
             self._checkpoint = ""
             self._idle = False
+            state.stopping = ""
         while self._cancel:
             task_id, reason = self._cancel.pop(0)
             handle = workflow.get_external_workflow_handle(task_workflow_id(task_id))

@@ -31,7 +31,10 @@ with the pool's reason.
 as its other calls) and the task ends as the worker reports it, cancelled with "checkpointed to
 NAME"; the record keeps the checkpoint (`checkpoints`) for `task restore`, which reads what the
 task was submitted as from query `task`. A refusal (a runc task, a GPU task on a machine without
-CUDA checkpointing) is the Update's answer, and the task runs on.
+CUDA checkpointing) is the Update's answer, and the task runs on. Behind patch
+`updates-return-at-once` the Update answers at once with the ask's number (nothing waits in an
+open Update): the record then says the outcome, the checkpoint in `checkpoints` or the refusal
+in `checkpoint_refusals` (or the task's end), and the caller reads it there.
 
 Phases carry timestamps (placement, the worker's `worker.gpu_assignment`, container start and
 exit); failures keep the worker's reason verbatim (`not enough GPUs available ...`). A worker
@@ -66,6 +69,7 @@ with workflow.unsafe.imports_passed_through():
         PREEMPTED,
         TASK_WORKFLOW,
         TERMINAL,
+        CheckpointRefusal,
         PlaceRequest,
         ReplicaReport,
         TaskAttempt,
@@ -96,6 +100,11 @@ REROUTES = 10
 CHECKPOINT_TIMEOUT = timedelta(minutes=6)
 """A checkpoint writes the sandbox's memory and writable layer, and may upload it."""
 CHECKPOINT_RETRY = RetryPolicy(maximum_attempts=2)
+AT_ONCE_PATCH = "updates-return-at-once"
+"""Update `checkpoint` answers at once with the ask's number; the run takes the checkpoint and
+the record says the outcome (`checkpoints`, `checkpoint_refusals`), which the caller reads
+(levers9.records.tasks). Histories before it held the Update open meanwhile."""
+KEPT_REFUSALS = 10
 REQUEST_TIMEOUT = timedelta(seconds=30)
 REQUEST_RETRY = RetryPolicy(maximum_interval=timedelta(seconds=10))
 RETRY_BACKOFF = (timedelta(seconds=10), timedelta(minutes=5))
@@ -130,6 +139,9 @@ class TaskWorkflow:
         self._checkpoint: BoxCheckpoint | None = None
         """`task checkpoint` asked for this one; `_follow` takes it."""
         self._checkpointed: CheckpointOutcome | None = None
+        self._ask = 0
+        """The record's ask number of `_checkpoint` when its Update answered at once (0: the
+        Update waits for `_checkpointed`)."""
         resume = input.resume
         if resume is not None:
             # Here, not in run: a report or cancel that arrives with the continued run's first
@@ -175,6 +187,11 @@ class TaskWorkflow:
             volume=volume,
         )
         self._checkpointed = None
+        if workflow.patched(AT_ONCE_PATCH):
+            # Accepted: the run takes it; the caller reads the outcome in the record.
+            self._ask = record.checkpoint_asks + 1
+            self._update(checkpoint_asks=self._ask)
+            return CheckpointOutcome(name=self._checkpoint.name, asked=self._ask)
         await workflow.wait_condition(lambda: self._checkpointed is not None)
         outcome = self._checkpointed
         assert outcome is not None
@@ -572,12 +589,28 @@ class TaskWorkflow:
                 stored=outcome.stored,
                 store_error=outcome.store_error,
                 sha256=outcome.stored_sha256,
+                store_seconds=outcome.store_seconds,
                 at=workflow.now(),
             )
             self._update(checkpoints=(*record.checkpoints, taken))
             assert self._record is not None
             workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
-        self._checkpointed = outcome
+        if not self._ask:
+            self._checkpointed = outcome  # its Update answers with it
+            return
+        if outcome.refused:
+            assert self._record is not None
+            refusal = CheckpointRefusal(
+                ask=self._ask,
+                name=request.name,
+                reason=outcome.refused,
+                not_running=outcome.not_running,
+                at=workflow.now(),
+            )
+            refusals = (*self._record.checkpoint_refusals, refusal)[-KEPT_REFUSALS:]
+            self._update(checkpoint_refusals=refusals)
+        self._checkpoint = None
+        self._ask = 0
 
     def _continue(self, input: TaskInput, placement: Placement, liveness: timedelta) -> None:
         assert self._record is not None

@@ -7,10 +7,17 @@ so whose a box is is known even while no Temporal worker polls.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
@@ -19,6 +26,11 @@ from levers9.core.boxes import BOX_WORKFLOW, DELETING, box_workflow_id
 from levers9.records.found import delivered, or_none
 from levers9.records.workspaces import workspace_clause
 from levers9.search_attributes import POOL_NAME, WORKSPACE
+
+OUTCOME_WAIT_S = 15 * 60.0
+"""How long `stop` and `delete` wait for the record's outcome: a checkpoint (two tries of six
+minutes at most) or the removal of the box's images."""
+OUTCOME_POLL_S = 0.5
 
 
 class BoxExists(Exception):
@@ -100,14 +112,49 @@ class TemporalBoxRecords:
         )
         return state
 
-    async def stop(self, box: BoxState, reason: str) -> BoxState | None:
-        return await self._update(box, "stop", reason)
+    async def stop(
+        self, box: BoxState, reason: str, within_s: float = OUTCOME_WAIT_S
+    ) -> BoxState | None:
+        """`box stop`: the record once stopped, or with why not (a `stop-refused` event). The
+        Update answers at once while a checkpoint is taken (`stopping`): its outcome is read
+        here from the record (query `box`) every OUTCOME_POLL_S, never waited for inside the
+        Update; past `within_s`, the record as it is then (still `stopping`)."""
+        state = await self._update(box, "stop", reason)
+        if state is None or not state.stopping:
+            return state
+        asked = state.stopping
+        handle = self._handle(box.workspace, box.name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while loop.time() < deadline:
+            await asyncio.sleep(OUTCOME_POLL_S)
+            now: BoxState | None = await or_none(handle.query("box", result_type=BoxState))
+            if now is None:
+                return None
+            state = now
+            if now.stopping != asked:
+                break
+        return state
 
     async def start(self, box: BoxState) -> BoxState | None:
         return await self._update(box, "start")
 
-    async def delete(self, box: BoxState) -> BoxState | None:
-        return await self._update(box, "delete")
+    async def delete(self, box: BoxState, within_s: float = OUTCOME_WAIT_S) -> BoxState | None:
+        """`box delete`: the record once its checkpoint images are removed (an event each saying
+        where), read from the workflow's result: the Update answers at once. Past `within_s`,
+        the Update's answer."""
+        state = await self._update(box, "delete")
+        if state is None:
+            return None
+        handle = self._client.get_workflow_handle(
+            box_workflow_id(box.workspace, box.name), result_type=BoxState
+        )
+        try:
+            async with asyncio.timeout(within_s):
+                ended: BoxState = await handle.result()
+                return ended
+        except (TimeoutError, WorkflowFailureError):
+            return state
 
     async def used(self, box: BoxState) -> bool:
         """Tells the box's record it was used now (its idle deadline moves)."""

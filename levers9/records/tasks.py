@@ -22,6 +22,7 @@ from levers9.box_state import CheckpointOutcome
 from levers9.core.placement import QueueSpot
 from levers9.models import (
     TASK_WORKFLOW,
+    TERMINAL,
     TaskInput,
     TaskRecord,
     pool_workflow_id,
@@ -80,14 +81,63 @@ async def cancel_task(client: Client, task_id: str, reason: str = "") -> bool:
     )
 
 
-async def checkpoint_task(client: Client, task_id: str, volume: str) -> CheckpointOutcome | None:
+CHECKPOINT_WAIT_S = 15 * 60.0
+"""How long `checkpoint_task` reads the record for its outcome (two tries of six minutes at
+most)."""
+CHECKPOINT_POLL_S = 0.5
+
+
+async def checkpoint_task(
+    client: Client, task_id: str, volume: str, within_s: float = CHECKPOINT_WAIT_S
+) -> CheckpointOutcome | None:
     """Asks the task's record for a checkpoint (Update `checkpoint`: its worker checkpoints it
-    and it ends, or the refusal); None when no such task runs (unknown, or ended)."""
+    and it ends, or the refusal); None when no such task runs (unknown, or ended). The Update
+    answers at once with the ask's number; the outcome is read from the record (query `record`)
+    here, every CHECKPOINT_POLL_S for `within_s` at most."""
     handle = client.get_workflow_handle(task_workflow_id(task_id))
     outcome: CheckpointOutcome | None = await or_none(
         handle.execute_update("checkpoint", volume, result_type=CheckpointOutcome)
     )
-    return outcome
+    if outcome is None or not outcome.asked:
+        return outcome  # refused at once (or answered by a record of older code)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while loop.time() < deadline:
+        await asyncio.sleep(CHECKPOINT_POLL_S)
+        record = await task_record(client, task_id)
+        if record is None:
+            return None
+        answer = _checkpoint_outcome(record, outcome)
+        if answer is not None:
+            return answer
+    return CheckpointOutcome(
+        refused=f"checkpoint {outcome.name} not answered in {within_s:.0f} s: levers9 task get"
+        f" {task_id} shows whether it was taken"
+    )
+
+
+def _checkpoint_outcome(record: TaskRecord, asked: CheckpointOutcome) -> CheckpointOutcome | None:
+    """What the record says of the ask (None: nothing yet)."""
+    for taken in record.checkpoints:
+        if taken.name == asked.name:
+            return CheckpointOutcome(
+                name=taken.name,
+                node=taken.node,
+                size_bytes=taken.size_bytes,
+                seconds=taken.seconds,
+                stored=taken.stored,
+                store_error=taken.store_error,
+                store_seconds=taken.store_seconds,
+                stored_sha256=taken.sha256,
+            )
+    for refusal in record.checkpoint_refusals:
+        if refusal.ask == asked.asked:
+            return CheckpointOutcome(refused=refusal.reason, not_running=refusal.not_running)
+    if record.state in TERMINAL:
+        return CheckpointOutcome(
+            refused=f"task {record.task_id} ended {record.state} first", not_running=True
+        )
+    return None
 
 
 async def submitted_as(client: Client, task_id: str) -> TaskInput | None:

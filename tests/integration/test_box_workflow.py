@@ -20,6 +20,7 @@ command is `false`), so that the box's own timers and messages are what is teste
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -42,6 +43,7 @@ from levers9.box_state import (
 from levers9.core.boxes import BOX_WORKFLOW
 from levers9.core.disks import DiskFile
 from levers9.models import TASK_WORKFLOW, TaskInput, TaskRecord
+from levers9.records.boxes import TemporalBoxRecords
 from tests.waiting import eventually
 from workflows.box import BoxWorkflow
 
@@ -152,9 +154,25 @@ async def _box(
     return handle
 
 
-async def _state(handle: WorkflowHandle[BoxWorkflow, BoxState]) -> BoxState:
+async def _state(handle: WorkflowHandle[Any, BoxState]) -> BoxState:
     state: BoxState = await handle.query("box", result_type=BoxState)
     return state
+
+
+async def _stop(
+    env: WorkflowEnvironment, handle: WorkflowHandle[Any, BoxState], reason: str
+) -> BoxState:
+    """`box stop` as the gateway asks it (levers9.records.boxes): the Update answers at once
+    while a checkpoint is taken, and the outcome is read from the record."""
+    stopped = await TemporalBoxRecords(env.client, "").stop(await _state(handle), reason)
+    assert stopped is not None
+    return stopped
+
+
+async def _delete(env: WorkflowEnvironment, handle: WorkflowHandle[Any, BoxState]) -> BoxState:
+    deleted = await TemporalBoxRecords(env.client, "").delete(await _state(handle))
+    assert deleted is not None
+    return deleted
 
 
 async def _ended(env: WorkflowEnvironment, task_id: str) -> TaskRecord:
@@ -244,6 +262,59 @@ async def test_idle_stop_checkpoints_a_runsc_box(
         assert state.checkpoint == ""
 
 
+async def test_stop_answers_at_once_and_the_record_then_says_the_checkpoint(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """The `stop` Update answers while its checkpoint is still being taken (the box reads
+    `stopping`, its activity held until the Update has answered); the record then says the
+    outcome, which `TemporalBoxRecords.stop` reads."""
+    taking = asyncio.Event()
+    release = asyncio.Event()
+
+    @activity.defn(name="checkpoint_task")
+    async def held_checkpoint(input: BoxCheckpoint) -> CheckpointOutcome:
+        taking.set()
+        await release.wait()
+        return await kept_checkpoint(input)
+
+    async with Worker(
+        time_env.client,
+        task_queue=task_queue,
+        workflows=[BoxWorkflow, StandInTask],
+        activities=[held_checkpoint, shared_queue],
+    ):
+        try:
+            handle = await _box(time_env, task_queue, runtime="runsc")
+
+            async def started() -> bool:
+                return bool((await _state(handle)).task_id)
+
+            await eventually(started, within=30)
+            task_id = (await _state(handle)).task_id
+            asked = await handle.execute_update("stop", "box stop", result_type=BoxState)
+            assert (asked.state, asked.checkpoint) == ("running", ""), asked
+            assert asked.stopping.startswith(f"{asked.name}-1-"), asked
+            await asyncio.wait_for(taking.wait(), timeout=60)
+            state = await _state(handle)
+            assert (state.state, state.stopping) == ("running", asked.stopping), state
+            # A second stop meanwhile answers at once too, and waits for the same outcome.
+            again = TemporalBoxRecords(time_env.client, "").stop(state, "box stop")
+            waiting = asyncio.ensure_future(again)
+            release.set()
+            stopped = await asyncio.wait_for(waiting, timeout=60)
+        finally:
+            release.set()
+    assert stopped is not None
+    assert (stopped.state, stopped.stopping, stopped.checkpoint) == (
+        "stopped",
+        "",
+        asked.stopping,
+    ), stopped
+    assert stopped.reason.startswith(f"box stop; checkpointed to {asked.stopping}"), stopped
+    assert [e.kind for e in stopped.events if e.kind == "stop"] == ["stop"]
+    assert stopped.task_id == task_id
+
+
 async def test_a_task_that_ends_leaves_the_box_stopped_and_start_runs_a_new_one(
     time_env: WorkflowEnvironment, task_queue: str, worker: None
 ) -> None:
@@ -283,7 +354,7 @@ async def test_the_record_continues_as_new_with_its_state(
     latest = time_env.client.get_workflow_handle(handle.id, result_type=BoxState)
     state = await _state(latest)
     assert (state.task_id, state.starts, state.state) == (task_id, 1, "running")
-    stopped: BoxState = await latest.execute_update("stop", "box stop", result_type=BoxState)
+    stopped: BoxState = await _stop(time_env, latest, "box stop")
     assert stopped.state == "stopped"
     ended = await _ended(time_env, task_id)
     assert ended.state == "cancelled"
@@ -312,7 +383,7 @@ async def test_a_restore_is_pinned_only_where_the_image_is_on_its_node_only(
             return bool((await _state(handle)).task_id)
 
         await eventually(started, within=30)
-        stopped: BoxState = await handle.execute_update("stop", "box stop", result_type=BoxState)
+        stopped: BoxState = await _stop(time_env, handle, "box stop")
         assert stopped.state == "stopped", stopped
         assert kept in stopped.reason, stopped.reason
         restarted: BoxState = await handle.execute_update("start", result_type=BoxState)
@@ -360,7 +431,7 @@ async def test_a_tunnelled_workers_checkpoint_runs_on_the_replica_holding_its_tu
             return bool((await _state(handle)).task_id)
 
         await eventually(started, within=30)
-        stopped: BoxState = await handle.execute_update("stop", "box stop", result_type=BoxState)
+        stopped: BoxState = await _stop(time_env, handle, "box stop")
     assert stopped.state == "stopped", stopped
     assert stopped.checkpoint, stopped
     assert stopped.checkpoint_node == "node-a"
@@ -439,10 +510,10 @@ async def test_delete_removes_the_box_s_checkpoint_images_or_says_where_they_sta
                 return bool((await _state(handle)).task_id)
 
             await eventually(started, within=30)
-            stopped: BoxState = await handle.execute_update("stop", "", result_type=BoxState)
+            stopped: BoxState = await _stop(time_env, handle, "")
             taken.append(stopped.checkpoint)
             await handle.execute_update("start", result_type=BoxState)
-        deleted: BoxState = await handle.execute_update("delete", result_type=BoxState)
+        deleted = await _delete(time_env, handle)
         await handle.result()
     said = [e.message for e in deleted.events if e.kind == "delete-checkpoint"]
     gone = "" if node_has_worker else "{name}): the node has no worker now; remove it there"
@@ -467,7 +538,7 @@ async def test_a_restore_whose_image_is_gone_says_so_and_the_next_start_is_fresh
             return bool((await _state(handle)).task_id)
 
         await eventually(started, within=30)
-        stopped: BoxState = await handle.execute_update("stop", "", result_type=BoxState)
+        stopped: BoxState = await _stop(time_env, handle, "")
         restoring: BoxState = await handle.execute_update("start", result_type=BoxState)
         assert restoring.restored_from == stopped.checkpoint
 

@@ -2,11 +2,13 @@
 never got through is placed again when (and only when) that worker's record has ended; a task
 that started is never started again. `task checkpoint` (Update `checkpoint`): the checkpoint its
 worker took is kept in the record and the task ends as the worker reports it; a refusal leaves
-it running; an ended task is no longer asked.
+it running; an ended task is no longer asked. The Update answers at once (the ask's number),
+before the checkpoint is taken: the record then says the outcome, where its caller reads it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -69,6 +71,9 @@ class Cluster:
     checkpoint_refusal: str = ""
     """CheckpointTask's refusal (a runc task, say), when set; else it checkpoints and ends it."""
     checkpoints: list[BoxCheckpoint] = field(default_factory=list)
+    hold: asyncio.Event | None = None
+    """When set: CheckpointTask says it is taking the image (`taking`), then waits for it."""
+    taking: asyncio.Event = field(default_factory=asyncio.Event)
 
     def activities(self) -> list[Callable[..., Any]]:
         def place(request: PlaceRequest) -> Placement:
@@ -142,6 +147,9 @@ class Cluster:
             """A runsc worker on node-w1: the image sealed (uploaded when a volume is named),
             then the task's end reported, as the agent does."""
             self.checkpoints.append(input)
+            if self.hold is not None:
+                self.taking.set()
+                await self.hold.wait()
             if self.checkpoint_refusal:
                 return CheckpointOutcome(refused=self.checkpoint_refusal)
             asking = activity.client().get_workflow_handle(activity.info().workflow_id or "")
@@ -551,3 +559,56 @@ async def test_a_refused_checkpoint_leaves_the_task_running(
     assert len(running.cluster.checkpoints) == 1  # its worker was asked, and refused
     assert record is not None
     assert (record.state, record.checkpoints) == ("running", ())
+
+
+async def test_checkpoint_answers_at_once_and_the_record_then_keeps_it(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """The Update answers while CheckpointTask is still held (released only after it answered):
+    the record says the ask (`checkpoint_asks`), a second ask meanwhile is refused at once, and
+    once the worker took it the record keeps the checkpoint and the task ends."""
+    async with _running_task(time_env, task_queue, runtime="runsc") as running:
+        task, handle = running.task, running.handle
+        running.cluster.hold = asyncio.Event()
+        try:
+            asked = await handle.execute_update(TaskWorkflow.checkpoint, "ckpts")
+            await asyncio.wait_for(running.cluster.taking.wait(), timeout=60)
+            during = await handle.query(TaskWorkflow.record)
+            second = await checkpoint_task(time_env.client, task.task_id, "")
+        finally:
+            running.cluster.hold.set()
+
+        async def kept() -> bool:
+            record = await handle.query(TaskWorkflow.record)
+            return record is not None and bool(record.checkpoints)
+
+        await eventually(kept, within=30, what="the checkpoint in the record")
+        record: TaskRecord = await handle.result()
+    name = f"{task.task_id}-ck1"
+    assert (asked.refused, asked.name, asked.asked) == ("", name, 1), asked
+    assert during is not None
+    assert (during.state, during.checkpoints, during.checkpoint_asks) == ("running", (), 1)
+    assert second is not None
+    assert second.refused == f"checkpoint {name} of task {task.task_id} is being taken: wait for it"
+    assert (record.state, record.reason) == ("cancelled", f"checkpointed to {name}")
+    assert [(c.name, c.volume) for c in record.checkpoints] == [(name, "ckpts")]
+    assert record.checkpoint_refusals == ()
+
+
+async def test_a_refusal_is_kept_in_the_record_under_the_name_it_was_asked(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    refusal = "task runs under runc: CRIU cannot checkpoint here (criu check: vdso)"
+    async with _running_task(time_env, task_queue) as running:
+        running.cluster.checkpoint_refusal = refusal
+        for _ in range(2):
+            outcome = await checkpoint_task(time_env.client, running.task.task_id, "")
+            assert outcome is not None
+            assert (outcome.refused, outcome.asked) == (refusal, 0), outcome
+        record = await running.handle.query(TaskWorkflow.record)
+    assert record is not None
+    name = f"{running.task.task_id}-ck1"
+    assert [(r.ask, r.name, r.reason) for r in record.checkpoint_refusals] == [
+        (1, name, refusal),
+        (2, name, refusal),
+    ]
