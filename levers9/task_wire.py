@@ -28,7 +28,7 @@ from levers9.core.placement import QueueSpot
 from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
 from levers9.core.workspaces import DEFAULT_WORKSPACE
-from levers9.models import TaskAttempt, TaskCheckpoint, TaskInput, TaskRecord
+from levers9.models import CheckpointRefusal, TaskAttempt, TaskCheckpoint, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 
 M = TypeVar("M", bound=Message)
@@ -39,6 +39,7 @@ NESTED: Mapping[str, type[BaseModel]] = {
     gateway_pb2.TaskQueueSpot.DESCRIPTOR.full_name: QueueSpot,
     gateway_pb2.TaskAttempt.DESCRIPTOR.full_name: TaskAttempt,
     gateway_pb2.TaskCheckpoint.DESCRIPTOR.full_name: TaskCheckpoint,
+    gateway_pb2.TaskCheckpointRefusal.DESCRIPTOR.full_name: CheckpointRefusal,
     worker_pb2.TaskMount.DESCRIPTOR.full_name: TaskMount,
 }
 """The model each nested message of a record becomes."""

@@ -531,6 +531,8 @@ class TaskRecord(_message.Message):
     RETRIES_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     CHECKPOINTS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_ASKS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_REFUSALS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     pool_name: _builtins.str
     gpus: _builtins.int
@@ -556,6 +558,8 @@ class TaskRecord(_message.Message):
     """placed past its workspace's quota (--borrow)"""
     retries: _builtins.int
     """how many times it may be queued again (--retries)"""
+    checkpoint_asks: _builtins.int
+    """task checkpoint asks its record accepted, each by its number"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -579,6 +583,10 @@ class TaskRecord(_message.Message):
     @_builtins.property
     def checkpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskCheckpoint]:
         """taken of it (task checkpoint), oldest first"""
+
+    @_builtins.property
+    def checkpoint_refusals(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskCheckpointRefusal]:
+        """the last refused, oldest first"""
 
     def __init__(
         self,
@@ -612,10 +620,12 @@ class TaskRecord(_message.Message):
         retries: _builtins.int = ...,
         attempts: _abc.Iterable[Global___TaskAttempt] | None = ...,
         checkpoints: _abc.Iterable[Global___TaskCheckpoint] | None = ...,
+        checkpoint_asks: _builtins.int = ...,
+        checkpoint_refusals: _abc.Iterable[Global___TaskCheckpointRefusal] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "checkpoints", b"checkpoints", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "checkpoint_asks", b"checkpoint_asks", "checkpoint_refusals", b"checkpoint_refusals", "checkpoints", b"checkpoints", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
     _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015
@@ -651,6 +661,7 @@ class TaskCheckpoint(_message.Message):
     STORE_ERROR_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
+    STORE_SECONDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     node: _builtins.str
     """the node holding its image"""
@@ -664,6 +675,8 @@ class TaskCheckpoint(_message.Message):
     """why it was not uploaded"""
     sha256: _builtins.str
     """the uploaded image.tar's sha256 (TaskSpec.restore_sha256)"""
+    store_seconds: _builtins.float
+    """how long its upload took"""
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -678,14 +691,51 @@ class TaskCheckpoint(_message.Message):
         store_error: _builtins.str = ...,
         sha256: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
+        store_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "name", b"name", "node", b"node", "seconds", b"seconds", "sha256", b"sha256", "size_bytes", b"size_bytes", "store_error", b"store_error", "stored", b"stored", "volume", b"volume"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "name", b"name", "node", b"node", "seconds", b"seconds", "sha256", b"sha256", "size_bytes", b"size_bytes", "store_error", b"store_error", "store_seconds", b"store_seconds", "stored", b"stored", "volume", b"volume"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskCheckpoint: _TypeAlias = TaskCheckpoint  # noqa: Y015
+
+@_typing.final
+class TaskCheckpointRefusal(_message.Message):
+    """A `task checkpoint` its worker refused (levers9.models.CheckpointRefusal): the task ran on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASK_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    NOT_RUNNING_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    ask: _builtins.int
+    """the ask's number (TaskRecord.checkpoint_asks when asked)"""
+    name: _builtins.str
+    """the name it was asked under"""
+    reason: _builtins.str
+    not_running: _builtins.bool
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        ask: _builtins.int = ...,
+        name: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        not_running: _builtins.bool = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ask", b"ask", "at", b"at", "name", b"name", "not_running", b"not_running", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskCheckpointRefusal: _TypeAlias = TaskCheckpointRefusal  # noqa: Y015
 
 @_typing.final
 class TaskAttempt(_message.Message):

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from levers9.core.placement import QueueSpot
 from levers9.core.storage import TaskMount
 from levers9.core.task_reports import TaskPhase
-from levers9.models import TaskAttempt, TaskCheckpoint, TaskInput, TaskRecord
+from levers9.models import CheckpointRefusal, TaskAttempt, TaskCheckpoint, TaskInput, TaskRecord
 from levers9.proto import gateway_pb2, worker_pb2
 from levers9.task_wire import (
     record_from_message,
@@ -138,6 +138,17 @@ EVERY_RECORD_FIELD = TaskRecord(
             store_error="",
             sha256="b" * 64,
             at=CREATED + timedelta(seconds=3),
+            store_seconds=0.5,
+        ),
+    ),
+    checkpoint_asks=2,
+    checkpoint_refusals=(
+        CheckpointRefusal(
+            ask=1,
+            name="t-every-field-ck1",
+            reason="runs under runc",
+            not_running=True,
+            at=CREATED + timedelta(seconds=2),
         ),
     ),
     finished_at=CREATED + timedelta(seconds=3),
@@ -153,6 +164,7 @@ EVERY_RECORD_FIELD = TaskRecord(
         (gateway_pb2.TaskQueueSpot, QueueSpot),
         (gateway_pb2.TaskAttempt, TaskAttempt),
         (gateway_pb2.TaskCheckpoint, TaskCheckpoint),
+        (gateway_pb2.TaskCheckpointRefusal, CheckpointRefusal),
     ],
 )
 def test_the_record_on_the_wire_names_the_records_fields(
@@ -162,6 +174,7 @@ def test_the_record_on_the_wire_names_the_records_fields(
         | gateway_pb2.TaskQueueSpot
         | gateway_pb2.TaskAttempt
         | gateway_pb2.TaskCheckpoint
+        | gateway_pb2.TaskCheckpointRefusal
     ],
     model: type[BaseModel],
 ) -> None:
