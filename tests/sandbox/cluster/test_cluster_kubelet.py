@@ -287,7 +287,16 @@ async def test_what_a_pods_agent_left_running_stops_with_the_cluster(cluster: Cl
     kubelet = cluster.kubelet(CPU_NODE)
     assert kubelet is not None
     record = kubelet.root / "var/lib/levers9/work/w1/processes/t1.json"
-    task = int(await wait_for(lambda: record.exists() and json.loads(record.read_text())["pid"]))
+
+    def written() -> int | None:
+        """The pid once the agent-like process has written its record whole (until then the
+        file may be there and empty: once seen on a loaded CI machine)."""
+        try:
+            return int(json.loads(record.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    task = await wait_for(written)
     assert _running(task)
     await cluster.stop()
     assert not _running(task), "the task's process went with the machine's"
