@@ -28,7 +28,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from levers9.models import TERMINAL, TaskRecord
+from levers9.models import TERMINAL, TaskRecord, pool_workflow_id
 from levers9.records.tasks import task_record
 from levers9.temporal import connect
 from tests.controlplane import POOL, Controlplane, reconciling, workers_available
@@ -77,6 +77,21 @@ async def _submit(
         token=teams.tokens[team],
     )  # fmt: skip
     return _ok(done).strip()
+
+
+async def _submit_once_admitted(teams: Teams, team: str, *command: str) -> str:
+    """A one-card task of `team`, submitted again while the gateway still answers with the
+    workspace's limits it read before a `workspace set` (each replica keeps a workspace's record
+    for TOKEN_CACHE_TTL_S); a refused submit starts nothing."""
+    run = ("run", "--pool", POOL, "--gpus", "1", "--detach", "--", *command)
+    done: list[subprocess.CompletedProcess[str]] = []
+
+    async def admitted() -> bool:
+        done.append(await teams.cp.cli(*run, token=teams.tokens[team]))
+        return done[-1].returncode == 0
+
+    await eventually(admitted, within=WITHIN, what=f"a submit of {team} admitted")
+    return done[-1].stdout.strip()
 
 
 async def _records(teams: Teams, ids: list[str]) -> dict[str, TaskRecord]:
@@ -221,28 +236,44 @@ async def test_max_queued_refuses_the_submit_and_starts_nothing(teams: Teams) ->
     # third submit on a loaded CI machine: the waiting task was placed and the third accepted.)
     first = await _submit(teams, "small", "sleep", "600")
     second = await _submit(teams, "small", "sleep", "1")
+    third: subprocess.CompletedProcess[str] | None = None
+    try:
 
-    async def second_waits() -> bool:
-        records = await _records(teams, [first, second])
-        return records[first].state == "running" and records[second].state == "queued"
+        async def second_waits() -> bool:
+            records = await _records(teams, [first, second])
+            return records[first].state == "running" and records[second].state == "queued"
 
-    await eventually(second_waits, within=WITHIN)
-    before = json.loads(
-        _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
-    )
-    refused = await teams.cp.cli(
-        "run", "--pool", POOL, "--detach", "--", "true", token=teams.tokens["small"]
-    )
-    assert refused.returncode != 0
-    assert "max-queued (1)" in refused.stderr + refused.stdout
-    assert "levers9 workspace set small --max-queued" in refused.stderr + refused.stdout
-    after = json.loads(
-        _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
-    )
-    assert len(after) == len(before), "nothing was started"
-    _ok(await teams.cp.cli("task", "cancel", first, token=teams.tokens["small"]))
-    records = await _ended(teams, [first, second])
-    assert records[second].state == "succeeded"
+        async def pool_counts_it() -> bool:
+            # What the submit checks: the tasks the pool's queue holds for the workspace. A
+            # record reads queued from its start, before its request reaches the pool (once
+            # seen on the CI machine: the third submit came in between and was accepted).
+            handle = teams.client.get_workflow_handle(pool_workflow_id(POOL))
+            waiting: int = await handle.query("waiting_count", "small", result_type=int)
+            return waiting == 1
+
+        await eventually(second_waits, within=WITHIN)
+        await eventually(pool_counts_it, within=WITHIN, what="the pool's queue holding one")
+        before = json.loads(
+            _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
+        )
+        third = await teams.cp.cli(
+            "run", "--pool", POOL, "--detach", "--", "true", token=teams.tokens["small"]
+        )
+        assert third.returncode != 0, third.stdout
+        assert "max-queued (1)" in third.stderr + third.stdout
+        assert "levers9 workspace set small --max-queued" in third.stderr + third.stdout
+        after = json.loads(
+            _ok(await teams.cp.cli("task", "list", "-o", "json", token=teams.tokens["small"]))
+        )
+        assert len(after) == len(before), "nothing was started"
+        _ok(await teams.cp.cli("task", "cancel", first, token=teams.tokens["small"]))
+        records = await _ended(teams, [first, second])
+        assert records[second].state == "succeeded"
+    finally:  # nothing of this test's left queued or running for the module's next ones
+        accepted = [third.stdout.strip()] if third is not None and third.returncode == 0 else []
+        for task_id in (first, second, *accepted):
+            await teams.cp.cli("task", "cancel", task_id, token=teams.tokens["small"])
+        _ok(await teams.cp.cli("workspace", "set", "small", "--max-queued", "100"))
 
 
 async def test_an_endpoint_scaling_up_waits_under_its_workspaces_quota_and_says_so(
@@ -251,7 +282,7 @@ async def test_an_endpoint_scaling_up_waits_under_its_workspaces_quota_and_says_
     """One ledger: `small` (quota 1) holds its card with a task, so its endpoint's replica
     waits like a task would, and `endpoint get` says why."""
     _ok(await teams.cp.cli("workspace", "set", "small", "--max-queued", "100"))
-    holder = await _submit(teams, "small", "sleep", "120")
+    holder = await _submit_once_admitted(teams, "small", "sleep", "120")
 
     async def holding() -> bool:
         return (await _records(teams, [holder]))[holder].state == "running"
