@@ -503,23 +503,26 @@ class TaskActivities:
         )
         return bool(response.cancelled)
 
-    @activity.defn
-    async def checkpoint_queue(self, task_id: str) -> str:
-        """The task queue `checkpoint_task` of this task must run on: that of the replica
-        holding its worker's tunnel session, from the worker's record; "" (the shared queue)
-        for a worker dialled directly, or a task not running on one (checkpoint_task says so)."""
-        record = await or_none(
-            self._client.get_workflow_handle(task_workflow_id(task_id)).query(
-                "record", result_type=TaskRecord
-            )
-        )
+    async def _running_on(self, task_id: str) -> tuple[TaskRecord | None, WorkerRecord | None]:
+        """The task's record, and its worker's record when the task runs on one (None when
+        the task is unknown, not running or on no worker, or the worker's record is gone)."""
+        handle = self._client.get_workflow_handle(task_workflow_id(task_id))
+        record = await or_none(handle.query("record", result_type=TaskRecord))
         if record is None or record.state != "running" or not record.worker_id:
-            return ""
+            return record, None
         worker = await or_none(
             self._client.get_workflow_handle(
                 worker_workflow_id(record.pool_name, record.worker_id)
             ).query("record", result_type=WorkerRecord)
         )
+        return record, worker
+
+    @activity.defn
+    async def checkpoint_queue(self, task_id: str) -> str:
+        """The task queue `checkpoint_task` of this task must run on: that of the replica
+        holding its worker's tunnel session, from the worker's record; "" (the shared queue)
+        for a worker dialled directly, or a task not running on one (checkpoint_task says so)."""
+        _, worker = await self._running_on(task_id)
         return (worker.task_queue or "") if worker is not None else ""
 
     @activity.defn
@@ -527,19 +530,13 @@ class TaskActivities:
         """CheckpointTask on the worker running the task (read from its record): returns once
         the image is sealed and the task ended, or with the worker's refusal (the task runs
         on). A task that is not running on a worker is refused here."""
-        handle = self._client.get_workflow_handle(task_workflow_id(input.task_id))
-        record = await or_none(handle.query("record", result_type=TaskRecord))
+        record, worker = await self._running_on(input.task_id)
         if record is None or record.state != "running" or not record.worker_id:
             state = "unknown" if record is None else record.state
             return CheckpointOutcome(
                 refused=f"task {input.task_id} is {state}, not running", not_running=True
             )
         route = _Route(record.pool_name, record.worker_id, record.address or "", None, record.tls)
-        worker = await or_none(
-            self._client.get_workflow_handle(
-                worker_workflow_id(record.pool_name, record.worker_id)
-            ).query("record", result_type=WorkerRecord)
-        )
         if worker is not None and worker.address is not None:
             route = route._replace(address=worker.address, task_queue=worker.task_queue)
         store, unstored = None, ""
