@@ -49,9 +49,12 @@ LABEL org.opencontainers.image.title="levers9-worker" \
 # each task's writable layer, a filesystem of its own with a size cap, and for each durable disk
 # (levers9/agent/disks.py). A task's workspace volumes (levers9/agent/volumes.py): rclone mounts
 # the bucket with FUSE (fuse3's fusermount3 unmounts it); s3fs is the other backend measured.
+# busybox-static: the relay into a runsc sandbox that carries a connection to its published
+# port (levers9/agent/runsc_runtime.py; static, so it runs in any task's image).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
        "runc=1.1.5+ds1-*" "runsc=0.0~20221219.0-*" "umoci=0.4.7+ds-*" "skopeo=1.9.3+ds1-*" \
+       "busybox-static=1:1.35.0-*" \
        "slirp4netns=1.2.0-*" "nftables=1.0.6-*" "e2fsprogs=1.47.0-*" \
        "rclone=1.60.1+dfsg-*" "s3fs=1.90-*" "fuse3=3.14.0-*" \
     && rm -rf /var/lib/apt/lists/*

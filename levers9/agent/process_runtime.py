@@ -53,6 +53,7 @@ class ProcessContainer:
     storage_error = ""
     lost = ""
     netns: Path | None = None
+    dialer = None
 
     def __init__(
         self,

@@ -15,14 +15,14 @@ import contextlib
 import dataclasses
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from levers9.agent.cgroups import oom_killed
 from levers9.agent.images import PulledImage
-from levers9.agent.runtime import OUTPUT_CHUNK, drain
+from levers9.agent.runtime import OUTPUT_CHUNK, Streams, drain
 
 if TYPE_CHECKING:
     from levers9.agent.runc_runtime import RuncRuntime
@@ -116,6 +116,8 @@ class RuncContainer:
         self.storage_error = ""
         self.lost = ""
         self.netns: Path | None = None
+        self.dialer: Callable[[int], Awaitable[Streams]] | None = None
+        """Set by a runtime whose sandbox its netns does not reach (runsc)."""
         """Its network namespace (levers9.agent.task_network), set by its runtime."""
         self._runtime = runtime
         self._record = record

@@ -213,7 +213,7 @@ class RuncRuntime:
             spec,
             image.config,
             edits.device_nodes,
-            mounts=edits.mounts,
+            mounts=(*edits.mounts, *self._own_mounts()),
             storage=[(str(b.source), b.destination, b.read_only) for b in storage],
             limits=limits,
             resolv_conf=network.resolv_conf,
@@ -287,6 +287,11 @@ class RuncRuntime:
     def _layer_seed(self, spec: ContainerSpec) -> Path | None:
         """What the task's writable layer starts with (a restore's copy of it); None: empty."""
         return None
+
+    def _own_mounts(self) -> tuple[tuple[str, str], ...]:
+        """What this runtime binds into every task read-only (host path, container path) for
+        its own use; none."""
+        return ()
 
     async def checkpoint(self, container: RuncContainer, path: Path, meta: dict[str, Any]) -> int:
         """runc's checkpoint needs CRIU: refused (CheckpointRefused) with `criu check`'s word;

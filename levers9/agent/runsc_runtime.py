@@ -7,11 +7,20 @@ adoption and the sweep. runsc speaks runc's command line; what differs is here:
 
 - its global flags: `--platform=ptrace` (the platform every kernel has: systrap needs a newer
   gVisor than Debian's 2022 build, kvm needs /dev/kvm), `--network=none` (the sandbox has only
-  its loopback: until a task has a network namespace of its own, none at all);
+  its loopback, no way out);
+- its published ports, reached through a relay inside the sandbox (`_relay`): the worker's
+  static busybox, bound read-only at /.levers9/busybox, run by `runsc exec` per connection,
+  checks the port listens (/proc/net/tcp) and relays it (`nc 127.0.0.1 PORT`) over the exec's
+  stdio. Why not gVisor's own network stack (`--network=sandbox` on the task's namespace, which
+  runs here once /proc/sys/net is hidden from this build's root-namespace check): its save
+  refuses any TCP connection not closed (a server that closed first keeps one in FIN_WAIT2 or
+  TIME_WAIT for 60 s), and this build's failed save ends the sandbox, so a box stopped within a
+  minute of a request would be lost. Loopback connections save and restore; the relay's are
+  loopback ones, so a checkpoint right after a request works;
 - no `run --keep` (runsc has none): its cgroup goes with the sandbox, so an OOM kill is seen as
   the kill (exit 137), not named `OOMKilled`;
 - what it cannot give a task, refused at start with the fix: cards (GPUs need gVisor's nvproxy,
-  which this build lacks) and published ports (nothing outside the sandbox can dial into it);
+  which this build lacks), and published ports on a worker without the relay's busybox;
 - `exec` with a terminal: runsc has no `--tty`; the command's process JSON (the container's
   own, its args replaced) says `terminal: true` and the agent's terminal is handed in as its
   stdio, which the sandbox's kernel drives (its size, its line discipline).
@@ -22,9 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import functools
 import json
 import os
 import signal
+import socket
+import struct
 import time
 import tty as termios_tty
 import uuid
@@ -36,7 +49,7 @@ from levers9.agent import checkpoints
 from levers9.agent.images import ImageCache, PulledImage
 from levers9.agent.runc_container import RuncContainer
 from levers9.agent.runc_runtime import RuncRuntime
-from levers9.agent.runtime import Container, ContainerSpec, StartError, exec_stdio
+from levers9.agent.runtime import Container, ContainerSpec, StartError, Streams, exec_stdio
 from levers9.logs import get_logger
 
 log = get_logger("levers9.agent")
@@ -55,9 +68,17 @@ NO_GPUS = (
     " with --runtime runc, or install a gVisor with nvproxy (release 20230605 or later) in the"
     " worker image"
 )
+RELAY = "/.levers9/busybox"
+"""Where the relay binary is bound in every sandbox (read-only)."""
+RELAY_SOURCE = Path("/bin/busybox")
+"""The worker's static busybox (Debian's busybox-static): it runs in any image, even one with
+no libc."""
+LISTENING = b"+"
+"""What the relay says once the port listens, before it relays."""
 NO_PORTS = (
-    "runsc (gVisor) on this worker cannot publish a task's ports: its sandbox has no network"
-    " the agent can dial (--network=none); run it with --runtime runc"
+    "runsc (gVisor) on this worker cannot publish a task's ports: the relay into its sandbox,"
+    f" a static busybox at {RELAY_SOURCE} (Debian's busybox-static), is not in the worker image;"
+    " run it with --runtime runc"
 )
 
 
@@ -73,14 +94,19 @@ class RunscRuntime(RuncRuntime):
     """Its gofer serves a volume's FUSE mount: files it creates through rclone 1.60's mount fail
     with EIO, through s3fs's they are made (tests/agent/test_storage.py)."""
 
-    def __init__(self, images: ImageCache, state_dir: Path, **options: Any) -> None:
+    def __init__(
+        self, images: ImageCache, state_dir: Path, relay: Path = RELAY_SOURCE, **options: Any
+    ) -> None:
         """RuncRuntime's, with no cards (NO_GPUS) and runsc as its binary unless `runc` names
-        another."""
+        another; `relay`, the static busybox its ports are relayed by."""
         super().__init__(images, state_dir, **{"runc": "runsc", **options, "cards": ()})
         self._checkpointing: dict[str, tuple[Path, Path, asyncio.Future[None]]] = {}
         """Containers being checkpointed: their bundle, where their layer goes, and its copy."""
         self._restoring: dict[str, str] = {}
         """Tasks being restored: the image digest their checkpoint was taken of."""
+        self._relay_source = relay
+        self._relays: set[asyncio.Task[None]] = set()
+        """The relays running (each reaped when its connection ends)."""
 
     def _runc_argv(self, *args: str) -> list[str]:
         """`runsc --root <state> --platform=ptrace --network=none ARGS`."""
@@ -90,9 +116,61 @@ class RunscRuntime(RuncRuntime):
     def _refuse(self, spec: ContainerSpec) -> str | None:
         if spec.gpu_indices:
             return NO_GPUS
-        if spec.ports:
+        if spec.ports and not self._own_mounts():
             return NO_PORTS
         return super()._refuse(dataclasses.replace(spec, restore_from=None))
+
+    def _own_mounts(self) -> tuple[tuple[str, str], ...]:
+        """The relay (RELAY), in every sandbox whether or not it publishes ports, so that a
+        checkpoint is restored into the same mounts; none on a worker without a static one."""
+        return ((str(self._relay_source), RELAY),) if _is_static(self._relay_source) else ()
+
+    # -- its published ports (the module's docstring) ------------------------------------
+
+    async def _relay(self, container: RuncContainer, port: int) -> Streams:
+        """A connection to `port` of the sandbox: `runsc exec` of the relay, its stdin and
+        stdout one end of a socket pair, the other returned. ConnectionRefusedError when
+        nothing listens on the port."""
+        ours, theirs = socket.socketpair()
+        try:
+            relay = await asyncio.create_subprocess_exec(
+                *self._runc_argv("exec", container.id, RELAY, "sh", "-c", _relay_script(port)),
+                stdin=theirs.fileno(),
+                stdout=theirs.fileno(),
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        try:
+            reader, writer = await asyncio.open_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            _kill(relay)
+            raise
+        try:
+            said = await reader.read(len(LISTENING))
+        except BaseException:
+            writer.close()
+            _kill(relay)
+            raise
+        if said != LISTENING:
+            writer.close()
+            assert relay.stderr is not None
+            why = (await relay.stderr.read()).decode(errors="replace").strip()
+            await relay.wait()
+            raise ConnectionRefusedError(
+                errno.ECONNREFUSED,
+                f"nothing listens on port {port} in the sandbox"
+                + (f" ({why.splitlines()[-1]})" if why else ""),
+            )
+        reaping = asyncio.create_task(_reap(relay))
+        self._relays.add(reaping)
+        reaping.add_done_callback(self._relays.discard)
+        return reader, writer
 
     # -- checkpoint and restore (levers9.agent.checkpoints) --------------------------------
 
@@ -250,7 +328,18 @@ class RunscRuntime(RuncRuntime):
                 f"restore refused: checkpoint {name} was taken of image {wanted}, and"
                 f" {spec.image} is {image.digest}: restore it into the image it was taken of"
             )
-        return await super()._start(spec, image, output, release)
+        container = await super()._start(spec, image, output, release)
+        container.dialer = functools.partial(self._relay, container)
+        return container
+
+    async def adopt(
+        self, task_id: str, output: Callable[[bytes], None], offset: int
+    ) -> Container | None:
+        """RuncRuntime's, its ports reached through the relay as a started one's are."""
+        container = await super().adopt(task_id, output, offset)
+        if isinstance(container, RuncContainer):
+            container.dialer = functools.partial(self._relay, container)
+        return container
 
     def _run_argv(self, spec: ContainerSpec, bundle: Path, name: str) -> list[str]:
         """`runsc restore` of its image (which creates the sandbox: no `create` before it)."""
@@ -301,3 +390,49 @@ def _tree_bytes(folder: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_size
     return total
+
+
+def _relay_script(port: int) -> str:
+    """The relay's shell (busybox's): `LISTENING` and the relay when something listens on
+    `port` (state 0A in /proc/net/tcp or tcp6), else exit 3 saying so."""
+    listens = f"^ *[0-9]+: [0-9A-F]+:{port:04X} [0-9A-F]+:[0-9A-F]+ 0A "
+    return (
+        f"{RELAY} grep -qsE '{listens}' /proc/net/tcp /proc/net/tcp6"
+        f" || {{ echo 'port {port}: not listening' >&2; exit 3; }};"
+        f" printf {LISTENING.decode()}; exec {RELAY} nc 127.0.0.1 {port}"
+    )
+
+
+async def _reap(relay: asyncio.subprocess.Process) -> None:
+    """Waits for a relay's end (its connection's), its stderr read so that it never blocks."""
+    if relay.stderr is not None:
+        with contextlib.suppress(OSError):
+            await relay.stderr.read()
+    await relay.wait()
+
+
+def _kill(relay: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        relay.kill()
+
+
+PT_INTERP = 3
+
+
+def _is_static(path: Path) -> bool:
+    """Whether `path` is a 64-bit ELF executable with no interpreter (it needs no libc in the
+    image it runs in)."""
+    try:
+        with path.open("rb") as binary:
+            head = binary.read(64)
+            if len(head) < 64 or head[:5] != b"\x7fELF\x02":
+                return False
+            order = "<" if head[5] == 1 else ">"
+            (phoff,) = struct.unpack_from(order + "Q", head, 32)
+            phentsize, phnum = struct.unpack_from(order + "HH", head, 54)
+            binary.seek(phoff)
+            table = binary.read(phentsize * phnum)
+    except OSError:
+        return False
+    kinds = (struct.unpack_from(order + "I", table, i * phentsize)[0] for i in range(phnum))
+    return PT_INTERP not in kinds

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -101,6 +101,10 @@ class ContainerSpec:
     than its command started; a runtime that cannot restore refuses it at start."""
 
 
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+"""A connection to a task's port, as asyncio.open_connection gives one."""
+
+
 class Container(Protocol):
     """A started container."""
 
@@ -140,6 +144,13 @@ class Container(Protocol):
     def netns(self) -> Path | None:
         """The network namespace of its own where its published ports are (the agent dials
         them there: levers9.agent.task_network); None: it shares the agent's network."""
+        ...
+
+    @property
+    def dialer(self) -> Callable[[int], Awaitable[Streams]] | None:
+        """How the agent opens a connection to one of its published ports when neither its
+        `netns` nor the agent's network reaches them (a gVisor sandbox's own network stack: a
+        relay inside it, levers9.agent.runsc_runtime); None: through `netns`."""
         ...
 
     async def wait(self) -> int:

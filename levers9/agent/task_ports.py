@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from levers9.agent import task_network
 from levers9.agent.process_runtime import HOST as PROCESS_HOST
+from levers9.agent.runtime import Streams
 from levers9.agent.task_errors import InvalidTask, PortUnavailable
 from levers9.agent.task_record import CONTAINER_READY, RUNNING, TaskRecord
 from levers9.contract import ready_path_problem
@@ -40,8 +41,6 @@ CONNECT_TIMEOUT_S = 10.0
 SHARED_NETWORK = frozenset({PROCESS_HOST})
 """The runtimes (a task's `host`) whose tasks share the worker's network; every other one gives
 each task a namespace of its own."""
-
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 def check_ports(spec: worker_pb2.TaskSpec) -> None:
@@ -138,8 +137,12 @@ async def connect(record: TaskRecord, task_host: str, port: int) -> Streams:
 
 
 def _opener(record: TaskRecord, task_host: str) -> Callable[[int], Awaitable[Streams]]:
-    """Opens a connection to one of the task's ports: inside its network namespace when it has
-    one of its own, else at the worker's `task_host`."""
+    """Opens a connection to one of the task's ports: through its runtime's relay when it has
+    one (a gVisor sandbox's own network stack), inside its network namespace when it has one of
+    its own, else at the worker's `task_host`."""
+    dialer = record.container.dialer if record.container is not None else None
+    if dialer is not None:
+        return dialer
     netns = record.container.netns if record.container is not None else None
     if netns is not None:
         return lambda port: task_network.open_connection(netns, port)

@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,8 @@ from levers9.agent.runc_runtime import RuncRuntime
 from levers9.agent.runsc_runtime import RunscRuntime
 from levers9.agent.runtime import ContainerSpec, StartError
 from levers9.agent.supervisor import TaskManager
+from levers9.agent.task_errors import InvalidTask, PortUnavailable
+from levers9.agent.task_record import CONTAINER_READY
 from levers9.proto import worker_pb2
 from sandbox.registries import LocalRegistry
 from tests.waiting import eventually
@@ -301,3 +303,101 @@ async def test_the_worker_checkpoints_a_task_and_runs_its_restore(
     )
     await tasks.run(gone)
     assert "no checkpoint box-1 on this machine" in tasks.status(gone.task_id).reason
+
+
+SERVE_AND_COUNT = (
+    "mkdir -p /tmp/www && echo served > /tmp/www/index.html"
+    " && busybox httpd -p 127.0.0.1:$PORT -h /tmp/www && " + COUNTER
+)
+"""A web server on its port (busybox httpd answers HTTP/1.0 and closes first: the connection
+this gVisor's save refuses while it lingers, were it not a loopback one) and a counter."""
+
+
+async def _get(tasks: TaskManager, task_id: str, port: int) -> str:
+    reader, writer = await tasks.connect(task_id, port)
+    try:
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+    finally:
+        writer.close()
+    return answer.decode().rsplit("\r\n\r\n", 1)[-1].strip()
+
+
+async def test_a_served_port_answers_through_the_relay_and_survives_a_checkpoint_right_after(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    """A runsc task's published port is reached through the relay inside its sandbox (ready,
+    then a GET answers); a checkpoint taken at once after a request succeeds (the server's
+    side of that connection is a loopback one, which gVisor saves); the restored task answers
+    on its port and counts on. A port nothing listens on is refused as nothing accepting."""
+    reports: list[worker_pb2.TaskStatus] = []
+    tasks = TaskManager(
+        runtime, (), tmp_path / "agent", reports.append, checkpoints_root=tmp_path / "ck"
+    )
+    port = 8080
+
+    def spec(task_id: str, restore_from: str = "") -> worker_pb2.TaskSpec:
+        return worker_pb2.TaskSpec(
+            task_id=task_id,
+            image=image[1],
+            command=["sh", "-c", SERVE_AND_COUNT],
+            workspace="team-a",
+            ports=[port],
+            restore_from=restore_from,
+        )
+
+    def ready(task_id: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return CONTAINER_READY in [p.name for p in tasks.status(task_id).phases]
+
+        return check
+
+    def count(task_id: str) -> int:
+        said = bytes(tasks.output(task_id).read(0, 1 << 20)).split()
+        return int(said[-1]) if said and said[-1].isdigit() else 0
+
+    first = f"s1-{uuid.uuid4().hex[:8]}"
+    await tasks.run(spec(first))
+    await eventually(ready(first), 30, what="its port is ready")
+    assert await _get(tasks, first, port) == "served"
+    with pytest.raises(InvalidTask, match="did not publish port 9"):
+        await tasks.connect(first, 9)
+    answer = await tasks.checkpoint(first, "served")
+    assert tasks.status(first).reason == "checkpointed to served"
+    before = int((Path(answer.path) / "layer" / "work" / "layer-count").read_text())
+
+    second = f"s2-{uuid.uuid4().hex[:8]}"
+    await tasks.run(spec(second, restore_from="served"))
+    try:
+
+        async def counted_on() -> bool:
+            return count(second) > before
+
+        await eventually(counted_on, 30, what="the restore counts on")
+        first_printed = int(bytes(tasks.output(second).read(0, 1 << 20)).split()[0])
+        assert first_printed > before - 2, "it went on from where it was, not from 1"
+        await eventually(ready(second), 30, what="the restore's port is ready")
+        assert await _get(tasks, second, port) == "served"
+    finally:
+        await tasks.cancel(second)
+
+
+async def test_a_port_nothing_listens_on_is_refused_by_the_relay(
+    runtime: RuncRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
+) -> None:
+    tasks = TaskManager(runtime, (), tmp_path / "agent", lambda _: None)
+    task_id = f"q-{uuid.uuid4().hex[:8]}"
+    await tasks.run(
+        worker_pb2.TaskSpec(task_id=task_id, image=image[1], command=["sleep", "600"], ports=[8081])
+    )
+    try:
+
+        async def running() -> bool:
+            return tasks.status(task_id).state == worker_pb2.TASK_STATE_RUNNING
+
+        await eventually(running, 30)
+        with pytest.raises(PortUnavailable, match="nothing listens on port 8081 in the sandbox"):
+            await tasks.connect(task_id, 8081)
+    finally:
+        await tasks.cancel(task_id)

@@ -160,16 +160,26 @@ async def test_its_sandbox_is_annotated_with_its_task_workspace_and_pool(
 
 
 @pytest.mark.parametrize(
-    ("cards", "ports", "refused"), [((0,), (), NO_GPUS), ((), (8000,), NO_PORTS)]
+    ("cards", "ports", "relay", "refused"),
+    [((0,), (), "/bin/busybox", NO_GPUS), ((), (8000,), "/usr/bin/env", NO_PORTS)],
 )
 async def test_what_gvisor_cannot_give_is_refused_naming_the_fix(
-    runtime: RunscRuntime,
     image: tuple[LocalRegistry, str],
     tmp_path: Path,
     cards: tuple[int, ...],
     ports: tuple[int, ...],
+    relay: str,
     refused: str,
 ) -> None:
+    """Cards, and ports on a worker whose relay binary is not static (here: env, which needs
+    the node's libc)."""
+    runtime = RunscRuntime(
+        _cache(image, tmp_path),
+        tmp_path / "work" / "runsc",
+        relay=Path(relay),
+        dev_root=tmp_path / "dev",
+        driver_root=tmp_path / "nvidia",
+    )
     spec = dataclasses.replace(_spec(tmp_path, image[1], "true"), gpu_indices=cards, ports=ports)
     with pytest.raises(StartError) as raised:
         await runtime.start(spec, lambda _: None)

@@ -7,7 +7,8 @@ workspace's, as for a missing box); another workspace's `box get`, `exec` and `s
 for a box that does not exist; `box ssh-proxy` carries stdin and stdout to a port; `box stop`
 stops it (saying no checkpoint was taken) and refuses exec until `box start` starts a new task
 with the same command and ports; `box delete` ends it. A `--runtime runsc` box running a counter
-is checkpointed by `box stop` and restored by `box start`: its count goes on. `task checkpoint`
+and a web server is checkpointed by `box stop` right after its URL answered, and restored by
+`box start`: its count goes on and its URL answers again. `task checkpoint`
 of a runsc counting task (a runc one is refused, and runs on; another workspace's is not found)
 ends it with the checkpoint in its record, and `task restore` starts a task whose count goes on.
 A box whose image was removed from its node reads stopped after `box start`, saying so.
@@ -254,11 +255,23 @@ async def test_delete_ends_the_box_and_its_task(teams: Teams) -> None:
 async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
     teams: Teams,
 ) -> None:
-    """`box stop` of a `--runtime runsc` box checkpoints its task; `box start` restores it:
-    the counter in its memory-backed /tmp goes on from where it was."""
+    """`box stop` of a `--runtime runsc` box with a web server on :8080 and a counter
+    checkpoints its task right after its URL answered; `box start` restores it: the counter in
+    its memory-backed /tmp goes on from where it was, and the URL answers again."""
     create = ("box", "create", "counter", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
-    _ok(await teams.cli("boxers", *create, "--", "sh", "-c", COUNTER))
+    _ok(await teams.cli("boxers", *create, "--port", "8080", "--", "sh", "-c", BOX))
     before = await _running(teams, "counter")
+    [url] = re.findall(
+        r"^8080: (\S+)$", _ok(await teams.cli("boxers", "box", "ports", "counter")), re.M
+    )
+    headers = {"Authorization": f"Bearer {teams.tokens['boxers']}"}
+
+    async def served() -> bool:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, headers=headers) as response,
+        ):
+            return (response.status, await response.text()) == (200, "served-by-box\n")
 
     async def read() -> int:
         done = await teams.cli("boxers", "box", "exec", "counter", "--", "cat", "/tmp/count")
@@ -268,7 +281,10 @@ async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
         return await read() >= 10
 
     await eventually(counted, within=WITHIN)
+    await eventually(served, within=WITHIN)
     first = await read()
+    # At once after a request: the server closed that connection first, so it lingers in the
+    # sandbox; gVisor saves it because the relay made it a loopback one.
     stopped = _ok(await teams.cli("boxers", "box", "stop", "counter"))
     assert "stopped (box stop; checkpointed to counter-1-" in stopped, stopped
     client = await connect(teams.cp.settings)
@@ -297,6 +313,7 @@ async def test_stop_checkpoints_a_runsc_box_and_start_restores_its_processes(
         return await read() > first
 
     await eventually(went_on, within=WITHIN)
+    await eventually(served, within=WITHIN)
     _ok(await teams.cli("boxers", "box", "delete", "counter"))
 
 
