@@ -87,6 +87,8 @@ class Authority:
         self._workspaces = workspaces
         self._ttl = cache_ttl_s
         self._records: dict[str, tuple[float, WorkspaceState | None]] = {}
+        self._forgotten: dict[str, int] = {}
+        """How often each workspace's record was dropped (`forget`)."""
         self._last_told: dict[tuple[str, str], float] = {}
         self._telling: set[asyncio.Task[None]] = set()
 
@@ -130,8 +132,10 @@ class Authority:
         return None if self._workspaces is None else await self._record(workspace)
 
     def forget(self, workspace: str) -> None:
-        """Drops this replica's cached record of `workspace` (it changed here)."""
+        """Drops this replica's cached record of `workspace` (it changed here), and keeps a
+        read begun before the change from caching what it read."""
         self._records.pop(workspace, None)
+        self._forgotten[workspace] = self._forgotten.get(workspace, 0) + 1
 
     async def _record(self, workspace: str) -> WorkspaceState | None:
         now = time.monotonic()
@@ -139,7 +143,10 @@ class Authority:
         if cached is not None and now - cached[0] < self._ttl:
             return cached[1]
         assert self._workspaces is not None
+        forgotten = self._forgotten.get(workspace, 0)
         state = await self._workspaces.get(workspace)
+        if self._forgotten.get(workspace, 0) != forgotten:
+            return state  # changed here meanwhile: what was read may be older than the change
         if len(self._records) >= TOKEN_CACHE_SIZE:
             self._records.clear()
         self._records[workspace] = (now, state)

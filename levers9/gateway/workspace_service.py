@@ -218,6 +218,8 @@ class WorkspacesService(gateway_pb2_grpc.WorkspacesServicer):
             )
         await self._default_pool(context, limits.default_pool or "")
         state = await self._records.set_limits(request.name, limits)
+        # This replica's next submit checks the new limits (max-queued), not its cached ones.
+        self._authority.forget(request.name)
         if state is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no workspace {request.name}")
         assert state is not None
