@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -360,8 +361,11 @@ class PoolInput(_Record):
 
 
 MAX_STOP_GRACE_S = 3600
-MAX_RETRIES = 100
 """The longest grace a task may ask for between SIGTERM and SIGKILL."""
+MAX_RETRIES = 100
+OnPreempt = Literal["", "requeue", "checkpoint"]
+ON_PREEMPT = ("requeue", "checkpoint")
+"""What `--on-preempt` may name (TaskInput.on_preempt)."""
 
 MIN_TASK_MEMORY_BYTES = 6 * 1024 * 1024
 """The smallest memory limit a task's container may have (6 MiB, Docker's floor): below it runc
@@ -426,6 +430,11 @@ class TaskInput(_Record):
     """How many times it is queued again after an attempt that failed, was lost with its worker,
     or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);
     never after a cancel or a success."""
+    on_preempt: OnPreempt = ""
+    """What a preemption does (its node drained, its cards taken back; `--on-preempt`): "" as
+    `retries` says; "requeue": queued again whatever its retries; "checkpoint": checkpointed to
+    `checkpoint_volume` first and restored where it is placed next (a refused or failed
+    checkpoint: as "requeue")."""
     endpoint: str = ""
     """The endpoint this task is a replica of: its record tells `endpoint:<name>` when the
     task is ready and when it ends."""
@@ -533,6 +542,8 @@ class TaskRecord(_Record):
     """Where it waits, while queued: read from its pool when the record is read, not kept."""
     retries: int = 0
     """How many times it may be queued again (`--retries`)."""
+    on_preempt: str = ""
+    """What a preemption of it does (`--on-preempt`): "", "requeue", "checkpoint"."""
     attempts: tuple[TaskAttempt, ...] = ()
     """Its earlier attempts, oldest first (this one is attempt len(attempts) + 1)."""
     checkpoints: tuple[TaskCheckpoint, ...] = ()
@@ -558,6 +569,7 @@ class TaskRecord(_Record):
             endpoint=task.endpoint,
             workspace=task.workspace,
             retries=task.retries,
+            on_preempt=task.on_preempt,
         )
 
 
@@ -587,6 +599,9 @@ class TaskResume(_Record):
     cancel: str | None = None
     cancel_sent: bool = False
     preempt: str | None = None
+    restore_after: TaskCheckpoint | None = None
+    """The checkpoint a preemption took (`--on-preempt checkpoint`): its next attempt restores
+    it."""
     liveness_seconds: float
 
 

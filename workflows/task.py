@@ -142,6 +142,13 @@ class TaskWorkflow:
         self._ask = 0
         """The record's ask number of `_checkpoint` when its Update answered at once (0: the
         Update waits for `_checkpointed`)."""
+        self._preempt_checkpoint = False
+        """`_checkpoint` is a preemption's (`--on-preempt checkpoint`): the task is stopped by
+        it, not by CancelTask, unless it is refused or fails."""
+        self._restore_after: TaskCheckpoint | None = None
+        """What that checkpoint took (stored in its volume): the next attempt restores it."""
+        self._preempt_note = ""
+        """What the preemption's checkpoint did, for the ended attempt's reason."""
         resume = input.resume
         if resume is not None:
             # Here, not in run: a report or cancel that arrives with the continued run's first
@@ -152,6 +159,7 @@ class TaskWorkflow:
             self._cancel = resume.cancel
             self._cancel_sent = resume.cancel_sent
             self._preempt = resume.preempt
+            self._restore_after = resume.restore_after
 
     @workflow.query
     def record(self) -> TaskRecord | None:
@@ -221,12 +229,31 @@ class TaskWorkflow:
 
     @workflow.signal
     def preempt(self, reason: str) -> None:
-        """The pool takes this task's cards back for a workspace within its quota (`reason`
-        names it): the task is stopped as on cancel; with a retry left it queues again, else it
-        ends `cancelled` with `reason`."""
+        """The pool takes this task's cards back (for a workspace within its quota, or its
+        node is drained; `reason` says which): the task is stopped as on cancel; with a retry
+        left, or `--on-preempt requeue`, it queues again, else it ends `cancelled` with
+        `reason`. With `--on-preempt checkpoint` a running task is checkpointed to its volume
+        instead of stopped, and its next attempt restores it (refused or failed: as requeue)."""
         placed = self._placement is not None or self._offered is not None
-        if self._preempt is None and placed:
-            self._preempt = reason
+        if self._preempt is not None or not placed:
+            return
+        self._preempt = reason
+        record = self._record
+        task = self._task
+        if (
+            task.on_preempt == "checkpoint"
+            and record is not None
+            and record.state == "running"
+            and self._cancel is None
+            and self._checkpoint is None
+        ):
+            self._preempt_checkpoint = True
+            self._checkpoint = BoxCheckpoint(
+                task_id=record.task_id,
+                name=task_checkpoint_name(record.task_id, len(record.checkpoints) + 1),
+                workspace=record.workspace,
+                volume=task.checkpoint_volume,
+            )
 
     @workflow.signal
     def placed(self, placement: Placement) -> None:
@@ -258,20 +285,36 @@ class TaskWorkflow:
         while self._retry_due(input):
             if not await self._queue_again():
                 break
-            record = await self._attempt(input)
+            record = await self._attempt(self._restoring(input))
         return record
+
+    def _restoring(self, input: TaskInput) -> TaskInput:
+        """The next attempt's task: restored from the checkpoint its preemption took, if any."""
+        taken = self._restore_after
+        if taken is None:
+            return input
+        return input.model_copy(
+            update={
+                "restore_from": taken.name,
+                "restore_sha256": taken.sha256,
+                "checkpoint_volume": taken.volume,
+            }
+        )
 
     def _retry_due(self, input: TaskInput) -> bool:
         """The attempt that just ended ran (or was placed) and failed, was lost or preempted,
         and the task has a retry left; never after a cancel."""
         record = self._record
-        if record is None or self._cancel is not None or len(record.attempts) >= input.retries:
+        if record is None or self._cancel is not None:
             return False
         if record.worker_id is None:  # refused, or never started anywhere: as good as ended
             return False
-        if record.state in ("failed", "lost"):
+        preempted = record.state == "cancelled" and self._preempt is not None
+        if preempted and input.on_preempt:  # requeue, or checkpoint (taken or not)
             return True
-        return record.state == "cancelled" and self._preempt is not None
+        if len(record.attempts) >= input.retries:
+            return False
+        return preempted or record.state in ("failed", "lost")
 
     async def _queue_again(self) -> bool:
         """Keeps the ended attempt in the record and sets it queued again, after the back-off
@@ -280,9 +323,10 @@ class TaskWorkflow:
         assert record is not None
         preempted = self._preempt is not None and record.state == "cancelled"
         placed_at = [p.at for p in record.phases if p.name == "placement"]
+        note, self._preempt_note = self._preempt_note, ""
         attempt = TaskAttempt(
             state=PREEMPTED if preempted else record.state,
-            reason=record.reason,
+            reason=f"{record.reason}; {note}" if note else record.reason,
             exit_code=record.exit_code,
             worker_id=record.worker_id,
             node_name=record.node_name,
@@ -469,7 +513,7 @@ class TaskWorkflow:
             gpu_indices=placement.gpu_indices,
             task_queue=placement.task_queue,
             tls=placement.tls,
-            **({"attempt": self._attempt_number()} if input.retries else {}),
+            **({"attempt": self._attempt_number()} if input.retries or input.on_preempt else {}),
         )
         self._route = on_worker
         stop = self._cancel or self._preempt
@@ -595,6 +639,9 @@ class TaskWorkflow:
             self._update(checkpoints=(*record.checkpoints, taken))
             assert self._record is not None
             workflow.upsert_memo({"record": self._record.model_dump(mode="json")})
+        if self._preempt_checkpoint:
+            self._preempted_to(request, outcome)
+            return
         if not self._ask:
             self._checkpointed = outcome  # its Update answers with it
             return
@@ -612,6 +659,33 @@ class TaskWorkflow:
         self._checkpoint = None
         self._ask = 0
 
+    def _preempted_to(self, request: BoxCheckpoint, outcome: CheckpointOutcome) -> None:
+        """A preemption's checkpoint is over. Taken and stored in its volume: the task has
+        ended (the worker reports it), and the next attempt restores it. Refused, failed, or
+        not stored (the preempted machine is going): its refusal recorded, and the task is
+        stopped as a preemption without one is (then queued again: --on-preempt)."""
+        assert self._record is not None
+        self._checkpoint = None
+        self._preempt_checkpoint = False
+        if not outcome.refused and outcome.stored:
+            self._restore_after = self._record.checkpoints[-1]
+            self._preempt_note = f"checkpointed to {request.name}, restored where it runs next"
+            self._cancel_sent = True  # the checkpoint ended it: nothing to cancel
+            return
+        why = outcome.refused or f"not stored in volume {request.volume}: {outcome.store_error}"
+        self._preempt_note = f"its checkpoint was refused ({why}): queued again to start afresh"
+        if not outcome.refused:
+            self._cancel_sent = True  # it ended with the checkpoint; queued again fresh
+        refusal = CheckpointRefusal(
+            ask=0,
+            name=request.name,
+            reason=f"on preempt: {why}",
+            not_running=outcome.not_running,
+            at=workflow.now(),
+        )
+        refusals = (*self._record.checkpoint_refusals, refusal)[-KEPT_REFUSALS:]
+        self._update(checkpoint_refusals=refusals)
+
     def _continue(self, input: TaskInput, placement: Placement, liveness: timedelta) -> None:
         assert self._record is not None
         assert self._route is not None
@@ -622,6 +696,7 @@ class TaskWorkflow:
             cancel=self._cancel,
             cancel_sent=self._cancel_sent,
             preempt=self._preempt,
+            restore_after=self._restore_after,
             liveness_seconds=liveness.total_seconds(),
         )
         self._continuing = True
@@ -636,8 +711,8 @@ class TaskWorkflow:
         return 1 + (len(self._record.attempts) if self._record is not None else 0)
 
     def _cancel_due(self) -> bool:
-        stop = self._cancel is not None or self._preempt is not None
-        return stop and not self._cancel_sent
+        preempt = self._preempt is not None and not self._preempt_checkpoint
+        return (self._cancel is not None or preempt) and not self._cancel_sent
 
     async def _on_worker(
         self,

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import time
-from typing import Annotated, NoReturn
+from typing import Annotated, NoReturn, cast
 
 import typer
 
@@ -36,7 +36,9 @@ from levers9.gateway.convert import MAX_GPUS
 from levers9.models import (
     MAX_RETRIES,
     MAX_STOP_GRACE_S,
+    ON_PREEMPT,
     TERMINAL,
+    OnPreempt,
     TaskInput,
     TaskRecord,
     memory_floor_problem,
@@ -184,11 +186,17 @@ def print_result(record: TaskRecord) -> None:
             f" workers now: {spot.most_free})",
             highlight=False,
         )
+    if record.on_preempt:
+        console.print(f"on preempt: {record.on_preempt}", highlight=False)
     if record.attempts:
-        console.print(
-            f"attempt {len(record.attempts) + 1} of at most {record.retries + 1}; earlier:",
-            highlight=False,
+        number = len(record.attempts) + 1
+        shown = (
+            f"attempt {number} (preemptions requeue it; failures at most {record.retries}"
+            " times); earlier:"
+            if record.on_preempt
+            else f"attempt {number} of at most {record.retries + 1}; earlier:"
         )
+        console.print(shown, highlight=False)
         for number, attempt in enumerate(record.attempts, 1):
             exit_code = f" exit_code={attempt.exit_code}" if attempt.exit_code is not None else ""
             console.print(
@@ -280,6 +288,23 @@ def run(
             help="queue it again after a failed, lost or preempted attempt, up to N times",
         ),
     ] = 0,
+    on_preempt: Annotated[
+        str,
+        typer.Option(
+            "--on-preempt",
+            help="requeue: queue it again when preempted (a drain, a reclaim), whatever"
+            " --retries; checkpoint: checkpoint it to --checkpoints first and restore it where"
+            " it runs next (runsc)",
+        ),
+    ] = "",
+    checkpoints: Annotated[
+        str,
+        typer.Option(
+            "--checkpoints",
+            help="a volume of the workspace its checkpoints are kept in (restored on any"
+            " machine of the pool)",
+        ),
+    ] = "",
     volume: Annotated[
         list[str] | None,
         typer.Option(
@@ -302,6 +327,15 @@ def run(
     refused = task_runtime_problem(runtime)
     if refused is not None:
         raise typer.BadParameter(refused, param_hint="--runtime")
+    if on_preempt not in ("", *ON_PREEMPT):
+        raise typer.BadParameter(
+            f"{on_preempt!r} is not one of {', '.join(ON_PREEMPT)}", param_hint="--on-preempt"
+        )
+    if on_preempt == "checkpoint" and not checkpoints:
+        raise typer.BadParameter(
+            "checkpoint needs --checkpoints VOLUME (its image is restored on another machine)",
+            param_hint="--on-preempt",
+        )
     settings = settings_from_env()
     task = TaskInput(
         task_id=new_task_id(),
@@ -316,6 +350,8 @@ def run(
         runtime=runtime,
         borrow=borrow,
         retries=retries,
+        on_preempt=cast(OnPreempt, on_preempt),
+        checkpoint_volume=checkpoints,
         mounts=_mounts("volume", volume or []) + _mounts("disk", disk or []),
     )
     if detach:

@@ -28,6 +28,7 @@ from levers9.gateway.errors import InvalidRequest, shown
 from levers9.models import (
     MAX_RETRIES,
     MAX_STOP_GRACE_S,
+    ON_PREEMPT,
     TaskInput,
     WorkerHeartbeat,
     WorkerRegistration,
@@ -130,6 +131,7 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
         )
     if not 0 <= spec.retries <= MAX_RETRIES:
         raise InvalidRequest("task.retries", f"{spec.retries} is not 0 to {MAX_RETRIES}")
+    _check_on_preempt(spec)
     mounts = [
         TaskMount(kind=m.kind, name=m.name, path=m.path, read_only=m.read_only) for m in spec.mounts
     ]
@@ -137,6 +139,30 @@ def submitted_task(request: gateway_pb2.SubmitTaskRequest) -> TaskInput:
     if problem is not None:
         raise InvalidRequest("task.mounts", problem)
     return task_input(spec, pool_name=request.pool_name, gpus=request.gpus)
+
+
+def _check_on_preempt(spec: worker_pb2.TaskSpec) -> None:
+    """`--on-preempt`: one of ON_PREEMPT; `checkpoint` needs a checkpoint volume (the image is
+    restored on another machine: the preempted one is going) and a runtime that checkpoints."""
+    field = "task.on_preempt"
+    if spec.on_preempt and spec.on_preempt not in ON_PREEMPT:
+        raise InvalidRequest(
+            field, f"{spec.on_preempt!r} is not one of {', '.join(ON_PREEMPT)} (or unset)"
+        )
+    if spec.on_preempt != "checkpoint":
+        return
+    if not spec.checkpoint_volume:
+        raise InvalidRequest(
+            field,
+            "checkpoint needs --checkpoints VOLUME: the image is restored on another machine"
+            " (the preempted one is going), so it must be kept in a volume of the workspace",
+        )
+    if spec.runtime == "runc":
+        raise InvalidRequest(
+            field,
+            "checkpoint needs --runtime runsc: runc's checkpoint needs CRIU, which the agent"
+            " does not drive",
+        )
 
 
 def _check_command(field: str, command: Sequence[str]) -> None:

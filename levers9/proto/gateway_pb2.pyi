@@ -533,6 +533,7 @@ class TaskRecord(_message.Message):
     CHECKPOINTS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_ASKS_FIELD_NUMBER: _builtins.int
     CHECKPOINT_REFUSALS_FIELD_NUMBER: _builtins.int
+    ON_PREEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     pool_name: _builtins.str
     gpus: _builtins.int
@@ -560,6 +561,8 @@ class TaskRecord(_message.Message):
     """how many times it may be queued again (--retries)"""
     checkpoint_asks: _builtins.int
     """task checkpoint asks its record accepted, each by its number"""
+    on_preempt: _builtins.str
+    """what a preemption does (--on-preempt): "", requeue, checkpoint"""
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -622,10 +625,11 @@ class TaskRecord(_message.Message):
         checkpoints: _abc.Iterable[Global___TaskCheckpoint] | None = ...,
         checkpoint_asks: _builtins.int = ...,
         checkpoint_refusals: _abc.Iterable[Global___TaskCheckpointRefusal] | None = ...,
+        on_preempt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "created_at", b"created_at", "exit_code", b"exit_code", "finished_at", b"finished_at", "node_name", b"node_name", "queue", b"queue", "worker_id", b"worker_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "checkpoint_asks", b"checkpoint_asks", "checkpoint_refusals", b"checkpoint_refusals", "checkpoints", b"checkpoints", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_address", b"_address", "_exit_code", b"_exit_code", "_node_name", b"_node_name", "_worker_id", b"_worker_id", "address", b"address", "attempts", b"attempts", "borrowed", b"borrowed", "checkpoint_asks", b"checkpoint_asks", "checkpoint_refusals", b"checkpoint_refusals", "checkpoints", b"checkpoints", "command", b"command", "created_at", b"created_at", "endpoint", b"endpoint", "exit_code", b"exit_code", "finished_at", b"finished_at", "gpu_indices", b"gpu_indices", "gpus", b"gpus", "host", b"host", "image", b"image", "image_digest", b"image_digest", "log_tail", b"log_tail", "node_name", b"node_name", "on_preempt", b"on_preempt", "phases", b"phases", "pool_name", b"pool_name", "ports", b"ports", "queue", b"queue", "ready", b"ready", "reason", b"reason", "result_json", b"result_json", "retries", b"retries", "state", b"state", "task_id", b"task_id", "tls", b"tls", "worker_id", b"worker_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__address: _TypeAlias = _typing.Literal["address"]  # noqa: Y015
     _WhichOneofArgType__address: _TypeAlias = _typing.Literal["_address", b"_address"]  # noqa: Y015

@@ -92,6 +92,7 @@ class TaskSpec(_message.Message):
     RESTORE_FROM_FIELD_NUMBER: _builtins.int
     CHECKPOINT_VOLUME_FIELD_NUMBER: _builtins.int
     RESTORE_SHA256_FIELD_NUMBER: _builtins.int
+    ON_PREEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     image: _builtins.str
     memory_bytes: _builtins.int
@@ -141,6 +142,13 @@ class TaskSpec(_message.Message):
     changed in the bucket (which the workspace may write) is never restored; "": the bucket's
     image.tar.sha256 alone is checked.
     """
+    on_preempt: _builtins.str
+    """What a preemption of it does (its node drained, its cards taken back): "" as before
+    (queued again with a retry left, else ended cancelled); "requeue": queued again whatever
+    its retries; "checkpoint": checkpointed to checkpoint_volume first and restored wherever it
+    is placed next (when the checkpoint is refused or fails, as "requeue"). The controlplane's;
+    the agent does not read it.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -183,10 +191,11 @@ class TaskSpec(_message.Message):
         restore_from: _builtins.str = ...,
         checkpoint_volume: _builtins.str = ...,
         restore_sha256: _builtins.str = ...,
+        on_preempt: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "checkpoint_volume", b"checkpoint_volume", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "restore_sha256", b"restore_sha256", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "borrow", b"borrow", "checkpoint_volume", b"checkpoint_volume", "command", b"command", "cpu_millis", b"cpu_millis", "env", b"env", "gpu_indices", b"gpu_indices", "image", b"image", "memory_bytes", b"memory_bytes", "mounts", b"mounts", "on_preempt", b"on_preempt", "ports", b"ports", "ready_path", b"ready_path", "restore_from", b"restore_from", "restore_sha256", b"restore_sha256", "retries", b"retries", "runtime", b"runtime", "stop_grace_seconds", b"stop_grace_seconds", "task_id", b"task_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,6 +7,7 @@ garbage and to well-formed nonsense are tests/reliability/test_bad_input.py's.""
 from __future__ import annotations
 
 import grpc
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,6 +35,8 @@ SPECS = st.builds(
     stop_grace_seconds=st.one_of(INT32, st.integers(0, 60)),
     runtime=st.one_of(TEXT, st.sampled_from(["", "runc", "runsc"])),
     retries=st.one_of(INT32, st.integers(0, 100)),
+    on_preempt=st.one_of(TEXT, st.sampled_from(["", "requeue", "checkpoint"])),
+    checkpoint_volume=st.one_of(st.just(""), st.just("ckpt")),
     mounts=st.lists(
         st.builds(
             worker_pb2.TaskMount,
@@ -105,6 +108,7 @@ WELL_FORMED = st.builds(
         stop_grace_seconds=st.integers(0, 3600),
         runtime=st.sampled_from(["", "runc", "runsc"]),
         retries=st.integers(0, 100),
+        on_preempt=st.sampled_from(["", "requeue"]),
         # "" on the wire is `default` (an older client's): a well-formed submit names one.
         workspace=st.sampled_from(["default", "team-a"]),
     ),
@@ -120,3 +124,29 @@ def test_a_well_formed_submit_is_the_task_it_carries(
     task = convert.submitted_task(request)
     assert task_spec(task) == request.task
     assert (task.pool_name, task.gpus) == (request.pool_name, request.gpus)
+
+
+def test_on_preempt_checkpoint_is_refused_without_a_volume_or_under_runc() -> None:
+    def submit(**spec: str) -> gateway_pb2.SubmitTaskRequest:
+        task = worker_pb2.TaskSpec(task_id="t-1", command=["true"], workspace="team-a")
+        for name, value in spec.items():
+            setattr(task, name, value)
+        return gateway_pb2.SubmitTaskRequest(pool_name="gke-rtx6000", gpus=0, task=task)
+
+    cases: list[tuple[dict[str, str], str]] = [
+        ({"on_preempt": "move"}, "'move' is not one of requeue, checkpoint"),
+        ({"on_preempt": "checkpoint"}, "checkpoint needs --checkpoints VOLUME"),
+        (
+            {"on_preempt": "checkpoint", "checkpoint_volume": "ckpt", "runtime": "runc"},
+            "checkpoint needs --runtime runsc",
+        ),
+    ]
+    for spec, said in cases:
+        with pytest.raises(InvalidRequest) as refused:
+            convert.submitted_task(submit(**spec))
+        assert refused.value.field == "task.on_preempt"
+        assert said in refused.value.message, refused.value.message
+    task = convert.submitted_task(
+        submit(on_preempt="checkpoint", checkpoint_volume="ckpt", runtime="runsc")
+    )
+    assert (task.on_preempt, task.checkpoint_volume) == ("checkpoint", "ckpt")

@@ -5,8 +5,10 @@ workspace's token: a `--runtime runsc --checkpoints ckpt` box counting in its me
 node that took it is cordoned and its worker's Job deleted, `box start` restores it on another
 node (the image fetched there), and `box exec` reads the counter going on from where it was.
 A box whose node is drained (cordoned) is checkpointed to its volume and started again on
-another node by the controlplane, its counter going on. `box delete` removes its image from the
-volume and the node that fetched it, and says it stays on a node with no worker. The volume's
+another node by the controlplane, its counter going on; so is a task run with `--on-preempt
+checkpoint --checkpoints ckpt`, its record showing the preempted attempt. `box delete` removes
+its image from the volume and the node that fetched it, and says it stays on a node with no
+worker. The volume's
 key appears in no workflow history of the controlplane's task queue.
 """
 
@@ -218,6 +220,65 @@ async def test_a_drained_box_with_a_checkpoint_volume_runs_again_elsewhere_by_it
     finally:
         await plane.cp.kubectl("uncordon", node)
     _ok(await plane.cli("box", "delete", "drained"))
+
+
+async def test_a_task_with_on_preempt_checkpoint_is_restored_elsewhere_when_drained(
+    plane: Plane,
+) -> None:
+    """`levers9 run --on-preempt checkpoint --checkpoints ckpt` of a runsc task: its node
+    cordoned, the drain's preemption checkpoints it to the volume instead of stopping it, and
+    its next attempt restores it on another node: its counter goes on, and `task get` shows
+    the preempted attempt with the checkpoint."""
+    run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--detach")
+    flags = ("--on-preempt", "checkpoint", "--checkpoints", "ckpt")
+    task_id = _ok(await plane.cli(*run, *flags, "--", "sh", "-c", COUNTER)).split()[-1]
+
+    async def record() -> dict[str, object]:
+        shown: dict[str, object] = json.loads(
+            _ok(await plane.cli("task", "get", task_id, "-o", "json"))
+        )
+        return shown
+
+    async def read() -> int:
+        done = await plane.cli("exec", task_id, "--", "cat", "/tmp/count")
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+    async def counted() -> bool:
+        return (await record())["state"] == "running" and await read() >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await read()
+    node = str((await record())["node_name"])
+    await plane.cp.kubectl("cordon", node)
+    try:
+
+        async def elsewhere() -> bool:
+            now = await record()
+            return now["state"] == "running" and now["node_name"] not in (None, "", node)
+
+        await eventually(elsewhere, within=WITHIN * 2, what="the task running on another node")
+        attempts = (await record())["attempts"]
+        assert isinstance(attempts, list)
+        assert len(attempts) == 1, attempts
+        attempt: dict[str, str] = attempts[0]
+        assert attempt["state"] == "preempted", attempt
+        assert attempt["node_name"] == node, attempt
+        assert f"its node {node} is cordoned" in attempt["reason"], attempt
+        assert f"checkpointed to {task_id}-ck1" in attempt["reason"], attempt
+        resumed: list[int] = []
+
+        async def went_on() -> bool:
+            resumed.append(await read())
+            return resumed[-1] > first
+
+        await eventually(went_on, within=WITHIN)
+        assert min(r for r in resumed if r) >= first, (first, resumed)  # restored, not restarted
+        shown = " ".join(_ok(await plane.cli("task", "get", task_id)).split())
+        assert "on preempt: checkpoint" in shown, shown
+        assert "1. preempted" in shown, shown
+    finally:
+        await plane.cp.kubectl("uncordon", node)
+        await plane.cli("task", "cancel", task_id)
 
 
 async def test_the_volume_s_key_is_in_no_history(plane: Plane) -> None:

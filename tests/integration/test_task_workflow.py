@@ -56,6 +56,8 @@ class Cluster:
     live_queue: str | None = None
     """The queue the worker's record names now (its tunnel moved to another replica)."""
     runs: list[str] = field(default_factory=list)
+    run_tasks: list[TaskInput] = field(default_factory=list)
+    """What each RunTask started (its restore_from, say)."""
     placed: list[str] = field(default_factory=list)
     keeps_running: bool = False
     """GetTask answers `running` (the task's end comes as the worker's report)."""
@@ -112,6 +114,7 @@ class Cluster:
             if input.worker_id not in self.reachable:
                 raise ApplicationError("UNAVAILABLE: connection refused", non_retryable=True)
             self.runs.append(input.worker_id)
+            self.run_tasks.append(input.task)
             return False
 
         @activity.defn(name="get_task")
@@ -523,6 +526,82 @@ async def test_a_preempted_task_queues_again_with_a_retry_and_ends_cancelled_wit
         await handle.signal(TaskWorkflow.cancel, "not needed")
         record = await handle.result()
         assert (record.state, record.reason, record.attempts) == ("cancelled", "not needed", ())
+
+
+async def test_on_preempt_checkpoint_checkpoints_it_and_restores_it_in_its_next_attempt(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """`--on-preempt checkpoint --checkpoints ckpts`, no retries: the preemption takes a
+    checkpoint to the volume instead of a CancelTask, the task queues again at once and its
+    next RunTask restores that checkpoint (its sha256 checked); the attempt says so."""
+    reason = "preempted: its node node-w1 is cordoned (drain)"
+    fields = {"runtime": "runsc", "on_preempt": "checkpoint", "checkpoint_volume": "ckpts"}
+    async with _running_task(time_env, task_queue, **fields) as running:
+        handle, cluster, task = running.handle, running.cluster, running.task
+        await handle.signal(TaskWorkflow.preempt, reason)
+
+        async def running_again() -> bool:
+            record = await handle.query(TaskWorkflow.record)
+            return record is not None and bool(record.attempts) and record.state == "running"
+
+        await eventually(running_again, within=10, what="restored and running")
+        record = await handle.query(TaskWorkflow.record)
+    name = f"{task.task_id}-ck1"
+    assert record is not None
+    assert cluster.cancels == 0, "the checkpoint stopped it, not a CancelTask"
+    assert [(c.name, c.volume) for c in cluster.checkpoints] == [(name, "ckpts")]
+    assert [(a.state, a.reason) for a in record.attempts] == [
+        ("preempted", f"{reason}; checkpointed to {name}, restored where it runs next")
+    ]
+    first, second = cluster.run_tasks
+    assert first.restore_from == ""
+    assert (second.restore_from, second.restore_sha256, second.checkpoint_volume) == (
+        name,
+        "c" * 64,
+        "ckpts",
+    )
+    assert [c.name for c in record.checkpoints] == [name]
+
+
+async def test_on_preempt_checkpoint_refused_requeues_it_afresh_and_requeue_needs_no_retry(
+    time_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A refused checkpoint (a GPU task on a machine without CUDA checkpointing, say): the
+    refusal is kept, the task is stopped as any preemption and queued again to start afresh.
+    `--on-preempt requeue` without retries queues a preempted task again too; a failure is
+    still the end."""
+    reason = "preempted: reclaimed by workspace large"
+    refusal = "this worker cannot checkpoint a GPU task: it lacks cuda-checkpoint"
+    fields = {"runtime": "runsc", "on_preempt": "checkpoint", "checkpoint_volume": "ckpts"}
+    async with _running_task(time_env, task_queue, **fields) as running:
+        handle, cluster = running.handle, running.cluster
+        cluster.checkpoint_refusal = refusal
+        await handle.signal(TaskWorkflow.preempt, reason)
+
+        async def running_again() -> bool:
+            record = await handle.query(TaskWorkflow.record)
+            return record is not None and bool(record.attempts) and record.state == "running"
+
+        await eventually(running_again, within=10, what="queued again and running")
+        record = await handle.query(TaskWorkflow.record)
+    assert record is not None
+    assert cluster.cancels == 1
+    [attempt] = record.attempts
+    assert attempt.state == "preempted"
+    assert attempt.reason == (
+        f"{reason}; its checkpoint was refused ({refusal}): queued again to start afresh"
+    )
+    assert [r.reason for r in record.checkpoint_refusals] == [f"on preempt: {refusal}"]
+    assert [t.restore_from for t in cluster.run_tasks] == ["", ""]
+
+    async with _running_task(time_env, task_queue, on_preempt="requeue") as running:
+        handle, cluster = running.handle, running.cluster
+        await handle.signal(TaskWorkflow.preempt, reason)
+        await eventually(running_again, within=10, what="queued again without a retry")
+        record = await handle.query(TaskWorkflow.record)
+        assert record is not None
+        assert [(a.state, a.reason) for a in record.attempts] == [("preempted", reason)]
+        assert cluster.runs == ["w1", "w1"]
 
 
 async def test_a_checkpoint_ends_the_task_and_its_record_keeps_it(

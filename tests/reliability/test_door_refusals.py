@@ -5,7 +5,8 @@
   removes nothing and says so; a runtime the pool does not offer is refused at submit the same
   two ways, naming those it offers, and one it offers is taken; Ctrl-C on a foreground `run`
   says the task goes on and how to cancel it, and leaves it as it was;
-- with nothing to reach: an argument that is not UTF-8, a --runtime that is none, a --gpus
+- with nothing to reach: an argument that is not UTF-8, a --runtime that is none, an
+  --on-preempt that is none or a checkpoint without a volume, a --gpus
   past the gateway's bound, a
   --memory below the 6 MiB floor or with an exponent no node has, a bad --log-level, a command
   and environment over the one 128 KiB limit, an environment variable that is no variable
@@ -228,6 +229,14 @@ def _levers9(*args: str | bytes) -> subprocess.CompletedProcess[str]:
         (
             ("run", "--pool", "p", "--runtime", "bogus", "--", "true"),
             "Invalid value for --runtime: unknown runtime 'bogus': use one of runc, runsc",
+        ),
+        (
+            ("run", "--pool", "p", "--on-preempt", "migrate", "--", "true"),
+            "Invalid value for --on-preempt: 'migrate' is not one of requeue, checkpoint",
+        ),
+        (
+            ("run", "--pool", "p", "--on-preempt", "checkpoint", "--", "true"),
+            "Invalid value for --on-preempt: checkpoint needs --checkpoints VOLUME",
         ),
         (
             ("run", "--pool", "p", "--memory", "1", "--", "true"),

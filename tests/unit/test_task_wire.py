@@ -44,6 +44,7 @@ EVERY_FIELD = TaskInput(
     runtime="runsc",
     borrow=True,
     retries=3,
+    on_preempt="checkpoint",
     mounts=(
         TaskMount(kind="volume", name="data", path="/data", read_only=True),
         TaskMount(kind="disk", name="scratch", path="/scratch"),
@@ -115,6 +116,7 @@ EVERY_RECORD_FIELD = TaskRecord(
     endpoint="chat",
     borrowed=True,
     retries=2,
+    on_preempt="requeue",
     attempts=(
         TaskAttempt(
             state="preempted",
