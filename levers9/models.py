@@ -346,6 +346,12 @@ def drain_reason(node_name: str) -> str:
     return f"preempted: its node {node_name} is cordoned (drain)"
 
 
+def preemption_reason(node_name: str) -> str:
+    """Why the tasks of a worker whose node's VM is announced to go (a spot preemption's
+    notice) are taken off it."""
+    return f"preempted: its node {node_name} is being preempted (its VM goes at the notice's end)"
+
+
 def node_gone_reason(node_name: str) -> str:
     """A worker record's end reason when its node left the cluster: the same whether the
     machine (told by reconcile) or the worker (its Job failed by pod GC) sees it first."""

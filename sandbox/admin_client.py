@@ -76,6 +76,9 @@ class SandboxAdmin:
     def remove_node(self, name: str) -> None:
         self.call("DELETE", f"/_sandbox/nodes/{name}")
 
+    def preempt_node(self, name: str, notice_s: float) -> None:
+        self.call("POST", f"/_sandbox/nodes/{name}/preempt", {"noticeSeconds": notice_s})
+
     def set_node_ready(self, name: str, ready: bool) -> None:
         self.call("PUT", f"/_sandbox/nodes/{name}/ready", {"ready": ready})
 

@@ -7,6 +7,11 @@ appear in or vanish from the registries. `levers9 sandbox ...` and the tests cal
 | `POST /_sandbox/nodes` | add a node (a scenario `NodeSpec`, camelCase) |
 | `DELETE /_sandbox/nodes/{name}` | the machine is gone |
 | `PUT /_sandbox/nodes/{name}/ready` | `{"ready": false}` sets it NotReady, `true` Ready again |
+| `POST /_sandbox/nodes/{name}/preempt` | `{"noticeSeconds": N}`: a spot VM's preemption |
+
+A preemption is announced at once (the node tainted
+`cloud.google.com/impending-node-termination`, as GKE does) and the machine is gone (its
+processes killed, its Node deleted) N seconds later.
 | `POST /_sandbox/images` | `{"image": ref}`: the registries now hold it |
 | `DELETE /_sandbox/images` | `{"image": ref}`: they no longer do |
 """
@@ -43,6 +48,7 @@ class ClusterAdmin:
             ("POST", "/_sandbox/nodes", self._add_node),
             ("DELETE", "/_sandbox/nodes/{name}", self._remove_node),
             ("PUT", "/_sandbox/nodes/{name}/ready", self._set_ready),
+            ("POST", "/_sandbox/nodes/{name}/preempt", self._preempt),
             ("POST", "/_sandbox/images", self._add_image),
             ("DELETE", "/_sandbox/images", self._remove_image),
         ):
@@ -75,6 +81,18 @@ class ClusterAdmin:
         if not isinstance(body.get("ready"), bool):
             raise ValueError('expected {"ready": true|false}')
         await self.cluster.set_node_ready(name, body["ready"])
+        return self._describe()
+
+    async def _preempt(self, request: web.Request) -> web.Response:
+        name = self._known(request)
+        notice = (await read_json(request)).get("noticeSeconds")
+        if (
+            isinstance(notice, bool)
+            or not isinstance(notice, int | float)
+            or not 0 <= notice <= 3600
+        ):
+            raise ValueError('expected {"noticeSeconds": N}, N from 0 to 3600')
+        self.cluster.preempt_node(name, float(notice))
         return self._describe()
 
     async def _add_image(self, request: web.Request) -> web.Response:

@@ -10,9 +10,11 @@ are handled one at a time, so two passes at once can never add two workers. It l
 node matches the pool's selector (so `levers9 machine list` can say NotReady, Cordoned or Full),
 and ends when the node is gone.
 
-A node cordoned (`kubectl drain`, a GKE upgrade) gets no new worker, and its worker is told
-`drain` once: its tasks are taken off it before the drain may evict its pod (the pool's
-PodDisruptionBudget holds the eviction back until then; WorkerWorkflow says how).
+A node cordoned (`kubectl drain`, a GKE upgrade), or whose VM's preemption is announced (the
+`cloud.google.com/impending-node-termination` taint of a spot VM's notice), gets no new worker,
+and its worker is told `drain` once: its tasks are taken off it before the drain may evict its
+pod (the pool's PodDisruptionBudget holds the eviction back until then; WorkerWorkflow says how)
+or the VM goes.
 
 The pool's settings (idle minutes, record TTL) come with its start and, when they change on the
 controlplane, by the signal `settings` (from reconcile); the machine passes them to its worker.
@@ -44,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerTimings,
         drain_reason,
         node_gone_reason,
+        preemption_reason,
         worker_workflow_id,
     )
     from levers9.search_attributes import GPU_TYPE, NODE_NAME, POOL_NAME, WORKER_STATE
@@ -181,17 +184,23 @@ class MachineWorkflow:
             await worker.signal("job_finished")
 
     async def _tell_drain(self, input: MachineInput) -> None:
-        """Its node is cordoned: each of its workers is told `drain`, once."""
+        """Its node is cordoned, or its VM's preemption is announced: each of its workers is
+        told `drain`, once."""
         capacity = self._capacity
-        if capacity is None or capacity.status != MachineStatus.CORDONED:
+        draining = (MachineStatus.CORDONED, MachineStatus.PREEMPTING)
+        if capacity is None or capacity.status not in draining:
             return
+        preempting = capacity.status == MachineStatus.PREEMPTING
+        reason = (preemption_reason if preempting else drain_reason)(input.node_name)
         untold = [w for w in self._workers() if w not in self._told_drain]
         if not untold or not workflow.patched(DRAIN_CORDONED):
             return
         for worker_id in untold:
             self._told_drain.add(worker_id)
             workflow.logger.info(
-                "node cordoned: draining its worker",
+                "node preempting: draining its worker"
+                if preempting
+                else "node cordoned: draining its worker",
                 extra={
                     KV_EXTRA: {
                         "worker_id": worker_id,
@@ -204,7 +213,7 @@ class MachineWorkflow:
                 worker_workflow_id(input.pool_name, worker_id)
             )
             with contextlib.suppress(FailureError):  # it ended meanwhile
-                await worker.signal("drain", drain_reason(input.node_name))
+                await worker.signal("drain", reason)
 
     async def _tell_worker_settings(self, input: MachineInput) -> None:
         if self._worker_id is None:

@@ -173,6 +173,24 @@ def node_remove(name: str, state_dir: StateDir = None) -> None:
     console.print(f"node {name} removed")
 
 
+@node_app.command("preempt")
+def node_preempt(
+    name: str,
+    notice: Annotated[
+        int,
+        typer.Option(
+            "--notice", min=0, max=3600, help="seconds between the announcement and the VM's end"
+        ),
+    ] = 30,
+    state_dir: StateDir = None,
+) -> None:
+    """A spot VM's preemption: announced now (the node tainted
+    cloud.google.com/impending-node-termination, as GKE does), the machine gone after --notice."""
+    admin = _admin(state_dir)
+    _run(lambda: admin.preempt_node(name, notice))
+    console.print(f"node {name} preemption announced: its machine goes in {notice}s")
+
+
 @node_app.command("not-ready")
 def node_not_ready(name: str, state_dir: StateDir = None) -> None:
     """The node's kubelet reports NotReady."""

@@ -75,6 +75,9 @@ class MachineStatus(enum.StrEnum):
     HEALTHY = "Healthy"
     NOT_READY = "NotReady"
     CORDONED = "Cordoned"
+    PREEMPTING = "Preempting"
+    """Its VM is announced to go (a spot preemption's notice: PREEMPTION_TAINT): drained as a
+    cordoned one is, before it goes."""
     TAINTED = "Tainted"
     FULL = "Full"
     TOO_SMALL = "TooSmall"
@@ -84,6 +87,7 @@ class MachineStatus(enum.StrEnum):
 NOT_A_MACHINE = {
     MachineStatus.NOT_READY: "the node is not Ready",
     MachineStatus.CORDONED: "cordoned: draining, no new worker",
+    MachineStatus.PREEMPTING: "preemption announced: draining before its VM goes",
     MachineStatus.TAINTED: "a taint the pool does not tolerate",
     MachineStatus.FULL: "no free card: its neighbours hold them all",
     MachineStatus.TOO_SMALL: "less CPU or memory free than a worker asks (workerResources)",
@@ -278,6 +282,15 @@ def selector_matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> 
     return all(labels.get(key) == value for key, value in selector.items())
 
 
+PREEMPTION_TAINT = "cloud.google.com/impending-node-termination"
+"""What a node carries once its VM's preemption is announced (GKE's node termination handler
+sets it on a spot VM's notice; the sandbox's `node preempt` too)."""
+
+
+def preemption_announced(node: Obj) -> bool:
+    return any(t.get("key") == PREEMPTION_TAINT for t in node.get("spec", {}).get("taints") or ())
+
+
 def untolerated_taints(node: Obj, tolerations: Sequence[Toleration]) -> list[Obj]:
     return [
         taint
@@ -394,6 +407,8 @@ def node_capacity(
     finished = tuple(sorted(job.worker_id for job in jobs if not job.active))
     if not is_ready(node):
         state = MachineStatus.NOT_READY
+    elif preemption_announced(node):
+        state = MachineStatus.PREEMPTING
     elif spec.get("unschedulable"):
         state = MachineStatus.CORDONED
     elif untolerated_taints(node, pool.tolerations):

@@ -194,7 +194,7 @@ def not_a_machine(m: pools_pb2.Machine) -> str:
 
 
 def machine_state(m: pools_pb2.Machine) -> str:
-    if m.status == MachineStatus.CORDONED:
+    if m.status in (MachineStatus.CORDONED, MachineStatus.PREEMPTING):
         return "draining"
     return m.status or "-"
 

@@ -38,6 +38,7 @@ from sandbox.cluster.objects import GPU, Obj, node_address
 from sandbox.cluster.replicasets import ReplicaSetController
 from sandbox.cluster.scheduler import Scheduler
 from sandbox.options import DeleteOptions
+from sandbox.patch import PatchType
 from sandbox.podlogs import PodLogs
 from sandbox.resources import NAMESPACES, NODES
 from sandbox.scenario import LOOPBACK, Gpus, Network, NodeSpec, Scenario
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from sandbox.registry import Registry
 
 log = get_logger("sandbox.cluster")
+PREEMPTION_TAINT = "cloud.google.com/impending-node-termination"
+"""The taint GKE's node termination handler puts on a spot VM's node at its preemption notice
+(the controlplane reads it: levers9.core.capacity.PREEMPTION_TAINT)."""
 
 POD_NETWORK = ipaddress.IPv4Network("127.64.0.0/10")  # node pod CIDRs are /24s of this
 STOP_GRACE_S = 5.0  # how long containers get to exit when the whole sandbox stops
@@ -90,6 +94,8 @@ class Cluster:
         self.node_lifecycle: NodeLifecycle | None = None
         """Its node lifecycle controller, once started (tests read when it collects pods)."""
         self._stopping: set[asyncio.Task[None]] = set()
+        self._preemptions: set[asyncio.Task[None]] = set()
+        """Announced preemptions, each removing its node at its notice's end."""
 
     @property
     def logs(self) -> PodLogs:
@@ -136,7 +142,7 @@ class Cluster:
             self._apply_objects()
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks = [*self._tasks, *self._preemptions], []
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -183,6 +189,26 @@ class Cluster:
             self.registry.delete(NODES, None, name, DeleteOptions())
         self._specs.pop(name, None)
         self._cidrs.pop(name, None)
+
+    def preempt_node(self, name: str, notice_s: float) -> None:
+        """A spot VM's preemption, announced: its Node is tainted `PREEMPTION_TAINT` now (as
+        GKE's node termination handler does on the notice) and the machine goes when the
+        notice ends (its processes die, its Node is deleted: `remove_node`)."""
+        node = self.registry.get(NODES, None, name)
+        taints = [t for t in (node.get("spec") or {}).get("taints") or ()]
+        if not any(t.get("key") == PREEMPTION_TAINT for t in taints):
+            taints.append({"key": PREEMPTION_TAINT, "value": "true", "effect": "NoSchedule"})
+            self.registry.patch(NODES, None, name, {"spec": {"taints": taints}}, PatchType.MERGE)
+        log.info("node preemption announced", node=name, notice_s=notice_s)
+
+        async def goes() -> None:
+            await asyncio.sleep(notice_s)
+            log.info("node preempted: its VM is gone", node=name)
+            await self.remove_node(name)
+
+        task = asyncio.create_task(goes())
+        self._preemptions.add(task)
+        task.add_done_callback(self._preemptions.discard)
 
     async def set_node_ready(self, name: str, ready: bool) -> None:
         """The node's kubelet reports Ready or NotReady from its next (immediate) status."""

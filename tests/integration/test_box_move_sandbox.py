@@ -6,7 +6,9 @@ node that took it is cordoned and its worker's Job deleted, `box start` restores
 node (the image fetched there), and `box exec` reads the counter going on from where it was.
 A box whose node is drained (cordoned) is checkpointed to its volume and started again on
 another node by the controlplane, its counter going on; so is a task run with `--on-preempt
-checkpoint --checkpoints ckpt`, its record showing the preempted attempt. `box delete` removes
+checkpoint --checkpoints ckpt`, its record showing the preempted attempt, and such a task on a
+node whose spot VM's preemption is announced (`levers9 sandbox node preempt --notice`) moves
+within the notice. `box delete` removes
 its image from the volume and the node that fetched it, and says it stays on a node with no
 worker. The volume's
 key appears in no workflow history of the controlplane's task queue.
@@ -279,6 +281,79 @@ async def test_a_task_with_on_preempt_checkpoint_is_restored_elsewhere_when_drai
     finally:
         await plane.cp.kubectl("uncordon", node)
         await plane.cli("task", "cancel", task_id)
+
+
+async def test_a_spot_preemption_s_notice_moves_a_checkpointing_task_before_its_vm_goes(
+    plane: Plane,
+) -> None:
+    """`levers9 sandbox node preempt NODE --notice 150` (GKE's impending-node-termination
+    taint now, the machine gone at the notice's end): `machine list` says Preempting, the
+    worker is drained as on a cordon, and a `--on-preempt checkpoint` task runs again on another
+    node, restored and counting on, before its VM goes; then the node is gone. (Last of the
+    module's tests that need nodes: the preempted one does not come back.)"""
+    run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--detach")
+    flags = ("--on-preempt", "checkpoint", "--checkpoints", "ckpt")
+    task_id = _ok(await plane.cli(*run, *flags, "--", "sh", "-c", COUNTER)).split()[-1]
+
+    async def record() -> dict[str, object]:
+        shown: dict[str, object] = json.loads(
+            _ok(await plane.cli("task", "get", task_id, "-o", "json"))
+        )
+        return shown
+
+    async def read() -> int:
+        done = await plane.cli("exec", task_id, "--", "cat", "/tmp/count")
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+    async def counted() -> bool:
+        return (await record())["state"] == "running" and await read() >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await read()
+    node = str((await record())["node_name"])
+    state_dir = str(plane.cp.sandbox.state.dir)
+    said = _ok(
+        await plane.cli(
+            "sandbox", "node", "preempt", node, "--notice", "150", "--state-dir", state_dir
+        )
+    )
+    assert f"node {node} preemption announced: its machine goes in 150s" in said
+
+    async def preempting() -> bool:
+        machines = json.loads(_ok(await plane.cli("machine", "list", "-o", "json")))
+        return any(m["node_name"] == node and m["status"] == "Preempting" for m in machines)
+
+    await eventually(preempting, within=WITHIN, what="machine list saying Preempting")
+
+    async def elsewhere() -> bool:
+        now = await record()
+        return now["state"] == "running" and now["node_name"] not in (None, "", node)
+
+    await eventually(elsewhere, within=120, what="the task running on another node")
+    node_there = await plane.cp.kubectl("get", "nodes", "-o", "name")
+    assert f"node/{node}" in node_there.split(), "moved within the notice, before its VM went"
+    attempts = (await record())["attempts"]
+    assert isinstance(attempts, list)
+    assert len(attempts) == 1, attempts
+    attempt: dict[str, str] = attempts[0]
+    assert attempt["state"] == "preempted", attempt
+    assert f"its node {node} is being preempted" in attempt["reason"], attempt
+    assert f"checkpointed to {task_id}-ck1" in attempt["reason"], attempt
+    resumed: list[int] = []
+
+    async def went_on() -> bool:
+        resumed.append(await read())
+        return resumed[-1] > first
+
+    await eventually(went_on, within=WITHIN)
+    assert min(r for r in resumed if r) >= first, (first, resumed)  # restored, not restarted
+
+    async def vm_gone() -> bool:
+        return f"node/{node}" not in (await plane.cp.kubectl("get", "nodes", "-o", "name")).split()
+
+    await eventually(vm_gone, within=200, what="the preempted node gone at its notice's end")
+    assert (await record())["state"] == "running", "it runs on where it moved to"
+    await plane.cli("task", "cancel", task_id)
 
 
 async def test_the_volume_s_key_is_in_no_history(plane: Plane) -> None:

@@ -177,8 +177,21 @@ def test_spec_table(
             node(taints=[{"key": "dedicated", "value": "ml", "effect": "PreferNoSchedule"}]),
             MachineStatus.HEALTHY,
         ),
+        (
+            node(
+                taints=[
+                    {
+                        "key": "cloud.google.com/impending-node-termination",
+                        "value": "true",
+                        "effect": "NoSchedule",
+                    }
+                ],
+                unschedulable=True,
+            ),
+            MachineStatus.PREEMPTING,
+        ),
     ],
-    ids=["not ready", "cordoned (drained)", "untolerated taint", "soft taint"],
+    ids=["not ready", "cordoned (drained)", "untolerated taint", "soft taint", "preempting"],
 )
 def test_not_a_machine(n: dict[str, Any], status: MachineStatus) -> None:
     got = _one(n)

@@ -293,3 +293,27 @@ def test_pod_requests_count_init_containers_as_the_scheduler_does() -> None:
     requests = pod_requests({"spec": spec})
     # cpu: max(2, 0.25 + 0.5, 1.5 + 0.25) = 2; GPUs: max(4 during init, 1) = 4
     assert requests == {"cpu": Fraction(2), "nvidia.com/gpu": Fraction(4)}
+
+
+async def test_a_preemption_taints_the_node_at_once_and_removes_it_at_its_notice_end(
+    cluster: Cluster,
+) -> None:
+    """`levers9 sandbox node preempt NODE --notice N`: the node carries GKE's
+    impending-node-termination taint at once, takes no new pod, and is gone once the notice
+    ends (its pods with it)."""
+    registry = cluster.registry
+    registry.create(PODS, pod_manifest("doomed", image=SERVER_IMAGE, node_name=CPU_NODE))
+    await wait_for(lambda: phase(registry, "doomed", "Running"))
+    cluster.preempt_node(CPU_NODE, 2.0)
+    taints = registry.get(NODES, None, CPU_NODE)["spec"]["taints"]
+    assert {"key": "cloud.google.com/impending-node-termination", "value": "true",
+            "effect": "NoSchedule"} in taints  # fmt: skip
+    cluster.preempt_node(CPU_NODE, 2.0)  # announced twice: one taint
+    taints = registry.get(NODES, None, CPU_NODE)["spec"]["taints"]
+    assert sum(t["key"] == "cloud.google.com/impending-node-termination" for t in taints) == 1
+
+    def gone() -> bool | None:
+        return True if not registry.store.exists(NODES, None, CPU_NODE) else None
+
+    assert await wait_for(gone)
+    assert CPU_NODE not in {spec.name for spec in cluster.node_specs()}
