@@ -137,6 +137,7 @@ class Gateway:
                 authority=self.authority,
                 volumes=volumes,
                 disks=disks,
+                boxes=boxes,
                 operator_generation=operator_generation,
                 ca_generation=ca_generation,
                 token_generation=token_generation,

@@ -69,6 +69,7 @@ from levers9.models import (
     new_task_id,
 )
 from levers9.proto import gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
+from levers9.records.boxes import TemporalBoxRecords
 from levers9.records.disks import TemporalDiskRecords
 from levers9.records.volumes import TemporalVolumeRecords
 from levers9.rpc import bearer
@@ -119,8 +120,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         authority: Authority | None = None,
         volumes: TemporalVolumeRecords | None = None,
         disks: TemporalDiskRecords | None = None,
+        boxes: TemporalBoxRecords | None = None,
     ) -> None:
         self._records = records
+        self._boxes = boxes
         self._volumes = volumes
         self._disks = disks
         self.authority = authority or Authority(secret, operator_generation)
@@ -300,6 +303,18 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 " (`levers9 volume list`; `levers9 volume create` makes one)",
             )
 
+    async def _box_of(self, record: TaskRecord) -> str:
+        """The box whose running task `record` is ("": none). A box's task ids read
+        `<box>-<n>-<hex>` (levers9.core.boxes.box_task_id): the box of that name is asked."""
+        if self._boxes is None:
+            return ""
+        name, dash, rest = record.task_id.rpartition("-")
+        name, _, start = name.rpartition("-")
+        if not dash or not name or not start.isdigit() or not rest:
+            return ""
+        box = await self._boxes.get(record.workspace, name)
+        return name if box is not None and box.task_id == record.task_id else ""
+
     async def _within_max_queued(
         self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
@@ -471,6 +486,15 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
         await self._task_id(context, request.task_id)
         task_id = request.task_id
         record = await self._own(identity, task_id, context, f"no task {task_id}")
+        box = await self._box_of(record)
+        if box:
+            # Its box would see the task end and read it as the box's end, its checkpoint
+            # unknown to `box start`.
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {task_id} is box {box}'s: `levers9 box stop {box}` checkpoints it and"
+                f" `levers9 box start {box}` restores it",
+            )
         volume = request.checkpoint_volume
         if volume:
             problem = name_problem(volume)

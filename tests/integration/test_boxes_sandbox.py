@@ -11,7 +11,8 @@ and a web server is checkpointed by `box stop` right after its URL answered, and
 `box start`: its count goes on and its URL answers again. `task checkpoint`
 of a runsc counting task (a runc one is refused, and runs on; another workspace's is not found)
 ends it with the checkpoint in its record, and `task restore` starts a task whose count goes on.
-A box whose image was removed from its node reads stopped after `box start`, saying so.
+A box whose image was removed from its node reads stopped after `box start`, saying so; `task
+checkpoint` of a box's task is refused naming `box stop`.
 
 The tests of this module share one sandbox and one controlplane and run in order.
 """
@@ -188,6 +189,18 @@ async def test_another_workspace_s_box_is_not_found_as_a_missing_one(teams: Team
         assert theirs.stderr.replace("web", "X") == missing.stderr.replace("nosuch", "X")
     assert json.loads(_ok(await teams.cli("others", "box", "list", "-o", "json"))) == []
     assert (await _box(teams, "web"))["state"] == "running"
+
+
+async def test_task_checkpoint_of_a_box_s_task_is_refused_naming_box_stop(teams: Teams) -> None:
+    """The box would read its task's end as its own, the checkpoint unknown to `box start`."""
+    box = await _box(teams, "web")
+    refused = await teams.cli("boxers", "task", "checkpoint", str(box["task"]))
+    assert refused.returncode == 1, refused.stdout
+    assert f"task {box['task']} is box web's: `levers9 box stop web` checkpoints it" in " ".join(
+        refused.stderr.split()
+    ), refused.stderr
+    assert (await _box(teams, "web"))["task"] == box["task"], "it runs on"
+    assert (await _box(teams, "web"))["task_state"] == "running"
 
 
 async def test_stop_and_start_run_a_new_task_with_the_same_command_and_ports(
