@@ -218,7 +218,8 @@ def demo(stack: DevStack) -> None:
         f"  status:        {levers9} dev status\n"
         f"  pools:         {levers9} pool list, machine list, worker list\n"
         f"  the cluster:   KUBECONFIG={env['KUBECONFIG']} kubectl get nodes\n"
-        f"  change it:     {levers9} sandbox node add|remove|not-ready|ready, sandbox egress-ip\n"
+        f"  change it:     {levers9} sandbox node add|remove|not-ready|ready|preempt,"
+        " sandbox egress-ip\n"
         f"  use it:        . {stack.env_file} && {temporal} workflow list\n"
         f"  stop it:       {levers9} dev down",
         highlight=False,

@@ -1,8 +1,9 @@
 """`levers9 pool check --all`: the checks the product page asks for before relying on a pool,
 one after the other, each timed: the GPU check, a GPU endpoint (created at zero replicas: a
 cold start and one request through its URL), a box port (a box with a web server, reached
-through its `box ports` URL), a checkpoint restore (a counting `--runtime runsc` box stopped,
-started, and read with exec: its count goes on from where it was), and a multi-card job (one
+through its `box ports` URL), a checkpoint restore (a counting `--runtime runsc` box with a web
+server stopped right after its URL answered, started, and read with exec: its count goes on from
+where it was, and its URL answers again), and a multi-card job (one
 task taking all the cards a machine of the pool offers).
 
 Everything the checks make is named `check-<6 hex>...` and deleted after its check, and once
@@ -62,6 +63,11 @@ SERVE = (
 )
 """A web server on the task's published port (the agent says where: `$LEVERS9_HOST:$PORT`)."""
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.5; done"
+SERVE_AND_COUNT = (
+    f"mkdir -p /tmp/www && echo {MARKER} > /tmp/www/index.html && cd /tmp/www"
+    ' && (python -m http.server "$PORT" --bind "$LEVERS9_HOST" >/dev/null 2>&1 &) && ' + COUNTER
+)
+"""The checkpoint's box: a counter and a web server, both of which a restore must carry."""
 CARDS = "ls /dev | grep -c '^nvidia[0-9]' || true; nvidia-smi -L 2>/dev/null || true"
 POLL_S = 0.5
 STOP_TIMEOUT_S = 400.0
@@ -257,7 +263,7 @@ class PoolChecks:
     async def checkpoint_restore(self) -> str:
         name = f"{self.prefix}-count"
         try:
-            box = await self._create_box(name, COUNTER, runtime="runsc")
+            box = await self._create_box(name, SERVE_AND_COUNT, ports=(BOX_PORT,), runtime="runsc")
             not_offered = ""
         except GatewayRefused as exc:
             if "task.runtime" not in str(exc):
@@ -268,6 +274,10 @@ class PoolChecks:
             self.progress(f"  {exc}: a box of the pool's default runtime instead")
             box = await self._create_box(name, COUNTER)
         before_node = box.node_name
+        url = box_url(self.settings.endpoints_base_url(), box.workspace, name, BOX_PORT)
+        serves = not_offered == ""
+        if serves:
+            await self._served(url)  # a request just before the stop: a restore carries it
         count = await self._count(box.task_id, at_least=3)
         self.progress(f"  box {name} counts ({count}) on {before_node}; box stop (a checkpoint)")
         stopped = await self._boxes(
@@ -290,11 +300,23 @@ class PoolChecks:
                 f"the count was {count} at stop and {after} after start: not restored"
             )
         later = await self._count(box.task_id, at_least=after + 1)
+        if serves:
+            await self._served(url)
         moved = "another machine" if box.node_name != before_node else "the same machine"
+        answered = "; its URL answered before the stop and after the start" if serves else ""
         return (
-            f"count {count} at stop, {after} after start, then {later}; restored on {moved}"
-            f" ({before_node} -> {box.node_name})"
+            f"count {count} at stop, {after} after start, then {later}{answered}; restored on"
+            f" {moved} ({before_node} -> {box.node_name})"
         )
+
+    async def _served(self, url: str) -> None:
+        """Until `url` answers 200 with the check's marker."""
+        while True:
+            status, body, _ = await self._get(url)
+            if status == 200 and MARKER in body:
+                return
+            self.progress(f"  {url} answered {status}, again")
+            await asyncio.sleep(1.0)
 
     async def multi_card(self) -> str:
         cards_by_node = await self._cards_by_node()

@@ -68,6 +68,7 @@ async def test_all_prints_five_ok_lines_and_leaves_nothing_behind(cp: Controlpla
     count = re.search(r"count (\d+) at stop, (\d+) after start", by_name["checkpoint restore"])
     assert count is not None, by_name
     assert int(count[2]) >= int(count[1]) >= 3, by_name
+    assert "its URL answered before the stop and after the start" in by_name["checkpoint restore"]
     assert "2 cards on" in by_name["multi-card job"], by_name
     # Progress went to stderr while the checks ran.
     assert "checkpoint restore: starting" in done.stderr
