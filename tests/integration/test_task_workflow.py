@@ -493,6 +493,16 @@ async def test_without_retries_a_failure_is_the_end(
     assert (record.state, record.attempts, cluster.runs) == ("failed", (), ["w1"])
 
 
+async def _running_again(handle: WorkflowHandle[Any, Any], what: str) -> None:
+    """Until the task runs again, an earlier attempt in its record."""
+
+    async def running_again() -> bool:
+        record = await handle.query(TaskWorkflow.record)
+        return record is not None and bool(record.attempts) and record.state == "running"
+
+    await eventually(running_again, within=10, what=what)
+
+
 async def test_a_preempted_task_queues_again_with_a_retry_and_ends_cancelled_without(
     time_env: WorkflowEnvironment, task_queue: str
 ) -> None:
@@ -501,11 +511,7 @@ async def test_a_preempted_task_queues_again_with_a_retry_and_ends_cancelled_wit
         handle, cluster, stand_in = running_task.handle, running_task.cluster, running_task.stand_in
         await handle.signal(TaskWorkflow.preempt, reason)
 
-        async def running_again() -> bool:
-            record = await handle.query(TaskWorkflow.record)
-            return record is not None and bool(record.attempts) and record.state == "running"
-
-        await eventually(running_again, within=10, what="queued again and running")
+        await _running_again(handle, "queued again and running")
         record = await handle.query(TaskWorkflow.record)
         assert record is not None
         assert [(a.state, a.reason, a.exit_code) for a in record.attempts] == [
@@ -540,11 +546,7 @@ async def test_on_preempt_checkpoint_checkpoints_it_and_restores_it_in_its_next_
         handle, cluster, task = running.handle, running.cluster, running.task
         await handle.signal(TaskWorkflow.preempt, reason)
 
-        async def running_again() -> bool:
-            record = await handle.query(TaskWorkflow.record)
-            return record is not None and bool(record.attempts) and record.state == "running"
-
-        await eventually(running_again, within=10, what="restored and running")
+        await _running_again(handle, "restored and running")
         record = await handle.query(TaskWorkflow.record)
     name = f"{task.task_id}-ck1"
     assert record is not None
@@ -578,11 +580,7 @@ async def test_on_preempt_checkpoint_refused_requeues_it_afresh_and_requeue_need
         cluster.checkpoint_refusal = refusal
         await handle.signal(TaskWorkflow.preempt, reason)
 
-        async def running_again() -> bool:
-            record = await handle.query(TaskWorkflow.record)
-            return record is not None and bool(record.attempts) and record.state == "running"
-
-        await eventually(running_again, within=10, what="queued again and running")
+        await _running_again(handle, "queued again and running")
         record = await handle.query(TaskWorkflow.record)
     assert record is not None
     assert cluster.cancels == 1
@@ -597,7 +595,7 @@ async def test_on_preempt_checkpoint_refused_requeues_it_afresh_and_requeue_need
     async with _running_task(time_env, task_queue, on_preempt="requeue") as running:
         handle, cluster = running.handle, running.cluster
         await handle.signal(TaskWorkflow.preempt, reason)
-        await eventually(running_again, within=10, what="queued again without a retry")
+        await _running_again(handle, "queued again without a retry")
         record = await handle.query(TaskWorkflow.record)
         assert record is not None
         assert [(a.state, a.reason) for a in record.attempts] == [("preempted", reason)]
