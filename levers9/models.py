@@ -283,6 +283,8 @@ class PlaceRequest(_Record):
     image: str = ""
     """Its image reference ("": none): a worker whose node's cache holds it goes first (the
     pool's `cache.enabled`)."""
+    avoid_node: str = ""
+    """A node it may not run on ("": none): TaskInput.avoid_node."""
 
 
 class WorkerSlotInput(_Record):
@@ -432,6 +434,9 @@ class TaskInput(_Record):
     node: str = ""
     """The one node it may run on ("": any): a box's restore goes to the node whose disk holds
     its checkpoint (images are not copied between machines)."""
+    avoid_node: str = ""
+    """A node it may not run on ("": none): `box start --elsewhere` restores a box's
+    checkpoint (kept in a volume) on another machine than the one that took it."""
     retries: int = Field(default=0, ge=0, le=MAX_RETRIES)
     """How many times it is queued again after an attempt that failed, was lost with its worker,
     or was taken back for a workspace within its quota (`--retries`, as a Job's backoffLimit);

@@ -111,6 +111,9 @@ class BoxWorkflow:
         """The checkpoint asked for is `--idle-stop`'s: refused, the box is stopped all the same."""
         self._removing = False
         """The box's checkpoint images are being removed (`delete`; the run's last work)."""
+        self._elsewhere = False
+        """`box start --elsewhere`: its restore goes to another machine than the one that took
+        its checkpoint (kept in a volume)."""
 
     @workflow.query
     def box(self) -> BoxState:
@@ -154,9 +157,12 @@ class BoxWorkflow:
         return state
 
     @workflow.update
-    async def start(self) -> BoxState:
+    async def start(self, elsewhere: bool = False) -> BoxState:
+        """Starts a stopped box (restoring its checkpoint); `elsewhere`: on another machine
+        than the one that took the checkpoint (the gateway checks it is in a volume)."""
         state = self._state
         if state.state == STOPPED:
+            self._elsewhere = elsewhere
             state.state = RUNNING
             state.reason = ""
             state.last_used_at = workflow.now()
@@ -453,6 +459,8 @@ class BoxWorkflow:
             # one kept on its node only pins the restore there.
             pinned = state.checkpoint_node and not state.checkpoint_stored
             pin = {"node": state.checkpoint_node} if pinned else {}
+            if self._elsewhere and state.checkpoint_stored and state.checkpoint_node:
+                pin = {"avoid_node": state.checkpoint_node}
             restoring = {"restore_from": restore, "restore_sha256": state.checkpoint_sha256}
             task = task.model_copy(update={**restoring, **pin})
             for image in state.images:
@@ -462,6 +470,7 @@ class BoxWorkflow:
             state.checkpoint_node = ""
             state.checkpoint_stored = ""
             state.checkpoint_sha256 = ""
+        self._elsewhere = False
         attributes = (
             TypedSearchAttributes([SearchAttributePair(WORKSPACE, state.workspace)])
             if state.workspace != DEFAULT_WORKSPACE

@@ -144,6 +144,7 @@ class PoolWorkflow:
                 pinned_by=request.pinned_by,
                 disk_ids=request.disk_ids,
                 image=image_key(request.image) if request.image else "",
+                avoid_node=request.avoid_node,
             )
         self._changed = True
 

@@ -442,6 +442,7 @@ class TaskWorkflow:
             disks=tuple(m.name for m in input.mounts if m.kind == "disk"),
             image=input.image,
             **({"node": input.node, "pinned_by": _pin(input)} if input.node else {}),
+            **({"avoid_node": input.avoid_node} if input.avoid_node else {}),
         )
         self._offered = None
         self._queued = True

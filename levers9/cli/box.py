@@ -302,9 +302,20 @@ def stop(name: str, workspace: WorkspaceOption = "") -> None:
 
 
 @app.command()
-def start(name: str, workspace: WorkspaceOption = "") -> None:
+def start(
+    name: str,
+    workspace: WorkspaceOption = "",
+    elsewhere: Annotated[
+        bool,
+        typer.Option(
+            "--elsewhere",
+            help="restore its checkpoint (kept in its --checkpoints volume) on another machine"
+            " than the one that took it",
+        ),
+    ] = False,
+) -> None:
     """Start a stopped box: a new task with the same command, ports and home."""
-    request = boxes_pb2.StartBoxRequest(name=_name(name), workspace=workspace)
+    request = boxes_pb2.StartBoxRequest(name=_name(name), workspace=workspace, elsewhere=elsewhere)
     reply = _call(lambda stub, md: stub.StartBox(request, metadata=md, timeout=CALL_TIMEOUT_S * 2))
     started = [e.message for e in reply.box.events if e.kind == "start"]
     fresh = not started or "restored from checkpoint" not in started[-1]

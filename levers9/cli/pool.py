@@ -157,6 +157,14 @@ def check(
         ),
     ] = False,
     output: Annotated[Output, typer.Option("-o", "--output", help="with --all")] = Output.table,
+    checkpoints: Annotated[
+        str,
+        typer.Option(
+            "--checkpoints",
+            help="with --all: a volume of the workspace for the checkpoint restore's image, so"
+            " that it is restored on another machine than the one that took it",
+        ),
+    ] = "",
 ) -> None:
     """Run the GPU probe on one card; prints COMPLETE {json} (or FAILED {json}) from the
     task record, so a slow first start does not hide the result. A container that saw no card
@@ -167,10 +175,12 @@ def check(
         raise typer.BadParameter(
             "give the GPU type the pool should have, e.g. --gpu H200", param_hint="--gpu"
         )
+    if checkpoints and not all_:
+        raise typer.BadParameter("only with --all", param_hint="--checkpoints")
     settings = settings_from_env()
     pool = chosen_pool(settings, pool)
     if all_:
-        check_all(settings, pool, gpu or "", wait_s, output)
+        check_all(settings, pool, gpu or "", wait_s, output, checkpoints)
         return
     assert gpu is not None
     task = TaskInput(task_id=new_task_id(), pool_name=pool, command=PROBE_COMMAND, gpus=1)
@@ -192,7 +202,12 @@ def check(
 
 
 def check_all(
-    settings: ControlplaneSettings, pool: str, gpu: str, wait_s: float, output: Output
+    settings: ControlplaneSettings,
+    pool: str,
+    gpu: str,
+    wait_s: float,
+    output: Output,
+    checkpoints: str = "",
 ) -> None:
     """`pool check --all`: the five checks (levers9.cli.pool_checks), one line each as it ends
     (progress on stderr meanwhile); exit status 1 when one failed, 130 on Ctrl-C once what the
@@ -213,7 +228,7 @@ def check_all(
 
     checks = PoolChecks(
         settings, pool, gpu=gpu, simulated=simulated, wait_s=wait_s, progress=progress,
-        done=shown,
+        done=shown, checkpoints=checkpoints,
     )  # fmt: skip
     if output is Output.table:
         console.print(

@@ -135,7 +135,10 @@ class PoolChecks:
         wait_s: float,
         progress: Progress,
         done: Callable[[CheckResult], None] = lambda _: None,
+        checkpoints: str = "",
     ) -> None:
+        self.checkpoints = checkpoints
+        """A volume for the checkpoint restore's image ("": its node keeps it)."""
         self.settings = settings
         self.pool = pool
         self.gpu = gpu
@@ -263,7 +266,9 @@ class PoolChecks:
     async def checkpoint_restore(self) -> str:
         name = f"{self.prefix}-count"
         try:
-            box = await self._create_box(name, SERVE_AND_COUNT, ports=(BOX_PORT,), runtime="runsc")
+            box = await self._create_box(
+                name, SERVE_AND_COUNT, ports=(BOX_PORT,), runtime="runsc", volume=self.checkpoints
+            )
             not_offered = ""
         except GatewayRefused as exc:
             if "task.runtime" not in str(exc):
@@ -287,11 +292,13 @@ class PoolChecks:
         )
         if stopped.box.state != "stopped" or "checkpointed to" not in stopped.box.reason:
             raise CheckFailed(f"{not_offered}box stop took no checkpoint: {_why_none(stopped.box)}")
-        self.progress(f"  {stopped.box.reason}; box start (a restore)")
+        # Elsewhere when its image is in a volume and the pool has another machine.
+        elsewhere = bool(self.checkpoints) and len(await self._cards_by_node()) > 1
+        where = "on another machine" if elsewhere else "on the machine that took it"
+        self.progress(f"  {stopped.box.reason}; box start (a restore, {where})")
+        start = boxes_pb2.StartBoxRequest(name=name, elsewhere=elsewhere)
         await self._boxes(
-            lambda stub, md: stub.StartBox(
-                boxes_pb2.StartBoxRequest(name=name), metadata=md, timeout=CALL_TIMEOUT_S * 2
-            )
+            lambda stub, md: stub.StartBox(start, metadata=md, timeout=CALL_TIMEOUT_S * 2)
         )
         box = await self._running(name)
         after = await self._count(box.task_id, at_least=1)
@@ -361,7 +368,13 @@ class PoolChecks:
             return await call(stub, metadata)
 
     async def _create_box(
-        self, name: str, script: str, *, ports: tuple[int, ...] = (), runtime: str = ""
+        self,
+        name: str,
+        script: str,
+        *,
+        ports: tuple[int, ...] = (),
+        runtime: str = "",
+        volume: str = "",
     ) -> boxes_pb2.Box:
         task = TaskInput(
             task_id=f"{name}-0",
@@ -370,6 +383,7 @@ class PoolChecks:
             gpus=0,
             ports=ports,
             runtime=runtime,
+            checkpoint_volume=volume,
         )
         request = boxes_pb2.CreateBoxRequest(name=name, task=submit_request(task))
         await self._boxes(

@@ -113,14 +113,19 @@ class Waiting(BaseModel):
     """The disks it mounts (a disk in use is not deleted)."""
     image: str = ""
     """`image_key` of its image: a worker whose node's cache holds it goes first ("": none)."""
+    avoid_node: str = ""
+    """A node it may not run on ("": none): a box started elsewhere than the node its
+    checkpoint was taken on (`box start --elsewhere`)."""
 
     @model_serializer(mode="wrap")
     def _without_no_image(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Left out when "": a standing queue of 10,000 is 1.5 MB of the pool's 2 MB state,
-        and a pool without `cache.enabled` should pay nothing for it."""
+        """`image` and `avoid_node` left out when "": a standing queue of 10,000 is 1.5 MB of
+        the pool's 2 MB state, and a pool without `cache.enabled` should pay nothing for it."""
         data = handler(self)
-        if not self.image and isinstance(data, dict):
-            data.pop("image", None)
+        if isinstance(data, dict):
+            for name in ("image", "avoid_node"):
+                if not data.get(name):
+                    data.pop(name, None)
         return data
 
 
@@ -261,6 +266,7 @@ class PoolState(BaseModel):
         pinned_by: str = "",
         disk_ids: tuple[str, ...] = (),
         image: str = "",
+        avoid_node: str = "",
     ) -> None:
         """Queues the task (once: a repeated request changes nothing), in the order of `now`:
         its creation when the request carries it, so the queue keeps the tasks' own order."""
@@ -277,6 +283,7 @@ class PoolState(BaseModel):
             pinned_by=pinned_by,
             disk_ids=disk_ids,
             image=image,
+            avoid_node=avoid_node,
         )
         if not self.waiting or self.waiting[-1].since <= now:
             self.waiting.append(waiting)
@@ -307,6 +314,8 @@ class PoolState(BaseModel):
                     reason = f"waiting for {waiting.pinned_by or 'its disk'}: task {holder} uses it"
                 elif not over and waiting.node:
                     reason = pinned_reason(waiting.pinned_by or "its disk", waiting.node)
+                elif not over and waiting.avoid_node:
+                    reason = f"waiting for a machine other than {waiting.avoid_node}"
                 return QueueSpot(
                     position=index + 1,
                     waiting=len(self.waiting),
@@ -574,7 +583,10 @@ def _reserves(waiting: Waiting) -> bool:
 
 
 def _on_its_node(waiting: Waiting, slot: Slot) -> bool:
-    """Whether the task may run on the worker: any, unless a disk pins it to one node."""
+    """Whether the task may run on the worker: any, unless a disk pins it to one node, or it
+    is to run elsewhere than one."""
+    if waiting.avoid_node and slot.node_name == waiting.avoid_node:
+        return False
     return not waiting.node or slot.node_name == waiting.node
 
 

@@ -23,6 +23,7 @@ from levers9.box_state import BoxState
 from levers9.core.boxes import (
     KEEP_ALIVE,
     RUNNING,
+    STOPPED,
     box_name_problem,
     idle_stop_problem,
 )
@@ -221,9 +222,34 @@ class BoxesService(boxes_pb2_grpc.BoxesServicer):
         identity = await identify(self._authority, context)
         box = await self._own(identity, request, context)
         await self._task(box)  # a task that ended unseen: its record is told first
-        started = await self._changed(await self._records.start(box), request.name, context)
+        if request.elsewhere:
+            await self._elsewhere(box, context)
+        started = await self._changed(
+            await self._records.start(box, elsewhere=request.elsewhere), request.name, context
+        )
         log.info("box started", box=box.name, workspace=box.workspace, task_id=started.task_id)
         return boxes_pb2.StartBoxResponse(box=await self._answer(started))
+
+    @staticmethod
+    async def _elsewhere(box: BoxState, context: Context) -> None:
+        """`box start --elsewhere` needs a stopped box whose checkpoint is in its volume (any
+        machine fetches it from there); FAILED_PRECONDITION saying why not."""
+        why = ""
+        if box.state != STOPPED:
+            why = f"it is {box.state}, not stopped"
+        elif not box.checkpoint:
+            why = "it has no checkpoint to restore (its next start is fresh, anywhere)"
+        elif not box.checkpoint_stored:
+            why = (
+                f"its checkpoint {box.checkpoint} is kept on node {box.checkpoint_node} only:"
+                " a box created with --checkpoints VOLUME keeps them where any machine can"
+                " fetch them"
+            )
+        if why:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"box {box.name} cannot start elsewhere: {why}",
+            )
 
     async def DeleteBox(
         self, request: boxes_pb2.DeleteBoxRequest, context: Context

@@ -345,17 +345,24 @@ class StartBoxRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     WORKSPACE_FIELD_NUMBER: _builtins.int
+    ELSEWHERE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     workspace: _builtins.str
+    elsewhere: _builtins.bool
+    """Restore its checkpoint on another machine than the one that took it (`box start
+    --elsewhere`): the checkpoint must be in its volume (box create --checkpoints VOLUME), else
+    FAILED_PRECONDITION; it waits for a machine other than that one.
+    """
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         workspace: _builtins.str = ...,
+        elsewhere: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elsewhere", b"elsewhere", "name", b"name", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

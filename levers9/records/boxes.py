@@ -136,7 +136,10 @@ class TemporalBoxRecords:
                 break
         return state
 
-    async def start(self, box: BoxState) -> BoxState | None:
+    async def start(self, box: BoxState, elsewhere: bool = False) -> BoxState | None:
+        """`box start` (`elsewhere`: its stored checkpoint restored on another machine)."""
+        if elsewhere:
+            return await self._update(box, "start", True)
         return await self._update(box, "start")
 
     async def delete(self, box: BoxState, within_s: float = OUTCOME_WAIT_S) -> BoxState | None:

@@ -209,10 +209,15 @@ async def test_each_runtime_sweeps_only_its_own_containers(
         await started.stop(0)
 
 
+SERVE = "echo adopted > /tmp/index.html && exec busybox httpd -f -p 127.0.0.1:8080 -h /tmp"
+
+
 async def test_an_agent_started_after_this_one_adopts_its_sandbox(
     runtime: RunscRuntime, image: tuple[LocalRegistry, str], tmp_path: Path
 ) -> None:
-    first = await runtime.start(_spec(tmp_path, image[1], "sleep", "60"), lambda _: None)
+    """Its exec, and its published port through the relay, work from the adopting agent."""
+    spec = dataclasses.replace(_spec(tmp_path, image[1], "sh", "-c", SERVE), ports=(8080,))
+    first = await runtime.start(spec, lambda _: None)
     # What an agent started on the same work dir builds (the first one SIGKILLed, say).
     again = RunscRuntime(_cache(image, tmp_path), tmp_path / "work" / "runsc")
     adopted = await again.adopt(T, lambda _: None, 0)
@@ -222,6 +227,19 @@ async def test_an_agent_started_after_this_one_adopts_its_sandbox(
         process = await again.exec(adopted, ["cat", "/etc/levers9-marker"])
         out, _ = await asyncio.wait_for(process.communicate(), 30)
         assert (process.returncode, out) == (0, b"runc")
+        assert adopted.dialer is not None, "its port is reached through the relay"
+        answer = b""
+        for _ in range(100):  # until httpd listens
+            try:
+                reader, writer = await adopted.dialer(8080)
+            except ConnectionRefusedError:
+                await asyncio.sleep(0.2)
+                continue
+            writer.write(b"GET /index.html HTTP/1.0\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            break
+        assert answer.endswith(b"adopted\n"), answer
     finally:
         code = await asyncio.wait_for((adopted or first).stop(grace_s=1), 30)
     assert code in (128 + 15, 128 + 9)

@@ -6,12 +6,13 @@ node that took it is cordoned and its worker's Job deleted, `box start` restores
 node (the image fetched there), and `box exec` reads the counter going on from where it was.
 A box whose node is drained (cordoned) is checkpointed to its volume and started again on
 another node by the controlplane, its counter going on; so is a task run with `--on-preempt
-checkpoint --checkpoints ckpt`, its record showing the preempted attempt, and such a task on a
-node whose spot VM's preemption is announced (`levers9 sandbox node preempt --notice`) moves
-within the notice. `box delete` removes
-its image from the volume and the node that fetched it, and says it stays on a node with no
-worker. The volume's
-key appears in no workflow history of the controlplane's task queue.
+checkpoint --checkpoints ckpt`, its record showing the preempted attempt. `box start
+--elsewhere` restores a box on another node (and is refused for a box whose node keeps its
+checkpoint); `pool check --all --checkpoints ckpt` restores its box on another machine. A task
+on a node whose spot VM's preemption is announced (`levers9 sandbox node preempt --notice`)
+moves within the notice. `box delete` removes its image from the volume and the node that
+fetched it, and says it stays on a node with no worker. The volume's key appears in no workflow
+history of the controlplane's task queue.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -224,6 +226,66 @@ async def test_a_drained_box_with_a_checkpoint_volume_runs_again_elsewhere_by_it
     _ok(await plane.cli("box", "delete", "drained"))
 
 
+@dataclass
+class CountingTask:
+    """A `--on-preempt checkpoint --checkpoints ckpt` runsc task counting in its memory."""
+
+    plane: Plane
+    task_id: str
+
+    @classmethod
+    async def start(cls, plane: Plane) -> CountingTask:
+        run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--detach")
+        flags = ("--on-preempt", "checkpoint", "--checkpoints", "ckpt")
+        made = cls(plane, _ok(await plane.cli(*run, *flags, "--", "sh", "-c", COUNTER)).split()[-1])
+
+        async def counted() -> bool:
+            return (await made.record())["state"] == "running" and await made.read() >= 10
+
+        await eventually(counted, within=WITHIN)
+        return made
+
+    async def record(self) -> dict[str, Any]:
+        shown: dict[str, Any] = json.loads(
+            _ok(await self.plane.cli("task", "get", self.task_id, "-o", "json"))
+        )
+        return shown
+
+    async def read(self) -> int:
+        done = await self.plane.cli("exec", self.task_id, "--", "cat", "/tmp/count")
+        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
+
+    async def node(self) -> str:
+        return str((await self.record())["node_name"])
+
+    async def runs_elsewhere(self, node: str, within: float) -> dict[str, str]:
+        """Once it runs on a node other than `node`: its one earlier attempt."""
+
+        async def elsewhere() -> bool:
+            now = await self.record()
+            return now["state"] == "running" and now["node_name"] not in (None, "", node)
+
+        await eventually(elsewhere, within=within, what="the task running on another node")
+        attempts = (await self.record())["attempts"]
+        assert len(attempts) == 1, attempts
+        attempt: dict[str, str] = attempts[0]
+        assert attempt["state"] == "preempted", attempt
+        assert attempt["node_name"] == node, attempt
+        assert f"checkpointed to {self.task_id}-ck1" in attempt["reason"], attempt
+        return attempt
+
+    async def counts_on_from(self, first: int) -> None:
+        """Restored, not restarted: its count goes on from `first`."""
+        resumed: list[int] = []
+
+        async def went_on() -> bool:
+            resumed.append(await self.read())
+            return resumed[-1] > first
+
+        await eventually(went_on, within=WITHIN)
+        assert min(r for r in resumed if r) >= first, (first, resumed)
+
+
 async def test_a_task_with_on_preempt_checkpoint_is_restored_elsewhere_when_drained(
     plane: Plane,
 ) -> None:
@@ -231,56 +293,76 @@ async def test_a_task_with_on_preempt_checkpoint_is_restored_elsewhere_when_drai
     cordoned, the drain's preemption checkpoints it to the volume instead of stopping it, and
     its next attempt restores it on another node: its counter goes on, and `task get` shows
     the preempted attempt with the checkpoint."""
-    run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--detach")
-    flags = ("--on-preempt", "checkpoint", "--checkpoints", "ckpt")
-    task_id = _ok(await plane.cli(*run, *flags, "--", "sh", "-c", COUNTER)).split()[-1]
-
-    async def record() -> dict[str, object]:
-        shown: dict[str, object] = json.loads(
-            _ok(await plane.cli("task", "get", task_id, "-o", "json"))
-        )
-        return shown
-
-    async def read() -> int:
-        done = await plane.cli("exec", task_id, "--", "cat", "/tmp/count")
-        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
-
-    async def counted() -> bool:
-        return (await record())["state"] == "running" and await read() >= 10
-
-    await eventually(counted, within=WITHIN)
-    first = await read()
-    node = str((await record())["node_name"])
+    task = await CountingTask.start(plane)
+    first, node = await task.read(), await task.node()
     await plane.cp.kubectl("cordon", node)
     try:
-
-        async def elsewhere() -> bool:
-            now = await record()
-            return now["state"] == "running" and now["node_name"] not in (None, "", node)
-
-        await eventually(elsewhere, within=WITHIN * 2, what="the task running on another node")
-        attempts = (await record())["attempts"]
-        assert isinstance(attempts, list)
-        assert len(attempts) == 1, attempts
-        attempt: dict[str, str] = attempts[0]
-        assert attempt["state"] == "preempted", attempt
-        assert attempt["node_name"] == node, attempt
+        attempt = await task.runs_elsewhere(node, WITHIN * 2)
         assert f"its node {node} is cordoned" in attempt["reason"], attempt
-        assert f"checkpointed to {task_id}-ck1" in attempt["reason"], attempt
-        resumed: list[int] = []
-
-        async def went_on() -> bool:
-            resumed.append(await read())
-            return resumed[-1] > first
-
-        await eventually(went_on, within=WITHIN)
-        assert min(r for r in resumed if r) >= first, (first, resumed)  # restored, not restarted
-        shown = " ".join(_ok(await plane.cli("task", "get", task_id)).split())
+        await task.counts_on_from(first)
+        shown = " ".join(_ok(await plane.cli("task", "get", task.task_id)).split())
         assert "on preempt: checkpoint" in shown, shown
         assert "1. preempted" in shown, shown
     finally:
         await plane.cp.kubectl("uncordon", node)
-        await plane.cli("task", "cancel", task_id)
+        await plane.cli("task", "cancel", task.task_id)
+
+
+async def test_box_start_elsewhere_restores_on_another_node_and_needs_a_volume(
+    plane: Plane,
+) -> None:
+    """`box start --elsewhere` of a box whose checkpoint is in its volume: restored on another
+    node than the one that took it, counting on; of one whose checkpoint its node keeps: refused
+    saying why, and it stays stopped."""
+    create = ("box", "create", "roams", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await plane.cli(*create, "--checkpoints", "ckpt", "--", "sh", "-c", COUNTER))
+    before = await _running(plane, "roams")
+
+    async def counted() -> bool:
+        return await _read(plane, "roams") >= 10
+
+    await eventually(counted, within=WITHIN)
+    first = await _read(plane, "roams")  # it counts on until the stop: restored, it is past this
+    _ok(await plane.cli("box", "stop", "roams"))
+    said = _ok(await plane.cli("box", "start", "roams", "--elsewhere"))
+    assert "its processes restored from checkpoint roams-1-" in said, said
+    after = await _running(plane, "roams")
+    assert after["node"] != before["node"], (before, after)
+    resumed: list[int] = []
+
+    async def went_on() -> bool:
+        resumed.append(await _read(plane, "roams"))
+        return resumed[-1] > first
+
+    await eventually(went_on, within=WITHIN)
+    assert min(r for r in resumed if r) >= first, (first, resumed)
+    _ok(await plane.cli("box", "delete", "roams"))
+
+    create = ("box", "create", "stays", "--pool", POOL, "--gpus", "0", "--runtime", "runsc")
+    _ok(await plane.cli(*create, "--", "sh", "-c", COUNTER))
+    stays = await _running(plane, "stays")
+    _ok(await plane.cli("box", "stop", "stays"))
+    refused = await plane.cli("box", "start", "stays", "--elsewhere")
+    assert refused.returncode == 1, refused.stdout
+    assert "box stays cannot start elsewhere: its checkpoint stays-1-" in refused.stderr
+    assert f"is kept on node {stays['node']} only" in " ".join(refused.stderr.split())
+    assert (await _box(plane, "stays"))["state"] == "stopped"
+    _ok(await plane.cli("box", "delete", "stays"))
+
+
+async def test_pool_check_with_a_checkpoint_volume_restores_on_another_machine(
+    plane: Plane,
+) -> None:
+    """`pool check --all --checkpoints ckpt` (the workspace's volume): the checkpoint restore's
+    counting, serving box is started elsewhere than the machine that took its image."""
+    done = await plane.cli(
+        "pool", "check", "--pool", POOL, "--all", "--checkpoints", "ckpt", "--timeout", "5m"
+    )
+    shown = _ok(done)
+    line = next(x for x in shown.splitlines() if "checkpoint restore" in x)
+    assert line.startswith("ok"), shown + done.stderr
+    assert "restored on another machine" in line, line
+    assert "its URL answered before the stop and after the start" in line, line
 
 
 async def test_a_spot_preemption_s_notice_moves_a_checkpointing_task_before_its_vm_goes(
@@ -291,32 +373,11 @@ async def test_a_spot_preemption_s_notice_moves_a_checkpointing_task_before_its_
     worker is drained as on a cordon, and a `--on-preempt checkpoint` task runs again on another
     node, restored and counting on, before its VM goes; then the node is gone. (Last of the
     module's tests that need nodes: the preempted one does not come back.)"""
-    run = ("run", "--pool", POOL, "--gpus", "0", "--runtime", "runsc", "--detach")
-    flags = ("--on-preempt", "checkpoint", "--checkpoints", "ckpt")
-    task_id = _ok(await plane.cli(*run, *flags, "--", "sh", "-c", COUNTER)).split()[-1]
-
-    async def record() -> dict[str, object]:
-        shown: dict[str, object] = json.loads(
-            _ok(await plane.cli("task", "get", task_id, "-o", "json"))
-        )
-        return shown
-
-    async def read() -> int:
-        done = await plane.cli("exec", task_id, "--", "cat", "/tmp/count")
-        return int(done.stdout) if done.returncode == 0 and done.stdout.strip() else 0
-
-    async def counted() -> bool:
-        return (await record())["state"] == "running" and await read() >= 10
-
-    await eventually(counted, within=WITHIN)
-    first = await read()
-    node = str((await record())["node_name"])
+    task = await CountingTask.start(plane)
+    first, node = await task.read(), await task.node()
     state_dir = str(plane.cp.sandbox.state.dir)
-    said = _ok(
-        await plane.cli(
-            "sandbox", "node", "preempt", node, "--notice", "150", "--state-dir", state_dir
-        )
-    )
+    preempt = ("sandbox", "node", "preempt", node, "--notice", "150", "--state-dir", state_dir)
+    said = _ok(await plane.cli(*preempt))
     assert f"node {node} preemption announced: its machine goes in 150s" in said
 
     async def preempting() -> bool:
@@ -324,36 +385,18 @@ async def test_a_spot_preemption_s_notice_moves_a_checkpointing_task_before_its_
         return any(m["node_name"] == node and m["status"] == "Preempting" for m in machines)
 
     await eventually(preempting, within=WITHIN, what="machine list saying Preempting")
-
-    async def elsewhere() -> bool:
-        now = await record()
-        return now["state"] == "running" and now["node_name"] not in (None, "", node)
-
-    await eventually(elsewhere, within=120, what="the task running on another node")
-    node_there = await plane.cp.kubectl("get", "nodes", "-o", "name")
-    assert f"node/{node}" in node_there.split(), "moved within the notice, before its VM went"
-    attempts = (await record())["attempts"]
-    assert isinstance(attempts, list)
-    assert len(attempts) == 1, attempts
-    attempt: dict[str, str] = attempts[0]
-    assert attempt["state"] == "preempted", attempt
+    attempt = await task.runs_elsewhere(node, 120)
     assert f"its node {node} is being preempted" in attempt["reason"], attempt
-    assert f"checkpointed to {task_id}-ck1" in attempt["reason"], attempt
-    resumed: list[int] = []
-
-    async def went_on() -> bool:
-        resumed.append(await read())
-        return resumed[-1] > first
-
-    await eventually(went_on, within=WITHIN)
-    assert min(r for r in resumed if r) >= first, (first, resumed)  # restored, not restarted
+    nodes = (await plane.cp.kubectl("get", "nodes", "-o", "name")).split()
+    assert f"node/{node}" in nodes, "moved within the notice, before its VM went"
+    await task.counts_on_from(first)
 
     async def vm_gone() -> bool:
         return f"node/{node}" not in (await plane.cp.kubectl("get", "nodes", "-o", "name")).split()
 
     await eventually(vm_gone, within=200, what="the preempted node gone at its notice's end")
-    assert (await record())["state"] == "running", "it runs on where it moved to"
-    await plane.cli("task", "cancel", task_id)
+    assert (await task.record())["state"] == "running", "it runs on where it moved to"
+    await plane.cli("task", "cancel", task.task_id)
 
 
 async def test_the_volume_s_key_is_in_no_history(plane: Plane) -> None:

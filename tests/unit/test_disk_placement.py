@@ -2,7 +2,8 @@
 waits while that worker is busy (or the node has none) with the reason naming the disk and the
 machine, is placed there once cards free, never borrows another node's free worker, and reserves
 only on its node; the pool says which tasks use a disk. And where `disk create` puts a disk:
-the Ready machine whose node holds the fewest disks, saying why.
+the Ready machine whose node holds the fewest disks, saying why. And its opposite: a task that
+may not run on one node (`box start --elsewhere`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def test_an_unpinned_task_behind_it_still_takes_another_node() -> None:
     state.request("free", 1, T0 + timedelta(seconds=2))
     [placed] = state.assign(T0 + timedelta(seconds=3), RESERVE)
     assert (placed.task_id, placed.worker_id) == ("free", "a")
+
+
+def test_a_task_to_run_elsewhere_skips_that_node_and_waits_saying_so() -> None:
+    """`box start --elsewhere`: its restore never goes to the node that took its checkpoint,
+    even when that node is the tightest fit, and waits naming it while no other has room; its
+    `avoid_node` is not in the state's JSON when unset (the pool's state is carried)."""
+    state = _pool(a=(0,), b=(0, 1, 2, 3))
+    state.request("t1", 1, T0, avoid_node="n-a")
+    [placed] = state.assign(T0, RESERVE)
+    assert placed.worker_id == "b"  # a (one card) would be the tightest fit
+    state.request("t2", 4, T0, avoid_node="n-b")
+    assert state.assign(T0, RESERVE) == []
+    spot = state.spot("t2")
+    assert spot is not None
+    assert spot.reason == "waiting for a machine other than n-b"
+    waiting = {w.task_id: w.model_dump() for w in state.waiting}
+    assert waiting["t2"]["avoid_node"] == "n-b"
+    state.request("t3", 1, T0)
+    assert "avoid_node" not in {w.task_id: w.model_dump() for w in state.waiting}["t3"]
 
 
 def test_a_long_waiting_pinned_task_reserves_only_on_its_node() -> None:

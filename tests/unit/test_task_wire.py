@@ -26,7 +26,14 @@ from levers9.task_wire import (
 
 PLACEMENT_ONLY = {"gpu_indices", "attempt"}
 """TaskSpec fields a task gets from its placement, not from its user."""
-RECORD_ONLY = {"endpoint", "resume", "max_history_events", "ask_again_seconds", "node"}
+RECORD_ONLY = {
+    "endpoint",
+    "resume",
+    "max_history_events",
+    "ask_again_seconds",
+    "node",
+    "avoid_node",
+}
 """TaskInput fields its record sets for itself; no client sends them."""
 
 EVERY_FIELD = TaskInput(
