@@ -67,6 +67,9 @@ CHECKPOINT_TIMEOUT_S = 300.0
 # A worker that cannot be reached is retried by Temporal; these mean the task cannot go on there.
 PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT}
 UNREACHABLE = f"Worker{grpc.StatusCode.UNAVAILABLE.name}"
+TUNNEL_RECONNECTING = "WorkerTunnelReconnecting"
+"""A tunnelled worker whose session this replica does not hold (yet): after a controlplane
+restart it reconnects with backoff (up to 30 s between tries); its caller routes again."""
 
 
 SHARE_TTL_S = 2.0
@@ -194,7 +197,7 @@ class TaskActivities:
                 raise ApplicationError(
                     f"worker {input.worker_id} has no tunnel session on this replica yet"
                     " (it reconnects with backoff)",
-                    type="WorkerUNAVAILABLE",
+                    type=TUNNEL_RECONNECTING,
                 )
             return endpoint.address
         return input.address

@@ -61,7 +61,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from workflows.steps import failure_reason
 
 with workflow.unsafe.imports_passed_through():
-    from activities.dispatch import TaskActivities
+    from activities.dispatch import TUNNEL_RECONNECTING, TaskActivities
     from levers9.box_state import BoxCheckpoint, CheckpointOutcome
     from levers9.core.placement import Placement
     from levers9.core.task_reports import TaskPhase, TaskReport
@@ -97,6 +97,10 @@ REPLICA_PICKUP = timedelta(seconds=20)
 """A call on a replica's queue that no replica picks up within this (the replica that held the
 worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
+TUNNEL_WAIT = timedelta(minutes=3)
+"""How long a call waits for a tunnelled worker to reconnect (its backoff's ceiling is 30 s,
+after a controlplane restart) before the task is lost with the worker."""
+TUNNEL_POLL = timedelta(seconds=5)
 CHECKPOINT_TIMEOUT = timedelta(minutes=6)
 """A checkpoint writes the sandbox's memory and writable layer, and may upload it."""
 CHECKPOINT_RETRY = RetryPolicy(maximum_attempts=2)
@@ -729,6 +733,7 @@ class TaskWorkflow:
         picks one up (that replica is gone and the worker reconnected to another), the route
         is read again from the worker's record."""
         reroutes = 0
+        waited = timedelta()
         while True:
             route = self._route
             assert route is not None
@@ -743,8 +748,13 @@ class TaskWorkflow:
                     summary=summary,
                 )
             except ActivityError as exc:
+                reconnecting = route.task_queue and _reconnecting(exc) and waited < TUNNEL_WAIT
+                if reconnecting:
+                    # Its tunnel comes back (a restarted controlplane): wait, route again.
+                    await workflow.sleep(TUNNEL_POLL)
+                    waited += TUNNEL_POLL
                 # The caller ends the task with this error when it cannot be routed again.
-                if not (route.task_queue and _not_picked_up(exc)) or reroutes == REROUTES:
+                elif not (route.task_queue and _not_picked_up(exc)) or reroutes == REROUTES:
                     raise
                 fresh: WorkerTaskInput | None = await workflow.execute_activity_method(
                     TaskActivities.worker_route,
@@ -800,6 +810,12 @@ class TaskWorkflow:
 def _refused_mount(exc: ActivityError) -> bool:
     cause = exc.cause
     return isinstance(cause, ApplicationError) and cause.type in MOUNT_REFUSALS
+
+
+def _reconnecting(exc: ActivityError) -> bool:
+    """The worker's tunnel session is not on the replica that ran the call (yet)."""
+    cause = exc.cause
+    return isinstance(cause, ApplicationError) and cause.type == TUNNEL_RECONNECTING
 
 
 def _not_picked_up(exc: ActivityError) -> bool:

@@ -36,9 +36,10 @@ from levers9.models import (
     pool_workflow_id,
 )
 from tests.waiting import eventually, signals_handled
-from workflows.task import PLACEMENTS, TaskWorkflow
+from workflows.task import PLACEMENTS, TUNNEL_POLL, TUNNEL_WAIT, TaskWorkflow
 
 with workflow.unsafe.imports_passed_through():  # this module's stand-in pool runs sandboxed
+    from activities.dispatch import TUNNEL_RECONNECTING
     from levers9.records.tasks import checkpoint_task, submitted_as
 pytestmark = pytest.mark.integration
 
@@ -68,6 +69,8 @@ class Cluster:
     failures: int = 0
     """How many of its first runs end `failed` (exit code 3) before one succeeds."""
     cancels: int = 0
+    reconnecting: int = 0
+    """How many GetTask calls find the worker's tunnel not yet back (TUNNEL_RECONNECTING)."""
     mount_refusal: str = ""
     """RunTask's refusal of the task's volume (run_task's VolumeNotFound), when set."""
     checkpoint_refusal: str = ""
@@ -120,6 +123,12 @@ class Cluster:
         @activity.defn(name="get_task")
         async def get_task(input: WorkerTaskInput) -> TaskReport:
             self.polls += 1
+            if self.reconnecting:
+                self.reconnecting -= 1
+                raise ApplicationError(
+                    f"worker {input.worker_id} has no tunnel session on this replica yet",
+                    type=TUNNEL_RECONNECTING,
+                )
             failed = len(self.runs) <= self.failures
             state = "running" if self.keeps_running else "failed" if failed else "succeeded"
             return TaskReport(
@@ -317,6 +326,38 @@ async def test_a_call_no_replica_picks_up_is_routed_again_from_the_worker_record
     assert (record.state, record.worker_id) == ("succeeded", "w-tunnelled")
     assert cluster.placed == ["w-tunnelled"]  # routed again, not placed again
     assert cluster.runs == ["w-tunnelled"]
+
+
+@pytest.mark.parametrize(
+    ("reconnecting", "state"),
+    [(8, "succeeded"), (10**6, "lost")],
+    ids=["tunnel back", "tunnel never back"],
+)
+async def test_a_poll_while_the_worker_s_tunnel_reconnects_waits_for_it(
+    time_env: WorkflowEnvironment, task_queue: str, reconnecting: int, state: str
+) -> None:
+    """Tunnel mode, after a controlplane restart: GetTask finds no tunnel session for the worker
+    on its replica (it reconnects with backoff, up to 30 s between tries). The record waits and
+    routes again rather than calling the task lost at once (a task on a joined cluster was, in
+    tests/reliability/test_restart_records_replicas.py); a tunnel that never comes back within
+    TUNNEL_WAIT loses it, saying why."""
+    replica = f"{task_queue}-replica"
+    cluster = Cluster(
+        workers=["w-tunnelled"],
+        gone=set(),
+        reachable={"w-tunnelled"},
+        placed_queue=replica,
+        live_queue=replica,
+        reconnecting=reconnecting,
+    )
+    record = await _run(time_env, task_queue, cluster)
+    assert record.state == state, record
+    assert cluster.runs == ["w-tunnelled"], "never run twice"
+    if state == "succeeded":
+        assert cluster.polls == 9  # six tries, a wait, two more, then its answer
+    else:
+        assert "has no tunnel session on this replica yet" in record.reason, record.reason
+        assert cluster.polls >= 6 * (TUNNEL_WAIT // TUNNEL_POLL), cluster.polls
 
 
 async def _started(handle: WorkflowHandle[Any, Any]) -> None:

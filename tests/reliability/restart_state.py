@@ -41,6 +41,8 @@ JOINED_SELECTOR = "cloud.google.com/gke-accelerator=nvidia-l4"
 IMAGE = "us-central1-docker.pkg.dev/demo/levers9/worker:latest"
 ENDPOINT = "kept"
 WITHIN = 120
+RUNNING_S = 75
+"""How long `made()`'s running tasks sleep: they run across the kill and end after it."""
 
 
 @dataclass
@@ -144,13 +146,15 @@ async def made(w: World) -> Made:
     # taken by long tasks, and two more tasks queued behind them.
     tag = uuid.uuid4().hex[:6]
     out.running = [f"run{tag}{n}" for n in range(3)]
+    # Long enough that the first still runs when the last starts on a loaded machine (at 40 s
+    # the first had once ended before the last started, and "all running" never came).
     for task_id, gpus in zip(out.running, (1, 2, 2), strict=True):
-        await _submit(w, POOL, task_id, 40, gpus=gpus)
+        await _submit(w, POOL, task_id, RUNNING_S, gpus=gpus)
     out.queued = [f"queued{tag}{n}" for n in range(2)]
     for task_id in out.queued:
         await _submit(w, POOL, task_id, 1)
     out.joined_task = f"joined{tag}"
-    await _submit(w, JOINED, out.joined_task, 40)
+    await _submit(w, JOINED, out.joined_task, RUNNING_S)
 
     async def started() -> bool:
         states = [await _state(w, t) for t in [*out.running, out.joined_task]]
@@ -158,8 +162,15 @@ async def made(w: World) -> Made:
             s == "running" for s in states
         )
 
-    await eventually(started, within=WITHIN)
-    assert [await _state(w, t) for t in out.queued] == ["queued", "queued"]
+    try:
+        await eventually(started, within=WITHIN)
+    except TimeoutError:
+        seen = {t: (await _state(w, t), w.runs(t)) for t in [*out.running, out.joined_task]}
+        raise AssertionError(f"not all running at once (state, runs): {seen}") from None
+    queued = [await task_record(w.client, t) for t in out.queued] if w.client else []
+    assert [r.state if r else "none" for r in queued] == ["queued", "queued"], [
+        (r.state, r.node_name, r.gpu_indices) for r in queued if r
+    ]
     assert w.client is not None
     await w.client.get_schedule_handle(reconcile_schedule_id(POOL)).pause(note="held by a test")
     return out
@@ -186,7 +197,10 @@ async def came_back(w: World, before: Made) -> None:
         return all([await _state(w, t) in TERMINAL for t in ids])
 
     await eventually(ended, within=WITHIN + 60)
-    assert {t: await _state(w, t) for t in ids} == dict.fromkeys(ids, "succeeded")
+    records = {t: await task_record(w.client, t) for t in ids} if w.client else {}
+    states = {t: r.state if r is not None else "none" for t, r in records.items()}
+    why = {t: (r.state, r.reason) for t, r in records.items() if r is not None}
+    assert states == dict.fromkeys(ids, "succeeded"), why
     assert {t: w.runs(t) for t in ids} == dict.fromkeys(ids, 1), "each ran exactly once"
 
     machines = await list_machine_records(w.settings, JOINED)

@@ -23,7 +23,7 @@ from tests.reliability.world import World, settled, world
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one test: a rerun (pytest-rerunfailures) gets a world of its own
 async def pair(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
     async with world(
         tmp_path_factory.mktemp("restart-replicas"), replicas=2, process_tasks=True
