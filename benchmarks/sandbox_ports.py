@@ -38,8 +38,8 @@ from sandbox.task_images import build_busybox
 
 PORT = 8080
 SERVE = (
-    "mkdir -p /tmp/www && echo served > /tmp/www/index.html"
-    f" && exec busybox httpd -f -p 127.0.0.1:{PORT} -h /tmp/www"
+    "mkdir -p /dev/shm/www && echo served > /dev/shm/www/index.html"
+    f" && exec busybox httpd -f -p 127.0.0.1:{PORT} -h /dev/shm/www"
 )
 
 
@@ -125,11 +125,15 @@ async def main() -> None:
             rows = {}
             for cls in (RuncRuntime, RunscRuntime):
                 runtime = cls(images, root / "work" / cls.host, **options)  # type: ignore[arg-type]
-                container = await runtime.start(_spec(root, reference), lambda _: None)
+                out = bytearray()
+                container = await runtime.start(_spec(root, reference), out.extend)
                 assert isinstance(container, RuncContainer)
                 try:
                     opener = _opener(container)
-                    await _ready(opener)
+                    try:
+                        await _ready(opener)
+                    except SystemExit:
+                        raise SystemExit(f"{cls.host}: its port never answered: {bytes(out)!r}")
                     rows[cls.host] = await _requests(opener, args.requests)
                     if cls is RunscRuntime:
                         path = root / "checkpoints" / "bench" / "after-request"
