@@ -133,7 +133,9 @@ async def main() -> None:
                     try:
                         await _ready(opener)
                     except SystemExit:
-                        raise SystemExit(f"{cls.host}: its port never answered: {bytes(out)!r}")
+                        raise SystemExit(
+                            f"{cls.host}: its port never answered: {bytes(out)!r}"
+                        ) from None
                     rows[cls.host] = await _requests(opener, args.requests)
                     if cls is RunscRuntime:
                         path = root / "checkpoints" / "bench" / "after-request"
