@@ -142,12 +142,12 @@ async def made(w: World) -> Made:
         status, body = await get(session, endpoint_url(w, "before"))
     assert status == 200, body
     out.replica = body.split()[2]
-    # The pool's free cards (1 + 2 + 2: the model server holds two of the 4-card node's) all
-    # taken by long tasks, and two more tasks queued behind them.
+    # Long tasks for the pool's free cards (1 + 2 + 2: the model server holds two of the
+    # 4-card node's), and two short ones submitted behind them.
     tag = uuid.uuid4().hex[:6]
     out.running = [f"run{tag}{n}" for n in range(3)]
-    # Long enough that the first still runs when the last starts on a loaded machine (at 40 s
-    # the first had once ended before the last started, and "all running" never came).
+    # Long enough that they run across the kill on a loaded machine (40 s had once ended
+    # before the last of them started).
     for task_id, gpus in zip(out.running, (1, 2, 2), strict=True):
         await _submit(w, POOL, task_id, RUNNING_S, gpus=gpus)
     out.queued = [f"queued{tag}{n}" for n in range(2)]
@@ -156,21 +156,27 @@ async def made(w: World) -> Made:
     out.joined_task = f"joined{tag}"
     await _submit(w, JOINED, out.joined_task, RUNNING_S)
 
+    long = [*out.running, out.joined_task]
+
     async def started() -> bool:
-        states = [await _state(w, t) for t in [*out.running, out.joined_task]]
-        return all(w.runs(t) == 1 for t in [*out.running, out.joined_task]) and all(
-            s == "running" for s in states
-        )
+        # Each long task has started once, and the kill comes while the joined cluster's and at
+        # least one of the pool's still run. Which of the pool's run at once, and whether the
+        # short queued ones ran already, is placement's business (a one-card task backfills
+        # ahead of a two-card one while no worker has two free), not what this test is about:
+        # records carried across the kill, each task run once.
+        if not all(w.runs(t) == 1 for t in long):
+            return False
+        states = {t: await _state(w, t) for t in long}
+        pool_running = any(states[t] == "running" for t in out.running)
+        return pool_running and states[out.joined_task] == "running"
 
     try:
         await eventually(started, within=WITHIN)
     except TimeoutError:
-        seen = {t: (await _state(w, t), w.runs(t)) for t in [*out.running, out.joined_task]}
-        raise AssertionError(f"not all running at once (state, runs): {seen}") from None
-    queued = [await task_record(w.client, t) for t in out.queued] if w.client else []
-    assert [r.state if r else "none" for r in queued] == ["queued", "queued"], [
-        (r.state, r.node_name, r.gpu_indices) for r in queued if r
-    ]
+        seen = {t: (await _state(w, t), w.runs(t)) for t in long}
+        raise AssertionError(
+            f"not started, or ended before the kill (state, runs): {seen}"
+        ) from None
     assert w.client is not None
     await w.client.get_schedule_handle(reconcile_schedule_id(POOL)).pause(note="held by a test")
     return out
