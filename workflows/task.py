@@ -192,12 +192,7 @@ class TaskWorkflow:
                 refused=f"checkpoint {self._checkpoint.name} of task {record.task_id} is being"
                 " taken: wait for it"
             )
-        self._checkpoint = BoxCheckpoint(
-            task_id=record.task_id,
-            name=task_checkpoint_name(record.task_id, len(record.checkpoints) + 1),
-            workspace=record.workspace,
-            volume=volume,
-        )
+        self._checkpoint = _next_checkpoint(record, volume)
         self._checkpointed = None
         if workflow.patched(AT_ONCE_PATCH):
             # Accepted: the run takes it; the caller reads the outcome in the record.
@@ -252,12 +247,7 @@ class TaskWorkflow:
             and self._checkpoint is None
         ):
             self._preempt_checkpoint = True
-            self._checkpoint = BoxCheckpoint(
-                task_id=record.task_id,
-                name=task_checkpoint_name(record.task_id, len(record.checkpoints) + 1),
-                workspace=record.workspace,
-                volume=task.checkpoint_volume,
-            )
+            self._checkpoint = _next_checkpoint(record, task.checkpoint_volume)
 
     @workflow.signal
     def placed(self, placement: Placement) -> None:
@@ -810,6 +800,17 @@ class TaskWorkflow:
 def _refused_mount(exc: ActivityError) -> bool:
     cause = exc.cause
     return isinstance(cause, ApplicationError) and cause.type in MOUNT_REFUSALS
+
+
+def _next_checkpoint(record: TaskRecord, volume: str) -> BoxCheckpoint:
+    """The task's next checkpoint (`task checkpoint`'s, or its preemption's), kept in
+    `volume` when one is named."""
+    return BoxCheckpoint(
+        task_id=record.task_id,
+        name=task_checkpoint_name(record.task_id, len(record.checkpoints) + 1),
+        workspace=record.workspace,
+        volume=volume,
+    )
 
 
 def _reconnecting(exc: ActivityError) -> bool:

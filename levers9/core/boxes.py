@@ -69,3 +69,11 @@ def parse_duration(text: str) -> int:
 def box_task_id(name: str, start: int, unique: str) -> str:
     """The id of a box's `start`-th task: `<box>-<n>-<hex>`, so its tasks read as its own."""
     return f"{name}-{start}-{unique}"
+
+
+def box_of_task_id(task_id: str) -> str:
+    """The box name a task id reads as (`box_task_id`'s `<box>-<n>-<hex>`), "" when it does
+    not read as one; whether that box's task it is, the box's record says."""
+    rest, dash, unique = task_id.rpartition("-")
+    name, _, start = rest.rpartition("-")
+    return name if dash and name and start.isdigit() and unique else ""

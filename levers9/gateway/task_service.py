@@ -45,6 +45,7 @@ from grpc import aio
 from pydantic import SecretStr
 
 from levers9.contract import PORT_CONNECTED_HEADER
+from levers9.core.boxes import box_of_task_id
 from levers9.core.workspaces import DEFAULT_WORKSPACE, name_problem
 from levers9.gateway.convert import check_pool_name, check_task_id, submitted_task
 from levers9.gateway.errors import InvalidRequest, Unauthenticated
@@ -304,13 +305,10 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             )
 
     async def _box_of(self, record: TaskRecord) -> str:
-        """The box whose running task `record` is ("": none). A box's task ids read
-        `<box>-<n>-<hex>` (levers9.core.boxes.box_task_id): the box of that name is asked."""
-        if self._boxes is None:
-            return ""
-        name, dash, rest = record.task_id.rpartition("-")
-        name, _, start = name.rpartition("-")
-        if not dash or not name or not start.isdigit() or not rest:
+        """The box whose running task `record` is ("": none): the box its id names
+        (levers9.core.boxes.box_of_task_id) is asked."""
+        name = box_of_task_id(record.task_id)
+        if self._boxes is None or not name:
             return ""
         box = await self._boxes.get(record.workspace, name)
         return name if box is not None and box.task_id == record.task_id else ""

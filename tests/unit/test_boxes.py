@@ -9,6 +9,7 @@ import pytest
 from levers9.box_state import BoxState
 from levers9.core.boxes import (
     box_name_problem,
+    box_of_task_id,
     box_task_id,
     idle_stop_problem,
     parse_duration,
@@ -74,3 +75,10 @@ def test_a_box_keeps_its_last_twenty_events() -> None:
     for n in range(25):
         box.note(box.created_at, "use", str(n))
     assert [e.message for e in box.events] == [str(n) for n in range(5, 25)]
+
+
+def test_a_box_task_id_reads_back_as_its_box_and_no_other_id_does() -> None:
+    assert box_of_task_id(box_task_id("web", 2, "c963b2b7")) == "web"
+    assert box_of_task_id(box_task_id("my-box", 12, "ab")) == "my-box"
+    for task_id in ("6be3e6d69bbf", "a-b", "x-y-z", "-1-ab", "web-1-"):
+        assert box_of_task_id(task_id) == "", task_id
