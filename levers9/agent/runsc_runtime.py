@@ -104,7 +104,8 @@ class RunscRuntime(RuncRuntime):
         """Containers being checkpointed: their bundle, where their layer goes, and its copy."""
         self._restoring: dict[str, str] = {}
         """Tasks being restored: the image digest their checkpoint was taken of."""
-        self._relay_source = relay
+        self._relay_mounts = ((str(relay), RELAY),) if _is_static(relay) else ()
+        """The relay's bind (`_own_mounts`), read once: the worker image does not change."""
         self._relays: set[asyncio.Task[None]] = set()
         """The relays running (each reaped when its connection ends)."""
 
@@ -123,7 +124,7 @@ class RunscRuntime(RuncRuntime):
     def _own_mounts(self) -> tuple[tuple[str, str], ...]:
         """The relay (RELAY), in every sandbox whether or not it publishes ports, so that a
         checkpoint is restored into the same mounts; none on a worker without a static one."""
-        return ((str(self._relay_source), RELAY),) if _is_static(self._relay_source) else ()
+        return self._relay_mounts
 
     # -- its published ports (the module's docstring) ------------------------------------
 
@@ -432,7 +433,7 @@ def _is_static(path: Path) -> bool:
             phentsize, phnum = struct.unpack_from(order + "HH", head, 54)
             binary.seek(phoff)
             table = binary.read(phentsize * phnum)
-    except OSError:
+        kinds = [struct.unpack_from(order + "I", table, i * phentsize)[0] for i in range(phnum)]
+    except (OSError, struct.error):  # unreadable, or a truncated program header table
         return False
-    kinds = (struct.unpack_from(order + "I", table, i * phentsize)[0] for i in range(phnum))
     return PT_INTERP not in kinds
