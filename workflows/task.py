@@ -97,6 +97,11 @@ REPLICA_PICKUP = timedelta(seconds=20)
 """A call on a replica's queue that no replica picks up within this (the replica that held the
 worker's tunnel is gone) is routed again from the worker's record."""
 REROUTES = 10
+"""How many times one call is routed again after no replica picked it up; a tunnel's waits
+(TUNNEL_WAIT) are counted apart."""
+REROUTES_APART_PATCH = "reroutes-counted-apart-from-tunnel-waits"
+"""Histories before it counted each tunnel wait as a reroute, and compared with `==`: after more
+than REROUTES waits, calls no replica picked up were routed again without end."""
 TUNNEL_WAIT = timedelta(minutes=3)
 """How long a call waits for a tunnelled worker to reconnect (its backoff's ceiling is 30 s,
 after a controlplane restart) before the task is lost with the worker."""
@@ -722,7 +727,8 @@ class TaskWorkflow:
         worker's calls run on the queue of the replica holding its tunnel; when no replica
         picks one up (that replica is gone and the worker reconnected to another), the route
         is read again from the worker's record."""
-        reroutes = 0
+        reroutes = 0  # after calls no replica picked up
+        reconnects = 0  # waits for the worker's tunnel to come back
         waited = timedelta()
         while True:
             route = self._route
@@ -744,7 +750,9 @@ class TaskWorkflow:
                     await workflow.sleep(TUNNEL_POLL)
                     waited += TUNNEL_POLL
                 # The caller ends the task with this error when it cannot be routed again.
-                elif not (route.task_queue and _not_picked_up(exc)) or reroutes == REROUTES:
+                elif not (route.task_queue and _not_picked_up(exc)) or _rerouted_enough(
+                    reroutes, reconnects
+                ):
                     raise
                 fresh: WorkerTaskInput | None = await workflow.execute_activity_method(
                     TaskActivities.worker_route,
@@ -756,7 +764,10 @@ class TaskWorkflow:
                 if fresh is None:
                     raise
                 self._route = fresh
-                reroutes += 1
+                if reconnecting:
+                    reconnects += 1
+                else:
+                    reroutes += 1
 
     async def _worker_ended(self, on_worker: WorkerTaskInput) -> bool:
         with contextlib.suppress(ActivityError):  # unknown: treat as alive (never run twice)
@@ -795,6 +806,13 @@ class TaskWorkflow:
         self._update(state=state, reason=reason, finished_at=workflow.now())
         assert self._record is not None
         return self._record
+
+
+def _rerouted_enough(reroutes: int, reconnects: int) -> bool:
+    """Whether a call no replica picked up has been routed again REROUTES times already."""
+    if workflow.patched(REROUTES_APART_PATCH):
+        return reroutes >= REROUTES
+    return reroutes + reconnects == REROUTES  # as histories before the patch decided
 
 
 def _refused_mount(exc: ActivityError) -> bool:

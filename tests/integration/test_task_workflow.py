@@ -22,8 +22,9 @@ from temporalio.client import WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
+import workflows.task as task_workflow
 from levers9.box_state import BoxCheckpoint, CheckpointOutcome
 from levers9.core.placement import Placement
 from levers9.core.task_reports import TaskReport
@@ -36,7 +37,7 @@ from levers9.models import (
     pool_workflow_id,
 )
 from tests.waiting import eventually, signals_handled
-from workflows.task import PLACEMENTS, TUNNEL_POLL, TUNNEL_WAIT, TaskWorkflow
+from workflows.task import PLACEMENTS, REROUTES, TUNNEL_POLL, TUNNEL_WAIT, TaskWorkflow
 
 with workflow.unsafe.imports_passed_through():  # this module's stand-in pool runs sandboxed
     from activities.dispatch import TUNNEL_RECONNECTING
@@ -71,6 +72,10 @@ class Cluster:
     cancels: int = 0
     reconnecting: int = 0
     """How many GetTask calls find the worker's tunnel not yet back (TUNNEL_RECONNECTING)."""
+    unpicked_after_reconnect: bool = False
+    """Once its tunnel is back, the worker's record names a replica queue nobody polls."""
+    routes: int = 0
+    """How many times the record asked where the worker is now (worker_route)."""
     mount_refusal: str = ""
     """RunTask's refusal of the task's volume (run_task's VolumeNotFound), when set."""
     checkpoint_refusal: str = ""
@@ -190,11 +195,13 @@ class Cluster:
 
         @activity.defn(name="worker_route")
         async def worker_route(input: WorkerTaskInput) -> WorkerTaskInput | None:
+            self.routes += 1
             if input.worker_id in self.gone:
                 return None
-            return input.model_copy(
-                update={"task_queue": self.live_queue, "address": "127.0.0.1:2"}
-            )
+            queue = self.live_queue
+            if self.unpicked_after_reconnect and not self.reconnecting:
+                queue = f"{queue}-nobody"
+            return input.model_copy(update={"task_queue": queue, "address": "127.0.0.1:2"})
 
         return [
             place_task,
@@ -237,7 +244,11 @@ class PoolStandIn:
 
 
 async def _run(
-    env: WorkflowEnvironment, task_queue: str, cluster: Cluster, retries: int = 0
+    env: WorkflowEnvironment,
+    task_queue: str,
+    cluster: Cluster,
+    retries: int = 0,
+    runner: WorkflowRunner | None = None,
 ) -> TaskRecord:
     pool = f"pool-{uuid.uuid4().hex[:6]}"
     replica = Worker(
@@ -251,6 +262,7 @@ async def _run(
             task_queue=task_queue,
             workflows=[TaskWorkflow, PoolStandIn],
             activities=cluster.activities(),
+            **({"workflow_runner": runner} if runner is not None else {}),
         ),
         replica,
     ):
@@ -358,6 +370,37 @@ async def test_a_poll_while_the_worker_s_tunnel_reconnects_waits_for_it(
     else:
         assert "has no tunnel session on this replica yet" in record.reason, record.reason
         assert cluster.polls >= 6 * (TUNNEL_WAIT // TUNNEL_POLL), cluster.polls
+
+
+async def test_reroutes_after_a_long_tunnel_wait_are_still_bounded(
+    time_env: WorkflowEnvironment, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tunnel back after more waits than REROUTES, then named on a replica queue nobody polls:
+    the record routes the call again REROUTES times, then calls the task lost. (The waits used to
+    count as reroutes, compared with `==`: past REROUTES of them, it routed again without end.)
+
+    The time-skipping server does not skip an activity's schedule-to-start wait, so the record
+    runs unsandboxed here with REPLICA_PICKUP at one second (10 reroutes: 10 s, not 200)."""
+    monkeypatch.setattr(task_workflow, "REPLICA_PICKUP", timedelta(seconds=1))
+    replica = f"{task_queue}-replica"
+    waits = REROUTES + 2  # the record's waits; GetTask's retry policy tries each 6 times
+    cluster = Cluster(
+        workers=["w-tunnelled"],
+        gone=set(),
+        reachable={"w-tunnelled"},
+        placed_queue=replica,
+        live_queue=replica,
+        reconnecting=6 * waits,
+        unpicked_after_reconnect=True,
+    )
+    unsandboxed = UnsandboxedWorkflowRunner()
+    run = _run(time_env, task_queue, cluster, runner=unsandboxed)
+    record = await asyncio.wait_for(run, timeout=120)  # without the bound: no end
+    assert record.state == "lost", record
+    assert record.reason.startswith("worker lost mid-task"), record.reason
+    assert cluster.runs == ["w-tunnelled"]
+    assert cluster.polls == 6 * waits  # the GetTask calls that reached the replica's queue
+    assert cluster.routes == waits + REROUTES
 
 
 async def _started(handle: WorkflowHandle[Any, Any]) -> None:
