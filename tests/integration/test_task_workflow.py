@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 import workflows.task as task_workflow
 from levers9.box_state import BoxCheckpoint, CheckpointOutcome
@@ -262,7 +263,7 @@ async def _run(
             task_queue=task_queue,
             workflows=[TaskWorkflow, PoolStandIn],
             activities=cluster.activities(),
-            **({"workflow_runner": runner} if runner is not None else {}),
+            workflow_runner=runner or SandboxedWorkflowRunner(),
         ),
         replica,
     ):
