@@ -6,8 +6,10 @@ without breaking running workflows. Inputs carry pool *names*, never credentials
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import uuid
+import zlib
 from datetime import datetime
 from typing import Literal
 
@@ -360,12 +362,36 @@ def node_gone_reason(node_name: str) -> str:
     return f"its node {node_name} is gone"
 
 
+PACK_STATE_OVER = 256 * 1024
+"""A pool's carried state longer than this as JSON goes across continue-as-new compressed
+(`PoolInput.packed_state`). Temporal refuses a payload past 2 MB (the run could not continue,
+and its workflow task would fail again and again), and a waiting task is about 180 bytes of it:
+a queue of 16,000 is 2.8 MB as JSON and about 0.4 MB packed."""
+
+
 class PoolInput(_Record):
     pool_name: str
     state: PoolState | None = None
-    """Carried across continue-as-new."""
+    """Carried across continue-as-new, as it is while small (PACK_STATE_OVER)."""
+    packed_state: str | None = None
+    """Carried across continue-as-new when large: its JSON, zlib-compressed, in base64."""
     max_history_events: int = Field(default=5_000, ge=20)
     """Continue as new past this many events (once no placement waits)."""
+
+    def carried(self) -> PoolState | None:
+        """The state the run before carried over, if any."""
+        if self.packed_state is not None:
+            packed = base64.b64decode(self.packed_state, validate=True)
+            return PoolState.model_validate_json(zlib.decompress(packed))
+        return self.state
+
+    def carrying(self, state: PoolState) -> PoolInput:
+        """This input for the next run, with `state`: packed when large."""
+        text = state.model_dump_json()
+        if len(text) <= PACK_STATE_OVER:
+            return self.model_copy(update={"state": state, "packed_state": None})
+        packed = base64.b64encode(zlib.compress(text.encode(), 6)).decode("ascii")
+        return self.model_copy(update={"state": None, "packed_state": packed})
 
 
 MAX_STOP_GRACE_S = 3600

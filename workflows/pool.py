@@ -26,6 +26,7 @@ from temporalio.exceptions import FailureError
 with workflow.unsafe.imports_passed_through():
     from levers9.core.disks import disk_record_id
     from levers9.core.placement import Placement, PoolState, QueueSpot, Slot, image_key
+    from levers9.core.pool_usage import PoolUsage, pool_usage
     from levers9.models import (
         POOL_WORKFLOW,
         DrainWorker,
@@ -47,7 +48,7 @@ class PoolWorkflow:
     def __init__(self, input: PoolInput) -> None:
         # The state is set here, not in run: an Update or signal that arrives with the first
         # workflow task of a continued run is handled before run starts, and must see it.
-        self._state = input.state or PoolState()
+        self._state = input.carried() or PoolState()
         self._changed = False
         self._telling = 0
         self._tellers: set[asyncio.Task[None]] = set()
@@ -158,7 +159,14 @@ class PoolWorkflow:
 
     @workflow.query
     def state(self) -> PoolState:
+        """The whole state: past Temporal's 2 MB answer with a long queue (about 11,000 waiting
+        tasks). `pool get` and `workspace get` ask `usage`, whose answer stays small."""
         return self._state
+
+    @workflow.query
+    def usage(self) -> PoolUsage:
+        """The pool's cards and queue, and each workspace's part of them (counts, not tasks)."""
+        return pool_usage(self._state)
 
     @workflow.query
     def queue_spot(self, task_id: str) -> QueueSpot | None:
@@ -206,7 +214,7 @@ class PoolWorkflow:
             # Once no placement is being told (those signals are commands of this run) and no
             # Update is open; a signal arriving meanwhile lands in the state carried over.
             if long and self._telling == 0 and workflow.all_handlers_finished():
-                workflow.continue_as_new(input.model_copy(update={"state": self._state}))
+                workflow.continue_as_new(input.carrying(self._state))
 
     def _assign(self) -> None:
         self._state.assign(workflow.now(), RESERVE_AFTER)

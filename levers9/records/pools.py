@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from levers9.contract import DNS_LABEL
@@ -78,14 +78,24 @@ class TemporalPoolRecords:
         there is none (no task asked the pool yet, no Temporal worker answered)."""
         handle = self._client.get_workflow_handle(pool_workflow_id(name))
         try:
-            state: PoolState | None = await or_none(
-                query_within(handle, "state", within, result_type=PoolState)
-            )
-        except (NoQueryAnswer, RPCError) as exc:
+            try:
+                usage: PoolUsage | None = await or_none(
+                    query_within(handle, "usage", within, result_type=PoolUsage)
+                )
+            except WorkflowQueryFailedError as exc:
+                if "Query handler for 'usage' expected but not found" not in str(exc):
+                    raise
+                # A Temporal worker of the code before `usage` (an upgrade under way): the
+                # whole state, counted here.
+                state: PoolState | None = await or_none(
+                    query_within(handle, "state", within, result_type=PoolState)
+                )
+                usage = None if state is None else pool_usage(state)
+        except (NoQueryAnswer, RPCError, WorkflowQueryFailedError) as exc:
             return f"its placement did not answer ({exc}): is the controlplane running?"
-        if state is None:
+        if usage is None:
             return pool_usage(PoolState())  # no task has asked this pool yet
-        return pool_usage(state)
+        return usage
 
     async def machines(self, pool_name: str | None) -> list[MachineRecord]:
         """ValueError naming `pool` for a pool name that is not a DNS label."""

@@ -16,7 +16,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from levers9.core.placement import Placement, PoolState
+from levers9.core.placement import Placement, PoolState, Waiting
+from levers9.core.pool_usage import PoolUsage
 from levers9.models import (
     PlaceRequest,
     PoolInput,
@@ -197,3 +198,106 @@ async def test_a_standing_queue_by_signal_continues_as_new_and_keeps_its_order(
         state = await latest.query(PoolWorkflow.state)
         assert (state.waiting, state.placed, state.notify) == ([], {}, [])
         await latest.terminate("test done")
+
+
+async def test_a_queue_past_temporal_s_payload_limit_is_carried_whole_across_continue_as_new(
+    dev_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    """16,000 waiting tasks (about 2.8 MB of queue as JSON, past Temporal's 2 MB payload limit):
+    the run continues as new and the next run holds every one of them, in order."""
+    client = dev_env.client
+    workflow_id = f"{pool_workflow_id(POOL)}-{uuid.uuid4().hex[:8]}"
+    waiting = 16_000
+    since = datetime(2026, 12, 5, tzinfo=UTC)
+    ids = [uuid.uuid4().hex[:12] for _ in range(waiting)]
+    async with _worker(client, task_queue):
+        handle = await client.start_workflow(
+            PoolWorkflow.run,
+            PoolInput(pool_name=POOL, max_history_events=CAP),
+            id=workflow_id,
+            task_queue=task_queue,
+        )
+        first_run = (await handle.describe()).run_id
+        for start in range(0, waiting, 2_000):  # as the controlplane batches a burst
+            batch = [
+                PlaceRequest(
+                    pool_name=POOL,
+                    task_id=task_id,
+                    gpus=1,
+                    created_at=since + timedelta(milliseconds=start + n),
+                    workspace=f"team-{(start + n) % 20:02d}",
+                )
+                for n, task_id in enumerate(ids[start : start + 2_000])
+            ]
+            await handle.signal(PoolWorkflow.requests, batch)
+        # Past the cap: one more change and the run continues as new with the queue.
+        for i in range(CAP):
+            await handle.signal(PoolWorkflow.worker_gone, f"nobody-{i}")
+
+        async def continued() -> bool:
+            return (await handle.describe()).run_id != first_run
+
+        await eventually(continued, within=60, what="the pool continued as new")
+        latest = client.get_workflow_handle(workflow_id)
+        assert (await latest.describe()).status == WorkflowExecutionStatus.RUNNING
+        history = await client.get_workflow_handle(workflow_id, run_id=first_run).fetch_history()
+        last = history.events[-1]
+        assert last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        # The whole queue, in order, came across (read from the next run's input: the query
+        # `state` would answer past the 2 MB limit too).
+        started = (await latest.fetch_history()).events[0]
+        attributes = started.workflow_execution_started_event_attributes
+        (carried,) = await client.data_converter.decode(attributes.input.payloads, [PoolInput])
+        assert carried.state is None
+        assert carried.packed_state is not None
+        assert len(attributes.input.payloads[0].data) < 1_000_000
+        state = carried.carried()
+        assert [w.task_id for w in state.waiting] == ids
+        assert [w.workspace for w in state.waiting[:21]] == [
+            f"team-{n % 20:02d}" for n in range(21)
+        ]
+        # What `pool get` and `workspace get` ask answers, small.
+        usage: PoolUsage = await latest.query(PoolWorkflow.usage)
+        assert usage.waiting == waiting
+        assert {row.workspace: row.waiting for row in usage.workspaces} == {
+            f"team-{n:02d}": waiting // 20 for n in range(20)
+        }
+        spot = await latest.query(PoolWorkflow.queue_spot, ids[-1])
+        assert spot is not None
+        assert spot.position == waiting
+        await latest.terminate("test done")
+
+
+@workflow.defn(name="PoolWorkflow")
+class PoolBeforeUsage:
+    """A pool run by a Temporal worker of the code before the `usage` query (an upgrade)."""
+
+    @workflow.query
+    def state(self) -> PoolState:
+        return PoolState(
+            waiting=[Waiting(task_id="t1", gpus=1, since=datetime(2026, 12, 5, tzinfo=UTC))]
+        )
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+async def test_usage_of_a_pool_run_by_code_before_the_usage_query_is_counted_from_its_state(
+    dev_env: WorkflowEnvironment, task_queue: str
+) -> None:
+    from levers9.records.pools import TemporalPoolRecords  # not in this module's workflows
+
+    client = dev_env.client
+    pool = f"old-{uuid.uuid4().hex[:6]}"
+    async with Worker(client, task_queue=task_queue, workflows=[PoolBeforeUsage]):
+        handle = await client.start_workflow(
+            PoolBeforeUsage.run, id=pool_workflow_id(pool), task_queue=task_queue
+        )
+        usage = await TemporalPoolRecords(client, task_queue).usage(pool)
+        assert isinstance(usage, PoolUsage), usage
+        assert (usage.waiting, [(r.workspace, r.waiting) for r in usage.workspaces]) == (
+            1,
+            [("default", 1)],
+        )
+        await handle.terminate("test done")
