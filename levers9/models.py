@@ -369,6 +369,13 @@ and its workflow task would fail again and again), and a waiting task is about 1
 a queue of 16,000 is 2.8 MB as JSON and about 0.4 MB packed."""
 
 
+POOL_MAX_WAITING = 50_000
+"""The most tasks one pool keeps waiting: past it a submit is refused (RESOURCE_EXHAUSTED). The
+queue is carried across continue-as-new in one payload, packed about 27 bytes a task (1.35 MB
+at this bound), and Temporal refuses one past 2 MB (about 77,000 waiting tasks): this keeps
+under it, with room for a burst admitted while the gateway's count is a second or two old."""
+
+
 class PoolInput(_Record):
     pool_name: str
     state: PoolState | None = None

@@ -184,6 +184,11 @@ class PoolWorkflow:
         return self._state.disk_users(disk_id)
 
     @workflow.query
+    def waiting_total(self) -> int:
+        """How many tasks wait, every workspace's (a submit is refused past POOL_MAX_WAITING)."""
+        return len(self._state.waiting)
+
+    @workflow.query
     def waiting_count(self, workspace: str) -> int:
         """How many of the workspace's tasks wait (a workspace's max-queued is checked
         against it at submit)."""

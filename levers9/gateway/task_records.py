@@ -10,7 +10,7 @@ import contextlib
 import time
 from typing import Protocol
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from levers9.box_state import CheckpointOutcome
@@ -34,6 +34,7 @@ from levers9.records.tasks import (
 from levers9.temporal import no_such_pool, pool_names, pool_runtimes, runtime_not_offered
 
 KNOWN_POOL_TTL_S = 5.0
+POOL_WAITING_TTL_S = 2.0
 
 
 class TaskRecords(Protocol):
@@ -49,6 +50,10 @@ class TaskRecords(Protocol):
 
     async def waiting(self, pool_name: str, workspace: str) -> int:
         """How many of the workspace's tasks wait in the pool's queue."""
+
+    async def pool_waiting(self, pool_name: str) -> int:
+        """How many tasks wait in the pool's queue, every workspace's; at most POOL_WAITING_TTL_S
+        old."""
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         """The record once the task has ended, or as it is after `timeout_s`."""
@@ -83,6 +88,7 @@ class TemporalTaskRecords:
         self._client = client
         self._task_queue = task_queue
         self._known: dict[str, tuple[float, tuple[str, ...]]] = {}
+        self._waiting: dict[str, tuple[float, int]] = {}
 
     async def get(self, task_id: str, where_queued: bool = False) -> TaskRecord | None:
         return await task_record(self._client, task_id, where_queued=where_queued)
@@ -113,6 +119,23 @@ class TemporalTaskRecords:
         handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
         count: int | None = await or_none(handle.query("waiting_count", workspace, result_type=int))
         return count or 0
+
+    async def pool_waiting(self, pool_name: str) -> int:
+        """A burst of submits to one pool asks its queue's length once per POOL_WAITING_TTL_S.
+        0 while no task has asked the pool, or its Temporal worker is of the code before the
+        query `waiting_total`."""
+        seen = self._waiting.get(pool_name)
+        if seen is not None and time.monotonic() - seen[0] < POOL_WAITING_TTL_S:
+            return seen[1]
+        handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
+        try:
+            count = await or_none(handle.query("waiting_total", result_type=int)) or 0
+        except WorkflowQueryFailedError as exc:
+            if "Query handler for 'waiting_total' expected but not found" not in str(exc):
+                raise
+            count = 0
+        self._waiting[pool_name] = (time.monotonic(), count)
+        return count
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)

@@ -61,6 +61,7 @@ from levers9.gateway.task_upstream import (
 )
 from levers9.logs import get_logger
 from levers9.models import (
+    POOL_MAX_WAITING,
     TERMINAL,
     TaskCheckpoint,
     TaskInput,
@@ -249,6 +250,7 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
             field, problem = refused
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {problem}")
         await self._within_max_queued(task, context)
+        await self._within_pool_queue(task, context)
         return task
 
     async def record_of(self, task_id: str) -> TaskRecord | None:
@@ -330,6 +332,20 @@ class TasksService(gateway_pb2_grpc.TasksServicer):
                 f"workspace {task.workspace} has {waiting} tasks waiting in pool"
                 f" {task.pool_name}, its max-queued ({state.max_queued}): submit again once some"
                 f" start, or raise it (levers9 workspace set {task.workspace} --max-queued N)",
+            )
+
+    async def _within_pool_queue(
+        self, task: TaskInput, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Refuses the submit (RESOURCE_EXHAUSTED, nothing started) when the pool keeps
+        POOL_MAX_WAITING tasks waiting, whatever their workspaces."""
+        waiting = await self._records.pool_waiting(task.pool_name)
+        if waiting >= POOL_MAX_WAITING:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"pool {task.pool_name} has {waiting} tasks waiting, the most one pool keeps"
+                f" ({POOL_MAX_WAITING}): submit again once some start, or give each"
+                " workspace a max-queued (levers9 workspace set NAME --max-queued N)",
             )
 
     async def _in_workspace(

@@ -9,7 +9,7 @@ is PERMISSION_DENIED to a workspace token naming the operator, and starts nothin
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 from levers9.config import ControlplaneSettings
 from levers9.core.placement import Placement, PoolState, Share, Slot, Waiting
+from levers9.gateway import task_service
 from levers9.gateway.server import Gateway
 from levers9.gateway.task_records import TemporalTaskRecords
 from levers9.models import (
@@ -35,8 +36,9 @@ from levers9.models import (
     MachineRecord,
     PoolInput,
     pool_workflow_id,
+    task_workflow_id,
 )
-from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2, pools_pb2_grpc
+from levers9.proto import gateway_pb2, gateway_pb2_grpc, pools_pb2, pools_pb2_grpc, worker_pb2
 from levers9.providers.gke import remove_pool_workflow_id
 from levers9.records.listing import machine_records
 from levers9.records.pools import TemporalPoolRecords
@@ -78,6 +80,8 @@ class Plane:
     operator: Metadata
     task_queue: str
     settings: ControlplaneSettings
+    address: str
+    """The gateway's, on loopback."""
 
     async def token(self, workspace: str) -> Metadata:
         await self.workspaces.CreateWorkspace(
@@ -123,8 +127,13 @@ async def plane(
             bearer.metadata(operator_token(secret.get_secret_value())),
             task_queue,
             settings,
+            f"127.0.0.1:{port}",
         )
         await sync_reconcile_schedules(client, [], settings)
+
+
+async def _listed(ids: Awaitable[list[str]], wanted: list[str]) -> bool:
+    return await ids == wanted
 
 
 def _suffix() -> str:
@@ -311,3 +320,57 @@ async def test_a_workspace_token_may_not_remove_a_pool_and_nothing_starts(plane:
         assert (await removal.describe()).id == remove_pool_workflow_id(pool)
     finally:
         await removal.terminate("test over")
+
+
+async def test_a_submit_to_a_pool_keeping_its_most_waiting_is_refused_and_starts_nothing(
+    plane: Plane, secret: SecretStr, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past POOL_MAX_WAITING (3 here) the pool's queue would outgrow the payload it is carried
+    in: the submit is RESOURCE_EXHAUSTED naming the pool and the fix, and no record starts;
+    the same submit to a pool one below it is taken."""
+    monkeypatch.setattr(task_service, "POOL_MAX_WAITING", 3)
+    suffix = _suffix()
+    full, room = f"full-{suffix}", f"room-{suffix}"
+    await sync_reconcile_schedules(plane.client, [full, room], plane.settings)
+    await _pools_listed(plane, sorted([full, room]))
+    for pool, waiting in ((full, 3), (room, 2)):
+        queue = PoolState(
+            waiting=[Waiting(task_id=f"{pool}-{n}", gpus=1, since=NOW) for n in range(waiting)]
+        )
+        await plane.client.start_workflow(
+            POOL_WORKFLOW,
+            PoolInput(pool_name=pool).carrying(queue),
+            id=pool_workflow_id(pool),
+            task_queue=plane.task_queue,
+        )
+    channel = grpc.aio.insecure_channel(plane.address)
+    tasks = gateway_pb2_grpc.TasksStub(channel)
+
+    async def submit(pool: str) -> str:
+        spec = worker_pb2.TaskSpec(task_id=f"t-{_suffix()}", command=["true"])
+        request = gateway_pb2.SubmitTaskRequest(pool_name=pool, task=spec)
+        await tasks.SubmitTask(request, metadata=plane.operator, timeout=10)
+        return spec.task_id
+
+    async with channel:
+        taken = await submit(room)
+        assert await plane.client.get_workflow_handle(task_workflow_id(taken)).describe()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await submit(full)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused.value.details() == (
+        f"pool {full} has 3 tasks waiting, the most one pool keeps (3): submit again once some"
+        " start, or give each workspace a max-queued (levers9 workspace set NAME --max-queued N)"
+    )
+
+    async def started(pool: str) -> list[str]:
+        query = f"WorkflowType='TaskWorkflow' AND PoolName='{pool}'"
+        return [e.id async for e in plane.client.list_workflows(query)]
+
+    # The taken one is listed (visibility has caught up with the starts), the refused none.
+    await eventually(
+        lambda: _listed(started(room), [task_workflow_id(taken)]), within=30, what="listed"
+    )
+    assert await started(full) == []
+    for pool in (full, room):
+        await plane.client.get_workflow_handle(pool_workflow_id(pool)).terminate("test done")
