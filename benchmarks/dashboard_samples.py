@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import sys
 import uuid
@@ -32,6 +31,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from benchmarks.dev_server import server_cpu
 from levers9.config import ControlplaneSettings
 from levers9.dashboard.samples import SAMPLE_EVERY_S, PoolSamples
 from levers9.models import PoolInput, WorkerSlotInput, pool_workflow_id
@@ -49,26 +49,11 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _server_cpu() -> float:
-    """CPU seconds of the dev server (this process's child `temporal`), from /proc."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if name == "temporal" and int(fields[1]) == os.getpid():
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 async def _idle(seconds: float) -> tuple[float, float]:
     """(this process's CPU s, the dev server's CPU s) over `seconds`."""
-    cpu, server = _cpu(), _server_cpu()
+    cpu, server = _cpu(), server_cpu()
     await asyncio.sleep(seconds)
-    return _cpu() - cpu, _server_cpu() - server
+    return _cpu() - cpu, server_cpu() - server
 
 
 async def main(pools: int, workers: int, seconds: float) -> None:
@@ -114,11 +99,11 @@ async def main(pools: int, workers: int, seconds: float) -> None:
             async with samples:
                 on, on_server = await _idle(seconds)
             rounds_on = samples.rounds - 1
-            cpu, server = _cpu(), _server_cpu()
+            cpu, server = _cpu(), server_cpu()
             for _ in range(ROUNDS):
                 await samples.sample()
             per_round = (_cpu() - cpu) / ROUNDS
-            server_per_round = (_server_cpu() - server) / ROUNDS
+            server_per_round = (server_cpu() - server) / ROUNDS
     _, in_use, cards, waiting = samples.of(names[0])[-1]
     print(
         f"{pools} pools of {workers} workers x 4 cards; pool-0's last sample: {in_use} of"

@@ -54,6 +54,7 @@ from temporalio.worker import Worker
 
 from activities.dispatch import TaskActivities
 from benchmarks import placement_records as records
+from benchmarks.dev_server import server_cpu as dev_server_cpu
 from levers9.config import ControlplaneSettings
 from levers9.core.task_reports import TaskReport
 from levers9.core.workspaces import WorkspaceState
@@ -161,21 +162,6 @@ async def _run_all(
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def _server_cpu() -> float:
-    """CPU seconds of the dev server (this process's child `temporal`), from /proc."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if name == "temporal" and int(fields[1]) == os.getpid():
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 async def _history_lengths(client: Client, workflow_type: str, since: str = "") -> list[int]:
@@ -293,12 +279,12 @@ async def main(
                 await pool.signal(PoolWorkflow.worker_available, slot)
             began, began_at = time.perf_counter(), datetime.now(UTC)
             cpu_began = _cpu()
-            server_began = _server_cpu()
+            server_began = dev_server_cpu()
             submitted, states = await _run_all(client, task_queue, inputs, ended)
             all_submitted = began_at + timedelta(seconds=submitted)
             took = time.perf_counter() - began
             cpu = _cpu() - cpu_began
-            server_cpu = _server_cpu() - server_began
+            server_cpu = dev_server_cpu() - server_began
         pool_lengths = await _history_lengths(client, "PoolWorkflow")
         task_lengths = await _history_lengths(client, "TaskWorkflow")
         pool_types = await _event_types(client, "PoolWorkflow")

@@ -39,6 +39,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from benchmarks.dev_server import server_cpu
+
 BIN = Path(sys.executable).parent
 IN_FLIGHT = 20
 
@@ -134,21 +136,6 @@ SHAPES = (
 )
 
 
-def _server_cpu() -> float:
-    """CPU seconds of this process's child `temporal` (the dev server), from /proc."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if name == "temporal" and int(fields[1]) == os.getpid():
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 async def _one(client: Client, queue: str, shape: Shape, n: int, gate: asyncio.Semaphore) -> int:
     async with gate:
         handle = await shape.start(client, queue, f"t{n}")
@@ -161,10 +148,10 @@ async def _one(client: Client, queue: str, shape: Shape, n: int, gate: asyncio.S
 async def _measure(client: Client, queue: str, shape: Shape, count: int) -> tuple[float, int]:
     """Server CPU ms per workflow over `count` of them, and one history's length."""
     gate = asyncio.Semaphore(IN_FLIGHT)
-    began = _server_cpu()
+    began = server_cpu()
     events = await asyncio.gather(*(_one(client, queue, shape, n, gate) for n in range(count)))
     # fetch_history of the first is one read more; it is 1 of `count`.
-    return (_server_cpu() - began) / count * 1000, max(events)
+    return (server_cpu() - began) / count * 1000, max(events)
 
 
 async def main(count: int, rounds: int) -> None:
