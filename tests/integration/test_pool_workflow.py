@@ -38,6 +38,19 @@ def _worker(client: Client, task_queue: str) -> Worker:
     return Worker(client, task_queue=task_queue, workflows=[PoolWorkflow])
 
 
+async def _start(
+    client: Client, task_queue: str, workflow_id: str
+) -> tuple[WorkflowHandle[PoolWorkflow, None], str | None]:
+    """A pool that continues as new past CAP events, and its first run's id."""
+    handle = await client.start_workflow(
+        PoolWorkflow.run,
+        PoolInput(pool_name=POOL, max_history_events=CAP),
+        id=workflow_id,
+        task_queue=task_queue,
+    )
+    return handle, (await handle.describe()).run_id
+
+
 async def _place(handle: WorkflowHandle[PoolWorkflow, None], task_id: str, gpus: int) -> Placement:
     request = PlaceRequest(pool_name=POOL, task_id=task_id, gpus=gpus)
     return await handle.execute_update(PoolWorkflow.place, request)
@@ -54,13 +67,7 @@ async def test_continues_as_new_with_state_and_survives_a_worker_restart(
     client = dev_env.client
     workflow_id = f"{pool_workflow_id(POOL)}-{uuid.uuid4().hex[:8]}"
     async with _worker(client, task_queue):
-        handle = await client.start_workflow(
-            PoolWorkflow.run,
-            PoolInput(pool_name=POOL, max_history_events=CAP),
-            id=workflow_id,
-            task_queue=task_queue,
-        )
-        first_run = (await handle.describe()).run_id
+        handle, first_run = await _start(client, task_queue, workflow_id)
         for n, gpus in enumerate((2, 4)):
             slot = WorkerSlotInput(
                 worker_id=f"w{gpus}",
@@ -211,13 +218,7 @@ async def test_a_queue_past_temporal_s_payload_limit_is_carried_whole_across_con
     since = datetime(2026, 12, 5, tzinfo=UTC)
     ids = [uuid.uuid4().hex[:12] for _ in range(waiting)]
     async with _worker(client, task_queue):
-        handle = await client.start_workflow(
-            PoolWorkflow.run,
-            PoolInput(pool_name=POOL, max_history_events=CAP),
-            id=workflow_id,
-            task_queue=task_queue,
-        )
-        first_run = (await handle.describe()).run_id
+        handle, first_run = await _start(client, task_queue, workflow_id)
         for start in range(0, waiting, 2_000):  # as the controlplane batches a burst
             batch = [
                 PlaceRequest(

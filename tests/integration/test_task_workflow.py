@@ -341,6 +341,21 @@ async def test_a_call_no_replica_picks_up_is_routed_again_from_the_worker_record
     assert cluster.runs == ["w-tunnelled"]
 
 
+def _tunnelled(task_queue: str, reconnecting: int, **more: Any) -> Cluster:
+    """One worker in tunnel mode, on its replica's queue, whose first `reconnecting` GetTask
+    calls find its tunnel not back yet."""
+    replica = f"{task_queue}-replica"
+    return Cluster(
+        workers=["w-tunnelled"],
+        gone=set(),
+        reachable={"w-tunnelled"},
+        placed_queue=replica,
+        live_queue=replica,
+        reconnecting=reconnecting,
+        **more,
+    )
+
+
 @pytest.mark.parametrize(
     ("reconnecting", "state"),
     [(8, "succeeded"), (10**6, "lost")],
@@ -354,15 +369,7 @@ async def test_a_poll_while_the_worker_s_tunnel_reconnects_waits_for_it(
     routes again rather than calling the task lost at once (a task on a joined cluster was, in
     tests/reliability/test_restart_records_replicas.py); a tunnel that never comes back within
     TUNNEL_WAIT loses it, saying why."""
-    replica = f"{task_queue}-replica"
-    cluster = Cluster(
-        workers=["w-tunnelled"],
-        gone=set(),
-        reachable={"w-tunnelled"},
-        placed_queue=replica,
-        live_queue=replica,
-        reconnecting=reconnecting,
-    )
+    cluster = _tunnelled(task_queue, reconnecting)
     record = await _run(time_env, task_queue, cluster)
     assert record.state == state, record
     assert cluster.runs == ["w-tunnelled"], "never run twice"
@@ -383,17 +390,8 @@ async def test_reroutes_after_a_long_tunnel_wait_are_still_bounded(
     The time-skipping server does not skip an activity's schedule-to-start wait, so the record
     runs unsandboxed here with REPLICA_PICKUP at one second (10 reroutes: 10 s, not 200)."""
     monkeypatch.setattr(task_workflow, "REPLICA_PICKUP", timedelta(seconds=1))
-    replica = f"{task_queue}-replica"
     waits = REROUTES + 2  # the record's waits; GetTask's retry policy tries each 6 times
-    cluster = Cluster(
-        workers=["w-tunnelled"],
-        gone=set(),
-        reachable={"w-tunnelled"},
-        placed_queue=replica,
-        live_queue=replica,
-        reconnecting=6 * waits,
-        unpicked_after_reconnect=True,
-    )
+    cluster = _tunnelled(task_queue, 6 * waits, unpicked_after_reconnect=True)
     unsandboxed = UnsandboxedWorkflowRunner()
     run = _run(time_env, task_queue, cluster, runner=unsandboxed)
     record = await asyncio.wait_for(run, timeout=120)  # without the bound: no end
