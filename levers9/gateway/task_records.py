@@ -12,6 +12,7 @@ from typing import Protocol
 
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
 
 from levers9.box_state import CheckpointOutcome
 from levers9.models import (
@@ -21,7 +22,7 @@ from levers9.models import (
     pool_workflow_id,
     worker_workflow_id,
 )
-from levers9.records.found import or_none
+from levers9.records.found import NoQueryAnswer, or_none, query_within
 from levers9.records.tasks import (
     cancel_task,
     checkpoint_task,
@@ -35,6 +36,7 @@ from levers9.temporal import no_such_pool, pool_names, pool_runtimes, runtime_no
 
 KNOWN_POOL_TTL_S = 5.0
 POOL_WAITING_TTL_S = 2.0
+POOL_WAITING_WITHIN_S = 2.0
 
 
 class TaskRecords(Protocol):
@@ -116,24 +118,33 @@ class TemporalTaskRecords:
         return None if problem is None else ("task.runtime", problem)
 
     async def waiting(self, pool_name: str, workspace: str) -> int:
+        """0 when the pool does not answer within POOL_WAITING_WITHIN_S (see pool_waiting)."""
         handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
-        count: int | None = await or_none(handle.query("waiting_count", workspace, result_type=int))
+        try:
+            asked = query_within(
+                handle, "waiting_count", POOL_WAITING_WITHIN_S, workspace, result_type=int
+            )
+            count: int | None = await or_none(asked)
+        except (NoQueryAnswer, WorkflowQueryFailedError, RPCError):
+            return 0
         return count or 0
 
     async def pool_waiting(self, pool_name: str) -> int:
         """A burst of submits to one pool asks its queue's length once per POOL_WAITING_TTL_S.
         0 while no task has asked the pool, or its Temporal worker is of the code before the
-        query `waiting_total`."""
+        query `waiting_total`. A pool that does not answer within POOL_WAITING_WITHIN_S (its
+        workflow task failing, no worker polling) counts as it last did: the bound guards the
+        pool's payload, and a pool that places nothing grows no run, so a submit is not held up
+        or failed for it."""
         seen = self._waiting.get(pool_name)
         if seen is not None and time.monotonic() - seen[0] < POOL_WAITING_TTL_S:
             return seen[1]
         handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
         try:
-            count = await or_none(handle.query("waiting_total", result_type=int)) or 0
-        except WorkflowQueryFailedError as exc:
-            if "Query handler for 'waiting_total' expected but not found" not in str(exc):
-                raise
-            count = 0
+            asked = query_within(handle, "waiting_total", POOL_WAITING_WITHIN_S, result_type=int)
+            count = await or_none(asked) or 0
+        except (NoQueryAnswer, WorkflowQueryFailedError, RPCError):
+            count = seen[1] if seen is not None else 0
         self._waiting[pool_name] = (time.monotonic(), count)
         return count
 

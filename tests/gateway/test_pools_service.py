@@ -374,3 +374,30 @@ async def test_a_submit_to_a_pool_keeping_its_most_waiting_is_refused_and_starts
     assert await started(full) == []
     for pool in (full, room):
         await plane.client.get_workflow_handle(pool_workflow_id(pool)).terminate("test done")
+
+
+async def test_a_submit_to_a_pool_that_does_not_answer_its_count_is_taken(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's workflow has no worker to answer `waiting_total` (its task queue unpolled,
+    as a pool whose workflow task keeps failing): the bound is not read, and the submit is
+    taken, not failed."""
+    monkeypatch.setattr(task_service, "POOL_MAX_WAITING", 1)
+    pool = f"mute-{_suffix()}"
+    await sync_reconcile_schedules(plane.client, [pool], plane.settings)
+    await _pools_listed(plane, [pool])
+    await plane.client.start_workflow(
+        POOL_WORKFLOW,
+        PoolInput(pool_name=pool),
+        id=pool_workflow_id(pool),
+        task_queue=f"{plane.task_queue}-nobody-polls",
+    )
+    spec = worker_pb2.TaskSpec(task_id=f"t-{_suffix()}", command=["true"])
+    async with grpc.aio.insecure_channel(plane.address) as channel:
+        await gateway_pb2_grpc.TasksStub(channel).SubmitTask(
+            gateway_pb2.SubmitTaskRequest(pool_name=pool, task=spec),
+            metadata=plane.operator,
+            timeout=20,
+        )
+    assert await plane.client.get_workflow_handle(task_workflow_id(spec.task_id)).describe()
+    await plane.client.get_workflow_handle(pool_workflow_id(pool)).terminate("test done")
