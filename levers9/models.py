@@ -376,10 +376,16 @@ at this bound), and Temporal refuses one past 2 MB (about 77,000 waiting tasks):
 under it, with room for a burst admitted while the gateway's count is a second or two old."""
 
 
+PACKED: Literal["packed"] = "packed"
+
+
 class PoolInput(_Record):
     pool_name: str
-    state: PoolState | None = None
-    """Carried across continue-as-new, as it is while small (PACK_STATE_OVER)."""
+    state: PoolState | Literal["packed"] | None = None
+    """Carried across continue-as-new, as it is while small (PACK_STATE_OVER); PACKED when it
+    is in `packed_state`. A Temporal worker of the code before packing cannot read that (its
+    workflow task fails, and is retried until a replica of this code takes it) rather than
+    ignore `packed_state` and start the pool empty, its queue and card ledger lost."""
     packed_state: str | None = None
     """Carried across continue-as-new when large: its JSON, zlib-compressed, in base64."""
     max_history_events: int = Field(default=5_000, ge=20)
@@ -390,7 +396,7 @@ class PoolInput(_Record):
         if self.packed_state is not None:
             packed = base64.b64decode(self.packed_state, validate=True)
             return PoolState.model_validate_json(zlib.decompress(packed))
-        return self.state
+        return self.state if isinstance(self.state, PoolState) else None
 
     def carrying(self, state: PoolState) -> PoolInput:
         """This input for the next run, with `state`: packed when large."""
@@ -398,7 +404,7 @@ class PoolInput(_Record):
         if len(text) <= PACK_STATE_OVER:
             return self.model_copy(update={"state": state, "packed_state": None})
         packed = base64.b64encode(zlib.compress(text.encode(), 6)).decode("ascii")
-        return self.model_copy(update={"state": None, "packed_state": packed})
+        return self.model_copy(update={"state": PACKED, "packed_state": packed})
 
 
 MAX_STOP_GRACE_S = 3600

@@ -19,6 +19,7 @@ from temporalio.worker import Worker
 from levers9.core.placement import Placement, PoolState, Waiting
 from levers9.core.pool_usage import PoolUsage
 from levers9.models import (
+    PACKED,
     PlaceRequest,
     PoolInput,
     WorkerSlotInput,
@@ -249,7 +250,7 @@ async def test_a_queue_past_temporal_s_payload_limit_is_carried_whole_across_con
         started = (await latest.fetch_history()).events[0]
         attributes = started.workflow_execution_started_event_attributes
         (carried,) = await client.data_converter.decode(attributes.input.payloads, [PoolInput])
-        assert carried.state is None
+        assert carried.state == PACKED
         assert carried.packed_state is not None
         assert len(attributes.input.payloads[0].data) < 1_000_000
         state = carried.carried()
