@@ -119,15 +119,7 @@ class TemporalTaskRecords:
 
     async def waiting(self, pool_name: str, workspace: str) -> int:
         """0 when the pool does not answer within POOL_WAITING_WITHIN_S (see pool_waiting)."""
-        handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
-        try:
-            asked = query_within(
-                handle, "waiting_count", POOL_WAITING_WITHIN_S, workspace, result_type=int
-            )
-            count: int | None = await or_none(asked)
-        except (NoQueryAnswer, WorkflowQueryFailedError, RPCError):
-            return 0
-        return count or 0
+        return await self._count(pool_name, "waiting_count", workspace) or 0
 
     async def pool_waiting(self, pool_name: str) -> int:
         """A burst of submits to one pool asks its queue's length once per POOL_WAITING_TTL_S.
@@ -139,14 +131,21 @@ class TemporalTaskRecords:
         seen = self._waiting.get(pool_name)
         if seen is not None and time.monotonic() - seen[0] < POOL_WAITING_TTL_S:
             return seen[1]
-        handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
-        try:
-            asked = query_within(handle, "waiting_total", POOL_WAITING_WITHIN_S, result_type=int)
-            count = await or_none(asked) or 0
-        except (NoQueryAnswer, WorkflowQueryFailedError, RPCError):
+        count = await self._count(pool_name, "waiting_total")
+        if count is None:
             count = seen[1] if seen is not None else 0
         self._waiting[pool_name] = (time.monotonic(), count)
         return count
+
+    async def _count(self, pool_name: str, query: str, *args: str) -> int | None:
+        """The pool's answer to a count query (0 when no task has asked the pool yet); None
+        when it gave none within POOL_WAITING_WITHIN_S, or failed it (a query its code lacks)."""
+        handle = self._client.get_workflow_handle(pool_workflow_id(pool_name))
+        try:
+            asked = query_within(handle, query, POOL_WAITING_WITHIN_S, *args, result_type=int)
+            return await or_none(asked) or 0
+        except (NoQueryAnswer, WorkflowQueryFailedError, RPCError):
+            return None
 
     async def ended(self, task_id: str, timeout_s: float) -> TaskRecord | None:
         return await task_ended(self._client, task_id, timeout_s)

@@ -136,6 +136,18 @@ async def _listed(ids: Awaitable[list[str]], wanted: list[str]) -> bool:
     return await ids == wanted
 
 
+async def _submit(plane: Plane, pool: str, deadline_s: float = 10) -> str:
+    """The operator submits `true` to `pool` through the gateway: its task id."""
+    spec = worker_pb2.TaskSpec(task_id=f"t-{_suffix()}", command=["true"])
+    async with grpc.aio.insecure_channel(plane.address) as channel:
+        await gateway_pb2_grpc.TasksStub(channel).SubmitTask(
+            gateway_pb2.SubmitTaskRequest(pool_name=pool, task=spec),
+            metadata=plane.operator,
+            timeout=deadline_s,
+        )
+    return spec.task_id
+
+
 def _suffix() -> str:
     return uuid.uuid4().hex[:8]
 
@@ -343,20 +355,10 @@ async def test_a_submit_to_a_pool_keeping_its_most_waiting_is_refused_and_starts
             id=pool_workflow_id(pool),
             task_queue=plane.task_queue,
         )
-    channel = grpc.aio.insecure_channel(plane.address)
-    tasks = gateway_pb2_grpc.TasksStub(channel)
-
-    async def submit(pool: str) -> str:
-        spec = worker_pb2.TaskSpec(task_id=f"t-{_suffix()}", command=["true"])
-        request = gateway_pb2.SubmitTaskRequest(pool_name=pool, task=spec)
-        await tasks.SubmitTask(request, metadata=plane.operator, timeout=10)
-        return spec.task_id
-
-    async with channel:
-        taken = await submit(room)
-        assert await plane.client.get_workflow_handle(task_workflow_id(taken)).describe()
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await submit(full)
+    taken = await _submit(plane, room)
+    assert await plane.client.get_workflow_handle(task_workflow_id(taken)).describe()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _submit(plane, full)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert refused.value.details() == (
         f"pool {full} has 3 tasks waiting, the most one pool keeps (3): submit again once some"
@@ -392,12 +394,6 @@ async def test_a_submit_to_a_pool_that_does_not_answer_its_count_is_taken(
         id=pool_workflow_id(pool),
         task_queue=f"{plane.task_queue}-nobody-polls",
     )
-    spec = worker_pb2.TaskSpec(task_id=f"t-{_suffix()}", command=["true"])
-    async with grpc.aio.insecure_channel(plane.address) as channel:
-        await gateway_pb2_grpc.TasksStub(channel).SubmitTask(
-            gateway_pb2.SubmitTaskRequest(pool_name=pool, task=spec),
-            metadata=plane.operator,
-            timeout=20,
-        )
-    assert await plane.client.get_workflow_handle(task_workflow_id(spec.task_id)).describe()
+    taken = await _submit(plane, pool, deadline_s=20)
+    assert await plane.client.get_workflow_handle(task_workflow_id(taken)).describe()
     await plane.client.get_workflow_handle(pool_workflow_id(pool)).terminate("test done")
